@@ -1,0 +1,147 @@
+#include "core/autograd.h"
+
+#include "ops/elementwise.h"
+
+namespace loom::autograd {
+namespace {
+thread_local bool g_grad_enabled = true;
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+bool any_requires_grad(const TensorList& inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(const char* name, const TensorList& inputs, const TensorList& outputs, BackwardFn backward) {
+  if (!any_requires_grad(inputs)) return;
+  LOOM_ASSERT(inputs.size() <= 64, "ops have at most 64 inputs");
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->backward = std::move(backward);
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    Edge e;
+    if (t.defined() && t.requires_grad()) {
+      if (t.grad_fn()) {
+        e.node = t.grad_fn();
+        e.output_index = t.output_index();
+      } else {
+        e.leaf = t.impl_ptr();
+      }
+    }
+    node->inputs.push_back(std::move(e));
+  }
+  int index = 0;
+  for (const Tensor& out : outputs) {
+    node->output_shapes.push_back(out.shape());
+    node->output_dtypes.push_back(out.dtype());
+    node->device = out.device();
+    const_cast<Tensor&>(out).set_grad_fn(node, index++);
+  }
+}
+
+namespace {
+
+void accumulate(Tensor& slot, const Tensor& grad) {
+  if (!slot.defined()) {
+    slot = grad;
+  } else {
+    slot = ops::add(slot, grad);
+  }
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad_root) {
+  LOOM_CHECK(root.defined(), "backward: the root tensor is undefined");
+  LOOM_CHECK(root.requires_grad(), "backward: ", root.describe(),
+             " does not require grad (no parameter reached it, or it was computed under NoGradGuard)");
+  Tensor seed = grad_root;
+  if (!seed.defined()) {
+    LOOM_CHECK(root.numel() == 1, "backward: the root must be a scalar when no gradient is given, got ",
+               root.describe());
+    seed = Tensor::full(root.shape(), 1.0f, root.dtype(), root.device());
+  }
+  LOOM_CHECK(seed.shape() == root.shape(), "backward: gradient shape ", seed.shape(),
+             " differs from root shape ", root.shape());
+  NoGradGuard no_grad;
+
+  if (!root.grad_fn()) {  // the root is itself a leaf
+    TensorImpl* leaf = root.impl();
+    if (!leaf->grad.defined()) leaf->grad = seed.clone();
+    else ops::add_(leaf->grad, seed);
+    return;
+  }
+
+  // Count, for every node, how many edges point at it; a node runs once all its consumers have run,
+  // which processes the graph in reverse topological order.
+  Node* root_node = root.grad_fn().get();
+  std::vector<Node*> stack{root_node};
+  root_node->dependencies = 0;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (Edge& e : n->inputs) {
+      if (e.node && e.node->dependencies++ == 0) stack.push_back(e.node.get());
+    }
+  }
+
+  root.grad_fn()->pending_grads.assign(root.grad_fn()->output_shapes.size(), Tensor());
+  root.grad_fn()->pending_grads[static_cast<size_t>(root.output_index())] = seed;
+  std::vector<std::shared_ptr<Node>> ready{root.grad_fn()};
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = std::move(ready.back());
+    ready.pop_back();
+    TensorList grads = std::move(node->pending_grads);
+    grads.resize(node->output_shapes.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = Tensor::zeros(node->output_shapes[i], node->output_dtypes[i], node->device);
+    }
+    uint64_t mask = 0;
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      if (node->inputs[i].active()) mask |= uint64_t{1} << i;
+    }
+    LOOM_CHECK(node->backward, "backward: the graph through '", node->name,
+               "' was already used by an earlier backward()");
+    TensorList input_grads = node->backward(BackwardContext(grads, mask));
+    node->backward = nullptr;  // release saved tensors
+    grads.clear();
+    LOOM_ASSERT(input_grads.size() <= node->inputs.size(), node->name, " returned ", input_grads.size(),
+                " gradients for ", node->inputs.size(), " inputs");
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      Edge& e = node->inputs[i];
+      if (!e.active()) continue;
+      Tensor g = i < input_grads.size() ? input_grads[i] : Tensor();
+      if (e.node) {
+        Node* producer = e.node.get();
+        if (g.defined()) {
+          LOOM_ASSERT(g.shape() == producer->output_shapes[static_cast<size_t>(e.output_index)], node->name,
+                      ": gradient of input ", i, " has shape ", g.shape(), ", expected ",
+                      producer->output_shapes[static_cast<size_t>(e.output_index)]);
+          if (producer->pending_grads.empty()) producer->pending_grads.resize(producer->output_shapes.size());
+          accumulate(producer->pending_grads[static_cast<size_t>(e.output_index)], g);
+        }
+        if (--producer->dependencies == 0) ready.push_back(e.node);
+      } else if (g.defined()) {
+        TensorImpl* leaf = e.leaf.get();
+        LOOM_ASSERT(g.shape() == leaf->shape, node->name, ": gradient of input ", i, " has shape ",
+                    g.shape(), ", expected ", leaf->shape);
+        if (!leaf->grad.defined()) {
+          leaf->grad = g.dtype() == leaf->dtype ? g.clone() : g.to(leaf->dtype);
+        } else {
+          ops::add_(leaf->grad, g);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace loom::autograd

@@ -1,0 +1,18 @@
+#include "core/parallel.h"
+
+#include "core/error.h"
+
+namespace loom {
+namespace {
+int g_threads = 0;  // 0: not set, use OpenMP's default
+}
+
+int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+void set_num_threads(int n) {
+  LOOM_CHECK(n >= 1, "thread count must be >= 1, got ", n);
+  g_threads = n;
+  omp_set_num_threads(n);
+}
+
+}  // namespace loom

@@ -1,0 +1,87 @@
+#include "ops/elementwise.h"
+
+#include "backends/backend.h"
+#include "backends/cpu/elementwise.h"
+#include "core/autograd.h"
+
+namespace loom::ops {
+namespace {
+
+void check_binary(const Tensor& a, const Tensor& b, const char* op) {
+  check_dtype(a, DType::F32, op, "a");
+  check_dtype(b, DType::F32, op, "b");
+  LOOM_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.shape(), " vs ", b.shape());
+  check_same_device(a, b, op);
+  require_cpu(op, {&a, &b});
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "add");
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  cpu::add_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  autograd::record("add", {a, b}, {out}, [](const autograd::BackwardContext& ctx) {
+    const Tensor& g = ctx.grad_output(0);
+    return TensorList{g, g};
+  });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "sub");
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  cpu::axpby(out.data<float>(), 1.0f, a.data<float>(), -1.0f, b.data<float>(), a.numel());
+  autograd::record("sub", {a, b}, {out}, [](const autograd::BackwardContext& ctx) {
+    const Tensor& g = ctx.grad_output(0);
+    return TensorList{g, ctx.needs_input_grad(1) ? scale(g, -1.0f) : Tensor()};
+  });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "mul");
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  cpu::mul_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  autograd::record("mul", {a, b}, {out}, [a, b](const autograd::BackwardContext& ctx) {
+    const Tensor& g = ctx.grad_output(0);
+    return TensorList{ctx.needs_input_grad(0) ? mul(g, b) : Tensor(),
+                      ctx.needs_input_grad(1) ? mul(g, a) : Tensor()};
+  });
+  return out;
+}
+
+Tensor scale(const Tensor& a, float s) {
+  check_dtype(a, DType::F32, "scale", "a");
+  require_cpu("scale", {&a});
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  cpu::scale_forward(out.data<float>(), a.data<float>(), s, a.numel());
+  autograd::record("scale", {a}, {out}, [s](const autograd::BackwardContext& ctx) {
+    return TensorList{scale(ctx.grad_output(0), s)};
+  });
+  return out;
+}
+
+Tensor sum(const Tensor& a) {
+  check_dtype(a, DType::F32, "sum", "a");
+  require_cpu("sum", {&a});
+  Tensor out = Tensor::empty(Shape{}, DType::F32, a.device());
+  *out.data<float>() = static_cast<float>(cpu::sum(a.data<float>(), a.numel()));
+  Shape in_shape = a.shape();
+  autograd::record("sum", {a}, {out}, [in_shape](const autograd::BackwardContext& ctx) {
+    return TensorList{Tensor::full(in_shape, ctx.grad_output(0).item())};
+  });
+  return out;
+}
+
+Tensor mean(const Tensor& a) {
+  LOOM_CHECK(a.numel() > 0, "mean of an empty tensor ", a.describe());
+  return scale(sum(a), 1.0f / static_cast<float>(a.numel()));
+}
+
+void add_(Tensor& dst, const Tensor& src) {
+  check_binary(dst, src, "add_");
+  cpu::add_inplace(dst.data<float>(), src.data<float>(), dst.numel());
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything loom needs to build and test, from Debian's packages, then configures and
+# builds it into build/. Safe to run again. Run as root (or through sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake pkg-config
+  libdnnl-dev            # oneDNN: the CPU GEMM (see docs/gemm.md for the measurement behind the choice)
+  libopenblas-dev        # OpenBLAS: measured against oneDNN in bench/gemm.cpp
+  libomp-dev             # OpenMP
+  nlohmann-json3-dev     # JSON
+  libcli11-dev           # CLI11
+  libpcre2-dev           # PCRE2: GPT-2's pre-tokenizer regex needs Unicode classes and lookahead
+  zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"

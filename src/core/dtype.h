@@ -15,6 +15,7 @@ enum class DType : uint8_t {
   BF16,  // bfloat16 storage; kernels accumulate in f32
   I32,   // int32: token ids, positions, targets
   U16,   // uint16: token files (the nanoGPT/llm.c .bin convention)
+  Bool,  // one byte, 0 or 1: attention masks (true = may attend)
 };
 
 inline size_t dtype_size(DType t) {
@@ -23,6 +24,7 @@ inline size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::U16: return 2;
+    case DType::Bool: return 1;
   }
   LOOM_ASSERT(false, "unknown dtype");
   return 0;
@@ -34,6 +36,7 @@ inline const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::U16: return "u16";
+    case DType::Bool: return "bool";
   }
   return "?";
 }
@@ -43,7 +46,8 @@ inline DType dtype_from_name(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return DType::BF16;
   if (name == "i32" || name == "int32") return DType::I32;
   if (name == "u16" || name == "uint16") return DType::U16;
-  LOOM_FAIL("unknown dtype '", name, "' (expected f32, bf16, i32 or u16)");
+  if (name == "bool") return DType::Bool;
+  LOOM_FAIL("unknown dtype '", name, "' (expected f32, bf16, i32, u16 or bool)");
 }
 
 inline bool is_floating(DType t) { return t == DType::F32 || t == DType::BF16; }
@@ -78,6 +82,7 @@ template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::BF16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<uint16_t>() { return DType::U16; }
+template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
 
 enum class DeviceType : uint8_t { CPU, CUDA };
 

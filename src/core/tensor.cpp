@@ -65,6 +65,7 @@ float Tensor::item() const {
     case DType::BF16: return data<bf16>()->to_float();
     case DType::I32: return static_cast<float>(*data<int32_t>());
     case DType::U16: return static_cast<float>(*data<uint16_t>());
+    case DType::Bool: return *data<bool>() ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
@@ -100,6 +101,7 @@ Tensor Tensor::to(DType target) const {
       case DType::BF16: return static_cast<const bf16*>(raw_data())[i].to_float();
       case DType::I32: return static_cast<float>(static_cast<const int32_t*>(raw_data())[i]);
       case DType::U16: return static_cast<float>(static_cast<const uint16_t*>(raw_data())[i]);
+      case DType::Bool: return static_cast<const bool*>(raw_data())[i] ? 1.0f : 0.0f;
     }
     return 0.0f;
   };
@@ -117,6 +119,7 @@ Tensor Tensor::to(DType target) const {
         case DType::BF16: out.data<bf16>()[i] = bf16::from_float(v); break;
         case DType::I32: out.data<int32_t>()[i] = static_cast<int32_t>(v); break;
         case DType::U16: out.data<uint16_t>()[i] = static_cast<uint16_t>(v); break;
+        case DType::Bool: out.data<bool>()[i] = v != 0.0f; break;
       }
     }
   });
@@ -140,6 +143,7 @@ void Tensor::fill_(float value) {
     }
     case DType::I32: std::fill(data<int32_t>(), data<int32_t>() + n, static_cast<int32_t>(value)); break;
     case DType::U16: std::fill(data<uint16_t>(), data<uint16_t>() + n, static_cast<uint16_t>(value)); break;
+    case DType::Bool: std::fill(data<bool>(), data<bool>() + n, value != 0.0f); break;
   }
 }
 

@@ -1,0 +1,36 @@
+// Attention, differentiable in q, k and v.
+//
+// Legend: B batch, T sequence, H heads, D head dimension, "..." any leading dimensions.
+#pragma once
+
+#include <optional>
+
+#include "core/tensor.h"
+#include "ops/rope.h"
+
+namespace loom::ops {
+
+// softmax(q k^T * scale + mask) v.
+//   q: [..., Tq, D]; k: [..., Tk, D]; v: [..., Tk, Dv]; leading dimensions equal.
+//   mask: bool [..., Tq, Tk] or [Tq, Tk] (true = may attend), or undefined.
+//   causal: query i attends keys j <= i (+ Tk - Tq offset). Computed blockwise with an online softmax:
+//           no Tq x Tk matrix is materialised, memory is linear in T (FlashAttention's algorithm).
+//   scale: defaults to 1/sqrt(D).
+// A query row whose mask allows no key gets zeros (not NaN).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask = Tensor(), bool causal = false,
+                                    std::optional<float> scale = std::nullopt);
+
+struct RopeOptions {
+  Tensor positions;  // i32 [T] or [B, T]
+  float theta = 10000.0f;
+  RopeStyle style = RopeStyle::Interleaved;
+};
+
+// The core of multi-head causal self-attention on projected activations, fused:
+//   q, k, v: [B, T, H*D] (what the q/k/v projections produce); splits heads, applies RoPE to q and k
+//   when `rope` is given, attends causally (flash-style), and merges heads. Returns [B, T, H*D].
+Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                             const std::optional<RopeOptions>& rope = std::nullopt);
+
+}  // namespace loom::ops

@@ -1,0 +1,26 @@
+// Matrix products, differentiable. Kernels: backends/cpu/gemm.* (oneDNN; see docs/gemm.md).
+//
+// Legend: M rows, K reduction, N columns; "..." any leading (batch) dimensions.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace loom::ops {
+
+// How a linear layer's weight is stored.
+enum class WeightLayout {
+  OutIn,  // w: [out, in], PyTorch's and loom's convention: y = x @ w^T
+  InOut,  // w: [in, out], JAX/Flax's convention:           y = x @ w
+};
+
+// y = x @ W (+ bias). x: [..., in]; w: [out, in] or [in, out] per `layout`; bias: [out] or undefined.
+// Returns [..., out]. The leading dimensions of x are flattened into the GEMM's M.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
+              WeightLayout layout = WeightLayout::OutIn);
+
+// Batched matmul: a: [..., M, K] (or [..., K, M] with transpose_a), b: [..., K, N] (or [..., N, K] with
+// transpose_b). Leading dimensions must match, or b may be 2-D and is then shared by every batch.
+// Returns [..., M, N].
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+
+}  // namespace loom::ops

@@ -1,0 +1,48 @@
+// Configuration of the Llama-style TransformerLM (the CS336 assignment's model): RMSNorm, SwiGLU,
+// RoPE, pre-norm blocks, untied lm_head, no biases.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace loom::llama {
+
+struct Config {
+  int64_t vocab_size = 10000;
+  int64_t context_length = 256;
+  int64_t d_model = 512;
+  int64_t num_layers = 4;
+  int64_t num_heads = 16;
+  int64_t d_ff = 1344;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+
+  int64_t head_dim() const { return d_model / num_heads; }
+
+  // Throws loom::Error naming the offending values.
+  void validate() const {
+    LOOM_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
+    LOOM_CHECK(context_length > 0, "model.context_length must be positive, got ", context_length);
+    LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0 && d_ff > 0,
+               "model dimensions must be positive: d_model=", d_model, " num_heads=", num_heads,
+               " num_layers=", num_layers, " d_ff=", d_ff);
+    LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=",
+               num_heads);
+    LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
+    LOOM_CHECK(rope_theta > 0, "model.rope_theta must be positive, got ", rope_theta);
+  }
+
+  // Parameter counts, from the shapes the model creates.
+  int64_t embedding_params() const { return vocab_size * d_model; }
+  int64_t params_per_layer() const { return 4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model; }
+  // All parameters: embeddings + layers + final norm + lm_head.
+  int64_t total_params() const {
+    return embedding_params() + num_layers * params_per_layer() + d_model + vocab_size * d_model;
+  }
+  // Everything but the token embedding table (the lm_head's matmul is real compute, so it counts).
+  int64_t non_embedding_params() const { return total_params() - embedding_params(); }
+};
+
+}  // namespace loom::llama

@@ -8,6 +8,7 @@
 #include "ops/embedding.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"
+#include "ops/shape.h"
 
 namespace loom::nn {
 
@@ -101,6 +102,27 @@ int64_t checked_head_dim(const std::string& name, int64_t d_model, int64_t num_h
 }
 }  // namespace
 
+Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+                                              int64_t layer) const {
+  check_ndim(x, 3, "MultiHeadSelfAttention", "x");
+  const int64_t B = x.size(0), t = x.size(1), H = num_heads, D = d_model / num_heads;
+  // [B, t, C] -> [B, H, t, D]
+  auto heads = [&](const Tensor& y) { return ops::transpose(y.view({B, t, H, D}), 1, 2); };
+  Tensor q = heads(q_proj.forward(x));
+  Tensor k = heads(k_proj.forward(x));
+  Tensor v = heads(v_proj.forward(x));
+  if (rope) {
+    q = ops::rope(q, positions, rope->theta, rope->style);
+    k = ops::rope(k, positions, rope->theta, rope->style);
+  }
+  cache.write(layer, k, v);
+  auto [keys, values] = cache.read(layer, t);  // [B, H, length + t, D]
+  // Query i (absolute position length + i) sees keys 0 .. length + i: the causal rule with offset.
+  Tensor y = ops::scaled_dot_product_attention(q, keys, values, Tensor(), /*causal=*/true);
+  y = ops::transpose(y, 1, 2).view({B, t, d_model});  // [B, t, C]
+  return output_proj.forward(y);
+}
+
 TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
                                    int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key)
     : attn(join(name, "attn"), d_model, num_heads, key,
@@ -116,6 +138,12 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
   Tensor h = ops::add(x, attn.forward(ln1.forward(x), positions));
+  return ops::add(h, ffn.forward(ln2.forward(h)));
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+                                        int64_t layer) const {
+  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
   return ops::add(h, ffn.forward(ln2.forward(h)));
 }
 

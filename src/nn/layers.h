@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "generate/kv_cache.h"
 #include "nn/parameter.h"
 #include "ops/rope.h"
 
@@ -66,6 +67,10 @@ class MultiHeadSelfAttention : public Module {
                          std::optional<RotaryPositionalEmbedding> rope = std::nullopt);
   // x: [B, T, C]; positions: i32 [T] or [B, T] (only used with RoPE). Returns [B, T, C].
   Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
+  // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
+  // everything cached before them. Returns [B, t, C].
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
   int64_t d_model, num_heads;
   Linear q_proj, k_proj, v_proj, output_proj;
   std::optional<RotaryPositionalEmbedding> rope;
@@ -77,6 +82,7 @@ class TransformerBlock : public Module {
   TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
                    int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key);
   Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [B, T, C]
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
   MultiHeadSelfAttention attn;
   RMSNorm ln1, ln2;
   SwiGLU ffn;

@@ -1,5 +1,6 @@
 #include "models/llama/model.h"
 
+#include "core/autograd.h"
 #include "ops/loss.h"
 
 namespace loom::llama {
@@ -44,6 +45,24 @@ Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const 
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
   for (const auto& layer : layers) x = layer->forward(x, pos);
   return lm_head.forward(ln_final.forward(x));  // [B, T, V]
+}
+
+Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache) const {
+  check_dtype(ids, DType::I32, "TransformerLM", "ids");
+  check_ndim(ids, 2, "TransformerLM", "ids");
+  const int64_t t = ids.size(1), start = cache.length();
+  LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "TransformerLM: ", start, " cached + ", t,
+             " new tokens exceed context_length ", config_.context_length);
+  autograd::NoGradGuard no_grad;
+  Tensor pos = positions_cache_.slice(start, t);
+  Tensor x = token_embeddings.forward(ids);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, cache, static_cast<int64_t>(i));
+  cache.advance(t);
+  return lm_head.forward(ln_final.forward(x));
+}
+
+generate::KVCache TransformerLM::make_cache(int64_t batch) const {
+  return generate::KVCache(config_.num_layers, batch, config_.num_heads, config_.context_length, config_.head_dim());
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {

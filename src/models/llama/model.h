@@ -22,6 +22,11 @@ class TransformerLM : public nn::Module {
   // ids: i32 [B, T] with T <= context_length; positions: i32 [T] or [B, T] (default 0..T-1).
   // Returns logits [B, T, V].
   Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
+  // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
+  // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
+  Tensor forward_cached(const Tensor& ids, generate::KVCache& cache) const;
+  // A cache sized for this model: capacity context_length.
+  generate::KVCache make_cache(int64_t batch) const;
   // Mean next-token cross-entropy of forward(ids) against targets i32 [B, T].
   Tensor loss(const Tensor& ids, const Tensor& targets) const;
 

@@ -8,6 +8,9 @@
 //   ./loom_bench_gemm --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_*) with false positives under -Wall.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #include <omp.h>
 
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/loss.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 
@@ -132,12 +136,31 @@ void BM_FmaPeak(benchmark::State& state) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The fused cross-entropy on the LM head's logits [T, V] (it follows the biggest GEMM): forward with the
+// gradient written (training) and without (evaluation). Reported as GB/s of logits read.
+void BM_CrossEntropy(benchmark::State& state) {
+  const int64_t T = 2048, V = 10000;
+  const bool with_grad = state.range(0) != 0;
+  set_num_threads(bench_threads());
+  std::vector<float> logits = random_matrix(T * V, 3), grad(with_grad ? T * V : 0);
+  std::vector<int32_t> targets(T);
+  for (int64_t t = 0; t < T; ++t) targets[t] = static_cast<int32_t>((t * 7919) % V);
+  for (auto _ : state) {
+    double loss = cpu::cross_entropy_forward(logits.data(), targets.data(), T, V, -100,
+                                             with_grad ? grad.data() : nullptr, 1.0f / T);
+    benchmark::DoNotOptimize(loss);
+  }
+  state.counters["GBps"] = benchmark::Counter(T * V * 4.0 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(with_grad ? "T=2048 V=10000, loss + grad" : "T=2048 V=10000, loss only");
+}
+
 void register_all() {
   benchmark::AddCustomContext("threads", std::to_string(bench_threads()));
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", coretype != nullptr ? coretype : "(unset)");
   benchmark::AddCustomContext("openblas_corename", openblas_get_corename());
   benchmark::RegisterBenchmark("fma_peak", BM_FmaPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cross_entropy", BM_CrossEntropy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
   const int n = static_cast<int>(problems().size());
   for (int i = 0; i < n; ++i) {
     benchmark::RegisterBenchmark("onednn_f32", BM_Gemm, Lib::OneDnn)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -6,8 +6,15 @@
 //   3. grad = e * (scale / s), grad[t] -= scale
 // loss_row = m + log(s) - x[t]: the max subtraction keeps exp from overflowing (the usual stable
 // log-sum-exp). exp is a Cephes-style polynomial (Moshier, "Methods and Programs for Mathematical
-// Functions"), written so GCC vectorizes it; relative error ~2e-7, enough for a loss and its gradient.
+// Functions"), relative error ~2e-7, enough for a loss and its gradient. With AVX-512 the sweeps are
+// written with intrinsics (16 lanes, masked tails): GCC's auto-vectorized version ran ~4x slower. The
+// portable version below is the fallback for other ISAs. Either way every row is summed in a fixed order.
 #include "backends/cpu/loss.h"
+
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_*) with false positives under -Wall.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
 
 #include <algorithm>
 #include <bit>
@@ -46,6 +53,68 @@ inline float fast_exp(float x) {
   const float scale = std::bit_cast<float>((ni + 127) << 23);
   return y * scale;
 }
+
+#if defined(__AVX512F__)
+
+// The same exp as fast_exp, 16 lanes: 2^n via scalef instead of building the exponent bits.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) { return static_cast<__mmask16>((1u << left) - 1u); }
+
+float row_max(const float* x, int64_t V) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 m0 = neg_inf, m1 = neg_inf;
+  int64_t i = 0;
+  for (; i + 32 <= V; i += 32) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
+  }
+  for (; i < V; i += 16) {
+    const __mmask16 k = V - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(V - i);
+    m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(neg_inf, k, x + i));
+  }
+  return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+
+float row_exp_sum(const float* x, int64_t V, float m, float* e) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= V; i += 32) {
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), mv));
+    if (e != nullptr) {
+      _mm512_storeu_ps(e + i, e0);
+      _mm512_storeu_ps(e + i + 16, e1);
+    }
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+  }
+  for (; i < V; i += 16) {
+    const __mmask16 k = V - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(V - i);
+    const __m512 ev = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+    if (e != nullptr) _mm512_mask_storeu_ps(e + i, k, ev);
+    s0 = _mm512_mask_add_ps(s0, k, s0, ev);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+#else  // portable: 16 independent lanes that the compiler can vectorize
 
 float row_max(const float* x, int64_t V) {
   float lanes[kLanes];
@@ -86,6 +155,8 @@ float row_exp_sum(const float* x, int64_t V, float m, float* e) {
   }
   return s;
 }
+
+#endif
 
 }  // namespace
 

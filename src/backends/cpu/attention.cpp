@@ -32,7 +32,7 @@ namespace {
 using simd::f32x16;
 
 constexpr int64_t kBlockQ = 32;  // query rows per block
-constexpr int64_t kBlockK = 64;  // keys per block (a multiple of 16)
+constexpr int64_t kBlockK = 128;  // keys per block (a multiple of 16)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -147,17 +147,36 @@ struct Dims {
   explicit Dims(const AttentionProblem& p) : dp(round16(p.d)), dvp(round16(p.dv)), tkp(round16(p.tk)) {}
 };
 
-// Kt [Dp, Tkp] (roped), and optionally K [Tkp, Dp] (roped) row-major, both zero-padded.
-void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, float* kt,
-               float* krows, float* tmp) {
-  const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
-  std::fill(kt, kt + s.dp * s.tkp, 0.0f);
-  for (int64_t j = 0; j < p.tk; ++j) {
-    float* dst = krows != nullptr ? krows + j * s.dp : tmp;
-    load_row(dst, s.dp, row_of(k, p.k, b, h, j), p.d, rope, b, j);
-    for (int64_t c = 0; c < p.d; ++c) kt[c * s.tkp + j] = dst[c];
+// The operands are read a head at a time with a row stride of H*D floats (2 KiB at the model's shape),
+// which hardware prefetchers do not follow across pages: prefetch a few rows ahead explicitly.
+constexpr int64_t kPrefetchRows = 8;
+void prefetch_row(const float* p, int64_t n) {
+  for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(p + x);
+  __builtin_prefetch(p + n - 1);
+}
+
+// dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols (an in-cache transpose).
+void transpose(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t j = 0; j < rows; ++j) dst[c * ld_dst + j] = src[j * ld_src + c];
+}
+
+// Rows [0, t) of an operand into dst [Tkp, width] (zero-padded rows and columns), roped if asked.
+void pack_rows(float* dst, int64_t width, int64_t padded_rows, const float* base, const HeadLayout& l, int64_t t,
+               int64_t d, const RopeTables* rope, int64_t b, int64_t h) {
+  for (int64_t j = 0; j < t; ++j) {
+    if (j + kPrefetchRows < t) prefetch_row(row_of(base, l, b, h, j + kPrefetchRows), d);
+    load_row(dst + j * width, width, row_of(base, l, b, h, j), d, rope, b, j);
   }
-  if (krows != nullptr) std::fill(krows + p.tk * s.dp, krows + s.tkp * s.dp, 0.0f);
+  std::fill(dst + t * width, dst + padded_rows * width, 0.0f);
+}
+
+// krows [Tkp, Dp] (roped, row-major) and kt [Dp, Tkp] (its transpose), both zero-padded.
+void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, float* kt,
+               float* krows) {
+  const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
+  pack_rows(krows, s.dp, s.tkp, k, p.k, p.tk, p.d, rope, b, h);
+  transpose(kt, s.tkp, krows, s.dp, s.tkp, s.dp);
 }
 
 // Queries [rows, Dp], roped and multiplied by scale*log2(e).
@@ -166,6 +185,7 @@ void pack_queries(const AttentionProblem& p, const Dims& s, const float* q, int6
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
   const float c = p.scale * kLog2e;
   for (int64_t r = 0; r < rows; ++r) {
+    if (i0 + r + kPrefetchRows < p.tq) prefetch_row(row_of(q, p.q, b, h, i0 + r + kPrefetchRows), p.d);
     float* dst = qc + r * s.dp;
     load_row(dst, s.dp, row_of(q, p.q, b, h, i0 + r), p.d, rope, b, i0 + r);
     for (int64_t x = 0; x < p.d; ++x) dst[x] *= c;
@@ -184,10 +204,10 @@ void mask_scores(const AttentionProblem& p, float* s, int64_t ld, int64_t i0, in
 // ---- flash forward -------------------------------------------------------------------------------
 
 struct ForwardScratch {
-  Buffer kt, vp, qc, s, o, tmp;
+  Buffer kt, krows, vp, qc, s, o, tmp;
   std::vector<float> m, l;
   ForwardScratch(const AttentionProblem& p, const Dims& d)
-      : kt(make_buffer(d.dp * d.tkp)), vp(make_buffer(d.tkp * d.dvp)), qc(make_buffer(kBlockQ * d.dp)),
+      : kt(make_buffer(d.dp * d.tkp)), krows(make_buffer(d.tkp * d.dp)), vp(make_buffer(d.tkp * d.dvp)), qc(make_buffer(kBlockQ * d.dp)),
         s(make_buffer(kBlockQ * kBlockK)), o(make_buffer(kBlockQ * d.dvp)), tmp(make_buffer(d.dp)),
         m(kBlockQ), l(kBlockQ) {}
 };
@@ -196,10 +216,9 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
                         const float* v, float* out, float* lse, ForwardScratch& w) {
   const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
   const int64_t dp = dims.dp, dvp = dims.dvp;
-  pack_keys(p, dims, k, b, h, w.kt.get(), nullptr, w.tmp.get());
+  pack_keys(p, dims, k, b, h, w.kt.get(), w.krows.get());
   float* vp = w.vp.get();
-  for (int64_t j = 0; j < p.tk; ++j) load_row(vp + j * dvp, dvp, row_of(v, p.v, b, h, j), p.dv, nullptr, b, j);
-  std::fill(vp + p.tk * dvp, vp + dims.tkp * dvp, 0.0f);
+  pack_rows(vp, dvp, dims.tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
 
   float* qc = w.qc.get();
   float* s = w.s.get();
@@ -257,11 +276,11 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
 // ---- flash backward ------------------------------------------------------------------------------
 
 struct BackwardScratch {
-  Buffer qc, kp, kt, vt, dop, dq, dk, dv, s, dpm, tmp;
+  Buffer qc, kp, kt, vrows, vt, dop, dq, dk, dv, s, dpm, tmp;
   std::vector<float> di;
   BackwardScratch(const AttentionProblem& p, const Dims& d)
       : qc(make_buffer(p.tq * d.dp)), kp(make_buffer(d.tkp * d.dp)), kt(make_buffer(d.dp * d.tkp)),
-        vt(make_buffer(d.dvp * d.tkp)), dop(make_buffer(p.tq * d.dvp)), dq(make_buffer(p.tq * d.dp)),
+        vrows(make_buffer(d.tkp * d.dvp)), vt(make_buffer(d.dvp * d.tkp)), dop(make_buffer(p.tq * d.dvp)), dq(make_buffer(p.tq * d.dp)),
         dk(make_buffer(d.tkp * d.dp)), dv(make_buffer(d.tkp * d.dvp)), s(make_buffer(kBlockQ * kBlockK)),
         dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))), di(static_cast<size_t>(p.tq)) {}
 };
@@ -273,16 +292,17 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
   const int64_t dp = dims.dp, dvp = dims.dvp, tkp = dims.tkp;
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
 
-  pack_keys(p, dims, k, b, h, w.kt.get(), w.kp.get(), w.tmp.get());
+  pack_keys(p, dims, k, b, h, w.kt.get(), w.kp.get());
   float* vt = w.vt.get();
-  std::fill(vt, vt + dvp * tkp, 0.0f);
-  for (int64_t j = 0; j < p.tk; ++j) {
-    const float* src = row_of(v, p.v, b, h, j);
-    for (int64_t c = 0; c < p.dv; ++c) vt[c * tkp + j] = src[c];
-  }
+  pack_rows(w.vrows.get(), dvp, tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
+  transpose(vt, tkp, w.vrows.get(), dvp, tkp, dvp);
   pack_queries(p, dims, q, b, h, 0, p.tq, w.qc.get());
   float* dop = w.dop.get();
   for (int64_t i = 0; i < p.tq; ++i) {
+    if (i + kPrefetchRows < p.tq) {
+      prefetch_row(row_of(dout, p.out, b, h, i + kPrefetchRows), p.dv);
+      prefetch_row(row_of(out, p.out, b, h, i + kPrefetchRows), p.dv);
+    }
     const float* g = row_of(dout, p.out, b, h, i);
     const float* o = row_of(out, p.out, b, h, i);
     load_row(dop + i * dvp, dvp, g, p.dv, nullptr, b, i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/parallel.h"
 
@@ -10,10 +11,12 @@ namespace loom::cpu {
 void rope_tables(float* cos, float* sin, const int32_t* positions, int64_t num_positions, int64_t d,
                  float theta) {
   const int64_t half = d / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
   for (int64_t p = 0; p < num_positions; ++p) {
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      const double angle = static_cast<double>(positions[p]) * inv_freq;
+      const double angle = static_cast<double>(positions[p]) * inv_freq[i];
       cos[p * half + i] = static_cast<float>(std::cos(angle));
       sin[p * half + i] = static_cast<float>(std::sin(angle));
     }

@@ -25,20 +25,33 @@ inline f32x16 load(const float* p) {
   return v;
 }
 inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
-inline f32x16 splat(float x) { return f32x16{} + x; }
+// A broadcast. (Not `f32x16{} + x`: 0 + x is not an identity for x = -0, so that costs an add.)
+inline f32x16 splat(float x) { return f32x16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
+// Lane permutation (GCC and Clang spell it differently).
+template <int... I>
+inline f32x16 permute(f32x16 v) {
+#if defined(__clang__)
+  return __builtin_shufflevector(v, v, I...);
+#else
+  return __builtin_shuffle(v, i32x16{I...});
+#endif
+}
+// Horizontal reductions as a 4-step butterfly (log depth instead of a 15-long dependency chain), in a
+// fixed order, so they are deterministic.
 inline float reduce_max(f32x16 v) {
-  float m = v[0];
-  for (int i = 1; i < 16; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+  v = vmax(v, permute<8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7>(v));
+  v = vmax(v, permute<4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11>(v));
+  v = vmax(v, permute<2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13>(v));
+  v = vmax(v, permute<1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14>(v));
+  return v[0];
 }
 inline float reduce_sum(f32x16 v) {
-  // Pairwise, in a fixed order: deterministic and slightly more accurate than a running sum.
-  float s[16];
-  std::memcpy(s, &v, sizeof s);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) s[i] += s[i + w];
-  return s[0];
+  v += permute<8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7>(v);
+  v += permute<4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11>(v);
+  v += permute<2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13>(v);
+  v += permute<1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14>(v);
+  return v[0];
 }
 
 // 2^x, relative error ~2e-7 over the whole float range. x <= -126 (including -inf) gives exactly 0,

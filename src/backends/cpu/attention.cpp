@@ -136,6 +136,18 @@ int64_t visible_columns(const AttentionProblem& p, int64_t i, int64_t j0, int64_
   return std::max<int64_t>(limit, 0);
 }
 
+// Calls fn(r0, mr, cols) for the 8-row tiles (the micro-GEMM's height) of a [rows, wp] score block;
+// cols is what the tile's last row may see, rounded up to 16: under the causal rule the diagonal block
+// is a triangle, and products beyond cols would only be masked away.
+template <typename Fn>
+void for_each_row_tile(const AttentionProblem& p, int64_t i0, int64_t rows, int64_t j0, int64_t wp, Fn&& fn) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t mr = std::min<int64_t>(8, rows - r0);
+    const int64_t cols = std::min(wp, round16(visible_columns(p, i0 + r0 + mr - 1, j0, wp)));
+    if (cols > 0) fn(r0, mr, cols);
+  }
+}
+
 // Keys [0, kend) hold every key visible to query rows [i0, i0 + rows).
 int64_t key_end(const AttentionProblem& p, int64_t i0, int64_t rows) {
   if (!p.causal) return p.tk;
@@ -149,10 +161,15 @@ struct Dims {
 
 // The operands are read a head at a time with a row stride of H*D floats (2 KiB at the model's shape),
 // which hardware prefetchers do not follow across pages: prefetch a few rows ahead explicitly.
-constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kPrefetchRows = 16;
 void prefetch_row(const float* p, int64_t n) {
   for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(p + x);
   __builtin_prefetch(p + n - 1);
+}
+// The same for rows about to be written (prefetch with intent to write).
+void prefetch_row_for_write(float* p, int64_t n) {
+  for (int64_t x = 0; x < n; x += 16) __builtin_prefetch(p + x, 1);
+  __builtin_prefetch(p + n - 1, 1);
 }
 
 // dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols (an in-cache transpose).
@@ -233,7 +250,9 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
     for (int64_t j0 = 0; j0 < kend; j0 += kBlockK) {
       const int64_t wp = round16(std::min(kBlockK, kend - j0));
       // s[rows, wp] = Qc K^T (log2 domain)
-      gemm<false>(s, kBlockK, qc, dp, 1, w.kt.get() + j0, dims.tkp, rows, wp, dp);
+      for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
+        gemm<false>(s + r0 * kBlockK, kBlockK, qc + r0 * dp, dp, 1, w.kt.get() + j0, dims.tkp, mr, cols, dp);
+      });
       mask_scores(p, s, kBlockK, i0, rows, j0, wp);
       // Online softmax: rescale what was accumulated under the old row max, then add this block.
       for (int64_t r = 0; r < rows; ++r) {
@@ -261,9 +280,12 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
         w.m[r] = m_new;
       }
       // o[rows, Dvp] += P V
-      gemm<true>(o, dvp, s, kBlockK, 1, vp + j0 * dvp, dvp, rows, dvp, wp);
+      for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
+        gemm<true>(o + r0 * dvp, dvp, s + r0 * kBlockK, kBlockK, 1, vp + j0 * dvp, dvp, mr, dvp, cols);
+      });
     }
     for (int64_t r = 0; r < rows; ++r) {
+      if (i0 + r + kPrefetchRows < p.tq) prefetch_row_for_write(row_of(out, p.out, b, h, i0 + r + kPrefetchRows), p.dv);
       float* dst = row_of(out, p.out, b, h, i0 + r);
       const float l = w.l[r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -322,7 +344,9 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
     const int64_t kend = key_end(p, i0, rows);
     for (int64_t j0 = 0; j0 < kend; j0 += kBlockK) {
       const int64_t wp = round16(std::min(kBlockK, kend - j0));
-      gemm<false>(s, kBlockK, qc + i0 * dp, dp, 1, w.kt.get() + j0, tkp, rows, wp, dp);
+      for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
+        gemm<false>(s + r0 * kBlockK, kBlockK, qc + (i0 + r0) * dp, dp, 1, w.kt.get() + j0, tkp, mr, cols, dp);
+      });
       mask_scores(p, s, kBlockK, i0, rows, j0, wp);
       // P = exp2(S - lse): masked scores (-inf) and rows without keys (lse = +inf) give exact zeros.
       for (int64_t r = 0; r < rows; ++r) {
@@ -332,16 +356,27 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
       }
       // dV[j0.., Dvp] += P^T dO
       gemm<true>(w.dv.get() + j0 * dvp, dvp, s, 1, kBlockK, dop + i0 * dvp, dvp, wp, dvp, rows);
-      // dP = dO V^T, then dS = P (dP - D_i)
-      gemm<false>(dpm, kBlockK, dop + i0 * dvp, dvp, 1, vt + j0, tkp, rows, wp, dvp);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* pr = s + r * kBlockK;
-        float* dr = dpm + r * kBlockK;
-        const f32x16 dv_i = simd::splat(w.di[static_cast<size_t>(i0 + r)]);
-        for (int64_t j = 0; j < wp; j += 16) simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - dv_i));
+      // dP = dO V^T, then dS = P (dP - D_i); zero beyond each tile's columns (dK reads all wp).
+      for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
+        gemm<false>(dpm + r0 * kBlockK, kBlockK, dop + (i0 + r0) * dvp, dvp, 1, vt + j0, tkp, mr, cols, dvp);
+      });
+      for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        const int64_t mr = std::min<int64_t>(8, rows - r0);
+        const int64_t cols = std::min(wp, round16(visible_columns(p, i0 + r0 + mr - 1, j0, wp)));
+        for (int64_t r = r0; r < r0 + mr; ++r) {
+          float* pr = s + r * kBlockK;
+          float* dr = dpm + r * kBlockK;
+          const f32x16 dv_i = simd::splat(w.di[static_cast<size_t>(i0 + r)]);
+          for (int64_t j = 0; j < cols; j += 16)
+            simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - dv_i));
+          std::fill(dr + cols, dr + wp, 0.0f);
+        }
       }
       // dQ[i0.., Dp] += dS K;  dK[j0.., Dp] += dS^T Qc
-      gemm<true>(w.dq.get() + i0 * dp, dp, dpm, kBlockK, 1, w.kp.get() + j0 * dp, dp, rows, dp, wp);
+      for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
+        gemm<true>(w.dq.get() + (i0 + r0) * dp, dp, dpm + r0 * kBlockK, kBlockK, 1, w.kp.get() + j0 * dp, dp, mr, dp,
+                   cols);
+      });
       gemm<true>(w.dk.get() + j0 * dp, dp, dpm, 1, kBlockK, qc + i0 * dp, dp, wp, dp, rows);
     }
   }
@@ -357,8 +392,15 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
       std::copy(tmp, tmp + p.d, dst);
     }
   };
-  for (int64_t i = 0; i < p.tq; ++i) store_grad(row_of(dq, p.q, b, h, i), w.dq.get() + i * dp, p.scale, i);
+  for (int64_t i = 0; i < p.tq; ++i) {
+    if (i + kPrefetchRows < p.tq) prefetch_row_for_write(row_of(dq, p.q, b, h, i + kPrefetchRows), p.d);
+    store_grad(row_of(dq, p.q, b, h, i), w.dq.get() + i * dp, p.scale, i);
+  }
   for (int64_t j = 0; j < p.tk; ++j) {
+    if (j + kPrefetchRows < p.tk) {
+      prefetch_row_for_write(row_of(dk, p.k, b, h, j + kPrefetchRows), p.d);
+      prefetch_row_for_write(row_of(dv, p.v, b, h, j + kPrefetchRows), p.dv);
+    }
     store_grad(row_of(dk, p.k, b, h, j), w.dk.get() + j * dp, kLn2, j);
     const float* src = w.dv.get() + j * dvp;
     std::copy(src, src + p.dv, row_of(dv, p.v, b, h, j));

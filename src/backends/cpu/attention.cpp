@@ -408,8 +408,15 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
 }
 
 // Heads per parallel chunk: several, so each chunk's scratch is allocated once, but enough chunks
-// (4 per thread) to balance. Chunking never changes results: heads are independent.
-int64_t head_grain(int64_t heads) { return std::max<int64_t>(1, heads / (4 * num_threads())); }
+// (4 per thread) to balance; all heads in one chunk when the whole problem is too small to be worth
+// waking threads for. Chunking never changes results: heads are independent.
+int64_t head_grain(const AttentionProblem& p) {
+  const int64_t heads = p.heads();
+  const double work = static_cast<double>(heads) * static_cast<double>(p.tq) * static_cast<double>(p.tk) *
+                      static_cast<double>(p.d + p.dv);
+  if (work < 1e6) return std::max<int64_t>(heads, 1);
+  return std::max<int64_t>(1, heads / (4 * num_threads()));
+}
 
 // ---- naive masked attention ------------------------------------------------------------------------
 
@@ -440,7 +447,7 @@ void flash_attention_forward(const AttentionProblem& p, const float* q, const fl
                              float* out, float* lse) {
   if (p.heads() == 0 || p.tq == 0) return;
   const Dims dims(p);
-  parallel_for(0, p.heads(), head_grain(p.heads()), [&](int64_t nb, int64_t ne) {
+  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
     ForwardScratch w(p, dims);
     for (int64_t n = nb; n < ne; ++n) flash_forward_head(p, dims, n, q, k, v, out, lse, w);
   });
@@ -451,7 +458,7 @@ void flash_attention_backward(const AttentionProblem& p, const float* q, const f
                               float* dv) {
   if (p.heads() == 0) return;
   const Dims dims(p);
-  parallel_for(0, p.heads(), head_grain(p.heads()), [&](int64_t nb, int64_t ne) {
+  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
     BackwardScratch w(p, dims);
     for (int64_t n = nb; n < ne; ++n) flash_backward_head(p, dims, n, q, k, v, out, dout, lse, dq, dk, dv, w);
   });
@@ -460,7 +467,7 @@ void flash_attention_backward(const AttentionProblem& p, const float* q, const f
 void masked_attention_forward(const AttentionProblem& p, const bool* mask, int64_t mask_head_stride,
                               const float* q, const float* k, const float* v, float* out, float* lse) {
   LOOM_ASSERT(p.rope.cos == nullptr, "masked attention takes no fused RoPE");
-  parallel_for(0, p.heads(), head_grain(p.heads()), [&](int64_t nb, int64_t ne) {
+  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
     std::vector<double> score(static_cast<size_t>(p.tk)), acc(static_cast<size_t>(p.dv));
     for (int64_t n = nb; n < ne; ++n) {
       const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
@@ -498,7 +505,7 @@ void masked_attention_backward(const AttentionProblem& p, const bool* mask, int6
                                const float* q, const float* k, const float* v, const float* dout,
                                const float* lse, float* dq, float* dk, float* dv) {
   LOOM_ASSERT(p.rope.cos == nullptr, "masked attention takes no fused RoPE");
-  parallel_for(0, p.heads(), head_grain(p.heads()), [&](int64_t nb, int64_t ne) {
+  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
     std::vector<double> prob(static_cast<size_t>(p.tk)), ds(static_cast<size_t>(p.tk));
     std::vector<double> gq(static_cast<size_t>(p.d)), gk(static_cast<size_t>(p.tk * p.d)),
         gv(static_cast<size_t>(p.tk * p.dv));

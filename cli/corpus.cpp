@@ -12,7 +12,9 @@ namespace {
 loom::cli::Register reg("corpus", "Extract the bundled training corpus as plain text", [](CLI::App& cmd) {
   cmd.require_subcommand(1);
   CLI::App* austen = cmd.add_subcommand("austen", "Jane Austen's six novels from r-cran-janeaustenr");
-  auto rdata = std::make_shared<std::string>(loom::data::kDebianAustenDataDir);
+  // tools/get_corpus.sh keeps the package's data in data/janeaustenr; an installed package works too.
+  auto rdata = std::make_shared<std::string>(
+      std::filesystem::exists("data/janeaustenr/Rdata.rdb") ? "data/janeaustenr" : loom::data::kDebianAustenDataDir);
   auto out = std::make_shared<std::string>("data/austen");
   austen->add_option("--rdata", *rdata,
                      "the package's data directory holding Rdata.rdb and Rdata.rdx "

@@ -2,7 +2,8 @@
 # Fetches the default training corpus: Jane Austen's six novels, which Debian ships in the
 # r-cran-janeaustenr package (an R data package; R itself is not needed). Downloads the .deb with
 # apt-get download (no install, no root needed unless the apt lists must be refreshed), unpacks it with
-# dpkg-deb -x, and extracts one UTF-8 text file per novel with `loom corpus austen`.
+# dpkg-deb -x, keeps its R data files in data/janeaustenr/, and extracts one UTF-8 text file per novel
+# with `loom corpus austen`.
 #
 # usage: tools/get_corpus.sh [OUT_DIR (default data/austen)] [LOOM (default build/loom)]
 # Does nothing when OUT_DIR already holds the six novels.
@@ -29,4 +30,8 @@ trap 'rm -rf "$work"' EXIT
   fi
   dpkg-deb -x r-cran-janeaustenr_*.deb pkg
 )
-"$loom" corpus austen --rdata "$work/pkg/usr/lib/R/site-library/janeaustenr/data" --out "$out"
+# Keep the package's data files (1.6 MB) beside the text: the corpus tests read the real database from here.
+rdata=data/janeaustenr
+mkdir -p "$rdata"
+cp "$work"/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata.* "$rdata"/
+"$loom" corpus austen --rdata "$rdata" --out "$out"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -261,11 +262,20 @@ TEST(RSerialize, ReadsAHandMadeLazyLoadDatabase) {
   fs::remove_all(dir);
 }
 
-// The real package, when its data is around: LOOM_AUSTEN_RDATA=<dir> or Debian's install location.
+// The real package, when its data is around: $LOOM_AUSTEN_RDATA, data/janeaustenr (where
+// tools/get_corpus.sh keeps it) or Debian's install location.
 TEST(RSerialize, ReadsTheRealJaneAustenPackage) {
-  const char* env = std::getenv("LOOM_AUSTEN_RDATA");
-  std::string dir = env ? env : loom::data::kDebianAustenDataDir;
-  if (!fs::exists(fs::path(dir) / "Rdata.rdb")) GTEST_SKIP() << "no r-cran-janeaustenr data in " << dir;
+  std::vector<std::string> candidates = {(fs::path(LOOM_SOURCE_DIR) / "data" / "janeaustenr").string(),
+                                         loom::data::kDebianAustenDataDir};
+  if (const char* env = std::getenv("LOOM_AUSTEN_RDATA")) candidates.insert(candidates.begin(), env);
+  std::string dir;
+  for (const auto& c : candidates) {
+    if (fs::exists(fs::path(c) / "Rdata.rdb")) {
+      dir = c;
+      break;
+    }
+  }
+  if (dir.empty()) GTEST_SKIP() << "no r-cran-janeaustenr data (run tools/get_corpus.sh)";
   auto novels = loom::data::read_austen_novels(dir);
   ASSERT_EQ(novels.size(), 6u);
   EXPECT_EQ(novels[0].name, "emma");

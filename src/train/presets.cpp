@@ -1,6 +1,6 @@
 // The built-in presets, compiled in so that `--config tiny` works from any directory.
-// Each is a copy of configs/<name>.json; tests/trainkit/config_test.cpp fails if the two differ, so edit
-// the JSON file and paste it here (or regenerate: see docs/training.md).
+// Generated from configs/*.json by tools/embed_presets.sh; tests/trainkit/config_test.cpp fails if a
+// copy here differs from its file, so edit the JSON file and rerun the script.
 #include <string>
 #include <vector>
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -41,6 +42,16 @@ TEST(Config, PresetsAreCompiledInAndMatchTheFilesInConfigs) {
     // Presets spell out every key, so each file documents the whole configuration.
     TrainConfig c = TrainConfig::load(name);
     EXPECT_EQ(json::parse(ss.str()), c.to_json()) << name << " does not list every key (or lists a default differently)";
+  }
+}
+
+TEST(Config, EveryFileInConfigsIsCompiledIn) {
+  auto names = loom::train::preset_names();
+  for (const auto& entry : fs::directory_iterator(fs::path(LOOM_SOURCE_DIR) / "configs")) {
+    if (entry.path().extension() != ".json") continue;
+    std::string name = entry.path().stem().string();
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end())
+        << "configs/" << name << ".json is not compiled in: run tools/embed_presets.sh";
   }
 }
 

@@ -32,7 +32,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
   train->add_option("--warmup", options.warmup_steps, "untimed steps first");
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->callback([] {
-    loom::llama::Config model = loom::train::load_config(preset).model;
+    loom::llama::Config model = loom::train::TrainConfig::load(preset).model;
     auto r = loom::train::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });

@@ -6,14 +6,10 @@
 #include "backends/cpu/peak.h"
 #include "core/parallel.h"
 #include "models/llama/model.h"
+#include "train/flops.h"
 #include "train/optimizer.h"
 
 namespace loom::train {
-
-double palm_flops_per_token(const llama::Config& c) {
-  return 6.0 * static_cast<double>(c.non_embedding_params()) +
-         12.0 * static_cast<double>(c.num_layers * c.d_model * c.context_length);
-}
 
 std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
@@ -64,7 +60,7 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
   TrainBenchResult r;
   r.threads = threads;
   r.params = config.total_params();
-  r.flops_per_token = palm_flops_per_token(config);
+  r.flops_per_token = palm_train_flops_per_token(config);
   r.ms_per_step = seconds * 1e3 / static_cast<double>(options.steps);
   r.tokens_per_s = static_cast<double>(B * T * options.steps) / seconds;
   r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;

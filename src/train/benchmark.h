@@ -33,8 +33,6 @@ struct TrainBenchResult {
   std::string to_json() const;
 };
 
-double palm_flops_per_token(const llama::Config& config);
-
 TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOptions& options);
 
 }  // namespace loom::train

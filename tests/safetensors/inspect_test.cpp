@@ -33,11 +33,14 @@ TEST(InspectCli, ListsTensorsAndMetadata) {
   const CliRun r = run("inspect " + kCorpus + "/valid/reference_numpy.safetensors");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("7 tensors"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("format: pt"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("note: café ✓"), std::string::npos) << r.output;
   // name, dtype, shape, bytes on one line
   EXPECT_NE(r.output.find("model.embed_tokens.weight  F32    [3, 4]  48"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step                       I64    [1]     8"), std::string::npos) << r.output;
+
+  const CliRun u = run("inspect " + kCorpus + "/valid/unaligned.safetensors");
+  EXPECT_EQ(u.status, 0) << u.output;
+  EXPECT_NE(u.output.find("metadata:\n  empty: \n  format: pt\n  z: 1\n"), std::string::npos) << u.output;
 }
 
 TEST(InspectCli, MalformedFileExitsNonZeroNamingTheProblem) {

@@ -14,6 +14,7 @@ packages=(
   libpcre2-dev           # PCRE2: GPT-2's pre-tokenizer regex needs Unicode classes and lookahead
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev  # tools/fuzz.sh: clang++ with libFuzzer and the sanitizer runtimes
 )
 missing=()
 for p in "${packages[@]}"; do

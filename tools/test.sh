@@ -8,3 +8,5 @@ cmake --build build -j"$(nproc)"
 # other's cores (a 10x slowdown measured here), so they sleep instead. Benchmarks do not set this.
 export OMP_WAIT_POLICY=passive
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
+# The safetensors reader under libFuzzer with ASan and UBSan, for a bounded time.
+bash tools/fuzz.sh 60

@@ -34,3 +34,22 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const std::optional<RopeOptions>& rope = std::nullopt);
 
 }  // namespace loom::ops
+
+namespace loom::ops {
+
+// ---- helpers and the composite reference (MLX-style fallback and test oracle) --------------------
+
+// [B, T, H*D] -> [B, H, T, D] and back, differentiable (each is the other's backward).
+Tensor split_heads(const Tensor& x, int num_heads);
+Tensor merge_heads(const Tensor& x);
+
+// A [T, T] bool lower-triangular mask (query i may attend keys j <= i).
+Tensor causal_mask(int64_t t);
+
+// causal_self_attention composed from basic ops: split_heads, rope on q and k, masked
+// scaled_dot_product_attention with causal_mask(T), merge_heads. Same contract and results (up to
+// rounding) as the fused op, but materialises [T, T] scores per head: the reference, not the fast path.
+Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                                       const std::optional<RopeOptions>& rope = std::nullopt);
+
+}  // namespace loom::ops

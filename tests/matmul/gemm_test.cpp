@@ -154,6 +154,7 @@ TEST(Gemm, SameInputsAndThreadsGiveBitwiseSameResult) {
   // Big enough for oneDNN to split the work over threads (and possibly over K).
   const int64_t M = 96, N = 200, K = 1031;
   auto A = random_vec(K * M, 21), B = random_vec(N * K, 22);
+  const int before = num_threads();
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     std::vector<float> C1(M * N), C2(M * N);
@@ -162,7 +163,7 @@ TEST(Gemm, SameInputsAndThreadsGiveBitwiseSameResult) {
     EXPECT_EQ(C1, C2) << "threads=" << threads;
     EXPECT_EQ(omp_get_max_threads(), threads);
   }
-  set_num_threads(2);
+  set_num_threads(before);
 }
 
 TEST(Gemm, BadLeadingDimensionNamesIt) {

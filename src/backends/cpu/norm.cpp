@@ -38,11 +38,11 @@ RowChunks param_grad_chunks(int64_t rows) {
 // out[j] = sum over c (in chunk order) of partial[c*C + j].
 void sum_partials(float* out, const float* partial, int64_t chunks, int64_t C) {
   parallel_for(0, C, 1024, [&](int64_t j0, int64_t j1) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
     for (int64_t j = j0; j < j1; ++j) out[j] = 0.0f;
     for (int64_t c = 0; c < chunks; ++c) {
       const float* p = partial + c * C;
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t j = j0; j < j1; ++j) out[j] += p[j];
     }
   });
@@ -78,7 +78,7 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
       const T* xr = x + r * C;
       T* yr = y + r * C;
       float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
+#pragma omp simd simdlen(16) reduction(+ : ss)
       for (int64_t j = 0; j < C; ++j) {
         const float v = load(xr, j);
         ss += v * v;
@@ -86,7 +86,7 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
       float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
       if (!(ss <= FLT_MAX)) [[unlikely]] rs = scaled_rms_rstd(xr, C, eps, rs);
       if (rstd != nullptr) rstd[r] = rs;
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t j = 0; j < C; ++j) store(yr, j, load(xr, j) * rs * weight[j]);
     }
   });
@@ -110,23 +110,23 @@ void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, cons
           // dot = mean(g * xhat) with g = dy*w, xhat = x*rs; rs is applied per element (not as rs^3 on
           // the sum) so that rows with |x| ~ 1e20 neither overflow nor underflow.
           float gx = 0.0f;
-#pragma omp simd reduction(+ : gx)
+#pragma omp simd simdlen(16) reduction(+ : gx)
           for (int64_t j = 0; j < C; ++j) gx += load(dyr, j) * weight[j] * (load(xr, j) * rs);
           const float dot = gx / static_cast<float>(C);
           T* dxr = dx + r * C;
           if (pw != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
             for (int64_t j = 0; j < C; ++j) {
               const float xhat = load(xr, j) * rs, dyv = load(dyr, j);
               store(dxr, j, rs * (dyv * weight[j] - xhat * dot));
               pw[j] += dyv * xhat;
             }
           } else {
-#pragma omp simd
+#pragma omp simd simdlen(16)
             for (int64_t j = 0; j < C; ++j) store(dxr, j, rs * (load(dyr, j) * weight[j] - load(xr, j) * rs * dot));
           }
         } else if (pw != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) pw[j] += load(dyr, j) * (load(xr, j) * rs);
         }
       }
@@ -184,13 +184,13 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
       const float* xr = x + r * C;
       float* yr = y + r * C;
       float s = 0.0f;
-#pragma omp simd reduction(+ : s)
+#pragma omp simd simdlen(16) reduction(+ : s)
       for (int64_t j = 0; j < C; ++j) s += xr[j];
       float m = s * inv_c;
       // Corrected two-pass variance (Chan, Golub & LeVeque 1983): subtracting the rounding error of the
       // mean, (sum d)^2 / C, keeps var accurate when |mean| >> std (e.g. x = 1e4 + noise).
       float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
+#pragma omp simd simdlen(16) reduction(+ : s1, s2)
       for (int64_t j = 0; j < C; ++j) {
         const float d = xr[j] - m;
         s1 += d;
@@ -208,10 +208,10 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
       if (mean != nullptr) mean[r] = m + c1;
       if (rstd != nullptr) rstd[r] = rs;
       if (bias != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
         for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j] + bias[j];
       } else {
-#pragma omp simd
+#pragma omp simd simdlen(16)
         for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j];
       }
     }
@@ -239,12 +239,12 @@ void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* d
         // The saved mean is rounded to f32; corr = mean(x - m) recovers the rest (see the forward), so
         // xhat = ((x - m) - corr) * rs. One extra sum over a row that is in L1 anyway.
         float sd = 0.0f;
-#pragma omp simd reduction(+ : sd)
+#pragma omp simd simdlen(16) reduction(+ : sd)
         for (int64_t j = 0; j < C; ++j) sd += xr[j] - m;
         const float corr = std::isfinite(sd) ? sd * inv_c : 0.0f;
         if (dx != nullptr) {
           float sg = 0.0f, sgx = 0.0f;
-#pragma omp simd reduction(+ : sg, sgx)
+#pragma omp simd simdlen(16) reduction(+ : sg, sgx)
           for (int64_t j = 0; j < C; ++j) {
             const float g = dyr[j] * weight[j];
             sg += g;
@@ -253,18 +253,18 @@ void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* d
           const float a = sg * inv_c;   // mean(g)
           const float b = sgx * inv_c;  // mean(g * xhat)
           float* dxr = dx + r * C;
-#pragma omp simd
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) {
             const float xhat = ((xr[j] - m) - corr) * rs;
             dxr[j] = rs * (dyr[j] * weight[j] - a - xhat * b);
           }
         }
         if (pw != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) pw[j] += dyr[j] * (((xr[j] - m) - corr) * rs);
         }
         if (pb != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) pb[j] += dyr[j];
         }
       }

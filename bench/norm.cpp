@@ -3,6 +3,9 @@
 //   rms_norm / layer_norm / silu / gelu: fwd reads x, writes y; bwd reads dy, x, writes dx   -> 5 tensors
 //   swiglu: fwd reads gate, up, writes y; bwd reads dy, gate, up, writes dgate, dup          -> 8 tensors
 //   dropout: fwd reads x, writes y; bwd reads dy, writes dx (the mask is recomputed)         -> 4 tensors
+//   add_rms_norm: fwd reads x, residual, writes sum, y; bwd reads dy, dsum, sum, writes dx   -> 8 tensors
+//     (AddThenRmsNorm does the same work unfused: add, rms_norm, and the separate sum of the two
+//     gradients of `sum`; 11 tensors of traffic, but counted as 8 so that the GB/s compare directly)
 // (the [C]/[R] parameter and statistics traffic is ignored). These ops are memory-bound, so compare the
 // GB/s with BM_Copy, the same machine's read+write bandwidth at the same size.
 //
@@ -10,12 +13,15 @@
 // the caching allocator, graph recording, and the engine's copy of a leaf's gradient into .grad, which
 // adds 2 tensors of traffic that is not counted).
 //
-//   ./build/bench/loom_bench_norm --benchmark_min_time=0.2
+//   OMP_NUM_THREADS=1 ./build/bench/loom_bench_norm --benchmark_min_time=0.05 --benchmark_repetitions=10
+// On a shared machine quote the best repetition of each (others' jobs only ever add time): wall-clock
+// time is measured, and with 2 cores and a busy neighbour a second OpenMP thread mostly waits.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
 
 #include "backends/cpu/activation.h"
+#include "backends/cpu/elementwise.h"
 #include "backends/cpu/norm.h"
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -78,6 +84,37 @@ void BM_KernelRmsNormBf16(benchmark::State& state) {  // bytes still counted as 
   }
   set_bytes(state, 5);
   state.SetLabel("bytes as f32; bf16 moves half");
+}
+
+void BM_KernelAddRmsNorm(benchmark::State& state) {
+  const int64_t R = state.range(0), C = state.range(1);
+  Tensor x = randn({R, C}, 1), res = randn({R, C}, 5), w = randn({C}, 2), dy = randn({R, C}, 3), dsum = randn({R, C}, 6);
+  Tensor sum = Tensor::empty({R, C}), y = Tensor::empty({R, C}), rstd = Tensor::empty({R}), dx = Tensor::empty({R, C}),
+         dw = Tensor::empty({C});
+  for (auto _ : state) {
+    cpu::add_rms_norm_forward(sum.data<float>(), y.data<float>(), rstd.data<float>(), x.data<float>(),
+                              res.data<float>(), w.data<float>(), R, C, 1e-5f);
+    cpu::add_rms_norm_backward(dx.data<float>(), dw.data<float>(), dy.data<float>(), dsum.data<float>(),
+                               sum.data<float>(), w.data<float>(), rstd.data<float>(), R, C);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, 8);
+}
+
+void BM_KernelAddThenRmsNorm(benchmark::State& state) {
+  const int64_t R = state.range(0), C = state.range(1);
+  Tensor x = randn({R, C}, 1), res = randn({R, C}, 5), w = randn({C}, 2), dy = randn({R, C}, 3), dsum = randn({R, C}, 6);
+  Tensor sum = Tensor::empty({R, C}), y = Tensor::empty({R, C}), rstd = Tensor::empty({R}), dnorm = Tensor::empty({R, C}),
+         dx = Tensor::empty({R, C}), dw = Tensor::empty({C});
+  for (auto _ : state) {
+    cpu::add_forward(sum.data<float>(), x.data<float>(), res.data<float>(), R * C);
+    cpu::rms_norm_forward(y.data<float>(), rstd.data<float>(), sum.data<float>(), w.data<float>(), R, C, 1e-5f);
+    cpu::rms_norm_backward(dnorm.data<float>(), dw.data<float>(), dy.data<float>(), sum.data<float>(), w.data<float>(),
+                           rstd.data<float>(), R, C);
+    cpu::add_forward(dx.data<float>(), dnorm.data<float>(), dsum.data<float>(), R * C);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, 8);
 }
 
 void BM_KernelLayerNorm(benchmark::State& state) {
@@ -191,6 +228,8 @@ void sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Copy)->Apply(sizes);
 BENCHMARK(BM_KernelRmsNorm)->Apply(sizes);
 BENCHMARK(BM_KernelRmsNormBf16)->Apply(sizes);
+BENCHMARK(BM_KernelAddRmsNorm)->Apply(sizes);
+BENCHMARK(BM_KernelAddThenRmsNorm)->Apply(sizes);
 BENCHMARK(BM_KernelLayerNorm)->Apply(sizes);
 BENCHMARK(BM_KernelSilu)->Apply(sizes);
 BENCHMARK(BM_KernelGelu<false>)->Apply(sizes);

@@ -92,9 +92,37 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
   });
 }
 
+// sum = x + residual, stored (rounded to T) and then normalised as stored, so that the backward, which
+// sees only the saved sum, differentiates exactly what the forward computed.
 template <typename T>
+void add_rms_norm_forward_impl(T* sum, T* y, float* rstd, const T* x, const T* residual, const float* weight,
+                               int64_t rows, int64_t C, float eps) {
+  parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      const T* rr = residual + r * C;
+      T* sr = sum + r * C;
+      T* yr = y + r * C;
+      float ss = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : ss)
+      for (int64_t j = 0; j < C; ++j) {
+        store(sr, j, load(xr, j) + load(rr, j));
+        const float v = load(sr, j);
+        ss += v * v;
+      }
+      float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+      if (!(ss <= FLT_MAX)) [[unlikely]] rs = scaled_rms_rstd(sr, C, eps, rs);
+      if (rstd != nullptr) rstd[r] = rs;
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < C; ++j) store(yr, j, load(sr, j) * rs * weight[j]);
+    }
+  });
+}
+
+// With kAddGrad, dx += dsum as well (the fused residual add's backward: d(sum) = upstream + norm's dx).
+template <bool kAddGrad, typename T>
 void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, const float* weight,
-                            const float* rstd, int64_t rows, int64_t C) {
+                            const float* rstd, int64_t rows, int64_t C, const T* dsum = nullptr) {
   const RowChunks chunks = param_grad_chunks(rows);
   std::vector<float> partial(dweight != nullptr ? static_cast<size_t>(chunks.count * C) : 0);
   parallel_for(0, chunks.count, 1, [&](int64_t c0, int64_t c1) {
@@ -114,16 +142,23 @@ void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, cons
           for (int64_t j = 0; j < C; ++j) gx += load(dyr, j) * weight[j] * (load(xr, j) * rs);
           const float dot = gx / static_cast<float>(C);
           T* dxr = dx + r * C;
+          const T* dsr = kAddGrad ? dsum + r * C : nullptr;
           if (pw != nullptr) {
 #pragma omp simd simdlen(16)
             for (int64_t j = 0; j < C; ++j) {
               const float xhat = load(xr, j) * rs, dyv = load(dyr, j);
-              store(dxr, j, rs * (dyv * weight[j] - xhat * dot));
+              float v = rs * (dyv * weight[j] - xhat * dot);
+              if constexpr (kAddGrad) v += load(dsr, j);
+              store(dxr, j, v);
               pw[j] += dyv * xhat;
             }
           } else {
 #pragma omp simd simdlen(16)
-            for (int64_t j = 0; j < C; ++j) store(dxr, j, rs * (load(dyr, j) * weight[j] - load(xr, j) * rs * dot));
+            for (int64_t j = 0; j < C; ++j) {
+              float v = rs * (load(dyr, j) * weight[j] - load(xr, j) * rs * dot);
+              if constexpr (kAddGrad) v += load(dsr, j);
+              store(dxr, j, v);
+            }
           }
         } else if (pw != nullptr) {
 #pragma omp simd simdlen(16)
@@ -169,11 +204,28 @@ void rms_norm_forward(bf16* y, float* rstd, const bf16* x, const float* weight, 
 }
 void rms_norm_backward(float* dx, float* dweight, const float* dy, const float* x, const float* weight,
                        const float* rstd, int64_t rows, int64_t C) {
-  rms_norm_backward_impl(dx, dweight, dy, x, weight, rstd, rows, C);
+  rms_norm_backward_impl<false>(dx, dweight, dy, x, weight, rstd, rows, C);
 }
 void rms_norm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const float* weight,
                        const float* rstd, int64_t rows, int64_t C) {
-  rms_norm_backward_impl(dx, dweight, dy, x, weight, rstd, rows, C);
+  rms_norm_backward_impl<false>(dx, dweight, dy, x, weight, rstd, rows, C);
+}
+
+void add_rms_norm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_forward(bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_backward(float* dsum_total, float* dweight, const float* dy, const float* dsum, const float* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<true>(dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
+}
+void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, const bf16* dsum, const bf16* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<true>(dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
 }
 
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,

@@ -119,25 +119,39 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   const int64_t C = check_norm_args(x, weight, &bias, eps, "layer_norm");
-  check_dtype(x, DType::F32, "layer_norm", "x");
+  LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "layer_norm: x must be f32 or bf16, got ",
+             x.describe());
   const int64_t rows = x.numel() / C;
   const bool has_bias = bias.defined();
   const bool recording = autograd::any_requires_grad({x, weight, bias});
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
-  cpu::layer_norm_forward(y.data<float>(), recording ? mean.data<float>() : nullptr,
-                          recording ? rstd.data<float>() : nullptr, x.data<float>(), weight.data<float>(),
-                          has_bias ? bias.data<float>() : nullptr, rows, C, eps);
+  float* mean_ptr = recording ? mean.data<float>() : nullptr;
+  float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
+  const float* bias_ptr = has_bias ? bias.data<float>() : nullptr;
+  if (x.dtype() == DType::F32) {
+    cpu::layer_norm_forward(y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
+                            rows, C, eps);
+  } else {
+    cpu::layer_norm_forward(y.data<bf16>(), mean_ptr, rstd_ptr, x.data<bf16>(), weight.data<float>(), bias_ptr,
+                            rows, C, eps);
+  }
   autograd::record("layer_norm", {x, weight, bias}, {y},
                    [x, weight, mean, rstd, rows, C, has_bias](const autograd::BackwardContext& ctx) {
-    const Tensor dy = grad_as(ctx.grad_output(0), DType::F32);
-    Tensor dx = ctx.needs_input_grad(0) ? Tensor::empty(x.shape(), DType::F32, x.device()) : Tensor();
+    const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
+    Tensor dx = ctx.needs_input_grad(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
     Tensor dw = ctx.needs_input_grad(1) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
     Tensor db = has_bias && ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
-    cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
-                             db.defined() ? db.data<float>() : nullptr, dy.data<float>(), x.data<float>(),
-                             weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
+    float* db_ptr = db.defined() ? db.data<float>() : nullptr;
+    if (x.dtype() == DType::F32) {
+      cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
+                               x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    } else {
+      cpu::layer_norm_backward(dx.defined() ? dx.data<bf16>() : nullptr, dw_ptr, db_ptr, dy.data<bf16>(),
+                               x.data<bf16>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    }
     return TensorList{dx, dw, db};
   });
   return y;

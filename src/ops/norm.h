@@ -5,7 +5,7 @@
 
 namespace loom::ops {
 
-// x: [..., C]; weight: [C]. y = x / sqrt(mean(x^2) + eps) * weight.
+// x: [..., C] (f32 or bf16; y has its dtype); weight: [C] f32. y = x / sqrt(mean(x^2) + eps) * weight.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f);
 
 // The pre-norm residual step, fused (DESIGN.md: fuse what sits between GEMMs):
@@ -20,7 +20,8 @@ struct AddRmsNorm {
 };
 AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps = 1e-5f);
 
-// x: [..., C]; weight, bias: [C] (bias may be undefined). y = (x - mean) / sqrt(var + eps) * weight + bias,
+// x: [..., C] (f32 or bf16; y has its dtype); weight, bias: [C] f32 (bias may be undefined).
+// y = (x - mean) / sqrt(var + eps) * weight + bias,
 // with the biased variance, as PyTorch's LayerNorm.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 

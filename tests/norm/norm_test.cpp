@@ -168,24 +168,32 @@ TEST(NormDeterminism, ParameterGradientsIndependentOfThreadCount) {
   }
 }
 
-TEST(RmsNorm, Bf16InputMatchesF32Path) {
+// bf16 x (f32 weight, statistics and math): within bf16 rounding of the f32 path on the same values.
+TEST(NormBf16, MatchesF32Path) {
   const int64_t rows = 5, C = 33;
   Tensor x32 = test::randn({rows, C}, 51).to(DType::BF16).to(DType::F32);  // values exactly representable in bf16
-  Tensor w = test::randn({C}, 52);
+  Tensor w = test::randn({C}, 52), b = test::randn({C}, 54);
   Tensor dy32 = test::randn({rows, C}, 53).to(DType::BF16).to(DType::F32);
-  Tensor xa = test::param(x32), wa = test::param(w);
-  Tensor ya = ops::rms_norm(xa, wa, 1e-5f);
-  autograd::backward(ya, dy32);
-  Tensor xb = test::param(x32.to(DType::BF16)), wb = test::param(w);
-  Tensor yb = ops::rms_norm(xb, wb, 1e-5f);
-  ASSERT_EQ(yb.dtype(), DType::BF16);
-  // f32 math inside, one rounding to bf16 on store: within bf16's half-ulp (2^-9 relative).
-  test::expect_close(yb, ya, 1e-6f, 1.0f / 256, "y");
-  autograd::backward(yb, dy32.to(DType::BF16));
-  ASSERT_EQ(xb.grad().dtype(), DType::BF16);
-  ASSERT_EQ(wb.grad().dtype(), DType::F32);
-  test::expect_close_scaled(xb.grad(), xa.grad(), 1.0f / 128, "dx");
-  test::expect_close(wb.grad(), wa.grad(), 1e-5f, 1e-5f, "dweight");  // inputs identical: f32 sums agree
+  for (bool layer : {false, true}) {
+    SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+    auto run = [&](const Tensor& x, const Tensor& wp, const Tensor& bp) {
+      return layer ? ops::layer_norm(x, wp, bp) : ops::rms_norm(x, wp);
+    };
+    Tensor xa = test::param(x32), wa = test::param(w), ba = test::param(b);
+    Tensor ya = run(xa, wa, ba);
+    autograd::backward(ya, dy32);
+    Tensor xb = test::param(x32.to(DType::BF16)), wb = test::param(w), bb = test::param(b);
+    Tensor yb = run(xb, wb, bb);
+    ASSERT_EQ(yb.dtype(), DType::BF16);
+    // f32 math inside, one rounding to bf16 on store: within bf16's half-ulp (2^-9 relative).
+    test::expect_close(yb, ya, 1e-6f, 1.0f / 256, "y");
+    autograd::backward(yb, dy32.to(DType::BF16));
+    ASSERT_EQ(xb.grad().dtype(), DType::BF16);
+    ASSERT_EQ(wb.grad().dtype(), DType::F32);
+    test::expect_close_scaled(xb.grad(), xa.grad(), 1.0f / 128, "dx");
+    test::expect_close(wb.grad(), wa.grad(), 1e-5f, 1e-5f, "dweight");  // inputs identical: f32 sums agree
+    if (layer) test::expect_close(bb.grad(), ba.grad(), 1e-5f, 1e-5f, "dbias");
+  }
 }
 
 TEST(NormErrors, NameTheOffendingValues) {
@@ -196,7 +204,8 @@ TEST(NormErrors, NameTheOffendingValues) {
   test::expect_error([&] { ops::rms_norm(x, w, -1.0f); }, {"rms_norm", "eps=-1"});
   test::expect_error([&] { ops::rms_norm(Tensor::zeros({4, 0}), Tensor::zeros({0})); }, {"rms_norm", "C=0"});
   test::expect_error([&] { ops::rms_norm(Tensor::zeros({}), w); }, {"rms_norm", "scalar"});
-  test::expect_error([&] { ops::layer_norm(x.to(DType::BF16), w, Tensor()); }, {"layer_norm", "x must be f32", "bf16"});
+  test::expect_error([&] { ops::layer_norm(Tensor::zeros({4, 33}, DType::I32), w, Tensor()); },
+                     {"layer_norm", "x must be f32 or bf16", "i32"});
   test::expect_error([&] { ops::rms_norm(x, Tensor::zeros({33}, DType::BF16)); }, {"rms_norm", "weight must be f32"});
 }
 
@@ -273,4 +282,16 @@ TEST(AddRmsNorm, Bf16AndErrors) {
   test::expect_error([&] { ops::add_rms_norm(x32, Tensor::zeros({4, 32}), w); },
                      {"add_rms_norm", "residual is f32[4, 32]", "x is f32[4, 33]"});
   test::expect_error([&] { ops::add_rms_norm(x32, r32, Tensor::zeros({32})); }, {"add_rms_norm", "weight has shape [32]"});
+}
+
+TEST(NormEdgeCases, EmptyBatch) {
+  Tensor x = test::param(Tensor::zeros({0, 8})), w = test::param(test::randn({8}, 101)), b = test::param(Tensor::zeros({8}));
+  Tensor y = ops::rms_norm(x, w);
+  EXPECT_EQ(y.shape(), Shape({0, 8}));
+  autograd::backward(y, Tensor::zeros({0, 8}));
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
+  w.set_grad(Tensor());
+  autograd::backward(ops::layer_norm(x, w, b), Tensor::zeros({0, 8}));
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
 }

@@ -172,16 +172,17 @@ void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, cons
 
 // Mean and rstd of a row whose sums overflowed f32: the same corrected two-pass algorithm on x/m,
 // m = max|x|, then mean = m * mean(x/m) and rstd = (1/m) / sqrt(var(x/m) + eps/m^2).
-void scaled_layer_norm_stats(const float* x, int64_t C, float eps, float& mean, float& rs) {
+template <typename T>
+void scaled_layer_norm_stats(const T* x, int64_t C, float eps, float& mean, float& rs) {
   const float m = max_abs(x, C);
   if (!std::isfinite(m) || m == 0.0f) return;  // inf/NaN inputs: keep the unscaled (non-finite) stats
   const float inv = 1.0f / m;
   float s = 0.0f;
-  for (int64_t j = 0; j < C; ++j) s += x[j] * inv;
+  for (int64_t j = 0; j < C; ++j) s += load(x, j) * inv;
   float ms = s / static_cast<float>(C);
   float s1 = 0.0f, s2 = 0.0f;
   for (int64_t j = 0; j < C; ++j) {
-    const float d = x[j] * inv - ms;
+    const float d = load(x, j) * inv - ms;
     s1 += d;
     s2 += d * d;
   }
@@ -190,6 +191,106 @@ void scaled_layer_norm_stats(const float* x, int64_t C, float eps, float& mean, 
   ms += c1;
   mean = ms * m;
   rs = inv / std::sqrt(var + eps * inv * inv);
+}
+
+template <typename T>
+void layer_norm_forward_impl(T* y, float* mean, float* rstd, const T* x, const float* weight,
+                             const float* bias, int64_t rows, int64_t C, float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      float s = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : s)
+      for (int64_t j = 0; j < C; ++j) s += load(xr, j);
+      float m = s * inv_c;
+      // Corrected two-pass variance (Chan, Golub & LeVeque 1983): subtracting the rounding error of the
+      // mean, (sum d)^2 / C, keeps var accurate when |mean| >> std (e.g. x = 1e4 + noise).
+      float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : s1, s2)
+      for (int64_t j = 0; j < C; ++j) {
+        const float d = load(xr, j) - m;
+        s1 += d;
+        s2 += d * d;
+      }
+      float c1 = s1 * inv_c;
+      const float var = std::max(0.0f, s2 * inv_c - c1 * c1);
+      float rs = 1.0f / std::sqrt(var + eps);
+      if (!(s2 <= FLT_MAX) || !(std::fabs(s) <= FLT_MAX)) [[unlikely]] {
+        scaled_layer_norm_stats(xr, C, eps, m, rs);
+        c1 = 0.0f;
+      }
+      // The mean is m + c1, but that sum rounds to the f32 grid of |mean| (1e-3 at 1e4), an error that
+      // (x - mean) would then carry; x - m is exact for x near m, so subtract the two parts separately.
+      if (mean != nullptr) mean[r] = m + c1;
+      if (rstd != nullptr) rstd[r] = rs;
+      if (bias != nullptr) {
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < C; ++j) store(yr, j, ((load(xr, j) - m) - c1) * rs * weight[j] + bias[j]);
+      } else {
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < C; ++j) store(yr, j, ((load(xr, j) - m) - c1) * rs * weight[j]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void layer_norm_backward_impl(T* dx, float* dweight, float* dbias, const T* dy, const T* x, const float* weight,
+                              const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  const RowChunks chunks = param_grad_chunks(rows);
+  const size_t partial_size = static_cast<size_t>(chunks.count * C);
+  std::vector<float> partial_w(dweight != nullptr ? partial_size : 0);
+  std::vector<float> partial_b(dbias != nullptr ? partial_size : 0);
+  const float inv_c = 1.0f / static_cast<float>(C);
+  parallel_for(0, chunks.count, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float* pw = dweight != nullptr ? partial_w.data() + c * C : nullptr;
+      float* pb = dbias != nullptr ? partial_b.data() + c * C : nullptr;
+      if (pw != nullptr) std::fill(pw, pw + C, 0.0f);
+      if (pb != nullptr) std::fill(pb, pb + C, 0.0f);
+      const int64_t r_end = std::min(rows, (c + 1) * chunks.rows_per_chunk);
+      for (int64_t r = c * chunks.rows_per_chunk; r < r_end; ++r) {
+        const T* xr = x + r * C;
+        const T* dyr = dy + r * C;
+        const float m = mean[r], rs = rstd[r];
+        // The saved mean is rounded to f32; corr = mean(x - m) recovers the rest (see the forward), so
+        // xhat = ((x - m) - corr) * rs. One extra sum over a row that is in L1 anyway.
+        float sd = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : sd)
+        for (int64_t j = 0; j < C; ++j) sd += load(xr, j) - m;
+        const float corr = std::isfinite(sd) ? sd * inv_c : 0.0f;
+        if (dx != nullptr) {
+          float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : sg, sgx)
+          for (int64_t j = 0; j < C; ++j) {
+            const float g = load(dyr, j) * weight[j];
+            sg += g;
+            sgx += g * (((load(xr, j) - m) - corr) * rs);
+          }
+          const float a = sg * inv_c;   // mean(g)
+          const float b = sgx * inv_c;  // mean(g * xhat)
+          T* dxr = dx + r * C;
+#pragma omp simd simdlen(16)
+          for (int64_t j = 0; j < C; ++j) {
+            const float xhat = ((load(xr, j) - m) - corr) * rs;
+            store(dxr, j, rs * (load(dyr, j) * weight[j] - a - xhat * b));
+          }
+        }
+        if (pw != nullptr) {
+#pragma omp simd simdlen(16)
+          for (int64_t j = 0; j < C; ++j) pw[j] += load(dyr, j) * (((load(xr, j) - m) - corr) * rs);
+        }
+        if (pb != nullptr) {
+#pragma omp simd simdlen(16)
+          for (int64_t j = 0; j < C; ++j) pb[j] += load(dyr, j);
+        }
+      }
+    }
+  });
+  if (dweight != nullptr) sum_partials(dweight, partial_w.data(), chunks.count, C);
+  if (dbias != nullptr) sum_partials(dbias, partial_b.data(), chunks.count, C);
 }
 
 }  // namespace
@@ -230,100 +331,19 @@ void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, con
 
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * C;
-      float* yr = y + r * C;
-      float s = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : s)
-      for (int64_t j = 0; j < C; ++j) s += xr[j];
-      float m = s * inv_c;
-      // Corrected two-pass variance (Chan, Golub & LeVeque 1983): subtracting the rounding error of the
-      // mean, (sum d)^2 / C, keeps var accurate when |mean| >> std (e.g. x = 1e4 + noise).
-      float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : s1, s2)
-      for (int64_t j = 0; j < C; ++j) {
-        const float d = xr[j] - m;
-        s1 += d;
-        s2 += d * d;
-      }
-      float c1 = s1 * inv_c;
-      const float var = std::max(0.0f, s2 * inv_c - c1 * c1);
-      float rs = 1.0f / std::sqrt(var + eps);
-      if (!(s2 <= FLT_MAX) || !(std::fabs(s) <= FLT_MAX)) [[unlikely]] {
-        scaled_layer_norm_stats(xr, C, eps, m, rs);
-        c1 = 0.0f;
-      }
-      // The mean is m + c1, but that sum rounds to the f32 grid of |mean| (1e-3 at 1e4), an error that
-      // (x - mean) would then carry; x - m is exact for x near m, so subtract the two parts separately.
-      if (mean != nullptr) mean[r] = m + c1;
-      if (rstd != nullptr) rstd[r] = rs;
-      if (bias != nullptr) {
-#pragma omp simd simdlen(16)
-        for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j] + bias[j];
-      } else {
-#pragma omp simd simdlen(16)
-        for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j];
-      }
-    }
-  });
+  layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
 }
-
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps) {
+  layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
+}
 void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
                          const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
-  const RowChunks chunks = param_grad_chunks(rows);
-  const size_t partial_size = static_cast<size_t>(chunks.count * C);
-  std::vector<float> partial_w(dweight != nullptr ? partial_size : 0);
-  std::vector<float> partial_b(dbias != nullptr ? partial_size : 0);
-  const float inv_c = 1.0f / static_cast<float>(C);
-  parallel_for(0, chunks.count, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      float* pw = dweight != nullptr ? partial_w.data() + c * C : nullptr;
-      float* pb = dbias != nullptr ? partial_b.data() + c * C : nullptr;
-      if (pw != nullptr) std::fill(pw, pw + C, 0.0f);
-      if (pb != nullptr) std::fill(pb, pb + C, 0.0f);
-      const int64_t r_end = std::min(rows, (c + 1) * chunks.rows_per_chunk);
-      for (int64_t r = c * chunks.rows_per_chunk; r < r_end; ++r) {
-        const float* xr = x + r * C;
-        const float* dyr = dy + r * C;
-        const float m = mean[r], rs = rstd[r];
-        // The saved mean is rounded to f32; corr = mean(x - m) recovers the rest (see the forward), so
-        // xhat = ((x - m) - corr) * rs. One extra sum over a row that is in L1 anyway.
-        float sd = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : sd)
-        for (int64_t j = 0; j < C; ++j) sd += xr[j] - m;
-        const float corr = std::isfinite(sd) ? sd * inv_c : 0.0f;
-        if (dx != nullptr) {
-          float sg = 0.0f, sgx = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : sg, sgx)
-          for (int64_t j = 0; j < C; ++j) {
-            const float g = dyr[j] * weight[j];
-            sg += g;
-            sgx += g * (((xr[j] - m) - corr) * rs);
-          }
-          const float a = sg * inv_c;   // mean(g)
-          const float b = sgx * inv_c;  // mean(g * xhat)
-          float* dxr = dx + r * C;
-#pragma omp simd simdlen(16)
-          for (int64_t j = 0; j < C; ++j) {
-            const float xhat = ((xr[j] - m) - corr) * rs;
-            dxr[j] = rs * (dyr[j] * weight[j] - a - xhat * b);
-          }
-        }
-        if (pw != nullptr) {
-#pragma omp simd simdlen(16)
-          for (int64_t j = 0; j < C; ++j) pw[j] += dyr[j] * (((xr[j] - m) - corr) * rs);
-        }
-        if (pb != nullptr) {
-#pragma omp simd simdlen(16)
-          for (int64_t j = 0; j < C; ++j) pb[j] += dyr[j];
-        }
-      }
-    }
-  });
-  if (dweight != nullptr) sum_partials(dweight, partial_w.data(), chunks.count, C);
-  if (dbias != nullptr) sum_partials(dbias, partial_b.data(), chunks.count, C);
+  layer_norm_backward_impl(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, C);
+}
+void layer_norm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  layer_norm_backward_impl(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, C);
 }
 
 // ---- naive double-precision oracles --------------------------------------------------------------

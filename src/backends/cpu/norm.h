@@ -49,10 +49,14 @@ void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, con
 // y = (x - mean) * rstd * weight + bias with the biased variance (PyTorch's LayerNorm); bias may be null.
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps);
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps);
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum dy * xhat,  dbias = sum dy.
 void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C);
+void layer_norm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
                          const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C);
 
 // ---- naive double-precision oracles --------------------------------------------------------------

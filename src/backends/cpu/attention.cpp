@@ -188,12 +188,13 @@ void pack_rows(float* dst, int64_t width, int64_t padded_rows, const float* base
   std::fill(dst + t * width, dst + padded_rows * width, 0.0f);
 }
 
-// krows [Tkp, Dp] (roped, row-major) and kt [Dp, Tkp] (its transpose), both zero-padded.
-void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, float* kt,
-               float* krows) {
+// Keys [0, nk): krows [round16(nk), Dp] (roped, row-major) and kt [Dp, Tkp] (its transpose, columns
+// [0, round16(nk)) written), both zero-padded.
+void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, int64_t nk,
+               float* kt, float* krows) {
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
-  pack_rows(krows, s.dp, s.tkp, k, p.k, p.tk, p.d, rope, b, h);
-  transpose(kt, s.tkp, krows, s.dp, s.tkp, s.dp);
+  pack_rows(krows, s.dp, round16(nk), k, p.k, nk, p.d, rope, b, h);
+  transpose(kt, s.tkp, krows, s.dp, round16(nk), s.dp);
 }
 
 // Queries [rows, Dp], roped and multiplied by scale*log2(e).
@@ -229,19 +230,21 @@ struct ForwardScratch {
         m(kBlockQ), l(kBlockQ) {}
 };
 
-void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, const float* q, const float* k,
-                        const float* v, float* out, float* lse, ForwardScratch& w) {
+// Query rows [row_begin, row_end) of head n (row_begin a multiple of kBlockQ).
+void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, int64_t row_begin, int64_t row_end,
+                        const float* q, const float* k, const float* v, float* out, float* lse, ForwardScratch& w) {
   const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
   const int64_t dp = dims.dp, dvp = dims.dvp;
-  pack_keys(p, dims, k, b, h, w.kt.get(), w.krows.get());
+  const int64_t nk = key_end(p, row_begin, row_end - row_begin);  // keys any of these rows can see
+  pack_keys(p, dims, k, b, h, nk, w.kt.get(), w.krows.get());
   float* vp = w.vp.get();
-  pack_rows(vp, dvp, dims.tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
+  pack_rows(vp, dvp, round16(nk), v, p.v, nk, p.dv, nullptr, b, h);
 
   float* qc = w.qc.get();
   float* s = w.s.get();
   float* o = w.o.get();
-  for (int64_t i0 = 0; i0 < p.tq; i0 += kBlockQ) {
-    const int64_t rows = std::min(kBlockQ, p.tq - i0);
+  for (int64_t i0 = row_begin; i0 < row_end; i0 += kBlockQ) {
+    const int64_t rows = std::min(kBlockQ, row_end - i0);
     const int64_t kend = key_end(p, i0, rows);
     pack_queries(p, dims, q, b, h, i0, rows, qc);
     std::fill(w.m.begin(), w.m.end(), -kInf);
@@ -314,7 +317,7 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
   const int64_t dp = dims.dp, dvp = dims.dvp, tkp = dims.tkp;
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
 
-  pack_keys(p, dims, k, b, h, w.kt.get(), w.kp.get());
+  pack_keys(p, dims, k, b, h, p.tk, w.kt.get(), w.kp.get());
   float* vt = w.vt.get();
   pack_rows(w.vrows.get(), dvp, tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
   transpose(vt, tkp, w.vrows.get(), dvp, tkp, dvp);
@@ -447,9 +450,21 @@ void flash_attention_forward(const AttentionProblem& p, const float* q, const fl
                              float* out, float* lse) {
   if (p.heads() == 0 || p.tq == 0) return;
   const Dims dims(p);
-  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
+  // Work items are (head, span of query blocks). With few heads (e.g. one long sequence) the query
+  // blocks of a head are split into spans so that every thread has work; a row's result does not
+  // depend on the split, so this stays deterministic.
+  const int64_t qblocks = (p.tq + kBlockQ - 1) / kBlockQ;
+  const int64_t grain = head_grain(p);
+  int64_t spans = 1;
+  if (grain < p.heads() && p.heads() < 4 * num_threads())
+    spans = std::min(qblocks, (4 * num_threads() + p.heads() - 1) / p.heads());
+  parallel_for(0, p.heads() * spans, spans == 1 ? grain : 1, [&](int64_t ib, int64_t ie) {
     ForwardScratch w(p, dims);
-    for (int64_t n = nb; n < ne; ++n) flash_forward_head(p, dims, n, q, k, v, out, lse, w);
+    for (int64_t item = ib; item < ie; ++item) {
+      const int64_t n = item / spans, sp = item % spans;
+      const int64_t rb = qblocks * sp / spans * kBlockQ, re = std::min(p.tq, qblocks * (sp + 1) / spans * kBlockQ);
+      if (rb < re) flash_forward_head(p, dims, n, rb, re, q, k, v, out, lse, w);
+    }
   });
 }
 

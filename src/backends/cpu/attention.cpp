@@ -172,8 +172,52 @@ void prefetch_row_for_write(float* p, int64_t n) {
   __builtin_prefetch(p + n - 1, 1);
 }
 
+#if !defined(__clang__)  // GCC's two-source __builtin_shuffle; Clang takes the scalar transpose below
+// Two-source lane masks for one stage of a 16x16 transpose (see transpose16).
+template <int K>
+constexpr simd::i32x16 swap_mask(bool upper) {
+  simd::i32x16 m{};
+  for (int l = 0; l < 16; ++l) {
+    if (!upper) m[l] = (l & K) == 0 ? l : 16 + l - K;
+    else m[l] = (l & K) == 0 ? l + K : 16 + l;
+  }
+  return m;
+}
+
+template <int K>
+inline void transpose_stage(f32x16* r) {
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (i & K) continue;
+    const f32x16 a = r[i], b = r[i + K];
+    r[i] = __builtin_shuffle(a, b, swap_mask<K>(false));
+    r[i + K] = __builtin_shuffle(a, b, swap_mask<K>(true));
+  }
+}
+
+// One 16x16 block: dst[c * ld_dst + j] = src[j * ld_src + c]. Recursive block transpose: each stage
+// swaps the off-diagonal K x K sub-blocks of every 2K x 2K block (K = 8, 4, 2, 1), 64 lane permutes
+// in all instead of 256 scalar loads and stores.
+inline void transpose16(float* dst, int64_t ld_dst, const float* src, int64_t ld_src) {
+  f32x16 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = simd::load(src + i * ld_src);
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
+  for (int i = 0; i < 16; ++i) simd::store(dst + i * ld_dst, r[i]);
+}
+#endif
+
 // dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols (an in-cache transpose).
 void transpose(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+#if !defined(__clang__)
+  if (rows % 16 == 0 && cols % 16 == 0) {
+    for (int64_t j = 0; j < rows; j += 16)
+      for (int64_t c = 0; c < cols; c += 16) transpose16(dst + c * ld_dst + j, ld_dst, src + j * ld_src + c, ld_src);
+    return;
+  }
+#endif
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t j = 0; j < rows; ++j) dst[c * ld_dst + j] = src[j * ld_src + c];
 }

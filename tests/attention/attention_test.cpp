@@ -105,7 +105,6 @@ TEST(Attention, NonCausalFlashEqualsMaskedAllTrueWithTqNotTk) {
   TensorList qkv = {test::randn({2, 3, 45, 10}, 20), test::randn({2, 3, 70, 10}, 21),
                     test::randn({2, 3, 70, 5}, 22)};
   Tensor dy = test::randn({2, 3, 45, 5}, 23);
-  Tensor all = Tensor::full({45, 70}, 1.0f).to(DType::F32);
   Tensor mask = Tensor::zeros({45, 70}, DType::Bool);
   std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
   for (bool causal : {false, true}) {
@@ -177,7 +176,8 @@ TEST(Attention, CausalSelfAttentionMatchesPyTorch) {
 TEST(Attention, FusedEqualsCompositeAtModelShapes) {
   // The benchmark model's head size (D=32) and D=64, T crossing blocks, both RoPE styles, [B,T] positions.
   struct Case { int64_t b, t, h, d; ops::RopeStyle style; bool batch_pos; };
-  for (Case c : {Case{2, 70, 3, 32, ops::RopeStyle::Interleaved, false}, Case{1, 33, 2, 64, ops::RopeStyle::RotateHalf, true},
+  for (Case c : {Case{2, 70, 3, 32, ops::RopeStyle::Interleaved, false},
+                 Case{1, 33, 2, 64, ops::RopeStyle::RotateHalf, true},
                  Case{3, 1, 4, 10, ops::RopeStyle::RotateHalf, false}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " D=" + std::to_string(c.d));
     const int64_t w = c.h * c.d;
@@ -238,14 +238,16 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
 
 TEST(Attention, EmptySequencesAndBatches) {
   for (Shape shape : {Shape{2, 0, 8}, Shape{0, 3, 8}}) {
-    Tensor q = test::param(Tensor::zeros(shape)), k = test::param(Tensor::zeros(shape)), v = test::param(Tensor::zeros(shape));
+    Tensor q = test::param(Tensor::zeros(shape)), k = test::param(Tensor::zeros(shape)),
+           v = test::param(Tensor::zeros(shape));
     Tensor y = ops::causal_self_attention(q, k, v, 2);
     EXPECT_EQ(y.shape(), shape);
     autograd::backward(y, Tensor::zeros(shape));
     EXPECT_EQ(q.grad().shape(), shape);
   }
   // Tk = 0: every query row sees nothing.
-  Tensor y = ops::scaled_dot_product_attention(test::randn({2, 3, 4}, 1), Tensor::zeros({2, 0, 4}), Tensor::zeros({2, 0, 5}));
+  Tensor y = ops::scaled_dot_product_attention(test::randn({2, 3, 4}, 1), Tensor::zeros({2, 0, 4}),
+                                               Tensor::zeros({2, 0, 5}));
   EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
   for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.0f);
 }

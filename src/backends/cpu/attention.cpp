@@ -269,7 +269,8 @@ struct ForwardScratch {
   Buffer kt, krows, vp, qc, s, o, tmp;
   std::vector<float> m, l;
   ForwardScratch(const AttentionProblem& p, const Dims& d)
-      : kt(make_buffer(d.dp * d.tkp)), krows(make_buffer(d.tkp * d.dp)), vp(make_buffer(d.tkp * d.dvp)), qc(make_buffer(kBlockQ * d.dp)),
+      : kt(make_buffer(d.dp * d.tkp)), krows(make_buffer(d.tkp * d.dp)), vp(make_buffer(d.tkp * d.dvp)),
+        qc(make_buffer(kBlockQ * d.dp)),
         s(make_buffer(kBlockQ * kBlockK)), o(make_buffer(kBlockQ * d.dvp)), tmp(make_buffer(d.dp)),
         m(kBlockQ), l(kBlockQ) {}
 };
@@ -351,7 +352,8 @@ struct BackwardScratch {
       : qc(make_buffer(p.tq * d.dp)), kp(make_buffer(d.tkp * d.dp)), kt(make_buffer(d.dp * d.tkp)),
         vrows(make_buffer(d.tkp * d.dvp)), vt(make_buffer(d.dvp * d.tkp)), dop(make_buffer(p.tq * d.dvp)), dq(make_buffer(p.tq * d.dp)),
         dk(make_buffer(d.tkp * d.dp)), dv(make_buffer(d.tkp * d.dvp)), s(make_buffer(kBlockQ * kBlockK)),
-        dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))), di(static_cast<size_t>(p.tq)) {}
+        dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))),
+        di(static_cast<size_t>(p.tq)) {}
 };
 
 void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n, const float* q, const float* k,

@@ -124,6 +124,32 @@ TEST(Attention, NonCausalFlashEqualsMaskedAllTrueWithTqNotTk) {
   }
 }
 
+TEST(Attention, OnlineSoftmaxRescalesAcrossKeyBlocks) {
+  // Keys grow with j, so every later key block (128 keys) raises a row's running max and the kernel
+  // must rescale what it accumulated (scaled logits reach ~20).
+  const int64_t t = 300, d = 16;
+  Tensor q = test::randn({2, t, d}, 80), k = test::randn({2, t, d}, 81), v = test::randn({2, t, d}, 82);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t j = 0; j < t; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        k.data<float>()[(n * t + j) * d + c] = 0.5f + 0.02f * static_cast<float>(j);
+        q.data<float>()[(n * t + j) * d + c] = std::fabs(q.data<float>()[(n * t + j) * d + c]);
+      }
+  Tensor dy = test::randn({2, t, d}, 83);
+  for (bool causal : {false, true}) {
+    auto flash = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), causal);
+    }, {q, k, v}, dy);
+    Tensor mask = causal ? ops::causal_mask(t) : Tensor::empty({t, t}, DType::Bool);
+    if (!causal) std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
+    auto masked = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, false);
+    }, {q, k, v}, dy);
+    expect_all_close(flash, masked, 1e-4f, 1e-3f, causal ? "causal" : "full");
+    EXPECT_TRUE(all_finite(flash[0]) && all_finite(flash[1]));
+  }
+}
+
 TEST(Attention, GradcheckFlashAndMasked) {
   Tensor q = test::param(test::randn({2, 5, 6}, 30)), k = test::param(test::randn({2, 7, 6}, 31)),
          v = test::param(test::randn({2, 7, 3}, 32));

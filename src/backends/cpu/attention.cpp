@@ -1,14 +1,19 @@
 // Attention kernels (see attention.h for the contract and the legend).
 //
-// Flash kernels, per head (one thread):
-//   * K (and V) are packed once per head, zero-padded to multiples of 16 in both T and D, so every
-//     inner loop runs on whole 16-float vectors and padding contributes exact zeros. K is also stored
-//     transposed (Kt: [Dp, Tkp]) so that S = Q K^T vectorises over keys.
+// Flash kernels (Dao, "FlashAttention-2", 2023), per head:
+//   * K and V rows are packed once per head into thread-local scratch, RoPE'd on the way in, zero-
+//     padded to multiples of 16 in both T and D, so every inner loop runs on whole 16-float vectors
+//     and padding contributes exact zeros. K^T (and V^T in the backward) are packed too, so that
+//     Q K^T and dO V^T vectorise over keys. These [T, D]-sized packs are the only copies made.
 //   * Scores live in the log2 domain: Q is pre-multiplied by scale*log2(e), so probabilities are
-//     exp2(S - m) (FlashAttention-2, section 3.1, does the same).
-//   * All products are one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of 16, an
-//     8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be read
-//     transposed (P^T dO, dS^T Q) by passing its strides, so no transpose is ever materialised.
+//     exp2(S - m), as the FlashAttention-2 kernels do (softmax_scale_log2).
+//   * All products go through one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of
+//     16, an 8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be
+//     read transposed (P^T dO, dS^T Q) through its strides, so P^T and dS^T are never formed.
+//   * Causal diagonal blocks are trimmed per 8-row tile (for_each_row_tile): work beyond a tile's
+//     last visible key is skipped rather than computed and masked.
+//   * The backward recomputes P blockwise from the saved logsumexp and accumulates dQ, dK and dV for a
+//     head in that head's thread, in a fixed order: bitwise deterministic for any thread count.
 #include "backends/cpu/attention.h"
 
 #include <algorithm>

@@ -28,6 +28,17 @@ TEST(Cli, TrainEncodeDecodeRoundTrip) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, text);
 
+  // Ids that end inside a UTF-8 character decode to U+FFFD; a bad id is an error.
+  write_text(dir / "half.txt", std::to_string(*tok.token_id("\xe6")) + " " + std::to_string(*tok.token_id("\x97")) +
+                                   " " + std::to_string(*tok.token_id("a")) + "\n");
+  r = run_cli({"tokenizer", "decode", "--tokenizer", dir / "tok.json", "--input", dir / "half.txt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "\xEF\xBF\xBD" "a");
+  write_text(dir / "bad_ids.txt", "1 2 700");
+  r = run_cli({"tokenizer", "decode", "--tokenizer", dir / "tok.json", "--input", dir / "bad_ids.txt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: decode: token id 700 is out of range"), std::string::npos) << r.err;
+
   // The same through vocab.json + merges.txt.
   r = run_cli({"tokenizer", "train", "--input", dir / "a.txt", "--vocab-size", "400", "--out", dir / "gpt2fmt"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

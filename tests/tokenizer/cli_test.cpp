@@ -132,6 +132,7 @@ TEST(Cli, BadInputGivesErrorAndExitCodeOne) {
   write_text(dir / "empty.txt", "");
   write_text(dir / "text.txt", "some text here");
   write_text(dir / "bad.json", "{\"model\": ");
+  save_hf_json(small_tokenizer(300), dir / "tok.json");
   struct Case {
     std::vector<std::string> args;
     std::string message;
@@ -145,6 +146,11 @@ TEST(Cli, BadInputGivesErrorAndExitCodeOne) {
       {{"tokenizer", "encode", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt"}, "not valid JSON"},
       {{"tokenizer", "encode", "--tokenizer", dir / "nope.json", "--input", dir / "text.txt"}, "does not exist"},
       {{"prepare", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt", "--out", dir / "o"}, "bad.json"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "empty.txt", "--out", dir / "o"}, "empty"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "missing.txt", "--out", dir / "o"}, "missing.txt"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "text.txt", "--out", dir / "o", "--val-fraction",
+        "1.5"},
+       "val fraction"},
   };
   for (const Case& c : cases) {
     auto r = run_cli(c.args);

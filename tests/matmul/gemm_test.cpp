@@ -185,3 +185,16 @@ TEST(Gemm, SumRowsMatchesSerialSum) {
     for (int64_t n = 0; n < N; ++n) want[n] += x[m * N + n];
   EXPECT_EQ(got, want);  // same order of additions: bitwise equal
 }
+
+TEST(Gemm, ModelShapesUseAnOptimizedKernel) {
+  // oneDNN silently falls back to a reference loop ("ref:any") for layouts it has no kernel for; the
+  // dense layouts loom passes must never land there (that would be ~100x slower, not wrong).
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      for (DType dtype : {DType::F32, DType::BF16}) {
+        const std::string impl = cpu::gemm_implementation(ta, tb, 64, 96, 80, dtype);
+        EXPECT_NE(impl.rfind("ref", 0), 0u) << impl << " ta=" << ta << " tb=" << tb << " " << dtype;
+      }
+    }
+  }
+}

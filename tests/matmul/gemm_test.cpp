@@ -198,3 +198,34 @@ TEST(Gemm, ModelShapesUseAnOptimizedKernel) {
     }
   }
 }
+
+TEST(Gemm, CallsFromInsideAParallelRegionAreCorrect) {
+  // Per-head GEMMs may run inside loom::parallel_for; oneDNN then runs on one thread per caller.
+  const int64_t M = 130, N = 70, K = 257;
+  auto A = random_vec(4 * M * K, 41), B = random_vec(K * N, 42);
+  std::vector<float> got(4 * M * N), want(4 * M * N);
+  for (int64_t i = 0; i < 4; ++i)
+    cpu::gemm_reference(false, false, M, N, K, 1.0f, A.data() + i * M * K, K, B.data(), N, 0.0f,
+                        want.data() + i * M * N, N);
+#pragma omp parallel for num_threads(2)
+  for (int64_t i = 0; i < 4; ++i)
+    cpu::gemm(false, false, M, N, K, 1.0f, A.data() + i * M * K, K, B.data(), N, 0.0f, got.data() + i * M * N, N);
+  expect_near_all(got, want, 1e-3f, 1e-4f, "nested");
+}
+
+TEST(Gemm, LargerBatchedAllTransposes) {
+  const int64_t batch = 3, M = 130, N = 70, K = 257;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      auto A = random_vec(batch * M * K, 51), B = random_vec(batch * K * N, 52);
+      std::vector<float> got(batch * M * N), want(batch * M * N);
+      cpu::gemm_batched(ta, tb, batch, M, N, K, 1.0f, A.data(), lda, M * K, B.data(), ldb, K * N, 0.0f, got.data(), N,
+                        M * N);
+      for (int64_t b = 0; b < batch; ++b)
+        cpu::gemm_reference(ta, tb, M, N, K, 1.0f, A.data() + b * M * K, lda, B.data() + b * K * N, ldb, 0.0f,
+                            want.data() + b * M * N, N);
+      expect_near_all(got, want, 1e-3f, 1e-4f, "large batched ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  }
+}

@@ -127,6 +127,10 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
 // FMA peak estimate: every thread runs 12 independent chains of 512-bit FMAs (enough to cover the FMA
 // latency on two ports), 32 flops each.
 void BM_FmaPeak(benchmark::State& state) {
+#ifndef __AVX512F__
+  state.SkipWithError("fma_peak needs a build with AVX-512 (LOOM_NATIVE=ON on an AVX-512 machine)");
+  return;
+#endif
   const int threads = bench_threads();
   const int64_t iters = 20'000'000;
   const double cpu0 = process_cpu_seconds();

@@ -1,0 +1,130 @@
+// Activations, SwiGLU and dropout: validation, CPU dispatch, and the recorded backward.
+//
+// silu/gelu/swiglu save their inputs and recompute sigmoid/erf in the backward (one fused pass each,
+// cheaper than storing and re-reading an intermediate). Dropout saves nothing: its backward regenerates
+// the mask from (key, index), so the gradient uses exactly the forward's mask.
+// All accept f32 or bf16 (bf16: f32 math inside, bf16 results).
+#include "ops/activation.h"
+
+#include <cmath>
+
+#include "backends/backend.h"
+#include "backends/cpu/activation.h"
+#include "core/autograd.h"
+
+namespace loom::ops {
+namespace {
+
+void check_float_input(const Tensor& t, const char* op, const char* arg) {
+  LOOM_CHECK(t.defined(), op, ": ", arg, " is undefined");
+  LOOM_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, op, ": ", arg, " must be f32 or bf16, got ",
+             t.describe());
+  require_cpu(op, {&t});
+}
+
+// Calls fn(T{}) with T = float or bf16 according to the dtype (already checked to be one of them).
+template <typename Fn>
+void dispatch_float(DType dtype, Fn&& fn) {
+  if (dtype == DType::F32) {
+    fn(float{});
+  } else {
+    fn(bf16{});
+  }
+}
+
+Tensor grad_as(const Tensor& g, DType dtype) { return g.dtype() == dtype ? g : g.to(dtype); }
+
+}  // namespace
+
+Tensor silu(const Tensor& x) {
+  check_float_input(x, "silu", "x");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::silu_forward(y.data<T>(), x.data<T>(), x.numel());
+  });
+  autograd::record("silu", {x}, {y}, [x](const autograd::BackwardContext& ctx) {
+    const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      cpu::silu_backward(dx.data<T>(), dy.data<T>(), x.data<T>(), x.numel());
+    });
+    return TensorList{dx};
+  });
+  return y;
+}
+
+Tensor gelu(const Tensor& x, GeluApproximation approx) {
+  check_float_input(x, "gelu", "x");
+  const bool tanh_approx = approx == GeluApproximation::Tanh;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gelu_forward(y.data<T>(), x.data<T>(), x.numel(), tanh_approx);
+  });
+  autograd::record("gelu", {x}, {y}, [x, tanh_approx](const autograd::BackwardContext& ctx) {
+    const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      cpu::gelu_backward(dx.data<T>(), dy.data<T>(), x.data<T>(), x.numel(), tanh_approx);
+    });
+    return TensorList{dx};
+  });
+  return y;
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  check_float_input(gate, "swiglu", "gate");
+  check_float_input(up, "swiglu", "up");
+  LOOM_CHECK(gate.shape() == up.shape(), "swiglu: gate has shape ", gate.shape(), " but up has shape ",
+             up.shape(), " (they must match)");
+  LOOM_CHECK(gate.dtype() == up.dtype(), "swiglu: gate is ", gate.describe(), " but up is ", up.describe(),
+             " (dtypes must match)");
+  check_same_device(gate, up, "swiglu");
+  Tensor y = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  dispatch_float(gate.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::swiglu_forward(y.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+  });
+  autograd::record("swiglu", {gate, up}, {y}, [gate, up](const autograd::BackwardContext& ctx) {
+    const Tensor dy = grad_as(ctx.grad_output(0), gate.dtype());
+    Tensor dgate = ctx.needs_input_grad(0) ? Tensor::empty(gate.shape(), gate.dtype(), gate.device()) : Tensor();
+    Tensor dup = ctx.needs_input_grad(1) ? Tensor::empty(up.shape(), up.dtype(), up.device()) : Tensor();
+    dispatch_float(gate.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      cpu::swiglu_backward(dgate.defined() ? dgate.data<T>() : nullptr, dup.defined() ? dup.data<T>() : nullptr,
+                           dy.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+    });
+    return TensorList{dgate, dup};
+  });
+  return y;
+}
+
+Tensor dropout(const Tensor& x, float p, RngKey key, bool training) {
+  check_float_input(x, "dropout", "x");
+  LOOM_CHECK(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got p=", p);
+  // Identity: x itself (as torch.nn.functional.dropout), so nothing is copied or recorded.
+  if (!training || p == 0.0f) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::dropout_forward(y.data<T>(), x.data<T>(), x.numel(), p, key);
+  });
+  const Shape shape = x.shape();
+  const DType dtype = x.dtype();
+  const Device device = x.device();
+  autograd::record("dropout", {x}, {y}, [shape, dtype, device, p, key](const autograd::BackwardContext& ctx) {
+    const Tensor dy = grad_as(ctx.grad_output(0), dtype);
+    Tensor dx = Tensor::empty(shape, dtype, device);
+    dispatch_float(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::dropout_forward(dx.data<T>(), dy.data<T>(), dx.numel(), p, key);  // same mask and scale
+    });
+    return TensorList{dx};
+  });
+  return y;
+}
+
+}  // namespace loom::ops

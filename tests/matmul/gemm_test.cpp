@@ -229,3 +229,16 @@ TEST(Gemm, LargerBatchedAllTransposes) {
     }
   }
 }
+
+TEST(Gemm, SmallSerialCallsLeaveTheCallersThreadCountAlone) {
+  const int before = num_threads();
+  set_num_threads(2);
+  auto A = random_vec(8 * 8, 61), B = random_vec(8 * 8, 62);
+  std::vector<float> C(64), want(64);
+  cpu::gemm(false, false, 8, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);  // runs on 1 thread
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  EXPECT_EQ(num_threads(), 2);
+  cpu::gemm_reference(false, false, 8, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, want.data(), 8);
+  expect_near_all(C, want, 1e-5f, 1e-5f, "small");
+  set_num_threads(before);
+}

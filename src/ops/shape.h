@@ -9,3 +9,14 @@ namespace loom::ops {
 Tensor reshape(const Tensor& x, std::vector<int64_t> shape);
 
 }  // namespace loom::ops
+
+namespace loom::ops {
+
+// Swaps dimensions d0 and d1 (negative counts from the end), copying into a new contiguous tensor.
+// E.g. [B, T, H, D] -> [B, H, T, D] with transpose(x, 1, 2). Any dtype.
+Tensor transpose(const Tensor& x, int d0, int d1);
+
+// Joins tensors along `dim`; all other dimensions must match. Differentiable.
+Tensor concat(const TensorList& xs, int dim);
+
+}  // namespace loom::ops

@@ -1,0 +1,183 @@
+// GEMM microbenchmark: oneDNN (loom's cpu::gemm) vs OpenBLAS vs the naive reference, on the shapes the
+// benchmark model uses, plus an FMA-peak estimate to read the GFLOP/s against. Results: docs/gemm.md.
+//
+// Legend: T tokens (the GEMM's M in forward), C d_model, F FFN width, V vocab.
+// Threads: LOOM_BENCH_THREADS (default 2) for every library; OpenBLAS's core type follows the
+// environment (OPENBLAS_CORETYPE), printed in the context.
+//
+//   ./loom_bench_gemm --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_*) with false positives under -Wall.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/gemm.h"
+#include "backends/cpu/loss.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+
+using namespace loom;
+
+namespace {
+
+int bench_threads() {
+  const char* env = std::getenv("LOOM_BENCH_THREADS");
+  return env != nullptr ? std::atoi(env) : 2;
+}
+
+struct Problem {
+  const char* name;
+  bool ta, tb;
+  int64_t M, N, K;
+};
+
+// T = 2048 tokens; (in, out) pairs of the model's linear layers. For a layer x[T,in] -> y[T,out] with
+// w[out,in]: forward y = x w^T; backward dx = dy w; dW = dy^T x.
+std::vector<Problem> problems() {
+  const int64_t T = 2048;
+  const std::pair<int64_t, int64_t> layers[] = {{512, 512}, {512, 1344}, {1344, 512}, {512, 10000}};
+  std::vector<Problem> out;
+  for (auto [in, outf] : layers) {
+    out.push_back({"fwd  y=x*W^T", false, true, T, outf, in});
+    out.push_back({"bwd dx=dy*W ", false, false, T, in, outf});
+    out.push_back({"bwd dW=dy^T*x", true, false, outf, in, T});
+  }
+  out.push_back({"square", false, false, 2048, 2048, 2048});
+  return out;
+}
+
+std::vector<float> random_matrix(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  fill_normal(v.data(), n, RngKey::from_seed(seed), 0, 0.0f, 1.0f);
+  return v;
+}
+
+void set_counters(benchmark::State& state, const Problem& p) {
+  const double flops = 2.0 * p.M * p.N * p.K;
+  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(p.name) + " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) +
+                 " K=" + std::to_string(p.K));
+}
+
+enum class Lib { OneDnn, OneDnnBf16, OpenBlas, Naive };
+
+void BM_Gemm(benchmark::State& state, Lib lib) {
+  const Problem p = problems()[static_cast<size_t>(state.range(0))];
+  const int threads = bench_threads();
+  set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+  std::vector<float> A = random_matrix(p.M * p.K, 1), B = random_matrix(p.K * p.N, 2), C(p.M * p.N);
+  std::vector<bf16> A16, B16;
+  if (lib == Lib::OneDnnBf16) {
+    for (float v : A) A16.push_back(bf16::from_float(v));
+    for (float v : B) B16.push_back(bf16::from_float(v));
+  }
+  for (auto _ : state) {
+    switch (lib) {
+      case Lib::OneDnn:
+        cpu::gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), p.N);
+        break;
+      case Lib::OneDnnBf16:
+        cpu::gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, 1.0f, A16.data(), lda, B16.data(), ldb, 0.0f, C.data(), p.N);
+        break;
+      case Lib::OpenBlas:
+        cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(p.M), static_cast<int>(p.N), static_cast<int>(p.K), 1.0f, A.data(),
+                    static_cast<int>(lda), B.data(), static_cast<int>(ldb), 0.0f, C.data(), static_cast<int>(p.N));
+        break;
+      case Lib::Naive:
+        cpu::gemm_reference(p.ta, p.tb, p.M, p.N, p.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), p.N);
+        break;
+    }
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, p);
+  if (lib == Lib::OneDnn || lib == Lib::OneDnnBf16) {
+    state.SetLabel(state.counters.empty() ? "" : std::string(p.name) + " M=" + std::to_string(p.M) + " N=" +
+                   std::to_string(p.N) + " K=" + std::to_string(p.K) + " [" +
+                   cpu::gemm_implementation(p.ta, p.tb, p.M, p.N, p.K,
+                                            lib == Lib::OneDnn ? DType::F32 : DType::BF16) + "]");
+  }
+}
+
+// FMA peak estimate: every thread runs 12 independent chains of 512-bit FMAs (enough to cover the FMA
+// latency on two ports), 32 flops each.
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = bench_threads();
+  const int64_t iters = 20'000'000;
+  for (auto _ : state) {
+    float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+#ifdef __AVX512F__
+      __m512 acc[12];
+      for (auto& a : acc) a = _mm512_set1_ps(0.0f);
+      const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-6f);
+      for (int64_t i = 0; i < iters; ++i) {
+        for (auto& a : acc) a = _mm512_fmadd_ps(a, x, y);
+      }
+      __m512 s = acc[0];
+      for (int j = 1; j < 12; ++j) s = _mm512_add_ps(s, acc[j]);
+      sink += _mm512_reduce_add_ps(s);
+#endif
+    }
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(threads * iters * 12.0 * 32.0 * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The fused cross-entropy on the LM head's logits [T, V] (it follows the biggest GEMM): forward with the
+// gradient written (training) and without (evaluation). Reported as GB/s of logits read.
+void BM_CrossEntropy(benchmark::State& state) {
+  const int64_t T = 2048, V = 10000;
+  const bool with_grad = state.range(0) != 0;
+  set_num_threads(bench_threads());
+  std::vector<float> logits = random_matrix(T * V, 3), grad(with_grad ? T * V : 0);
+  std::vector<int32_t> targets(T);
+  for (int64_t t = 0; t < T; ++t) targets[t] = static_cast<int32_t>((t * 7919) % V);
+  for (auto _ : state) {
+    double loss = cpu::cross_entropy_forward(logits.data(), targets.data(), T, V, -100,
+                                             with_grad ? grad.data() : nullptr, 1.0f / T);
+    benchmark::DoNotOptimize(loss);
+  }
+  state.counters["GBps"] = benchmark::Counter(T * V * 4.0 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(with_grad ? "T=2048 V=10000, loss + grad" : "T=2048 V=10000, loss only");
+}
+
+void register_all() {
+  benchmark::AddCustomContext("threads", std::to_string(bench_threads()));
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  benchmark::AddCustomContext("OPENBLAS_CORETYPE", coretype != nullptr ? coretype : "(unset)");
+  benchmark::AddCustomContext("openblas_corename", openblas_get_corename());
+  benchmark::RegisterBenchmark("fma_peak", BM_FmaPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cross_entropy", BM_CrossEntropy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+  const int n = static_cast<int>(problems().size());
+  for (int i = 0; i < n; ++i) {
+    benchmark::RegisterBenchmark("onednn_f32", BM_Gemm, Lib::OneDnn)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("openblas_f32", BM_Gemm, Lib::OpenBlas)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("onednn_bf16", BM_Gemm, Lib::OneDnnBf16)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  // The naive loop only on the smallest layer: it is ~1000x slower.
+  benchmark::RegisterBenchmark("naive_f32", BM_Gemm, Lib::Naive)->Arg(0)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The PyTorch side of `loom bench train`: the same CS336 Llama-style model, the same training step
+(forward, backward, global-norm clip, AdamW) on synthetic tokens, timed the same way.
+
+    /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps 10 --threads 2
+
+Prints one JSON line with tokens_per_s, ms_per_step, params and flops_per_token (PaLM: 6N + 12*L*d*T,
+N = all parameters but the token-embedding table), so the two lines compare directly.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {
+    "cs336-tinystories": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10000.0),
+    "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=176, rope_theta=10000.0),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x, cos, sin):
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    return torch.stack((xe * cos - xo * sin, xe * sin + xo * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["d_model"], c["d_ff"]
+        self.h = c["num_heads"]
+        self.q_proj, self.k_proj, self.v_proj, self.output_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.ln1, self.ln2 = RMSNorm(d), RMSNorm(d)
+        self.w1, self.w3 = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
+        self.w2 = nn.Linear(f, d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, C = x.shape
+        D = C // self.h
+        h = self.ln1(x)
+        q, k, v = (p(h).view(B, T, self.h, D).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        x = x + self.output_proj(a.transpose(1, 2).reshape(B, T, C))
+        h = self.ln2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.token_embeddings = nn.Embedding(c["vocab_size"], c["d_model"])
+        self.layers = nn.ModuleList(Block(c) for _ in range(c["num_layers"]))
+        self.ln_final = RMSNorm(c["d_model"])
+        self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+        T, D = c["context_length"], c["d_model"] // c["num_heads"]
+        inv = c["rope_theta"] ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+        ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+        self.register_buffer("cos", ang.cos().float())
+        self.register_buffer("sin", ang.sin().float())
+        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        x = self.token_embeddings(ids)
+        for layer in self.layers:
+            x = layer(x, self.cos[:T], self.sin[:T], self.mask[:T, :T])
+        return self.lm_head(self.ln_final(x))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="cs336-tinystories", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    c = PRESETS[args.preset]
+    model = TransformerLM(c)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    B, T, V = args.batch, c["context_length"], c["vocab_size"]
+    stream = torch.randint(0, V, (B, T + 1))
+    x, y = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.item()
+
+    for _ in range(args.warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    n = params - V * c["d_model"]
+    fpt = 6 * n + 12 * c["num_layers"] * c["d_model"] * T
+    tps = B * T * args.steps / seconds
+    print(json.dumps({"framework": f"pytorch {torch.__version__}", "tokens_per_s": tps,
+                      "ms_per_step": seconds * 1e3 / args.steps, "params": params, "flops_per_token": fpt,
+                      "gflops": tps * fpt / 1e9, "threads": args.threads, "final_loss": loss}))
+
+
+if __name__ == "__main__":
+    main()

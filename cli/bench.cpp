@@ -1,0 +1,41 @@
+// `loom bench peak` and `loom bench train`: one JSON line each, for the README's performance table.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/peak.h"
+#include "cli/command.h"
+#include "core/parallel.h"
+#include "train/benchmark.h"
+#include "train/config.h"
+
+namespace {
+
+loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", [](CLI::App& cmd) {
+  cmd.require_subcommand(1);
+
+  auto* peak = cmd.add_subcommand("peak", "Measure the f32 FMA peak (the denominator of MFU)");
+  static int peak_threads = 0;
+  peak->add_option("--threads", peak_threads, "threads (default: all)");
+  peak->callback([] {
+    int threads = peak_threads > 0 ? peak_threads : loom::num_threads();
+    auto r = loom::cpu::measure_fma_peak(threads, 1.0);
+    nlohmann::json j = {{"peak_gflops", r.gflops}, {"threads", r.threads}, {"vector_bits", r.vector_bits}};
+    std::printf("%s\n", j.dump().c_str());
+  });
+
+  auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
+  static std::string preset = "tiny";
+  static loom::train::TrainBenchOptions options;
+  train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, FILE.json)");
+  train->add_option("--batch", options.batch_size, "batch size");
+  train->add_option("--steps", options.steps, "timed steps");
+  train->add_option("--warmup", options.warmup_steps, "untimed steps first");
+  train->add_option("--threads", options.threads, "threads (default: all)");
+  train->callback([] {
+    loom::llama::Config model = loom::train::TrainConfig::load(preset).model;
+    auto r = loom::train::bench_train(model, options);
+    std::printf("%s\n", r.to_json().c_str());
+  });
+});
+
+}  // namespace

@@ -1,0 +1,68 @@
+// `loom flops --config C`: parameters, training FLOPs per token (PaLM's 6N + attention and Chinchilla's
+// appendix F), the Chinchilla-optimal token count, and time estimates at a measured throughput.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/peak.h"
+#include "cli/command.h"
+#include "core/parallel.h"
+#include "core/error.h"
+#include "train/config.h"
+#include "train/flops.h"
+#include "train/metrics.h"
+
+namespace {
+struct Options {
+  std::string config = "default";
+  std::vector<std::string> overrides;
+  double tokens_per_s = 0;
+  std::string run;
+  bool json = false;
+  bool measure_peak = false;
+};
+
+loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optimal estimates for a config",
+                        [](CLI::App& cmd) {
+  auto o = std::make_shared<Options>();
+  CLI::Option* config_opt =
+      cmd.add_option("--config", o->config, "preset name or config file (with --run: the run's config.json)")
+          ->capture_default_str();
+  cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
+  cmd.add_option("--tokens-per-s", o->tokens_per_s, "measured training throughput");
+  cmd.add_option("--run", o->run, "take the config and the median throughput from this run directory");
+  cmd.add_flag("--json", o->json, "print one JSON object");
+  cmd.add_flag("--measure-peak", o->measure_peak,
+               "measure the CPU's FMA peak for MFU (0.5 s) instead of estimating it from /proc/cpuinfo");
+  cmd.callback([o, config_opt] {
+    std::string config = o->config;
+    std::optional<double> tps;
+    if (o->tokens_per_s > 0) tps = o->tokens_per_s;
+    if (!o->run.empty()) {
+      namespace fs = std::filesystem;
+      if (config_opt->count() == 0 && fs::exists(fs::path(o->run) / "config.json")) {
+        config = (fs::path(o->run) / "config.json").string();
+      }
+      if (!tps) {
+        tps = loom::train::median_tokens_per_s(loom::train::read_metrics((fs::path(o->run) / "metrics.jsonl").string()));
+        LOOM_CHECK(tps.has_value(), "flops: ", o->run, "/metrics.jsonl has no train events with tokens_per_s");
+      }
+    }
+    auto cfg = loom::train::TrainConfig::load(config, o->overrides);
+    std::optional<double> peak;
+    if (o->measure_peak) {
+      int threads = cfg.training.threads > 0 ? static_cast<int>(cfg.training.threads) : loom::num_threads();
+      peak = loom::cpu::measure_fma_peak(threads).gflops * 1e9;
+    }
+    auto report = loom::train::flops_report(cfg, tps, peak);
+    if (o->json) {
+      std::printf("%s\n", loom::train::to_json(report).dump().c_str());
+    } else {
+      std::printf("config: %s\n%s", config.c_str(), loom::train::format_flops_report(report).c_str());
+    }
+  });
+});
+}  // namespace

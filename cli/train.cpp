@@ -1,0 +1,67 @@
+// `loom train`: with no arguments, the default job end to end (tokenizer, data, training, samples).
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "generate/generate.h"
+#include "tokenizer/formats.h"
+#include "train/run.h"
+#include "train/trainer.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+struct TrainArgs {
+  std::string config = "default";
+  std::string out;
+  std::vector<std::string> sets;
+};
+
+void print_samples(const loom::train::TrainConfig& cfg, const loom::llama::TransformerLM& model,
+                   const loom::tokenizer::Tokenizer& tok) {
+  const auto& s = cfg.sample;
+  loom::generate::GenerateOptions o;
+  o.max_new_tokens = s.max_new_tokens;
+  o.sampling = {static_cast<float>(s.temperature), s.top_k, static_cast<float>(s.top_p)};
+  auto eot = tok.special_token_id("<|endoftext|>");
+  if (eot) o.stop_token = static_cast<int32_t>(*eot);
+  std::vector<int32_t> prompt;
+  for (auto id : tok.encode(s.prompt)) prompt.push_back(static_cast<int32_t>(id));
+  for (int64_t i = 0; i < s.num_samples; ++i) {
+    o.seed = cfg.training.seed + static_cast<uint64_t>(i);
+    auto ids = loom::generate::generate(model, prompt, o);
+    std::vector<loom::tokenizer::TokenId> out(ids.begin(), ids.end());
+    std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), s.prompt.c_str(), tok.decode(out).c_str());
+  }
+}
+
+loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
+  static TrainArgs args;
+  cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories) or a JSON file");
+  cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
+  cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
+  cmd.callback([] {
+    auto cfg = loom::train::TrainConfig::load(args.config, args.sets);
+    std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
+    for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
+    loom::train::Trainer trainer(cfg, out);
+    std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
+                 static_cast<long long>(cfg.model.total_params()), static_cast<long long>(cfg.training.max_steps),
+                 out.c_str());
+    loom::train::StopSignal stop;
+    auto summary = trainer.run(&stop);
+    loom::train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
+    fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
+                 static_cast<long long>(summary.steps_skipped), summary.tokens_per_s);
+    if (summary.first_val_loss && summary.last_val_loss) {
+      std::fprintf(stderr, ", validation loss %.4f -> %.4f", *summary.first_val_loss, *summary.last_val_loss);
+    }
+    std::fprintf(stderr, "\nweights: %s/model.safetensors\n", out.c_str());
+    if (cfg.sample.num_samples > 0 && !summary.stopped_early) {
+      print_samples(cfg, trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
+    }
+  });
+});
+
+}  // namespace

@@ -1,0 +1,70 @@
+// CPU kernels for scaled dot-product attention.
+//
+// Legend: B batch, H heads per batch entry, N = B*H independent attention problems ("heads"),
+// Tq/Tk query/key lengths, D q/k head dimension, Dv value head dimension.
+//
+// Two implementations, kept side by side:
+//   * flash_attention_{forward,backward}: FlashAttention-2 style. Queries are processed in blocks of
+//     rows, keys in blocks of columns, with an online softmax; the forward saves one logsumexp per
+//     query row and the backward recomputes the probabilities blockwise from it. Scratch memory is
+//     O((Tq + Tk) * D) per thread: no Tq x Tk matrix ever exists. Supports a causal rule and fused
+//     RoPE on q and k, so the model's head split + RoPE + attention + head merge is one pass.
+//   * masked_attention_{forward,backward}: the naive algorithm (materialises each head's [Tq, Tk]
+//     scores, double accumulation) with an arbitrary boolean mask. It is the path for explicit masks
+//     and the oracle the flash kernels are tested against.
+//
+// Both parallelise over heads; each head is computed by one thread in a fixed order, so results are
+// bitwise identical whatever the thread count (dK/dV accumulate over query blocks inside one thread).
+// Rows whose mask/causal rule allows no key produce zeros, and zero gradients.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// Where an operand's rows live: head n = b * heads_per_batch + h has row t at
+//   base + b * batch_stride + h * head_stride + t * row_stride   (elements are contiguous in a row).
+// [N, T, D] tensors: {T*D, 0, D} with heads_per_batch = 1. [B, T, H*D] projections: {T*H*D, D, H*D}.
+struct HeadLayout {
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;
+};
+
+// Optional RoPE applied to q and k rows before attention (and its inverse to dq, dk).
+struct RopeTables {
+  const float* cos = nullptr;  // [P, D/2]; row for (b, t) is b * batch_stride + t
+  const float* sin = nullptr;
+  int64_t batch_stride = 0;    // 0 when positions are shared by the batch ([T]), T for [B, T]
+  bool interleaved = true;
+};
+
+struct AttentionProblem {
+  int64_t batches = 1;
+  int64_t heads_per_batch = 1;
+  int64_t tq = 0, tk = 0, d = 0, dv = 0;
+  float scale = 1.0f;
+  bool causal = false;  // query i sees keys j <= i + (tk - tq)
+  HeadLayout q, k, v, out;  // gradients use the layout of the tensor they belong to
+  RopeTables rope;          // flash kernels only; cos == nullptr means no RoPE
+  int64_t heads() const { return batches * heads_per_batch; }
+};
+
+// out: rows of Dv per the out layout. lse: [N, Tq], the per-row log2-sum-exp2 of the scores scaled by
+// scale*log2(e) (+inf for a row that sees no key): an opaque residual for flash_attention_backward.
+void flash_attention_forward(const AttentionProblem& p, const float* q, const float* k, const float* v,
+                             float* out, float* lse);
+// Overwrites dq, dk, dv (laid out like q, k, v).
+void flash_attention_backward(const AttentionProblem& p, const float* q, const float* k, const float* v,
+                              const float* out, const float* dout, const float* lse, float* dq, float* dk,
+                              float* dv);
+
+// mask: bool, may be null; head n's row i is at mask + n * mask_head_stride + i * tk (stride 0
+// broadcasts one [Tq, Tk] mask). Combined with p.causal when both are given. lse: [N, Tq], natural log.
+void masked_attention_forward(const AttentionProblem& p, const bool* mask, int64_t mask_head_stride,
+                              const float* q, const float* k, const float* v, float* out, float* lse);
+void masked_attention_backward(const AttentionProblem& p, const bool* mask, int64_t mask_head_stride,
+                               const float* q, const float* k, const float* v, const float* dout,
+                               const float* lse, float* dq, float* dk, float* dv);
+
+}  // namespace loom::cpu

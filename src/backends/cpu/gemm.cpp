@@ -1,0 +1,332 @@
+// CPU GEMM through oneDNN's matmul primitive, with a per-problem primitive cache. See gemm.h for the
+// contract and docs/gemm.md for the measurements behind the choice.
+//
+// Legend: M rows of C, N columns of C, K the reduction, row-major throughout.
+#include "backends/cpu/gemm.h"
+
+#include <omp.h>
+
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace loom::cpu {
+namespace {
+
+using dnnl::memory;
+
+// Everything that makes one oneDNN primitive differ from another.
+struct GemmKey {
+  bool trans_a = false, trans_b = false, bias = false;
+  DType dtype = DType::F32;  // of A and B; C is always f32
+  int threads = 1;
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  bool operator==(const GemmKey& o) const {
+    return trans_a == o.trans_a && trans_b == o.trans_b && bias == o.bias && dtype == o.dtype &&
+           threads == o.threads && batch == o.batch && M == o.M && N == o.N && K == o.K &&
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && stride_a == o.stride_a &&
+           stride_b == o.stride_b && stride_c == o.stride_c &&
+           std::memcmp(&alpha, &o.alpha, sizeof(float)) == 0 &&
+           std::memcmp(&beta, &o.beta, sizeof(float)) == 0;
+  }
+};
+
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(k.trans_a) | (static_cast<uint64_t>(k.trans_b) << 1) |
+        (static_cast<uint64_t>(k.bias) << 2) | (static_cast<uint64_t>(k.dtype) << 3) |
+        (static_cast<uint64_t>(k.threads) << 8));
+    for (int64_t v : {k.batch, k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c})
+      mix(static_cast<uint64_t>(v));
+    uint32_t a, b;
+    std::memcpy(&a, &k.alpha, 4);
+    std::memcpy(&b, &k.beta, 4);
+    mix((static_cast<uint64_t>(a) << 32) | b);
+    return static_cast<size_t>(h);
+  }
+};
+
+struct GemmPrimitive {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  memory::desc src_md, wei_md, dst_md, bias_md;
+};
+
+// The process-wide primitive memo. A pure cache: it changes how fast a call runs, never its result.
+class GemmCache {
+ public:
+  static GemmCache& instance() {
+    static GemmCache cache;
+    return cache;
+  }
+  const dnnl::engine& engine() const { return engine_; }
+
+  const GemmPrimitive& get(const GemmKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.lookups;
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    ++stats_.primitives_created;
+    // unordered_map never moves its nodes, so the reference stays valid after later inserts.
+    return map_.emplace(key, create(key)).first->second;
+  }
+  GemmCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  GemmCache() : engine_(dnnl::engine::kind::cpu, 0) {}
+
+  GemmPrimitive create(const GemmKey& k) const {
+    const memory::data_type ab = k.dtype == DType::BF16 ? memory::data_type::bf16 : memory::data_type::f32;
+    const memory::data_type f32 = memory::data_type::f32;
+    const bool batched = k.batch > 1;
+    // A shared operand (stride 0) is a broadcast batch dimension of size 1 in oneDNN's terms.
+    const int64_t batch_a = (batched && k.stride_a == 0) ? 1 : k.batch;
+    const int64_t batch_b = (batched && k.stride_b == 0) ? 1 : k.batch;
+    // Logical A is [M,K]; a transposed A is stored [K,M], i.e. strides (1, lda).
+    memory::dims a_strides = k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1};
+    memory::dims b_strides = k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1};
+    memory::dims c_strides = {k.ldc, 1};
+    memory::dims a_dims = {k.M, k.K}, b_dims = {k.K, k.N}, c_dims = {k.M, k.N}, bias_dims = {1, k.N};
+    memory::dims bias_strides = {k.N, 1};
+    if (batched) {
+      // A batch dimension of size 1 (broadcast) still needs a sane stride: use the matrix size.
+      auto outer = [](int64_t stride, int64_t rows, int64_t ld) { return stride != 0 ? stride : rows * ld; };
+      a_dims.insert(a_dims.begin(), batch_a);
+      a_strides.insert(a_strides.begin(), outer(k.stride_a, k.trans_a ? k.K : k.M, k.lda));
+      b_dims.insert(b_dims.begin(), batch_b);
+      b_strides.insert(b_strides.begin(), outer(k.stride_b, k.trans_b ? k.N : k.K, k.ldb));
+      c_dims.insert(c_dims.begin(), k.batch);
+      c_strides.insert(c_strides.begin(), k.stride_c);
+      bias_dims.insert(bias_dims.begin(), 1);
+      bias_strides.insert(bias_strides.begin(), k.N);
+    }
+    GemmPrimitive p;
+    p.src_md = memory::desc(a_dims, ab, a_strides);
+    p.wei_md = memory::desc(b_dims, ab, b_strides);
+    p.dst_md = memory::desc(c_dims, f32, c_strides);
+    if (k.bias) p.bias_md = memory::desc(bias_dims, f32, bias_strides);
+
+    dnnl::primitive_attr attr;
+    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+    if (k.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(k.beta);
+      attr.set_post_ops(ops);
+    }
+    try {
+      auto desc = k.bias ? dnnl::matmul::desc(p.src_md, p.wei_md, p.bias_md, p.dst_md)
+                         : dnnl::matmul::desc(p.src_md, p.wei_md, p.dst_md);
+      p.pd = dnnl::matmul::primitive_desc(desc, attr, engine_);
+      p.prim = dnnl::matmul(p.pd);
+    } catch (const dnnl::error& e) {
+      LOOM_FAIL("gemm: oneDNN cannot create a matmul for M=", k.M, " N=", k.N, " K=", k.K, " batch=", k.batch,
+                " trans_a=", k.trans_a, " trans_b=", k.trans_b, " dtype=", k.dtype, ": ", e.what());
+    }
+    return p;
+  }
+
+  dnnl::engine engine_;
+  std::mutex mutex_;
+  std::unordered_map<GemmKey, GemmPrimitive, GemmKeyHash> map_;
+  GemmCacheStats stats_;
+};
+
+void check_problem(const GemmKey& k) {
+  LOOM_CHECK(k.M >= 0 && k.N >= 0 && k.K >= 0 && k.batch >= 0, "gemm: negative size M=", k.M, " N=", k.N,
+             " K=", k.K, " batch=", k.batch);
+  const int64_t min_lda = k.trans_a ? k.M : k.K;
+  const int64_t min_ldb = k.trans_b ? k.K : k.N;
+  LOOM_CHECK(k.lda >= std::max<int64_t>(1, min_lda), "gemm: lda=", k.lda, " is less than ", min_lda,
+             " (trans_a=", k.trans_a, ", M=", k.M, ", K=", k.K, ")");
+  LOOM_CHECK(k.ldb >= std::max<int64_t>(1, min_ldb), "gemm: ldb=", k.ldb, " is less than ", min_ldb,
+             " (trans_b=", k.trans_b, ", K=", k.K, ", N=", k.N, ")");
+  LOOM_CHECK(k.ldc >= std::max<int64_t>(1, k.N), "gemm: ldc=", k.ldc, " is less than N=", k.N);
+  LOOM_CHECK(k.batch <= 1 || k.stride_a != 0 || k.stride_b != 0,
+             "gemm: batch=", k.batch, " with both A and B shared (stride 0) is not supported");
+  LOOM_CHECK(k.batch <= 1 || k.stride_c >= k.M * k.ldc, "gemm: stride_c=", k.stride_c,
+             " overlaps the batches (M*ldc=", k.M * k.ldc, ")");
+}
+
+// C = beta * C (+ bias): what a GEMM with K = 0 leaves.
+void scale_c(const GemmKey& k, const float* bias, float* C) {
+  for (int64_t b = 0; b < k.batch; ++b) {
+    for (int64_t m = 0; m < k.M; ++m) {
+      float* c = C + b * k.stride_c + m * k.ldc;
+      for (int64_t n = 0; n < k.N; ++n) {
+        float v = k.beta == 0.0f ? 0.0f : k.beta * c[n];
+        c[n] = bias != nullptr ? v + bias[n] : v;
+      }
+    }
+  }
+}
+
+void run(GemmKey key, const void* A, const void* B, const float* bias, float* C) {
+  check_problem(key);
+  if (key.batch == 0 || key.M == 0 || key.N == 0) return;
+  if (key.K == 0) {
+    scale_c(key, bias, C);
+    return;
+  }
+  if (key.batch == 1) key.stride_a = key.stride_b = key.stride_c = 0;
+  // oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP setting.
+  const bool nested = omp_in_parallel();
+  key.threads = nested ? 1 : num_threads();
+  if (!nested && omp_get_max_threads() != key.threads) omp_set_num_threads(key.threads);
+
+  GemmCache& cache = GemmCache::instance();
+  const GemmPrimitive& p = cache.get(key);
+  const dnnl::engine& eng = cache.engine();
+  thread_local dnnl::stream stream(eng);
+  memory src(p.src_md, eng, const_cast<void*>(A));
+  memory wei(p.wei_md, eng, const_cast<void*>(B));
+  memory dst(p.dst_md, eng, C);
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  if (key.bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias_md, eng, const_cast<float*>(bias)));
+  p.prim.execute(stream, args);
+  stream.wait();
+}
+
+GemmKey make_key(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                 int64_t lda, int64_t stride_a, int64_t ldb, int64_t stride_b, float beta, int64_t ldc,
+                 int64_t stride_c, DType dtype, bool bias) {
+  GemmKey k;
+  k.trans_a = trans_a;
+  k.trans_b = trans_b;
+  k.bias = bias;
+  k.dtype = dtype;
+  k.batch = batch;
+  k.M = M;
+  k.N = N;
+  k.K = K;
+  k.lda = lda;
+  k.ldb = ldb;
+  k.ldc = ldc;
+  k.stride_a = stride_a;
+  k.stride_b = stride_b;
+  k.stride_c = stride_c;
+  k.alpha = alpha;
+  k.beta = beta;
+  return k;
+}
+
+template <typename T>
+float to_f32(T v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return v.to_float();
+  } else {
+    return v;
+  }
+}
+
+template <typename T>
+void reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        float a = to_f32(trans_a ? A[k * lda + m] : A[m * lda + k]);
+        float b = to_f32(trans_b ? B[n * ldb + k] : B[k * ldb + n]);
+        acc += static_cast<double>(a) * b;
+      }
+      double c = alpha * acc;
+      if (beta != 0.0f) c += static_cast<double>(beta) * C[m * ldc + n];
+      C[m * ldc + n] = static_cast<float>(c);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  run(make_key(trans_a, trans_b, 1, M, N, K, alpha, lda, 0, ldb, 0, beta, ldc, 0, DType::F32, false), A, B,
+      nullptr, C);
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, const float* bias, float beta, float* C, int64_t ldc) {
+  run(make_key(trans_a, trans_b, 1, M, N, K, 1.0f, lda, 0, ldb, 0, beta, ldc, 0, DType::F32, bias != nullptr),
+      A, B, bias, C);
+}
+
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                  int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c) {
+  run(make_key(trans_a, trans_b, batch, M, N, K, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c,
+               DType::F32, false),
+      A, B, nullptr, C);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+               int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  run(make_key(trans_a, trans_b, 1, M, N, K, alpha, lda, 0, ldb, 0, beta, ldc, 0, DType::BF16, false), A, B,
+      nullptr, C);
+}
+
+void gemm_bias_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+                    int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, float* C,
+                    int64_t ldc) {
+  run(make_key(trans_a, trans_b, 1, M, N, K, 1.0f, lda, 0, ldb, 0, beta, ldc, 0, DType::BF16,
+               bias != nullptr),
+      A, B, bias, C);
+}
+
+void gemm_batched_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                       float alpha, const bf16* A, int64_t lda, int64_t stride_a, const bf16* B,
+                       int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c) {
+  run(make_key(trans_a, trans_b, batch, M, N, K, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c,
+               DType::BF16, false),
+      A, B, nullptr, C);
+}
+
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) {
+  reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_reference_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+                         int64_t ldc) {
+  reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void sum_rows(const float* x, int64_t M, int64_t N, float* out) {
+  // Columns are split into fixed chunks; each chunk walks the rows in order, so every output element is
+  // summed in the same order whatever the thread count.
+  parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) out[n] = 0.0f;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = x + m * N;
+      for (int64_t n = n0; n < n1; ++n) out[n] += row[n];
+    }
+  });
+}
+
+GemmCacheStats gemm_cache_stats() { return GemmCache::instance().stats(); }
+
+std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType dtype) {
+  LOOM_CHECK(dtype == DType::F32 || dtype == DType::BF16, "gemm_implementation: dtype ", dtype,
+             " is not f32 or bf16");
+  GemmKey k = make_key(trans_a, trans_b, 1, M, N, K, 1.0f, trans_a ? M : K, 0, trans_b ? K : N, 0, 0.0f, N, 0,
+                       dtype, false);
+  check_problem(k);
+  k.threads = omp_in_parallel() ? 1 : num_threads();
+  return GemmCache::instance().get(k).pd.impl_info_str();
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,81 @@
+#include "backends/cpu/peak.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace loom::cpu {
+namespace {
+
+// 16 independent accumulator chains hide the FMA latency (4 cycles x 2 ports needs >= 8).
+constexpr int kChains = 16;
+
+#if defined(__AVX512F__)
+constexpr int kVectorBits = 512;
+double fma_kernel(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+constexpr int kLanes = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kVectorBits = 256;
+double fma_kernel(int64_t iterations) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+constexpr int kLanes = 8;
+#else
+constexpr int kVectorBits = 0;
+double fma_kernel(int64_t iterations) {
+  float acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = static_cast<float>(i);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = acc[i] * 0.999999f + 1e-7f;
+  }
+  return acc[0];
+}
+constexpr int kLanes = 1;
+#endif
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, double seconds) {
+  const int64_t iterations = 1 << 22;  // per thread per round
+  double best = 0;
+  volatile double sink = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      double r = fma_kernel(iterations);
+#pragma omp atomic
+      sink += r;
+    }
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double flops = 2.0 * kLanes * kChains * static_cast<double>(iterations) * threads;
+    best = std::max(best, flops / elapsed / 1e9);
+  } while (std::chrono::steady_clock::now() < deadline);
+  (void)sink;
+  return FmaPeak{best, threads, kVectorBits};
+}
+
+}  // namespace loom::cpu

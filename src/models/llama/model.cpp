@@ -1,0 +1,82 @@
+#include "models/llama/model.h"
+
+#include "core/autograd.h"
+#include "ops/loss.h"
+
+namespace loom::llama {
+
+namespace {
+const Config& validated(const Config& c) {
+  c.validate();
+  return c;
+}
+}  // namespace
+
+TransformerLM::TransformerLM(const Config& config, uint64_t seed)
+    : config_(validated(config)),
+      token_embeddings("token_embeddings", config.vocab_size, config.d_model, RngKey::from_seed(seed)),
+      ln_final("ln_final", config.d_model, config.norm_eps),
+      lm_head("lm_head", config.d_model, config.vocab_size, RngKey::from_seed(seed)) {
+  RngKey key = RngKey::from_seed(seed);
+  add_child(&token_embeddings);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    layers.push_back(std::make_unique<nn::TransformerBlock>("layers." + std::to_string(i), config.d_model,
+                                                            config.num_heads, config.d_ff, config.context_length,
+                                                            config.rope_theta, config.norm_eps, key));
+    add_child(layers.back().get());
+  }
+  add_child(&ln_final);
+  add_child(&lm_head);
+  positions_cache_ = Tensor::empty({config.context_length}, DType::I32);
+  for (int64_t t = 0; t < config.context_length; ++t) positions_cache_.data<int32_t>()[t] = static_cast<int32_t>(t);
+}
+
+Tensor TransformerLM::default_positions(int64_t T) const {
+  return positions_cache_.slice(0, T);  // a view: no allocation per step
+}
+
+Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const {
+  check_dtype(ids, DType::I32, "TransformerLM", "ids");
+  check_ndim(ids, 2, "TransformerLM", "ids");
+  const int64_t T = ids.size(1);
+  LOOM_CHECK(T >= 1 && T <= config_.context_length, "TransformerLM: sequence length ", T,
+             " exceeds context_length ", config_.context_length);
+  Tensor pos = positions.defined() ? positions : default_positions(T);
+  Tensor x = token_embeddings.forward(ids);  // [B, T, C]
+  for (const auto& layer : layers) x = layer->forward(x, pos);
+  return lm_head.forward(ln_final.forward(x));  // [B, T, V]
+}
+
+Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache) const {
+  check_dtype(ids, DType::I32, "TransformerLM", "ids");
+  check_ndim(ids, 2, "TransformerLM", "ids");
+  const int64_t t = ids.size(1), start = cache.length();
+  LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "TransformerLM: ", start, " cached + ", t,
+             " new tokens exceed context_length ", config_.context_length);
+  autograd::NoGradGuard no_grad;
+  Tensor pos = positions_cache_.slice(start, t);
+  Tensor x = token_embeddings.forward(ids);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, cache, static_cast<int64_t>(i));
+  cache.advance(t);
+  return lm_head.forward(ln_final.forward(x));
+}
+
+generate::KVCache TransformerLM::make_cache(int64_t batch) const {
+  return generate::KVCache(config_.num_layers, batch, config_.num_heads, config_.context_length, config_.head_dim());
+}
+
+Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
+  LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
+             targets.describe(), " do not match ids ", ids.describe());
+  return ops::cross_entropy(forward(ids), targets);
+}
+
+void TransformerLM::load_parameter(const std::string& name, const Tensor& values) {
+  nn::Parameter& p = parameter(name);
+  LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),
+             " but the given values have shape ", values.shape());
+  Tensor v = values.dtype() == p.value.dtype() ? values : values.to(p.value.dtype());
+  p.value.copy_from(v);
+}
+
+}  // namespace loom::llama

@@ -1,0 +1,49 @@
+// The Llama-style TransformerLM (CS336 assignment 1): token embeddings, pre-norm blocks with RoPE
+// attention and SwiGLU, a final RMSNorm and an untied lm_head.
+//
+// Parameter names are the CS336 state-dict names: token_embeddings.weight,
+// layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln{1,2}.weight, layers.{i}.ffn.{w1,w2,w3}.weight,
+// ln_final.weight, lm_head.weight.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/llama/config.h"
+#include "nn/layers.h"
+
+namespace loom::llama {
+
+class TransformerLM : public nn::Module {
+ public:
+  // Draws every parameter from RngKey::from_seed(seed).fold_in(name).
+  TransformerLM(const Config& config, uint64_t seed);
+
+  // ids: i32 [B, T] with T <= context_length; positions: i32 [T] or [B, T] (default 0..T-1).
+  // Returns logits [B, T, V].
+  Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
+  // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
+  // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
+  Tensor forward_cached(const Tensor& ids, generate::KVCache& cache) const;
+  // A cache sized for this model: capacity context_length.
+  generate::KVCache make_cache(int64_t batch) const;
+  // Mean next-token cross-entropy of forward(ids) against targets i32 [B, T].
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;
+
+  const Config& config() const { return config_; }
+
+  // Copies `values` into the parameter of that name (shape must match), e.g. to load weights.
+  void load_parameter(const std::string& name, const Tensor& values);
+
+  Config config_;
+  nn::Embedding token_embeddings;
+  std::vector<std::unique_ptr<nn::TransformerBlock>> layers;
+  nn::RMSNorm ln_final;
+  nn::Linear lm_head;
+
+ private:
+  Tensor default_positions(int64_t T) const;
+  mutable Tensor positions_cache_;  // i32 [context_length] = 0..context_length-1
+};
+
+}  // namespace loom::llama

@@ -1,0 +1,150 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+#include "ops/shape.h"
+
+namespace loom::nn {
+
+Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key)
+    : weight(add_parameter(make_parameter(
+          join(name, "weight"), {out_features, in_features},
+          Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features))), key))) {}
+
+Tensor Linear::forward(const Tensor& x) const { return ops::linear(x, weight.value); }
+
+Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key)
+    : weight(add_parameter(
+          make_parameter(join(name, "weight"), {num_embeddings, dim}, Init::truncated_normal(1.0f), key))) {}
+
+Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, weight.value); }
+
+RMSNorm::RMSNorm(const std::string& name, int64_t dim, float eps_)
+    : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}))), eps(eps_) {}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.value, eps); }
+
+SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key)
+    : w1(join(name, "w1"), d_model, d_ff, key),
+      w2(join(name, "w2"), d_ff, d_model, key),
+      w3(join(name, "w3"), d_model, d_ff, key) {
+  add_child(&w1);
+  add_child(&w2);
+  add_child(&w3);
+}
+
+Tensor SwiGLU::forward(const Tensor& x) const {
+  return w2.forward(ops::swiglu(w1.forward(x), w3.forward(x)));
+}
+
+RotaryPositionalEmbedding::RotaryPositionalEmbedding(float theta_, int64_t head_dim_, int64_t max_seq_len_,
+                                                     ops::RopeStyle style_)
+    : theta(theta_), head_dim(head_dim_), max_seq_len(max_seq_len_), style(style_) {
+  LOOM_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE needs an even head dimension, got ", head_dim);
+  LOOM_CHECK(max_seq_len > 0, "RoPE max_seq_len must be positive, got ", max_seq_len);
+  LOOM_CHECK(theta > 0, "RoPE theta must be positive, got ", theta);
+  const int64_t half = head_dim / 2;
+  cos = Tensor::empty({max_seq_len, half});
+  sin = Tensor::empty({max_seq_len, half});
+  for (int64_t p = 0; p < max_seq_len; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      double angle = static_cast<double>(p) * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+      cos.data<float>()[p * half + i] = static_cast<float>(std::cos(angle));
+      sin.data<float>()[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+Tensor RotaryPositionalEmbedding::forward(const Tensor& x, const Tensor& positions) const {
+  return ops::rope(x, positions, theta, style);
+}
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
+                                               RngKey key, std::optional<RotaryPositionalEmbedding> rope_)
+    : d_model(d_model_),
+      num_heads(num_heads_),
+      q_proj(join(name, "q_proj"), d_model_, d_model_, key),
+      k_proj(join(name, "k_proj"), d_model_, d_model_, key),
+      v_proj(join(name, "v_proj"), d_model_, d_model_, key),
+      output_proj(join(name, "output_proj"), d_model_, d_model_, key),
+      rope(std::move(rope_)) {
+  LOOM_CHECK(num_heads > 0 && d_model % num_heads == 0, name, ": d_model=", d_model,
+             " is not divisible by num_heads=", num_heads);
+  add_child(&q_proj);
+  add_child(&k_proj);
+  add_child(&v_proj);
+  add_child(&output_proj);
+}
+
+Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions) const {
+  check_ndim(x, 3, "MultiHeadSelfAttention", "x");
+  LOOM_CHECK(x.size(2) == d_model, "MultiHeadSelfAttention: x has C=", x.size(2), " but d_model=", d_model);
+  Tensor q = q_proj.forward(x);  // [B, T, C]
+  Tensor k = k_proj.forward(x);
+  Tensor v = v_proj.forward(x);
+  std::optional<ops::RopeOptions> rope_options;
+  if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style};
+  Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options);
+  return output_proj.forward(y);
+}
+
+namespace {
+int64_t checked_head_dim(const std::string& name, int64_t d_model, int64_t num_heads) {
+  LOOM_CHECK(num_heads > 0 && d_model % num_heads == 0, name, ": d_model=", d_model,
+             " is not divisible by num_heads=", num_heads);
+  return d_model / num_heads;
+}
+}  // namespace
+
+Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+                                              int64_t layer) const {
+  check_ndim(x, 3, "MultiHeadSelfAttention", "x");
+  const int64_t B = x.size(0), t = x.size(1), H = num_heads, D = d_model / num_heads;
+  // [B, t, C] -> [B, H, t, D]
+  auto heads = [&](const Tensor& y) { return ops::transpose(y.view({B, t, H, D}), 1, 2); };
+  Tensor q = heads(q_proj.forward(x));
+  Tensor k = heads(k_proj.forward(x));
+  Tensor v = heads(v_proj.forward(x));
+  if (rope) {
+    q = ops::rope(q, positions, rope->theta, rope->style);
+    k = ops::rope(k, positions, rope->theta, rope->style);
+  }
+  cache.write(layer, k, v);
+  auto [keys, values] = cache.read(layer, t);  // [B, H, length + t, D]
+  // Query i (absolute position length + i) sees keys 0 .. length + i: the causal rule with offset.
+  Tensor y = ops::scaled_dot_product_attention(q, keys, values, Tensor(), /*causal=*/true);
+  y = ops::transpose(y, 1, 2).view({B, t, d_model});  // [B, t, C]
+  return output_proj.forward(y);
+}
+
+TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
+                                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key)
+    : attn(join(name, "attn"), d_model, num_heads, key,
+           RotaryPositionalEmbedding(rope_theta, checked_head_dim(name, d_model, num_heads), max_seq_len)),
+      ln1(join(name, "ln1"), d_model, norm_eps),
+      ln2(join(name, "ln2"), d_model, norm_eps),
+      ffn(join(name, "ffn"), d_model, d_ff, key) {
+  add_child(&attn);
+  add_child(&ln1);
+  add_child(&ln2);
+  add_child(&ffn);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
+  Tensor h = ops::add(x, attn.forward(ln1.forward(x), positions));
+  return ops::add(h, ffn.forward(ln2.forward(h)));
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+                                        int64_t layer) const {
+  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
+  return ops::add(h, ffn.forward(ln2.forward(h)));
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,91 @@
+// The building blocks shared by the model families, mirroring the CS336 / JAX-LM modules.
+//
+// Legend: B batch, T sequence, C d_model, F d_ff, H heads, D head dim, V vocab.
+// Every module takes its dotted name prefix and an RngKey; parameter i is drawn from
+// key.fold_in(parameter name), so initial weights do not depend on construction order.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "generate/kv_cache.h"
+#include "nn/parameter.h"
+#include "ops/rope.h"
+
+namespace loom::nn {
+
+// y = x W^T, no bias. weight: [out, in], truncated normal std sqrt(2/(in+out)) cut at +-3 std.
+class Linear : public Module {
+ public:
+  Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key);
+  Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
+  Parameter& weight;
+};
+
+// weight: [V, C], truncated normal std 1 cut at +-3.
+class Embedding : public Module {
+ public:
+  Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key);
+  Tensor forward(const Tensor& ids) const;  // ids: i32 [...] -> [..., C]
+  Parameter& weight;
+};
+
+// weight (gain): [C], initialised to 1.
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const std::string& name, int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const;  // x: [..., C]
+  Parameter& weight;
+  float eps;
+};
+
+// w2(silu(w1 x) * w3 x). w1, w3: [F, C]; w2: [C, F].
+class SwiGLU : public Module {
+ public:
+  SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key);
+  Tensor forward(const Tensor& x) const;  // x: [..., C]
+  Linear w1, w2, w3;
+};
+
+// RoPE with cos/sin tables cached up to max_seq_len (positions beyond it are an error).
+class RotaryPositionalEmbedding {
+ public:
+  RotaryPositionalEmbedding(float theta, int64_t head_dim, int64_t max_seq_len,
+                            ops::RopeStyle style = ops::RopeStyle::Interleaved);
+  Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [..., T, D]
+  float theta;
+  int64_t head_dim, max_seq_len;
+  ops::RopeStyle style;
+  Tensor cos, sin;  // [max_seq_len, D/2]: cos/sin(p * theta^(-2i/D))
+};
+
+// Causal multi-head self-attention with optional RoPE on q and k.
+// q/k/v/output_proj: [C, C].
+class MultiHeadSelfAttention : public Module {
+ public:
+  MultiHeadSelfAttention(const std::string& name, int64_t d_model, int64_t num_heads, RngKey key,
+                         std::optional<RotaryPositionalEmbedding> rope = std::nullopt);
+  // x: [B, T, C]; positions: i32 [T] or [B, T] (only used with RoPE). Returns [B, T, C].
+  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
+  // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
+  // everything cached before them. Returns [B, t, C].
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  int64_t d_model, num_heads;
+  Linear q_proj, k_proj, v_proj, output_proj;
+  std::optional<RotaryPositionalEmbedding> rope;
+};
+
+// Pre-norm block: h = x + attn(ln1(x)); y = h + ffn(ln2(h)).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
+                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key);
+  Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [B, T, C]
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  MultiHeadSelfAttention attn;
+  RMSNorm ln1, ln2;
+  SwiGLU ffn;
+};
+
+}  // namespace loom::nn

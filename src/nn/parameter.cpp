@@ -1,0 +1,47 @@
+#include "nn/parameter.h"
+
+namespace loom::nn {
+
+Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = shape;
+  p.spec = dist::PartitionSpec::replicated();
+  p.value = Tensor::empty(shape);
+  switch (init.kind) {
+    case Init::Kind::Zeros: p.value.fill_(0.0f); break;
+    case Init::Kind::Ones: p.value.fill_(1.0f); break;
+    case Init::Kind::TruncatedNormal: {
+      float bound = init.cutoff * init.std;
+      fill_truncated_normal(p.value.data<float>(), p.value.numel(), key.fold_in(name), /*offset=*/0, 0.0f,
+                            init.std, -bound, bound);
+      break;
+    }
+  }
+  p.value.set_requires_grad();
+  return p;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& p : own_) out.push_back(p.get());
+  for (Module* child : children_) {
+    auto sub = child->parameters();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+Parameter& Module::parameter(const std::string& name) {
+  for (Parameter* p : parameters()) {
+    if (p->name == name) return *p;
+  }
+  LOOM_FAIL("no parameter named '", name, "'");
+}
+
+Parameter& Module::add_parameter(Parameter p) {
+  own_.push_back(std::make_unique<Parameter>(std::move(p)));
+  return *own_.back();
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,73 @@
+// Parameters and the modules that own them.
+//
+// A Parameter carries everything later work needs: the dotted name users see in checkpoints
+// (`layers.3.attn.q_proj.weight`), the global shape, the partition spec over the mesh, and the local
+// shard `value` (the whole tensor while replicated), whose .grad() backward() fills. Optimizer state is
+// kept by the optimizer, laid out like `value`.
+//
+// Initialisation is keyed by (seed, name) through the counter RNG, and a shard draws with its global
+// offset, so every rank gets its slice of the same global tensor whatever the mesh or thread count.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "dist/sharding.h"
+
+namespace loom::nn {
+
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Shape global_shape;
+  dist::PartitionSpec spec;
+};
+
+// How a parameter's initial values are drawn.
+struct Init {
+  enum class Kind { Zeros, Ones, TruncatedNormal } kind = Kind::Zeros;
+  float std = 1.0f;
+  float cutoff = 3.0f;  // truncate at +-cutoff*std
+  static Init zeros() { return {Kind::Zeros}; }
+  static Init ones() { return {Kind::Ones}; }
+  static Init truncated_normal(float std, float cutoff_in_std = 3.0f) {
+    return {Kind::TruncatedNormal, std, cutoff_in_std};
+  }
+};
+
+// Makes a (replicated) parameter and draws its values from key.fold_in(name).
+Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key);
+
+// Base class for anything holding parameters. Subclasses register theirs in their constructor;
+// children are registered so that parameters() walks the tree in registration order.
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // All parameters of this module and its children, in a stable order.
+  std::vector<Parameter*> parameters();
+  // Looks a parameter up by dotted name; throws naming it if absent.
+  Parameter& parameter(const std::string& name);
+
+ protected:
+  Parameter& add_parameter(Parameter p);
+  void add_child(Module* child) { children_.push_back(child); }
+
+ private:
+  std::vector<std::unique_ptr<Parameter>> own_;
+  std::vector<Module*> children_;
+};
+
+// Joins a prefix and a name with a dot: join("layers.0", "attn") -> "layers.0.attn".
+inline std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,271 @@
+// Attention ops: validation, dispatch to the CPU kernels, and the recorded backward.
+//
+//   scaled_dot_product_attention: no mask -> flash kernels (causal or not); a mask -> the naive masked
+//     kernels (the mask is already Tq x Tk, so materialising the scores costs no extra order of memory).
+//   causal_self_attention: flash kernels reading heads in place from [B, T, H*D] (row stride H*D),
+//     with RoPE fused into the packing of q and k.
+#include "ops/attention.h"
+
+#include <cmath>
+
+#include "backends/backend.h"
+#include "backends/cpu/attention.h"
+#include "backends/cpu/rope.h"
+#include "core/autograd.h"
+#include "core/parallel.h"
+#include "ops/rope.h"
+
+namespace loom::ops {
+namespace {
+
+void check_float(const Tensor& t, const char* op, const char* arg) {
+  LOOM_CHECK(t.defined(), op, ": ", arg, " is undefined");
+  check_dtype(t, DType::F32, op, arg);
+}
+
+// RoPE tables for causal_self_attention, kept alive by the backward closure.
+struct RopeState {
+  Tensor cos, sin;  // [P, D/2]
+  cpu::RopeTables tables() const;
+  int64_t batch_stride = 0;
+  bool interleaved = true;
+};
+
+cpu::RopeTables RopeState::tables() const {
+  cpu::RopeTables t;
+  if (cos.defined()) {
+    t.cos = cos.data<float>();
+    t.sin = sin.data<float>();
+    t.batch_stride = batch_stride;
+    t.interleaved = interleaved;
+  }
+  return t;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    bool causal, std::optional<float> scale) {
+  const char* op = "scaled_dot_product_attention";
+  check_float(q, op, "q");
+  check_float(k, op, "k");
+  check_float(v, op, "v");
+  require_cpu(op, {&q, &k, &v, &mask});
+  LOOM_CHECK(q.ndim() >= 2 && k.ndim() == q.ndim() && v.ndim() == q.ndim(), op,
+             ": q, k, v must be [..., T, D] with the same rank, got q ", q.shape(), ", k ", k.shape(), ", v ",
+             v.shape());
+  const Shape lead = q.shape().drop_last(2);
+  LOOM_CHECK(k.shape().drop_last(2) == lead && v.shape().drop_last(2) == lead, op,
+             ": leading dimensions differ: q ", q.shape(), ", k ", k.shape(), ", v ", v.shape());
+  const int64_t tq = q.size(-2), d = q.size(-1), tk = k.size(-2), dv = v.size(-1);
+  LOOM_CHECK(k.size(-1) == d, op, ": q has D=", d, " but k has D=", k.size(-1), " (q ", q.shape(), ", k ",
+             k.shape(), ")");
+  LOOM_CHECK(v.size(-2) == tk, op, ": k has Tk=", tk, " but v has ", v.size(-2), " rows (k ", k.shape(), ", v ",
+             v.shape(), ")");
+  LOOM_CHECK(d > 0, op, ": head dimension D must be positive, got q ", q.shape());
+  int64_t mask_head_stride = 0;
+  if (mask.defined()) {
+    check_dtype(mask, DType::Bool, op, "mask");
+    Shape full = lead;
+    full.push_back(tq);
+    full.push_back(tk);
+    const bool shared = mask.shape() == Shape{tq, tk};
+    LOOM_CHECK(shared || mask.shape() == full, op, ": mask has shape ", mask.shape(), " but needs [", tq, ", ",
+               tk, "] or ", full);
+    mask_head_stride = shared ? 0 : tq * tk;
+  }
+  const float s = scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
+  LOOM_CHECK(std::isfinite(s), op, ": scale must be finite, got ", s);
+
+  const int64_t heads = lead.numel();
+  cpu::AttentionProblem p;
+  p.batches = heads;
+  p.tq = tq;
+  p.tk = tk;
+  p.d = d;
+  p.dv = dv;
+  p.scale = s;
+  p.causal = causal;
+  p.q = {tq * d, 0, d};
+  p.k = {tk * d, 0, d};
+  p.v = {tk * dv, 0, dv};
+  p.out = {tq * dv, 0, dv};
+
+  Shape out_shape = lead;
+  out_shape.push_back(tq);
+  out_shape.push_back(dv);
+  Tensor out = Tensor::empty(out_shape, DType::F32, q.device());
+  Tensor lse = Tensor::empty({heads, tq}, DType::F32, q.device());
+  if (mask.defined()) {
+    cpu::masked_attention_forward(p, mask.data<bool>(), mask_head_stride, q.data<float>(), k.data<float>(),
+                                  v.data<float>(), out.data<float>(), lse.data<float>());
+  } else {
+    cpu::flash_attention_forward(p, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                 lse.data<float>());
+  }
+  autograd::record(op, {q, k, v}, {out},
+                   [p, q = q.detach(), k = k.detach(), v = v.detach(), saved_out = out.detach(), lse, mask,
+                    mask_head_stride](const autograd::BackwardContext& ctx) {
+                     const Tensor& dout = ctx.grad_output(0);
+                     Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+                     if (mask.defined()) {
+                       cpu::masked_attention_backward(p, mask.data<bool>(), mask_head_stride, q.data<float>(),
+                                                      k.data<float>(), v.data<float>(), dout.data<float>(),
+                                                      lse.data<float>(), dq.data<float>(), dk.data<float>(),
+                                                      dv.data<float>());
+                     } else {
+                       cpu::flash_attention_backward(p, q.data<float>(), k.data<float>(), v.data<float>(),
+                                                     saved_out.data<float>(), dout.data<float>(), lse.data<float>(),
+                                                     dq.data<float>(), dk.data<float>(), dv.data<float>());
+                     }
+                     return TensorList{dq, dk, dv};
+                   });
+  return out;
+}
+
+Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                             const std::optional<RopeOptions>& rope) {
+  const char* op = "causal_self_attention";
+  check_float(q, op, "q");
+  check_float(k, op, "k");
+  check_float(v, op, "v");
+  require_cpu(op, {&q, &k, &v});
+  LOOM_CHECK(q.ndim() == 3, op, ": q must be [B, T, H*D], got ", q.shape());
+  LOOM_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k, v shapes differ: q ", q.shape(),
+             ", k ", k.shape(), ", v ", v.shape());
+  const int64_t b = q.size(0), t = q.size(1), c = q.size(2);
+  LOOM_CHECK(num_heads > 0 && c % num_heads == 0, op, ": num_heads=", num_heads, " does not divide the width ",
+             c, " of q ", q.shape());
+  const int64_t d = c / num_heads;
+  LOOM_CHECK(d > 0, op, ": head dimension is 0 for q ", q.shape());
+
+  auto state = std::make_shared<RopeState>();
+  if (rope.has_value()) {
+    const Tensor& pos = rope->positions;
+    LOOM_CHECK(pos.defined(), op, ": rope positions are undefined");
+    check_dtype(pos, DType::I32, op, "rope.positions");
+    LOOM_CHECK(d % 2 == 0, op, ": RoPE needs an even head dimension, got D=", d, " (", c, " / ", num_heads,
+               " heads)");
+    LOOM_CHECK(rope->theta > 0.0f, op, ": rope theta must be positive, got ", rope->theta);
+    const bool shared = pos.shape() == Shape{t};
+    const bool per_batch = pos.shape() == Shape{b, t};
+    LOOM_CHECK(shared || per_batch, op, ": rope positions have shape ", pos.shape(),
+               " but need [", t, "] or [", b, ", ", t, "]");
+    state->cos = Tensor::empty({pos.numel(), d / 2});
+    state->sin = Tensor::empty({pos.numel(), d / 2});
+    cpu::rope_tables(state->cos.data<float>(), state->sin.data<float>(), pos.data<int32_t>(), pos.numel(), d,
+                     rope->theta);
+    state->batch_stride = shared ? 0 : t;
+    state->interleaved = rope->style == RopeStyle::Interleaved;
+  }
+
+  cpu::AttentionProblem p;
+  p.batches = b;
+  p.heads_per_batch = num_heads;
+  p.tq = p.tk = t;
+  p.d = p.dv = d;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.causal = true;
+  p.q = p.k = p.v = p.out = {t * c, d, c};
+
+  Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
+  Tensor lse = Tensor::empty({b * num_heads, t}, DType::F32, q.device());
+  p.rope = state->tables();
+  cpu::flash_attention_forward(p, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                               lse.data<float>());
+  autograd::record(op, {q, k, v}, {out},
+                   [p, state, q = q.detach(), k = k.detach(), v = v.detach(), saved_out = out.detach(),
+                    lse](const autograd::BackwardContext& ctx) {
+                     const Tensor& dout = ctx.grad_output(0);
+                     Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
+                     cpu::AttentionProblem pb = p;
+                     pb.rope = state->tables();
+                     cpu::flash_attention_backward(pb, q.data<float>(), k.data<float>(), v.data<float>(),
+                                                   saved_out.data<float>(), dout.data<float>(), lse.data<float>(),
+                                                   dq.data<float>(), dk.data<float>(), dv.data<float>());
+                     return TensorList{dq, dk, dv};
+                   });
+  return out;
+}
+
+// ---- helpers and the composite reference ----------------------------------------------------------
+
+namespace {
+
+// dst[b, h, t, :] <-> src[b, t, h, :]: the same permutation of the two middle axes either way.
+void swap_middle_axes(float* dst, const float* src, int64_t b, int64_t n1, int64_t n2, int64_t d) {
+  parallel_for(0, b * n1, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n2 * d)), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      const int64_t bi = r / n1, i = r % n1;
+      for (int64_t j = 0; j < n2; ++j) {
+        const float* from = src + ((bi * n2 + j) * n1 + i) * d;
+        std::copy(from, from + d, dst + ((bi * n1 + i) * n2 + j) * d);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor split_heads(const Tensor& x, int num_heads) {
+  check_float(x, "split_heads", "x");
+  require_cpu("split_heads", {&x});
+  LOOM_CHECK(x.ndim() == 3, "split_heads: x must be [B, T, H*D], got ", x.shape());
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  LOOM_CHECK(num_heads > 0 && c % num_heads == 0, "split_heads: num_heads=", num_heads,
+             " does not divide the width ", c, " of x ", x.shape());
+  const int64_t h = num_heads, d = c / h;
+  Tensor out = Tensor::empty({b, h, t, d});
+  swap_middle_axes(out.data<float>(), x.data<float>(), b, h, t, d);
+  autograd::record("split_heads", {x}, {out}, [](const autograd::BackwardContext& ctx) {
+    return TensorList{merge_heads(ctx.grad_output(0))};
+  });
+  return out;
+}
+
+Tensor merge_heads(const Tensor& x) {
+  check_float(x, "merge_heads", "x");
+  require_cpu("merge_heads", {&x});
+  LOOM_CHECK(x.ndim() == 4, "merge_heads: x must be [B, H, T, D], got ", x.shape());
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  Tensor out = Tensor::empty({b, t, h * d});
+  swap_middle_axes(out.data<float>(), x.data<float>(), b, t, h, d);
+  autograd::record("merge_heads", {x}, {out}, [h](const autograd::BackwardContext& ctx) {
+    return TensorList{split_heads(ctx.grad_output(0), static_cast<int>(h))};
+  });
+  return out;
+}
+
+Tensor causal_mask(int64_t t) {
+  LOOM_CHECK(t >= 0, "causal_mask: negative length ", t);
+  Tensor m = Tensor::empty({t, t}, DType::Bool);
+  bool* p = m.data<bool>();
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < t; ++j) p[i * t + j] = j <= i;
+  return m;
+}
+
+Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                                       const std::optional<RopeOptions>& rope) {
+  LOOM_CHECK(q.ndim() == 3, "causal_self_attention_reference: q must be [B, T, H*D], got ", q.shape());
+  Tensor qh = split_heads(q, num_heads), kh = split_heads(k, num_heads), vh = split_heads(v, num_heads);
+  if (rope.has_value()) {
+    // rope takes positions [T] or the full leading shape [B, H, T]: broadcast [B, T] over heads.
+    Tensor pos = rope->positions;
+    const int64_t b = q.size(0), t = q.size(1);
+    if (pos.defined() && pos.shape() == Shape{b, t}) {
+      Tensor full = Tensor::empty({b, num_heads, t}, DType::I32);
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t h = 0; h < num_heads; ++h)
+          std::copy(pos.data<int32_t>() + bi * t, pos.data<int32_t>() + (bi + 1) * t,
+                    full.data<int32_t>() + (bi * num_heads + h) * t);
+      pos = full;
+    }
+    qh = ops::rope(qh, pos, rope->theta, rope->style);
+    kh = ops::rope(kh, pos, rope->theta, rope->style);
+  }
+  Tensor o = scaled_dot_product_attention(qh, kh, vh, causal_mask(q.size(1)), /*causal=*/false);
+  return merge_heads(o);
+}
+
+}  // namespace loom::ops

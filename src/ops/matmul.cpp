@@ -1,0 +1,222 @@
+// linear and matmul: validation, the GEMM calls, and hand-written backward formulas.
+//
+// Legend: M rows, K reduction, N columns; "..." leading (batch) dimensions, flattened into Bt batches.
+//
+//   linear  y = x W^T + b      dx = dy W      dW = dy^T x     db = sum_rows(dy)        (W: [out, in])
+//           y = x W + b        dx = dy W^T    dW = x^T dy     db = sum_rows(dy)        (W: [in, out])
+//   matmul  C = op(A) op(B)    dA = dC op(B)^T (stored as A is)   dB = op(A)^T dC (stored as B is)
+//
+// Only the gradients that ctx.needs_input_grad(i) asks for are computed. Gradients are fresh f32
+// tensors (the engine sums and accumulates them).
+//
+// Dtypes: f32; bf16 A/B (f32 accumulation, f32 result) in forward. Recording autodiff through bf16
+// inputs is an error for now (the backward GEMMs would need a mixed-dtype path).
+#include "ops/matmul.h"
+
+#include "backends/backend.h"
+#include "backends/cpu/gemm.h"
+#include "core/autograd.h"
+
+namespace loom::ops {
+namespace {
+
+// One strided GEMM over f32 or bf16 operands (both the same dtype); C is f32.
+struct Operand {
+  const void* data;
+  int64_t ld;
+  int64_t stride;  // between batches; 0 = shared
+};
+
+void gemm_any(DType dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+              Operand a, Operand b, float beta, float* C, int64_t ldc, int64_t stride_c,
+              const float* bias = nullptr) {
+  if (dtype == DType::F32) {
+    const auto* A = static_cast<const float*>(a.data);
+    const auto* B = static_cast<const float*>(b.data);
+    if (bias != nullptr) {
+      LOOM_ASSERT(batch == 1 && alpha == 1.0f);
+      cpu::gemm_bias(ta, tb, M, N, K, A, a.ld, B, b.ld, bias, beta, C, ldc);
+    } else if (batch == 1) {
+      cpu::gemm(ta, tb, M, N, K, alpha, A, a.ld, B, b.ld, beta, C, ldc);
+    } else {
+      cpu::gemm_batched(ta, tb, batch, M, N, K, alpha, A, a.ld, a.stride, B, b.ld, b.stride, beta, C, ldc,
+                        stride_c);
+    }
+  } else {
+    LOOM_ASSERT(dtype == DType::BF16);
+    const auto* A = static_cast<const bf16*>(a.data);
+    const auto* B = static_cast<const bf16*>(b.data);
+    if (bias != nullptr) {
+      LOOM_ASSERT(batch == 1 && alpha == 1.0f);
+      cpu::gemm_bias_bf16(ta, tb, M, N, K, A, a.ld, B, b.ld, bias, beta, C, ldc);
+    } else if (batch == 1) {
+      cpu::gemm_bf16(ta, tb, M, N, K, alpha, A, a.ld, B, b.ld, beta, C, ldc);
+    } else {
+      cpu::gemm_batched_bf16(ta, tb, batch, M, N, K, alpha, A, a.ld, a.stride, B, b.ld, b.stride, beta, C,
+                             ldc, stride_c);
+    }
+  }
+}
+
+void check_float_operands(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
+  LOOM_CHECK(a.defined() && b.defined(), op, ": ", an, " and ", bn, " must be defined");
+  LOOM_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, ": ", an, " is ", a.dtype(),
+             ", expected f32 or bf16");
+  LOOM_CHECK(a.dtype() == b.dtype(), op, ": ", an, " is ", a.dtype(), " but ", bn, " is ", b.dtype(),
+             " (both must have the same dtype)");
+  check_same_device(a, b, op);
+}
+
+void check_bf16_not_recorded(const TensorList& inputs, DType dtype, const char* op) {
+  LOOM_CHECK(dtype == DType::F32 || !autograd::any_requires_grad(inputs), op,
+             ": backward through bf16 inputs is not supported yet; run it under NoGradGuard or use f32");
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout) {
+  check_float_operands(x, w, "linear", "x", "w");
+  LOOM_CHECK(x.ndim() >= 1, "linear: x must have at least one dimension, got ", x.describe());
+  check_ndim(w, 2, "linear", "w");
+  require_cpu("linear", {&x, &w, &bias});
+  const bool out_in = layout == WeightLayout::OutIn;
+  const int64_t in = x.size(-1);
+  const int64_t w_in = out_in ? w.size(1) : w.size(0);
+  const int64_t out = out_in ? w.size(0) : w.size(1);
+  LOOM_CHECK(w_in == in, "linear: x has in=", in, " features but w has shape ", w.shape(), " (",
+             out_in ? "[out, in]" : "[in, out]", " layout)");
+  if (bias.defined()) {
+    check_dtype(bias, DType::F32, "linear", "bias");
+    LOOM_CHECK(bias.ndim() == 1 && bias.size(0) == out, "linear: bias has shape ", bias.shape(),
+               " but the layer has out=", out);
+  }
+  check_bf16_not_recorded({x, w, bias}, x.dtype(), "linear");
+
+  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
+  Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
+  // y[M,out] = x[M,in] @ op(w); op(w) = w^T for [out,in] storage.
+  gemm_any(x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},
+           {w.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
+           bias.defined() ? bias.data<float>() : nullptr);
+
+  autograd::record("linear", {x, w, bias}, {y}, [x, w, has_bias = bias.defined(), out_in, M, in, out](
+                                                     const autograd::BackwardContext& ctx) {
+    const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
+    const float* pdy = dy.data<float>();
+    Tensor dx, dw, db;
+    if (ctx.needs_input_grad(0)) {
+      // dx[M,in] = dy[M,out] @ W[out,in]   (or dy @ W^T for W: [in,out])
+      dx = Tensor::empty(x.shape(), DType::F32, x.device());
+      cpu::gemm(false, !out_in, M, in, out, 1.0f, pdy, out, w.data<float>(), out_in ? in : out, 0.0f,
+                dx.data<float>(), in);
+    }
+    if (ctx.needs_input_grad(1)) {
+      dw = Tensor::empty(w.shape(), DType::F32, w.device());
+      if (out_in) {  // dW[out,in] = dy^T[out,M] @ x[M,in]
+        cpu::gemm(true, false, out, in, M, 1.0f, pdy, out, x.data<float>(), in, 0.0f, dw.data<float>(), in);
+      } else {  // dW[in,out] = x^T[in,M] @ dy[M,out]
+        cpu::gemm(true, false, in, out, M, 1.0f, x.data<float>(), in, pdy, out, 0.0f, dw.data<float>(), out);
+      }
+    }
+    if (has_bias && ctx.needs_input_grad(2)) {
+      db = Tensor::empty(Shape{out}, DType::F32, dy.device());
+      cpu::sum_rows(pdy, M, out, db.data<float>());
+    }
+    return TensorList{dx, dw, db};
+  });
+  return y;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  check_float_operands(a, b, "matmul", "a", "b");
+  LOOM_CHECK(a.ndim() >= 2, "matmul: a must have at least 2 dimensions, got ", a.describe());
+  LOOM_CHECK(b.ndim() >= 2, "matmul: b must have at least 2 dimensions, got ", b.describe());
+  require_cpu("matmul", {&a, &b});
+  const bool shared_b = b.ndim() == 2 && a.ndim() > 2;
+  LOOM_CHECK(shared_b || a.ndim() == b.ndim(), "matmul: a has shape ", a.shape(), " and b has shape ", b.shape(),
+             ": b must be 2-D or have a's number of dimensions");
+  if (!shared_b) {
+    LOOM_CHECK(a.shape().drop_last(2) == b.shape().drop_last(2), "matmul: leading dimensions differ: a ",
+               a.shape(), " vs b ", b.shape());
+  }
+  const int64_t M = transpose_a ? a.size(-1) : a.size(-2);
+  const int64_t K = transpose_a ? a.size(-2) : a.size(-1);
+  const int64_t Kb = transpose_b ? b.size(-1) : b.size(-2);
+  const int64_t N = transpose_b ? b.size(-2) : b.size(-1);
+  LOOM_CHECK(K == Kb, "matmul: a ", a.shape(), (transpose_a ? " (transposed)" : ""), " has K=", K, " but b ",
+             b.shape(), (transpose_b ? " (transposed)" : ""), " has K=", Kb);
+  check_bf16_not_recorded({a, b}, a.dtype(), "matmul");
+
+  const int64_t batch = a.shape().numel_before(-2);
+  const int64_t lda = a.size(-1), ldb = b.size(-1);
+  const int64_t sa = M * K, sb = shared_b ? 0 : K * N, sc = M * N;
+  Shape out_shape = a.shape().drop_last(2);
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor c = Tensor::empty(out_shape, DType::F32, a.device());
+  if (shared_b && !transpose_a) {
+    // a's batches stack into one tall matrix: a single [batch*M, K] @ op(b) GEMM.
+    gemm_any(a.dtype(), false, transpose_b, 1, batch * M, N, K, 1.0f, {a.raw_data(), lda, 0},
+             {b.raw_data(), ldb, 0}, 0.0f, c.data<float>(), N, 0);
+  } else {
+    gemm_any(a.dtype(), transpose_a, transpose_b, batch, M, N, K, 1.0f, {a.raw_data(), lda, sa},
+             {b.raw_data(), ldb, sb}, 0.0f, c.data<float>(), N, sc);
+  }
+
+  autograd::record("matmul", {a, b}, {c}, [a, b, transpose_a, transpose_b, shared_b, batch, M, N, K](
+                                              const autograd::BackwardContext& ctx) {
+    const float* dc = ctx.grad_output(0).data<float>();  // [..., M, N]
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    const int64_t lda = a.size(-1), ldb = b.size(-1);
+    const int64_t sa = M * K, sb = shared_b ? 0 : K * N, sc = M * N;
+    Tensor da, db;
+    if (ctx.needs_input_grad(0)) {
+      da = Tensor::empty(a.shape(), DType::F32, a.device());
+      if (!transpose_a) {
+        // dA[M,K] = dC[M,N] @ op(B)^T: op(B)^T is B itself when B is stored [N,K].
+        const int64_t rows = shared_b ? batch * M : M;
+        cpu::gemm_batched(false, !transpose_b, shared_b ? 1 : batch, rows, K, N, 1.0f, dc, N, sc, pb, ldb, sb,
+                          0.0f, da.data<float>(), K, sa);
+      } else {
+        // A stored [K,M]: dA_stored[K,M] = op(B)[K,N] @ dC^T[N,M].
+        cpu::gemm_batched(transpose_b, true, batch, K, M, N, 1.0f, pb, ldb, sb, dc, N, sc, 0.0f,
+                          da.data<float>(), M, sa);
+      }
+    }
+    if (ctx.needs_input_grad(1)) {
+      db = Tensor::empty(b.shape(), DType::F32, b.device());
+      float* pdb = db.data<float>();
+      if (!shared_b) {
+        if (!transpose_b) {  // dB[K,N] = op(A)^T[K,M] @ dC[M,N]
+          cpu::gemm_batched(!transpose_a, false, batch, K, N, M, 1.0f, pa, lda, sa, dc, N, sc, 0.0f, pdb, N,
+                            K * N);
+        } else {  // B stored [N,K]: dB_stored[N,K] = dC^T[N,M] @ op(A)[M,K]
+          cpu::gemm_batched(true, transpose_a, batch, N, K, M, 1.0f, dc, N, sc, pa, lda, sa, 0.0f, pdb, K,
+                            K * N);
+        }
+      } else if (!transpose_a) {
+        // Shared B: the batches stack into the reduction, one GEMM over batch*M rows.
+        if (!transpose_b) {
+          cpu::gemm(true, false, K, N, batch * M, 1.0f, pa, lda, dc, N, 0.0f, pdb, N);
+        } else {
+          cpu::gemm(true, false, N, K, batch * M, 1.0f, dc, N, pa, lda, 0.0f, pdb, K);
+        }
+      } else {
+        // Shared B with transposed A: sum the per-batch products in batch order (beta = 1 after the first).
+        for (int64_t i = 0; i < batch; ++i) {
+          const float beta = i == 0 ? 0.0f : 1.0f;
+          if (!transpose_b) {  // dB[K,N] += A_i[K,M] @ dC_i[M,N]
+            cpu::gemm(false, false, K, N, M, 1.0f, pa + i * sa, lda, dc + i * sc, N, beta, pdb, N);
+          } else {  // dB[N,K] += dC_i^T[N,M] @ A_i^T[M,K]
+            cpu::gemm(true, true, N, K, M, 1.0f, dc + i * sc, N, pa + i * sa, lda, beta, pdb, K);
+          }
+        }
+      }
+    }
+    return TensorList{da, db};
+  });
+  return c;
+}
+
+}  // namespace loom::ops

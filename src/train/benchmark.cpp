@@ -1,0 +1,73 @@
+#include "train/benchmark.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/peak.h"
+#include "core/parallel.h"
+#include "models/llama/model.h"
+#include "train/flops.h"
+#include "train/optimizer.h"
+
+namespace loom::train {
+
+std::string TrainBenchResult::to_json() const {
+  nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
+                      {"flops_per_token", flops_per_token}, {"gflops", gflops}, {"peak_gflops", peak_gflops},
+                      {"mfu", mfu}, {"threads", threads}, {"final_loss", final_loss}};
+  return j.dump();
+}
+
+TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOptions& options) {
+  config.validate();
+  LOOM_CHECK(options.batch_size > 0, "bench: batch size must be positive, got ", options.batch_size);
+  LOOM_CHECK(options.steps > 0, "bench: steps must be positive, got ", options.steps);
+  if (options.threads > 0) set_num_threads(options.threads);
+  const int threads = num_threads();
+
+  llama::TransformerLM model(config, options.seed);
+  AdamW optimizer(model.parameters(), AdamWOptions{.lr = 1e-3f, .weight_decay = 0.1f});
+  const int64_t B = options.batch_size, T = config.context_length;
+  // Synthetic tokens: targets are the next token of a random stream, so the loss can fall.
+  Tensor stream = Tensor::empty({B * (T + 1)}, DType::I32);
+  RngKey key = RngKey::from_seed(options.seed).fold_in("bench-data");
+  for (int64_t i = 0; i < stream.numel(); ++i) {
+    stream.data<int32_t>()[i] = static_cast<int32_t>(random_bits(key, static_cast<uint64_t>(i)) %
+                                                     static_cast<uint32_t>(config.vocab_size));
+  }
+  Tensor ids = Tensor::empty({B, T}, DType::I32), targets = Tensor::empty({B, T}, DType::I32);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      ids.data<int32_t>()[b * T + t] = stream.data<int32_t>()[b * (T + 1) + t];
+      targets.data<int32_t>()[b * T + t] = stream.data<int32_t>()[b * (T + 1) + t + 1];
+    }
+  }
+
+  double loss_value = 0;
+  auto step = [&] {
+    optimizer.zero_grad();
+    Tensor loss = model.loss(ids, targets);
+    loss.backward();
+    clip_grad_norm(gradients_of(model.parameters()), 1.0);
+    optimizer.step();
+    loss_value = loss.item();
+  };
+  for (int64_t i = 0; i < options.warmup_steps; ++i) step();
+  auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < options.steps; ++i) step();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  TrainBenchResult r;
+  r.threads = threads;
+  r.params = config.total_params();
+  r.flops_per_token = palm_train_flops_per_token(config);
+  r.ms_per_step = seconds * 1e3 / static_cast<double>(options.steps);
+  r.tokens_per_s = static_cast<double>(B * T * options.steps) / seconds;
+  r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;
+  r.peak_gflops = cpu::measure_fma_peak(threads).gflops;
+  r.mfu = r.gflops / r.peak_gflops;
+  r.final_loss = loss_value;
+  return r;
+}
+
+}  // namespace loom::train

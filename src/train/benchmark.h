@@ -1,0 +1,38 @@
+// `loom bench`: full training steps on synthetic tokens, and the FMA peak MFU is measured against.
+//
+// FLOPs per token follow PaLM (Chowdhery et al. 2022, appendix B): 6N + 12·L·d·T, with N the
+// parameters that take part in matrix multiplies (all but the token-embedding table: the untied
+// lm_head counts) and the second term the attention scores and values, counted for the full T×T square.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/llama/config.h"
+
+namespace loom::train {
+
+struct TrainBenchOptions {
+  int64_t batch_size = 8;
+  int64_t steps = 10;
+  int64_t warmup_steps = 2;  // untimed, so the caches and oneDNN primitives are warm
+  int threads = 0;           // 0: loom::num_threads()
+  uint64_t seed = 0;
+};
+
+struct TrainBenchResult {
+  int64_t params = 0;
+  double flops_per_token = 0;
+  double tokens_per_s = 0;
+  double ms_per_step = 0;
+  double gflops = 0;       // achieved model FLOP/s
+  double peak_gflops = 0;  // measured FMA peak on the same threads
+  double mfu = 0;          // gflops / peak_gflops
+  double final_loss = 0;
+  int threads = 0;
+  std::string to_json() const;
+};
+
+TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOptions& options);
+
+}  // namespace loom::train

@@ -1,0 +1,322 @@
+#include "train/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loom::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string join_keys(const json& obj) {
+  std::string out;
+  for (auto it = obj.begin(); it != obj.end(); ++it) out += (out.empty() ? "" : ", ") + it.key();
+  return out;
+}
+
+// Copies `value` into `slot` if it has the kind of the default already there; throws naming `path`.
+void set_checked(json& slot, const json& value, const std::string& path) {
+  if (slot.is_boolean()) {
+    LOOM_CHECK(value.is_boolean(), "config: ", path, " must be true or false, got ", value.dump());
+    slot = value;
+  } else if (slot.is_number_unsigned()) {
+    bool integral = value.is_number_integer() ||
+                    (value.is_number_float() && std::isfinite(value.get<double>()) &&
+                     std::floor(value.get<double>()) == value.get<double>());
+    LOOM_CHECK(integral && value.get<double>() >= 0, "config: ", path, " must be a non-negative integer, got ",
+               value.dump());
+    slot = value.is_number_float() ? json(static_cast<uint64_t>(value.get<double>())) : json(value.get<uint64_t>());
+  } else if (slot.is_number_integer()) {
+    bool integral = value.is_number_integer() ||
+                    (value.is_number_float() && std::isfinite(value.get<double>()) &&
+                     std::floor(value.get<double>()) == value.get<double>() && std::fabs(value.get<double>()) < 9e18);
+    LOOM_CHECK(integral, "config: ", path, " must be an integer, got ", value.dump());
+    slot = value.is_number_float() ? json(static_cast<int64_t>(value.get<double>())) : json(value.get<int64_t>());
+  } else if (slot.is_number()) {
+    LOOM_CHECK(value.is_number(), "config: ", path, " must be a number, got ", value.dump());
+    slot = value.get<double>();
+  } else if (slot.is_string()) {
+    LOOM_CHECK(value.is_string(), "config: ", path, " must be a string, got ", value.dump());
+    slot = value;
+  } else {
+    LOOM_ASSERT(false, "config default for ", path, " has an unexpected JSON type");
+  }
+}
+
+// Merges `overlay` into `base`, which holds every allowed key with a value of its type.
+void merge_checked(json& base, const json& overlay, const std::string& prefix) {
+  LOOM_CHECK(overlay.is_object(), "config: ", prefix.empty() ? "the configuration" : prefix,
+             " must be a JSON object, got ", overlay.dump());
+  for (auto it = overlay.begin(); it != overlay.end(); ++it) {
+    std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (!base.contains(it.key())) {
+      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "the top level" : prefix, " has: ",
+                join_keys(base), ")");
+    }
+    json& slot = base[it.key()];
+    if (slot.is_object()) {
+      merge_checked(slot, it.value(), path);
+    } else {
+      set_checked(slot, it.value(), path);
+    }
+  }
+}
+
+json parse_json_text(const std::string& text, const std::string& where) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    LOOM_FAIL("config: ", where, " is not valid JSON: ", e.what());
+  }
+}
+
+// Applies one "a.b=value" override to the merged JSON.
+void apply_override(json& merged, const std::string& assignment) {
+  auto [path, value] = parse_override(assignment);
+  // Find the default at that path to decide how to read the text.
+  const json* slot = &merged;
+  std::stringstream ss(path);
+  std::string part;
+  json overlay_value = value;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (const auto& p : parts) {
+    if (!slot->is_object() || !slot->contains(p)) {
+      slot = nullptr;
+      break;
+    }
+    slot = &(*slot)[p];
+  }
+  // A string key takes the text as written (`--set data.train=x.bin`, `--set sample.prompt=1984`), unless
+  // it was written as a quoted JSON string.
+  if (slot && slot->is_string() && !value.is_string()) {
+    overlay_value = assignment.substr(assignment.find('=') + 1);
+  }
+  json overlay = overlay_value;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) overlay = json{{*it, overlay}};
+  merge_checked(merged, overlay, "");
+}
+
+template <typename T>
+void check_positive(T v, const char* key) {
+  LOOM_CHECK(v > 0, "config: ", key, " must be positive, got ", v);
+}
+template <typename T>
+void check_non_negative(T v, const char* key) {
+  LOOM_CHECK(v >= 0, "config: ", key, " must be >= 0, got ", v);
+}
+
+// A float field as the double with the float's shortest decimal form, so config.json says 1e-05 and
+// not 9.99999974737875e-06; reading it back rounds to the same float.
+double float_for_json(float f) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof(buf), f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+}  // namespace
+
+std::pair<std::string, json> parse_override(const std::string& assignment) {
+  auto eq = assignment.find('=');
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "config: --set expects section.key=value, got \"", assignment,
+             "\"");
+  std::string path = assignment.substr(0, eq);
+  std::string text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // not JSON: a plain string
+  return {path, value};
+}
+
+json TrainConfig::to_json() const {
+  const auto& m = model;
+  return json{
+      {"description", description},
+      {"model",
+       {{"arch", arch},
+        {"vocab_size", m.vocab_size},
+        {"context_length", m.context_length},
+        {"d_model", m.d_model},
+        {"num_layers", m.num_layers},
+        {"num_heads", m.num_heads},
+        {"d_ff", m.d_ff},
+        {"rope_theta", float_for_json(m.rope_theta)},
+        {"norm_eps", float_for_json(m.norm_eps)}}},
+      {"optimizer",
+       {{"lr", optimizer.lr},
+        {"min_lr", optimizer.min_lr},
+        {"beta1", optimizer.beta1},
+        {"beta2", optimizer.beta2},
+        {"eps", optimizer.eps},
+        {"weight_decay", optimizer.weight_decay},
+        {"grad_clip", optimizer.grad_clip}}},
+      {"schedule", {{"warmup_steps", schedule.warmup_steps}, {"cosine_steps", schedule.cosine_steps}}},
+      {"data",
+       {{"corpus", data.corpus},
+        {"val_fraction", data.val_fraction},
+        {"tokenizer", data.tokenizer},
+        {"train", data.train},
+        {"val", data.val}}},
+      {"training",
+       {{"max_steps", training.max_steps},
+        {"batch_size", training.batch_size},
+        {"grad_accum_steps", training.grad_accum_steps},
+        {"seed", training.seed},
+        {"threads", training.threads},
+        {"sampling", data::sampling_name(training.sampling)}}},
+      {"eval", {{"interval", eval.interval}, {"batches", eval.batches}}},
+      {"checkpoint", {{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last}}},
+      {"logging",
+       {{"interval", logging.interval}, {"progress", logging.progress}, {"peak_flops", logging.peak_flops}}},
+      {"sample",
+       {{"prompt", sample.prompt},
+        {"num_samples", sample.num_samples},
+        {"max_new_tokens", sample.max_new_tokens},
+        {"temperature", sample.temperature},
+        {"top_k", sample.top_k},
+        {"top_p", sample.top_p}}},
+  };
+}
+
+TrainConfig TrainConfig::from_json(const json& j) {
+  json m = TrainConfig{}.to_json();
+  merge_checked(m, j, "");
+  TrainConfig c;
+  c.description = m["description"].get<std::string>();
+  const json& mo = m["model"];
+  c.arch = mo["arch"].get<std::string>();
+  c.model.vocab_size = mo["vocab_size"].get<int64_t>();
+  c.model.context_length = mo["context_length"].get<int64_t>();
+  c.model.d_model = mo["d_model"].get<int64_t>();
+  c.model.num_layers = mo["num_layers"].get<int64_t>();
+  c.model.num_heads = mo["num_heads"].get<int64_t>();
+  c.model.d_ff = mo["d_ff"].get<int64_t>();
+  c.model.rope_theta = mo["rope_theta"].get<float>();
+  c.model.norm_eps = mo["norm_eps"].get<float>();
+  const json& o = m["optimizer"];
+  c.optimizer = {o["lr"].get<double>(),    o["min_lr"].get<double>(),       o["beta1"].get<double>(),
+                 o["beta2"].get<double>(), o["eps"].get<double>(),          o["weight_decay"].get<double>(),
+                 o["grad_clip"].get<double>()};
+  c.schedule = {m["schedule"]["warmup_steps"].get<int64_t>(), m["schedule"]["cosine_steps"].get<int64_t>()};
+  const json& d = m["data"];
+  c.data = {d["corpus"].get<std::string>(), d["val_fraction"].get<double>(), d["tokenizer"].get<std::string>(),
+            d["train"].get<std::string>(), d["val"].get<std::string>()};
+  const json& t = m["training"];
+  c.training.max_steps = t["max_steps"].get<int64_t>();
+  c.training.batch_size = t["batch_size"].get<int64_t>();
+  c.training.grad_accum_steps = t["grad_accum_steps"].get<int64_t>();
+  c.training.seed = t["seed"].get<uint64_t>();
+  c.training.threads = t["threads"].get<int64_t>();
+  std::string sampling = t["sampling"].get<std::string>();
+  LOOM_CHECK(sampling == "random" || sampling == "sequential",
+             "config: training.sampling must be \"random\" or \"sequential\", got \"", sampling, "\"");
+  c.training.sampling = data::sampling_from_name(sampling);
+  c.eval = {m["eval"]["interval"].get<int64_t>(), m["eval"]["batches"].get<int64_t>()};
+  c.checkpoint = {m["checkpoint"]["interval"].get<int64_t>(), m["checkpoint"]["keep_last"].get<int64_t>()};
+  const json& l = m["logging"];
+  c.logging = {l["interval"].get<int64_t>(), l["progress"].get<std::string>(), l["peak_flops"].get<double>()};
+  const json& s = m["sample"];
+  c.sample = {s["prompt"].get<std::string>(),  s["num_samples"].get<int64_t>(), s["max_new_tokens"].get<int64_t>(),
+              s["temperature"].get<double>(), s["top_k"].get<int64_t>(),       s["top_p"].get<double>()};
+  c.validate();
+  return c;
+}
+
+void TrainConfig::validate() const {
+  LOOM_CHECK(arch == "llama", "config: model.arch must be \"llama\" (the only family so far), got \"", arch, "\"");
+  try {
+    model.validate();
+  } catch (const Error& e) {
+    throw Error(str("config: ", e.what()));
+  }
+  LOOM_CHECK(model.norm_eps > 0, "config: model.norm_eps must be positive, got ", model.norm_eps);
+
+  LOOM_CHECK(std::isfinite(optimizer.lr) && optimizer.lr >= 0, "config: optimizer.lr must be >= 0, got ",
+             optimizer.lr);
+  LOOM_CHECK(optimizer.min_lr >= 0 && optimizer.min_lr <= optimizer.lr, "config: optimizer.min_lr must be in [0, ",
+             "optimizer.lr=", optimizer.lr, "], got ", optimizer.min_lr);
+  LOOM_CHECK(optimizer.beta1 >= 0 && optimizer.beta1 < 1, "config: optimizer.beta1 must be in [0, 1), got ",
+             optimizer.beta1);
+  LOOM_CHECK(optimizer.beta2 >= 0 && optimizer.beta2 < 1, "config: optimizer.beta2 must be in [0, 1), got ",
+             optimizer.beta2);
+  check_positive(optimizer.eps, "optimizer.eps");
+  check_non_negative(optimizer.weight_decay, "optimizer.weight_decay");
+  check_non_negative(optimizer.grad_clip, "optimizer.grad_clip");
+
+  // warmup_steps > max_steps is allowed: the run then ends inside the warmup.
+  check_non_negative(schedule.warmup_steps, "schedule.warmup_steps");
+  check_non_negative(schedule.cosine_steps, "schedule.cosine_steps");
+
+  LOOM_CHECK(!data.train.empty(), "config: data.train must name the training token file");
+  LOOM_CHECK(!data.val.empty(), "config: data.val must name the validation token file");
+  LOOM_CHECK(data.val_fraction > 0 && data.val_fraction < 1, "config: data.val_fraction must be in (0, 1), got ",
+             data.val_fraction);
+
+  check_positive(training.max_steps, "training.max_steps");
+  check_positive(training.batch_size, "training.batch_size");
+  check_positive(training.grad_accum_steps, "training.grad_accum_steps");
+  check_non_negative(training.threads, "training.threads");
+
+  check_non_negative(eval.interval, "eval.interval");
+  check_positive(eval.batches, "eval.batches");
+  check_non_negative(checkpoint.interval, "checkpoint.interval");
+  check_non_negative(checkpoint.keep_last, "checkpoint.keep_last");
+  check_positive(logging.interval, "logging.interval");
+  LOOM_CHECK(logging.progress == "auto" || logging.progress == "bar" || logging.progress == "lines" ||
+                 logging.progress == "none",
+             "config: logging.progress must be \"auto\", \"bar\", \"lines\" or \"none\", got \"", logging.progress,
+             "\"");
+  check_non_negative(logging.peak_flops, "logging.peak_flops");
+
+  check_non_negative(sample.num_samples, "sample.num_samples");
+  check_non_negative(sample.max_new_tokens, "sample.max_new_tokens");
+  check_non_negative(sample.temperature, "sample.temperature");
+  check_non_negative(sample.top_k, "sample.top_k");
+  LOOM_CHECK(sample.top_p > 0 && sample.top_p <= 1, "config: sample.top_p must be in (0, 1], got ", sample.top_p);
+}
+
+void TrainConfig::check_data_size(int64_t train_tokens, int64_t val_tokens) const {
+  const int64_t B = training.batch_size, T = model.context_length;
+  LOOM_CHECK(train_tokens >= B * T + 1, "config: training.batch_size=", B, " x model.context_length=", T,
+             " needs at least ", B * T + 1, " tokens but data.train (", data.train, ") holds ", train_tokens);
+  if (eval.interval > 0) {
+    LOOM_CHECK(val_tokens >= B * T + 1, "config: training.batch_size=", B, " x model.context_length=", T,
+               " needs at least ", B * T + 1, " tokens but data.val (", data.val, ") holds ", val_tokens);
+  }
+}
+
+TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vector<std::string>& overrides) {
+  std::string source = preset_or_file.empty() ? "default" : preset_or_file;
+  json j;
+  bool looks_like_path = source.find('/') != std::string::npos || source.ends_with(".json");
+  if (looks_like_path || fs::is_regular_file(source)) {
+    std::ifstream in(source);
+    if (!in) throw IoError(str("config: cannot open ", source));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    j = parse_json_text(ss.str(), source);
+  } else {
+    j = parse_json_text(preset_text(source), "preset " + source);
+  }
+  json merged = TrainConfig{}.to_json();
+  merge_checked(merged, j, "");
+  for (const auto& o : overrides) apply_override(merged, o);
+  return from_json(merged);
+}
+
+std::string TrainConfig::write(const std::string& run_dir) const {
+  fs::create_directories(run_dir);
+  fs::path path = fs::path(run_dir) / "config.json";
+  std::ofstream out(path);
+  out << to_json().dump(2) << "\n";
+  if (!out) throw IoError(str("config: cannot write ", path.string()));
+  return path.string();
+}
+
+}  // namespace loom::train

@@ -1,0 +1,50 @@
+#include "train/evaluate.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/autograd.h"
+#include "ops/loss.h"
+
+namespace loom::train {
+
+std::string EvalResult::to_json() const {
+  return nlohmann::json{{"loss", loss}, {"perplexity", perplexity}, {"tokens", tokens}}.dump();
+}
+
+EvalResult evaluate(const llama::TransformerLM& model, const data::TokenFile& tokens, int64_t T, int64_t max_windows,
+                    int64_t batch_size) {
+  if (T == 0) T = model.config().context_length;
+  LOOM_CHECK(T >= 1 && T <= model.config().context_length, "eval: context length ", T,
+             " must be in [1, ", model.config().context_length, "] (the model's context_length)");
+  LOOM_CHECK(batch_size >= 1, "eval: batch size must be >= 1, got ", batch_size);
+  LOOM_CHECK(max_windows >= 0, "eval: max_windows must be >= 0, got ", max_windows);
+  int64_t windows = tokens.size() >= T + 1 ? (tokens.size() - 1) / T : 0;
+  LOOM_CHECK(windows > 0, "eval: ", tokens.path(), " has ", tokens.size(), " tokens, fewer than one window of ",
+             T + 1);
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+  const int64_t V = model.config().vocab_size;
+  if (tokens.max_token() >= static_cast<uint32_t>(V)) {
+    LOOM_FAIL("eval: ", tokens.path(), " holds token id ", tokens.max_token(), ", outside the model's vocabulary of ", V);
+  }
+  autograd::NoGradGuard no_grad;
+  double total = 0;  // sum of per-window mean losses times T, in double
+  for (int64_t w0 = 0; w0 < windows; w0 += batch_size) {
+    const int64_t B = std::min(batch_size, windows - w0);
+    Tensor inputs = Tensor::empty({B, T}, DType::I32), targets = Tensor::empty({B, T}, DType::I32);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t start = (w0 + b) * T;
+      tokens.copy_to(start, T, inputs.data<int32_t>() + b * T);
+      tokens.copy_to(start + 1, T, targets.data<int32_t>() + b * T);
+    }
+    total += static_cast<double>(model.loss(inputs, targets).item()) * static_cast<double>(B * T);
+  }
+  EvalResult r;
+  r.windows = windows;
+  r.tokens = windows * T;
+  r.loss = total / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,89 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+
+#include "backends/backend.h"
+#include "backends/cpu/elementwise.h"
+#include "backends/cpu/optimizer.h"
+
+namespace loom::train {
+
+void AdamWOptions::validate() const {
+  LOOM_CHECK(lr >= 0 && std::isfinite(lr), "optimizer.lr must be a finite number >= 0, got ", lr);
+  LOOM_CHECK(beta1 >= 0 && beta1 < 1, "optimizer.beta1 must be in [0, 1), got ", beta1);
+  LOOM_CHECK(beta2 >= 0 && beta2 < 1, "optimizer.beta2 must be in [0, 1), got ", beta2);
+  LOOM_CHECK(eps > 0, "optimizer.eps must be > 0, got ", eps);
+  LOOM_CHECK(weight_decay >= 0, "optimizer.weight_decay must be >= 0, got ", weight_decay);
+}
+
+AdamW::AdamW(std::vector<nn::Parameter*> params, AdamWOptions options)
+    : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
+  options_.validate();
+}
+
+void AdamW::step(float lr) {
+  ++step_;
+  // In double, as PyTorch computes these Python scalars.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(options_.beta1), static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(options_.beta2), static_cast<double>(step_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i]->value;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    require_cpu("AdamW", {&p, &g});
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+      v_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    }
+    cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
+                      options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (nn::Parameter* p : params_) {
+    Tensor g = p->value.grad();
+    if (g.defined()) g.zero_();
+  }
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double total = 0.0;
+  for (const Tensor& g : grads) {
+    if (!g.defined()) continue;
+    require_cpu("global_grad_norm", {&g});
+    total += cpu::sum_of_squares(g.data<float>(), g.numel());
+  }
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
+  LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  const double norm = global_grad_norm(grads);
+  if (std::isfinite(norm) && norm > max_norm) {
+    const float factor = static_cast<float>(max_norm / (norm + 1e-6));
+    for (const Tensor& g : grads) {
+      if (g.defined()) cpu::scale_forward(g.data<float>(), g.data<float>(), factor, g.numel());
+    }
+  }
+  return norm;
+}
+
+std::vector<Tensor> gradients_of(const std::vector<nn::Parameter*>& params) {
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
+  for (const nn::Parameter* p : params) grads.push_back(p->value.grad());
+  return grads;
+}
+
+float cosine_lr(int64_t step, float max_lr, float min_lr, int64_t warmup_steps, int64_t cosine_steps) {
+  if (step < warmup_steps) return static_cast<float>(step) / static_cast<float>(warmup_steps) * max_lr;
+  if (step <= cosine_steps) {
+    if (cosine_steps == warmup_steps) return min_lr;
+    const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(cosine_steps - warmup_steps);
+    return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(progress * M_PI)) * (max_lr - min_lr));
+  }
+  return min_lr;
+}
+
+}  // namespace loom::train

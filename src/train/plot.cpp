@@ -1,0 +1,253 @@
+#include "train/plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "core/error.h"
+#include "train/metrics.h"
+
+namespace loom::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string escape_xml(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// A tick label with just enough digits for the tick step ("0.25", "1500", "3e-04").
+std::string tick_label(double v, double step) {
+  char buf[32];
+  double a = std::fabs(v);
+  if (a != 0 && (a < 1e-3 || a >= 1e6)) {
+    std::snprintf(buf, sizeof(buf), "%.2g", v);
+  } else {
+    int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+    std::snprintf(buf, sizeof(buf), "%.*f", std::clamp(decimals, 0, 8), v);
+  }
+  return buf;
+}
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  LOOM_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "nice_ticks: bad range [", lo, ", ", hi, "]");
+  if (hi == lo) return {lo};
+  double raw = (hi - lo) / std::max(target, 1);
+  double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  }
+  std::vector<double> ticks;
+  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k += 1) {
+    double v = k * step;
+    if (std::fabs(v) < step * 1e-9) v = 0;  // no "-0"
+    ticks.push_back(v);
+  }
+  return ticks;
+}
+
+std::string render_svg(const Chart& chart) {
+  const double W = chart.width, H = chart.height;
+  const double left = 70, right = 20, top = 40, bottom = 55;
+  const double pw = W - left - right, ph = H - top - bottom;
+
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& s : chart.series) {
+    LOOM_CHECK(s.x.size() == s.y.size(), "plot: series '", s.label, "' has ", s.x.size(), " x values but ",
+               s.y.size(), " y values");
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      x0 = std::min(x0, s.x[i]);
+      x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, s.y[i]);
+      y1 = std::max(y1, s.y[i]);
+    }
+  }
+  LOOM_CHECK(std::isfinite(x0), "plot: chart '", chart.title, "' has no finite points");
+  // Non-negative data that comes near zero gets zero on the axis (steps from 0, a learning rate from 0),
+  // so the eye reads proportions right.
+  if (x0 >= 0 && x0 < 0.25 * x1) x0 = 0;
+  if (y0 >= 0 && y0 < 0.25 * y1) y0 = 0;
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) {
+    double pad = y0 == 0 ? 1 : std::fabs(y0) * 0.1;
+    y0 -= pad;
+    y1 += pad;
+  } else {
+    double pad = (y1 - y0) * 0.05;
+    y0 = (y0 >= 0 && y0 - pad < 0) ? 0 : y0 - pad;  // positive data (lr, loss) never gets a negative axis
+    y1 += pad;
+  }
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * ph; };
+
+  std::string svg;
+  svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(chart.width) + "\" height=\"" +
+         std::to_string(chart.height) + "\" viewBox=\"0 0 " + std::to_string(chart.width) + " " +
+         std::to_string(chart.height) + "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+  svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  svg += "<text class=\"title\" x=\"" + fmt(left + pw / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" +
+         escape_xml(chart.title) + "</text>\n";
+
+  // Grid and tick labels.
+  auto xt = nice_ticks(x0, x1, 8), yt = nice_ticks(y0, y1, 6);
+  double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  svg += "<g class=\"grid\" stroke=\"#e0e0e0\" stroke-width=\"1\">\n";
+  for (double v : xt) svg += "<line x1=\"" + fmt(px(v)) + "\" y1=\"" + fmt(top) + "\" x2=\"" + fmt(px(v)) + "\" y2=\"" + fmt(top + ph) + "\"/>\n";
+  for (double v : yt) svg += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(py(v)) + "\" x2=\"" + fmt(left + pw) + "\" y2=\"" + fmt(py(v)) + "\"/>\n";
+  svg += "</g>\n<g class=\"xticks\" text-anchor=\"middle\">\n";
+  for (double v : xt) {
+    svg += "<line x1=\"" + fmt(px(v)) + "\" y1=\"" + fmt(top + ph) + "\" x2=\"" + fmt(px(v)) + "\" y2=\"" + fmt(top + ph + 5) + "\" stroke=\"black\"/>";
+    svg += "<text x=\"" + fmt(px(v)) + "\" y=\"" + fmt(top + ph + 19) + "\">" + tick_label(v, xstep) + "</text>\n";
+  }
+  svg += "</g>\n<g class=\"yticks\" text-anchor=\"end\">\n";
+  for (double v : yt) {
+    svg += "<line x1=\"" + fmt(left - 5) + "\" y1=\"" + fmt(py(v)) + "\" x2=\"" + fmt(left) + "\" y2=\"" + fmt(py(v)) + "\" stroke=\"black\"/>";
+    svg += "<text x=\"" + fmt(left - 8) + "\" y=\"" + fmt(py(v) + 4) + "\">" + tick_label(v, ystep) + "</text>\n";
+  }
+  svg += "</g>\n";
+  // Axes and their labels.
+  svg += "<g class=\"axes\" stroke=\"black\" stroke-width=\"1\"><line x1=\"" + fmt(left) + "\" y1=\"" + fmt(top + ph) +
+         "\" x2=\"" + fmt(left + pw) + "\" y2=\"" + fmt(top + ph) + "\"/><line x1=\"" + fmt(left) + "\" y1=\"" + fmt(top) +
+         "\" x2=\"" + fmt(left) + "\" y2=\"" + fmt(top + ph) + "\"/></g>\n";
+  svg += "<text class=\"xlabel\" x=\"" + fmt(left + pw / 2) + "\" y=\"" + fmt(H - 12) + "\" text-anchor=\"middle\">" +
+         escape_xml(chart.x_label) + "</text>\n";
+  svg += "<text class=\"ylabel\" transform=\"translate(16 " + fmt(top + ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" +
+         escape_xml(chart.y_label) + "</text>\n";
+
+  // The series: one polyline per finite run of points.
+  for (const auto& s : chart.series) {
+    svg += "<g class=\"series\" data-label=\"" + escape_xml(s.label) + "\">\n";
+    std::string points;
+    auto flush = [&] {
+      if (!points.empty()) {
+        svg += "<polyline fill=\"none\" stroke=\"" + s.color + "\" stroke-width=\"" + fmt(s.stroke_width) +
+               "\" stroke-linejoin=\"round\" points=\"" + points + "\"/>\n";
+      }
+      points.clear();
+    };
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+        flush();
+        continue;
+      }
+      if (!points.empty()) points += ' ';
+      points += fmt(px(s.x[i]));
+      points += ',';
+      points += fmt(py(s.y[i]));
+    }
+    flush();
+    if (s.markers) {
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+        svg += "<circle cx=\"" + fmt(px(s.x[i])) + "\" cy=\"" + fmt(py(s.y[i])) + "\" r=\"3\" fill=\"" + s.color + "\"/>\n";
+      }
+    }
+    svg += "</g>\n";
+  }
+
+  // Legend, top right inside the plot.
+  if (chart.series.size() > 1 || (!chart.series.empty() && !chart.series[0].label.empty())) {
+    double lx = left + pw - 150, ly = top + 10;
+    double lh = 20.0 * static_cast<double>(chart.series.size()) + 8;
+    svg += "<g class=\"legend\"><rect x=\"" + fmt(lx) + "\" y=\"" + fmt(ly) + "\" width=\"140\" height=\"" + fmt(lh) +
+           "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n";
+    for (size_t i = 0; i < chart.series.size(); ++i) {
+      const auto& s = chart.series[i];
+      double y = ly + 16 + 20.0 * static_cast<double>(i);
+      svg += "<line x1=\"" + fmt(lx + 8) + "\" y1=\"" + fmt(y - 4) + "\" x2=\"" + fmt(lx + 32) + "\" y2=\"" + fmt(y - 4) +
+             "\" stroke=\"" + s.color + "\" stroke-width=\"2\"/><text x=\"" + fmt(lx + 40) + "\" y=\"" + fmt(y) + "\">" +
+             escape_xml(s.label) + "</text>\n";
+    }
+    svg += "</g>\n";
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::vector<std::string> plot_run(const std::string& run_dir, const std::string& out_dir_arg) {
+  std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
+  auto events = read_metrics(metrics_path);
+  auto num = [](const nlohmann::json& e, const char* key) {
+    return e.contains(key) && e[key].is_number() ? e[key].get<double>() : std::numeric_limits<double>::quiet_NaN();
+  };
+  Series train, val, lr;
+  train.label = "train loss";
+  val.label = "val loss";
+  val.color = "#ff7f0e";
+  lr.label = "learning rate";
+  lr.color = "#2ca02c";
+  val.markers = true;
+  val.stroke_width = 2;
+  for (const auto& e : events) {
+    std::string kind = e.value("event", "");
+    if (!e.contains("step") || !e["step"].is_number()) continue;
+    double step = e["step"].get<double>();
+    if (kind == "train") {
+      train.x.push_back(step);
+      train.y.push_back(num(e, "loss"));
+      lr.x.push_back(step);
+      lr.y.push_back(num(e, "lr"));
+    } else if (kind == "val") {
+      val.x.push_back(step);
+      val.y.push_back(num(e, "val_loss"));
+    }
+  }
+  LOOM_CHECK(!train.x.empty() || !val.x.empty(), "plot: ", metrics_path, " has no train or val events");
+  fs::path out_dir = out_dir_arg.empty() ? fs::path(run_dir) : fs::path(out_dir_arg);
+  fs::create_directories(out_dir);
+  std::string name = fs::path(run_dir).lexically_normal().filename().string();
+  if (name.empty()) name = fs::path(run_dir).lexically_normal().parent_path().filename().string();
+
+  std::vector<std::string> written;
+  auto save = [&](const Chart& chart, const std::string& file) {
+    fs::path p = out_dir / file;
+    std::ofstream out(p);
+    out << render_svg(chart);
+    if (!out) throw IoError(str("plot: cannot write ", p.string()));
+    written.push_back(p.string());
+  };
+  Chart loss;
+  loss.title = "Loss: " + name;
+  loss.x_label = "step";
+  loss.y_label = "cross-entropy loss (nats/token)";
+  if (!train.x.empty()) loss.series.push_back(train);
+  if (!val.x.empty()) loss.series.push_back(val);
+  save(loss, "loss.svg");
+  if (!lr.x.empty()) {
+    Chart lr_chart;
+    lr_chart.title = "Learning rate: " + name;
+    lr_chart.x_label = "step";
+    lr_chart.y_label = "learning rate";
+    lr_chart.series.push_back(lr);
+    save(lr_chart, "lr.svg");
+  }
+  return written;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,39 @@
+// Line charts as hand-written SVG (no plotting library): axes, "nice" 1-2-5 ticks, grid, labels,
+// polylines, optional point markers and a legend. `loom plot DIR` uses it to draw a run's loss and
+// learning-rate curves from DIR/metrics.jsonl.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::train {
+
+struct Series {
+  std::string label;
+  std::string color = "#1f77b4";
+  std::vector<double> x, y;  // same length; non-finite y values break the line
+  bool markers = false;      // a dot at each point (for sparse series such as validation loss)
+  double stroke_width = 1.5;
+};
+
+struct Chart {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  std::vector<Series> series;
+  int width = 800;
+  int height = 450;
+};
+
+// Ticks covering [lo, hi] with a step of 1, 2 or 5 times a power of ten, about `target` of them; all
+// ticks lie within [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int target = 6);
+
+// The chart as a standalone SVG document. Throws loom::Error if no series has a finite point.
+std::string render_svg(const Chart& chart);
+
+// Reads <run_dir>/metrics.jsonl and writes <out_dir>/loss.svg (train and validation loss against step)
+// and <out_dir>/lr.svg (learning rate against step); out_dir defaults to run_dir. Returns the paths.
+std::vector<std::string> plot_run(const std::string& run_dir, const std::string& out_dir = "");
+
+}  // namespace loom::train

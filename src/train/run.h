@@ -1,0 +1,38 @@
+// A training run on disk, and everything `loom train` does around the loop:
+//   * ensure_training_data: trains the BPE tokenizer on the corpus unless data.tokenizer exists, and
+//     prepares data.train / data.val unless they exist;
+//   * save_run_weights / load_run: DIR/model.safetensors (parameters under their dotted names, the
+//     model config in the metadata), DIR/config.json, DIR/tokenizer.json.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "models/llama/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/config.h"
+
+namespace loom::train {
+
+// Creates the tokenizer and token files the config names when they are missing. Returns a line per
+// thing it made, for the console.
+std::vector<std::string> ensure_training_data(const TrainConfig& config, bool progress = true);
+
+// Writes the model's parameters (with the model config in the safetensors metadata, key
+// "loom.model_config") atomically to `path`.
+void save_model_weights(const llama::TransformerLM& model, const std::string& path);
+// Reads weights written by save_model_weights: the config from the metadata, every parameter by name.
+std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path);
+
+struct LoadedRun {
+  std::unique_ptr<llama::TransformerLM> model;
+  std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
+  std::optional<TrainConfig> config;              // when the run has config.json
+};
+// `dir` is a run directory (model.safetensors, config.json, tokenizer.json).
+LoadedRun load_run(const std::string& dir);
+// `path` is a weights file; a tokenizer.json beside it is loaded too.
+LoadedRun load_weights(const std::string& path);
+
+}  // namespace loom::train

@@ -1,0 +1,58 @@
+// The training loop behind `loom train`: AdamW with clipping and warmup + cosine, gradient
+// accumulation, validation on a fixed set of batches, metrics.jsonl, console progress, a clean stop on
+// Ctrl-C, and skipping (and counting) steps whose loss or gradient is not finite.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "models/llama/model.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+#include "train/stop_signal.h"
+
+namespace loom::train {
+
+struct TrainSummary {
+  int64_t steps_completed = 0;    // optimizer steps taken or skipped, in total, including earlier runs
+  int64_t steps_skipped = 0;      // steps whose loss or gradient was not finite
+  double last_loss = 0;
+  std::optional<double> first_val_loss, last_val_loss;
+  double tokens_per_s = 0;        // over this run's steps
+  bool stopped_early = false;     // Ctrl-C / SIGTERM
+};
+
+class Trainer {
+ public:
+  // Opens the data named by the config (checking sizes and vocabulary), builds the model and optimizer.
+  Trainer(TrainConfig config, std::string run_dir);
+
+  // Trains from the current step to training.max_steps, or until `stop` is requested.
+  TrainSummary run(const StopSignal* stop = nullptr);
+
+  // Test hook: called after backward() and before clipping, with the step and the gradients.
+  std::function<void(int64_t step, std::vector<Tensor>& grads)> after_backward;
+
+  // Mean loss over the fixed validation batches.
+  double validation_loss();
+
+  const TrainConfig& config() const { return config_; }
+  llama::TransformerLM& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  int64_t step() const { return step_; }
+
+ private:
+  struct Data;
+  TrainConfig config_;
+  std::string run_dir_;
+  std::unique_ptr<llama::TransformerLM> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::shared_ptr<Data> data_;
+  int64_t step_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,312 @@
+#include <algorithm>
+#include <cmath>
+
+#include "core/allocator.h"
+#include "core/parallel.h"
+#include "fixture_check.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+
+using namespace loom;
+
+namespace {
+
+// Flash (causal or unmasked) path: the fixtures' "_causal" and "_scale" entries select the call.
+Tensor sdpa_from_fixture(const test::Fixture& f, const std::string& p, const TensorList& in) {
+  const bool causal = f.get(p + "causal").data<int32_t>()[0] != 0;
+  const float sc = f.get(p + "scale").item();
+  Tensor mask = f.has(p + "mask") ? f.get(p + "mask") : Tensor();
+  std::optional<float> scale;
+  if (sc != 0.0f) scale = sc;
+  return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, causal, scale);
+}
+
+// Max |a - b| over all elements.
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  float m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
+  return m;
+}
+
+bool all_finite(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(t.data<float>()[i])) return false;
+  return true;
+}
+
+// Output and input gradients of f at (q, k, v) for upstream gradient dy.
+TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv,
+                          const Tensor& dy) {
+  TensorList in;
+  for (const Tensor& t : qkv) in.push_back(test::param(t));
+  Tensor y = f(in);
+  autograd::backward(y, dy);
+  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
+}
+
+void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol, const std::string& what) {
+  const char* names[] = {"y", "dq", "dk", "dv"};
+  for (size_t i = 0; i < got.size(); ++i) test::expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
+}
+
+}  // namespace
+
+// ---- scaled_dot_product_attention -----------------------------------------------------------------
+
+TEST(Attention, SdpaMatchesPyTorch) {
+  auto f = test::load_fixture("sdpa");
+  for (const char* name : {"plain", "causal_wide", "causal_tall", "causal_square", "mask_full", "mask_shared",
+                           "mask_causal", "t1", "long"}) {
+    SCOPED_TRACE(name);
+    std::string p = std::string(name) + "_";
+    test::check_against_fixture(
+        f, p, [&](const TensorList& in) { return sdpa_from_fixture(f, p, in); }, {"q", "k", "v"},
+        {"dq", "dk", "dv"}, 3e-5f, 2e-4f);
+  }
+}
+
+TEST(Attention, FullyMaskedRowsGiveZerosNotNaN) {
+  // causal with Tq > Tk: rows 0 and 1 see no key. And a mask row that is all false.
+  Tensor q = test::param(test::randn({2, 4, 8}, 1)), k = test::param(test::randn({2, 2, 8}, 2)),
+         v = test::param(test::randn({2, 2, 8}, 3));
+  Tensor y = ops::scaled_dot_product_attention(q, k, v, Tensor(), true);
+  for (int64_t i = 0; i < 2 * 8; ++i) EXPECT_EQ(y.data<float>()[i], 0.0f);  // head 0, rows 0-1
+  autograd::backward(y, test::randn(y.shape(), 4));
+  EXPECT_TRUE(all_finite(q.grad()) && all_finite(k.grad()) && all_finite(v.grad()));
+  for (int64_t i = 0; i < 2 * 8; ++i) EXPECT_EQ(q.grad().data<float>()[i], 0.0f);
+
+  Tensor mask = Tensor::zeros({4, 2}, DType::Bool);
+  mask.data<bool>()[2 * 2] = true;  // only row 2 may attend (key 0)
+  Tensor y2 = ops::scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), mask);
+  EXPECT_TRUE(all_finite(y2));
+  EXPECT_EQ(y2.data<float>()[0], 0.0f);
+  EXPECT_EQ(y2.data<float>()[2 * 8], v.data<float>()[0]);  // one key: its value exactly
+}
+
+TEST(Attention, CausalFlashEqualsMaskedLowerTriangle) {
+  // Shapes that cross the kernel's query (32) and key (64) blocks and D not a multiple of 16.
+  struct Case { int64_t n, t, d; };
+  for (Case c : {Case{3, 1, 6}, Case{2, 77, 10}, Case{1, 130, 32}, Case{2, 65, 64}, Case{1, 40, 72}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " D=" + std::to_string(c.d));
+    TensorList qkv = {test::randn({c.n, c.t, c.d}, 10), test::randn({c.n, c.t, c.d}, 11),
+                      test::randn({c.n, c.t, c.d}, 12)};
+    Tensor dy = test::randn({c.n, c.t, c.d}, 13);
+    auto flash = run_with_grads([](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true);
+    }, qkv, dy);
+    auto masked = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], ops::causal_mask(c.t), false);
+    }, qkv, dy);
+    expect_all_close(flash, masked, 2e-5f, 2e-4f, "flash vs masked");
+  }
+}
+
+TEST(Attention, NonCausalFlashEqualsMaskedAllTrueWithTqNotTk) {
+  TensorList qkv = {test::randn({2, 3, 45, 10}, 20), test::randn({2, 3, 70, 10}, 21),
+                    test::randn({2, 3, 70, 5}, 22)};
+  Tensor dy = test::randn({2, 3, 45, 5}, 23);
+  Tensor mask = Tensor::zeros({45, 70}, DType::Bool);
+  std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
+  for (bool causal : {false, true}) {
+    Tensor m = mask;
+    if (causal) {  // causal with Tk > Tq: query i sees keys j <= i + 25
+      m = mask.clone();
+      for (int i = 0; i < 45; ++i)
+        for (int j = 0; j < 70; ++j) m.data<bool>()[i * 70 + j] = j <= i + 25;
+    }
+    auto flash = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), causal, 0.2f);
+    }, qkv, dy);
+    auto masked = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], m, false, 0.2f);
+    }, qkv, dy);
+    expect_all_close(flash, masked, 2e-5f, 2e-4f, causal ? "causal Tq<Tk" : "full");
+  }
+}
+
+TEST(Attention, OnlineSoftmaxRescalesAcrossKeyBlocks) {
+  // Keys grow with j, so every later key block (128 keys) raises a row's running max and the kernel
+  // must rescale what it accumulated (scaled logits reach ~20).
+  const int64_t t = 300, d = 16;
+  Tensor q = test::randn({2, t, d}, 80), k = test::randn({2, t, d}, 81), v = test::randn({2, t, d}, 82);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t j = 0; j < t; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        k.data<float>()[(n * t + j) * d + c] = 0.5f + 0.02f * static_cast<float>(j);
+        q.data<float>()[(n * t + j) * d + c] = std::fabs(q.data<float>()[(n * t + j) * d + c]);
+      }
+  Tensor dy = test::randn({2, t, d}, 83);
+  for (bool causal : {false, true}) {
+    auto flash = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), causal);
+    }, {q, k, v}, dy);
+    Tensor mask = causal ? ops::causal_mask(t) : Tensor::empty({t, t}, DType::Bool);
+    if (!causal) std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
+    auto masked = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, false);
+    }, {q, k, v}, dy);
+    expect_all_close(flash, masked, 1e-4f, 1e-3f, causal ? "causal" : "full");
+    EXPECT_TRUE(all_finite(flash[0]) && all_finite(flash[1]));
+  }
+}
+
+TEST(Attention, GradcheckFlashAndMasked) {
+  Tensor q = test::param(test::randn({2, 5, 6}, 30)), k = test::param(test::randn({2, 7, 6}, 31)),
+         v = test::param(test::randn({2, 7, 3}, 32));
+  test::gradcheck([](const TensorList& in) {
+    return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true);
+  }, {q, k, v});
+  Tensor mask = Tensor::empty({2, 5, 7}, DType::Bool);
+  for (int64_t i = 0; i < mask.numel(); ++i) mask.data<bool>()[i] = (i * 7 % 5) != 0;
+  test::gradcheck([&](const TensorList& in) {
+    return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, false);
+  }, {q, k, v});
+}
+
+TEST(Attention, SdpaInvalidInputsNameTheValues) {
+  Tensor q = Tensor::zeros({2, 4, 8}), k = Tensor::zeros({2, 5, 8}), v = Tensor::zeros({2, 5, 8});
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, Tensor::zeros({2, 5, 6}), v); },
+                              {"D=8", "D=6"});
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, k, Tensor::zeros({2, 4, 8})); },
+                              {"Tk=5", "4 rows"});
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, Tensor::zeros({3, 5, 8}), v); },
+                              {"[2, 4, 8]", "[3, 5, 8]"});
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, k, v, Tensor::zeros({4, 4}, DType::Bool)); },
+                              {"mask has shape [4, 4]", "[4, 5]"});
+}
+
+// ---- causal_self_attention ------------------------------------------------------------------------
+
+TEST(Attention, CausalSelfAttentionMatchesPyTorch) {
+  auto f = test::load_fixture("causal_self_attention");
+  struct Case { const char* name; int heads; bool rope; ops::RopeStyle style; };
+  for (Case c : {Case{"norope", 3, false, ops::RopeStyle::Interleaved},
+                 Case{"interleaved", 2, true, ops::RopeStyle::Interleaved},
+                 Case{"half_batchpos", 2, true, ops::RopeStyle::RotateHalf},
+                 Case{"t1", 2, true, ops::RopeStyle::Interleaved}}) {
+    SCOPED_TRACE(c.name);
+    std::string p = std::string(c.name) + "_";
+    std::optional<ops::RopeOptions> rope;
+    if (c.rope) rope = ops::RopeOptions{f.get(p + "pos"), 10000.0f, c.style};
+    for (bool reference : {false, true}) {
+      SCOPED_TRACE(reference ? "reference composite" : "fused");
+      test::check_against_fixture(
+          f, p, [&](const TensorList& in) {
+            return reference ? ops::causal_self_attention_reference(in[0], in[1], in[2], c.heads, rope)
+                             : ops::causal_self_attention(in[0], in[1], in[2], c.heads, rope);
+          }, {"q", "k", "v"}, {"dq", "dk", "dv"}, 3e-5f, 2e-4f);
+    }
+  }
+}
+
+TEST(Attention, FusedEqualsCompositeAtModelShapes) {
+  // The benchmark model's head size (D=32) and D=64, T crossing blocks, both RoPE styles, [B,T] positions.
+  struct Case { int64_t b, t, h, d; ops::RopeStyle style; bool batch_pos; };
+  for (Case c : {Case{2, 70, 3, 32, ops::RopeStyle::Interleaved, false},
+                 Case{1, 33, 2, 64, ops::RopeStyle::RotateHalf, true},
+                 Case{3, 1, 4, 10, ops::RopeStyle::RotateHalf, false}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " D=" + std::to_string(c.d));
+    const int64_t w = c.h * c.d;
+    TensorList qkv = {test::randn({c.b, c.t, w}, 40), test::randn({c.b, c.t, w}, 41), test::randn({c.b, c.t, w}, 42)};
+    Tensor dy = test::randn({c.b, c.t, w}, 43);
+    Tensor pos;
+    if (c.batch_pos) {
+      pos = Tensor::empty({c.b, c.t}, DType::I32);
+      for (int64_t i = 0; i < pos.numel(); ++i) pos.data<int32_t>()[i] = static_cast<int32_t>((i * 37) % 500);
+    } else {
+      pos = Tensor::empty({c.t}, DType::I32);
+      for (int64_t i = 0; i < c.t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+    }
+    ops::RopeOptions rope{pos, 10000.0f, c.style};
+    auto fused = run_with_grads([&](const TensorList& in) {
+      return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(c.h), rope);
+    }, qkv, dy);
+    auto composite = run_with_grads([&](const TensorList& in) {
+      return ops::causal_self_attention_reference(in[0], in[1], in[2], static_cast<int>(c.h), rope);
+    }, qkv, dy);
+    expect_all_close(fused, composite, 3e-5f, 3e-4f, "fused vs composite");
+  }
+}
+
+TEST(Attention, GradcheckCausalSelfAttention) {
+  Tensor pos = Tensor::from_vector<int32_t>({4}, {3, 1, 1, 8});  // arbitrary, repeated positions
+  Tensor q = test::param(test::randn({2, 4, 12}, 50)), k = test::param(test::randn({2, 4, 12}, 51)),
+         v = test::param(test::randn({2, 4, 12}, 52));
+  for (auto style : {ops::RopeStyle::Interleaved, ops::RopeStyle::RotateHalf}) {
+    ops::RopeOptions rope{pos, 100.0f, style};
+    test::gradcheck([&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 2, rope); },
+                    {q, k, v});
+  }
+}
+
+TEST(Attention, DeterministicAcrossThreadCounts) {
+  // Large enough (8 heads x T=100 x D=32) for the kernels to split the heads over threads.
+  TensorList qkv = {test::randn({2, 100, 128}, 60), test::randn({2, 100, 128}, 61), test::randn({2, 100, 128}, 62)};
+  Tensor dy = test::randn({2, 100, 128}, 63);
+  Tensor pos = Tensor::empty({100}, DType::I32);
+  for (int i = 0; i < 100; ++i) pos.data<int32_t>()[i] = i;
+  auto f = [&](const TensorList& in) {
+    return ops::causal_self_attention(in[0], in[1], in[2], 4, ops::RopeOptions{pos});
+  };
+  const int saved = num_threads();
+  set_num_threads(1);
+  auto one = run_with_grads(f, qkv, dy);
+  set_num_threads(2);
+  auto two = run_with_grads(f, qkv, dy);
+  set_num_threads(3);
+  auto three = run_with_grads(f, qkv, dy);
+  set_num_threads(saved);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(max_abs_diff(one[i], two[i]), 0.0f) << i;
+    EXPECT_EQ(max_abs_diff(one[i], three[i]), 0.0f) << i;
+  }
+}
+
+TEST(Attention, EmptySequencesAndBatches) {
+  for (Shape shape : {Shape{2, 0, 8}, Shape{0, 3, 8}}) {
+    Tensor q = test::param(Tensor::zeros(shape)), k = test::param(Tensor::zeros(shape)),
+           v = test::param(Tensor::zeros(shape));
+    Tensor y = ops::causal_self_attention(q, k, v, 2);
+    EXPECT_EQ(y.shape(), shape);
+    autograd::backward(y, Tensor::zeros(shape));
+    EXPECT_EQ(q.grad().shape(), shape);
+  }
+  // Tk = 0: every query row sees nothing.
+  Tensor y = ops::scaled_dot_product_attention(test::randn({2, 3, 4}, 1), Tensor::zeros({2, 0, 4}),
+                                               Tensor::zeros({2, 0, 5}));
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
+  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.0f);
+}
+
+TEST(Attention, CausalSelfAttentionInvalidInputsNameTheValues) {
+  Tensor x = Tensor::zeros({2, 4, 12});
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, x, 5); }, {"num_heads=5", "12"});
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, Tensor::zeros({2, 4, 8}), 2); },
+                              {"[2, 4, 12]", "[2, 4, 8]"});
+  Tensor pos = Tensor::from_vector<int32_t>({4}, {0, 1, 2, 3});
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, x, 4, ops::RopeOptions{pos}); },
+                              {"D=3", "even"});
+  test::expect_error_mentions(
+      [&] { ops::causal_self_attention(x, x, x, 2, ops::RopeOptions{Tensor::zeros({3}, DType::I32)}); },
+      {"[3]", "[4]", "[2, 4]"});
+}
+
+TEST(Attention, CausalMemoryIsLinearInT) {
+  // One head, T=4096: a materialised score matrix alone would be T*T*4 = 64 MiB. The flash path's
+  // scratch comes from the CPU allocator, so its peak shows in the allocator statistics.
+  const int64_t t = 4096, d = 32;
+  TensorList qkv = {test::randn({1, t, d}, 70), test::randn({1, t, d}, 71), test::randn({1, t, d}, 72)};
+  Tensor dy = test::randn({1, t, d}, 73);
+  Allocator& alloc = allocator_for(Device::cpu());
+  const AllocatorStats before = alloc.stats();
+  {
+    auto r = run_with_grads([](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true);
+    }, qkv, dy);
+  }
+  const AllocatorStats after = alloc.stats();
+  const int64_t budget = 32 * t * d * 4;  // a few dozen [T, D] buffers (16 MiB): T*T*4 / 4
+  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
+      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
+  RecordProperty("peak_growth_bytes", static_cast<int>(after.peak_bytes_in_use - before.bytes_in_use));
+}

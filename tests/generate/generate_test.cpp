@@ -1,0 +1,81 @@
+#include <cmath>
+
+#include "generate/generate.h"
+#include "support/op_test.h"
+
+using namespace loom;
+
+namespace {
+llama::Config small_config() {
+  llama::Config c;
+  c.vocab_size = 41;
+  c.context_length = 12;
+  c.d_model = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.d_ff = 48;
+  return c;
+}
+}  // namespace
+
+TEST(KVCacheDecoding, MatchesTheFullForwardAtEveryPosition) {
+  llama::TransformerLM model(small_config(), 11);
+  std::vector<int32_t> tokens{3, 17, 40, 0, 9, 9, 25, 1, 38, 7};
+  Tensor full = model.forward(Tensor::from_vector<int32_t>({1, 10}, tokens));  // [1, 10, V]
+  auto cache = model.make_cache(1);
+  Tensor prefill = model.forward_cached(Tensor::from_vector<int32_t>({1, 4}, {tokens.begin(), tokens.begin() + 4}), cache);
+  std::vector<float> cached = prefill.to_vector<float>();
+  for (size_t i = 4; i < tokens.size(); ++i) {
+    auto step = model.forward_cached(Tensor::from_vector<int32_t>({1, 1}, {tokens[i]}), cache).to_vector<float>();
+    cached.insert(cached.end(), step.begin(), step.end());
+  }
+  test::expect_close(Tensor::from_vector<float>({1, 10, 41}, cached), full, 1e-4f, 1e-4f, "cached logits");
+  EXPECT_THROW(model.forward_cached(Tensor::zeros({1, 3}, DType::I32), cache), Error);  // 10 + 3 > 12
+}
+
+TEST(Generate, GreedyIsDeterministicAndEqualsArgmaxOfTheFullForward) {
+  llama::TransformerLM model(small_config(), 5);
+  generate::GenerateOptions o;
+  o.max_new_tokens = 20;  // runs past the 12-token context: exercises the cache refill
+  o.sampling.temperature = 0;
+  std::vector<int32_t> prompt{1, 2, 3};
+  auto a = generate::generate(model, prompt, o);
+  auto b = generate::generate(model, prompt, o);
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+  // The first few tokens (within the context) equal step-by-step argmax of the uncached model.
+  std::vector<int32_t> seq = prompt;
+  for (int i = 0; i < 5; ++i) {
+    Tensor logits = model.forward(Tensor::from_vector<int32_t>({1, static_cast<int64_t>(seq.size())}, seq));
+    const float* last = logits.data<float>() + (seq.size() - 1) * 41;
+    int32_t best = static_cast<int32_t>(std::max_element(last, last + 41) - last);
+    EXPECT_EQ(a[static_cast<size_t>(i)], best) << "token " << i;
+    seq.push_back(best);
+  }
+}
+
+TEST(Sampler, FrequenciesFollowTemperatureTopKAndTopP) {
+  const float logits[4] = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  auto freq = [&](generate::SamplingOptions o) {
+    std::vector<double> f(4, 0.0);
+    const int n = 40000;
+    for (int i = 0; i < n; ++i) f[static_cast<size_t>(generate::sample_token(logits, 4, o, RngKey::from_seed(9), static_cast<uint64_t>(i)))] += 1.0 / n;
+    return f;
+  };
+  auto plain = freq({1.0f, 0, 1.0f});
+  EXPECT_NEAR(plain[0], 0.5, 0.01);
+  EXPECT_NEAR(plain[1], 0.3, 0.01);
+  EXPECT_NEAR(plain[3], 0.05, 0.005);
+  auto k2 = freq({1.0f, 2, 1.0f});
+  EXPECT_NEAR(k2[0], 0.625, 0.01);
+  EXPECT_EQ(k2[2] + k2[3], 0.0);
+  auto p = freq({1.0f, 0, 0.85f});  // 0.5 + 0.3 < 0.85 <= 0.95: keeps three tokens
+  EXPECT_NEAR(p[0], 0.5 / 0.95, 0.01);
+  EXPECT_EQ(p[3], 0.0);
+  EXPECT_GT(p[2], 0.1);
+  auto cold = freq({0.5f, 0, 1.0f});  // p^2 normalised
+  EXPECT_NEAR(cold[0], 0.25 / (0.25 + 0.09 + 0.0225 + 0.0025), 0.01);
+  EXPECT_EQ(generate::sample_token(logits, 4, {0.0f, 0, 1.0f}, RngKey{}, 0), 0);
+  EXPECT_THROW(generate::sample_token(logits, 4, {1.0f, 0, 0.0f}, RngKey{}, 0), Error);
+  EXPECT_THROW(generate::sample_token(logits, 4, {-1.0f, 0, 1.0f}, RngKey{}, 0), Error);
+}

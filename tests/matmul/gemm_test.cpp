@@ -1,0 +1,187 @@
+// cpu::gemm (oneDNN) against the naive reference GEMM: every transpose combination, odd sizes, padded
+// leading dimensions, alpha/beta, bias, batches, bf16, the cache and determinism.
+#include <omp.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/gemm.h"
+#include "core/parallel.h"
+#include "support/op_test.h"
+
+using namespace loom;
+
+namespace {
+
+std::vector<float> random_vec(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  fill_normal(v.data(), n, RngKey::from_seed(seed), 0, 0.0f, 1.0f);
+  return v;
+}
+
+void expect_near_all(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]))) {
+      if (bad++ < 3) ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", expected " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+struct Case {
+  int64_t M, N, K;
+};
+
+}  // namespace
+
+TEST(Gemm, MatchesReferenceForAllTransposesOddShapesAndBeta) {
+  const Case cases[] = {{1, 1, 1}, {7, 13, 33}, {13, 7, 1}, {65, 17, 129}, {1, 33, 7}, {33, 1, 13}};
+  uint64_t seed = 10;
+  for (const Case& c : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          for (float alpha : {1.0f, -0.75f}) {
+            // Padded leading dimensions (+3) check that strides are honoured.
+            const int64_t lda = (ta ? c.M : c.K) + 3, ldb = (tb ? c.K : c.N) + 3, ldc = c.N + 3;
+            auto A = random_vec((ta ? c.K : c.M) * lda, seed++);
+            auto B = random_vec((tb ? c.N : c.K) * ldb, seed++);
+            auto C0 = random_vec(c.M * ldc, seed++);
+            auto got = C0, want = C0;
+            cpu::gemm(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+            cpu::gemm_reference(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+            expect_near_all(got, want, 1e-4f, 1e-4f,
+                            "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, BetaZeroOverwritesNaN) {
+  auto A = random_vec(5 * 6, 1), B = random_vec(6 * 4, 2);
+  std::vector<float> C(5 * 4, NAN), want(5 * 4, 0.0f);
+  cpu::gemm(false, false, 5, 4, 6, 1.0f, A.data(), 6, B.data(), 4, 0.0f, C.data(), 4);
+  cpu::gemm_reference(false, false, 5, 4, 6, 1.0f, A.data(), 6, B.data(), 4, 0.0f, want.data(), 4);
+  expect_near_all(C, want, 1e-5f, 1e-5f, "beta=0 over NaN");
+}
+
+TEST(Gemm, KZeroScalesC) {
+  std::vector<float> C = {1, 2, 3, 4}, want = {0.5f, 1, 1.5f, 2};
+  cpu::gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);
+  EXPECT_EQ(C, want);
+}
+
+TEST(Gemm, BiasIsAddedToEveryRow) {
+  for (int tb = 0; tb < 2; ++tb) {
+    const int64_t M = 9, N = 13, K = 7;
+    auto A = random_vec(M * K, 3), B = random_vec(K * N, 4), bias = random_vec(N, 5), C0 = random_vec(M * N, 6);
+    for (float beta : {0.0f, 1.0f}) {
+      auto got = C0, want = C0;
+      cpu::gemm_bias(false, tb, M, N, K, A.data(), K, B.data(), tb ? K : N, bias.data(), beta, got.data(), N);
+      cpu::gemm_reference(false, tb, M, N, K, 1.0f, A.data(), K, B.data(), tb ? K : N, beta, want.data(), N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) want[m * N + n] += bias[n];
+      expect_near_all(got, want, 1e-4f, 1e-4f, "bias tb=" + std::to_string(tb) + " beta=" + std::to_string(beta));
+    }
+  }
+}
+
+TEST(Gemm, BatchedStridedAndSharedOperands) {
+  const int64_t batch = 3, M = 7, N = 13, K = 33;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      for (int shared : {0, 1, 2}) {  // 0: none, 1: B shared, 2: A shared
+        const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        const int64_t sa = shared == 2 ? 0 : M * K + 5, sb = shared == 1 ? 0 : K * N + 2, sc = M * N + 1;
+        auto A = random_vec(shared == 2 ? M * K : batch * sa, 7);
+        auto B = random_vec(shared == 1 ? K * N : batch * sb, 8);
+        auto C0 = random_vec(batch * sc, 9);
+        auto got = C0, want = C0;
+        cpu::gemm_batched(ta, tb, batch, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 1.0f, got.data(),
+                          N, sc);
+        for (int64_t b = 0; b < batch; ++b) {
+          cpu::gemm_reference(ta, tb, M, N, K, 0.5f, A.data() + b * sa, lda, B.data() + b * sb, ldb, 1.0f,
+                              want.data() + b * sc, N);
+        }
+        expect_near_all(got, want, 1e-4f, 1e-4f,
+                        "batched ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " shared=" +
+                            std::to_string(shared));
+      }
+    }
+  }
+}
+
+TEST(Gemm, Bf16MatchesReferenceOnTheSameBf16Inputs) {
+  const Case cases[] = {{7, 13, 33}, {64, 48, 96}, {1, 5, 3}};
+  for (const Case& c : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        auto Af = random_vec(c.M * c.K, 11), Bf = random_vec(c.K * c.N, 12);
+        std::vector<bf16> A, B;
+        for (float v : Af) A.push_back(bf16::from_float(v));
+        for (float v : Bf) B.push_back(bf16::from_float(v));
+        const int64_t lda = ta ? c.M : c.K, ldb = tb ? c.K : c.N;
+        std::vector<float> got(c.M * c.N, 1.0f), want(c.M * c.N, 1.0f);
+        cpu::gemm_bf16(ta, tb, c.M, c.N, c.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, got.data(), c.N);
+        cpu::gemm_reference_bf16(ta, tb, c.M, c.N, c.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, want.data(), c.N);
+        // Products of bf16 values are exact in f32; only the f32 accumulation order differs.
+        expect_near_all(got, want, 1e-3f, 1e-4f, "bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
+    }
+  }
+}
+
+TEST(Gemm, RepeatedShapesReuseTheCachedPrimitive) {
+  auto A = random_vec(19 * 23, 1), B = random_vec(23 * 29, 2);
+  std::vector<float> C(19 * 29);
+  cpu::gemm(false, false, 19, 29, 23, 1.0f, A.data(), 23, B.data(), 29, 0.0f, C.data(), 29);
+  const auto before = cpu::gemm_cache_stats();
+  for (int i = 0; i < 5; ++i) cpu::gemm(false, false, 19, 29, 23, 1.0f, A.data(), 23, B.data(), 29, 0.0f, C.data(), 29);
+  const auto after = cpu::gemm_cache_stats();
+  EXPECT_EQ(after.primitives_created, before.primitives_created);
+  EXPECT_EQ(after.lookups, before.lookups + 5);
+}
+
+TEST(Gemm, SameInputsAndThreadsGiveBitwiseSameResult) {
+  // Big enough for oneDNN to split the work over threads (and possibly over K).
+  const int64_t M = 96, N = 200, K = 1031;
+  auto A = random_vec(K * M, 21), B = random_vec(N * K, 22);
+  const int before = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<float> C1(M * N), C2(M * N);
+    cpu::gemm(true, true, M, N, K, 1.0f, A.data(), M, B.data(), K, 0.0f, C1.data(), N);
+    cpu::gemm(true, true, M, N, K, 1.0f, A.data(), M, B.data(), K, 0.0f, C2.data(), N);
+    EXPECT_EQ(C1, C2) << "threads=" << threads;
+    EXPECT_EQ(omp_get_max_threads(), threads);
+  }
+  set_num_threads(before);
+}
+
+TEST(Gemm, BadLeadingDimensionNamesIt) {
+  std::vector<float> A(12), B(12), C(16);
+  try {
+    cpu::gemm(false, false, 4, 4, 3, 1.0f, A.data(), 2, B.data(), 4, 0.0f, C.data(), 4);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lda=2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gemm, SumRowsMatchesSerialSum) {
+  const int64_t M = 37, N = 600;
+  auto x = random_vec(M * N, 31);
+  std::vector<float> got(N), want(N, 0.0f);
+  cpu::sum_rows(x.data(), M, N, got.data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) want[n] += x[m * N + n];
+  EXPECT_EQ(got, want);  // same order of additions: bitwise equal
+}

@@ -27,6 +27,7 @@ struct RopeOptions {
   Tensor positions;  // i32 [T] or [B, T]
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::Interleaved;
+  RopeCache cache;  // optional: angles gathered from here instead of computed
 };
 
 // The core of multi-head causal self-attention on projected activations, fused:

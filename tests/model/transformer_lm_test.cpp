@@ -4,6 +4,7 @@
 #include "core/parallel.h"
 #include "models/llama/model.h"
 #include "support/op_test.h"
+#include "ops/rope.h"
 #include "train/optimizer.h"
 
 using namespace loom;
@@ -158,5 +159,20 @@ TEST(TransformerLM, TrainStepAllocatesNothingAfterTheFirst) {
   for (int i = 2; i <= 4; ++i) {
     step();
     EXPECT_EQ(allocator_for(Device::cpu()).stats().system_allocations, after_first) << "step " << i;
+  }
+}
+
+TEST(RotaryPositionalEmbedding, CachedTablesGiveTheComputedRotation) {
+  nn::RotaryPositionalEmbedding rope(10000.0f, 8, 32);
+  ASSERT_EQ(rope.cache.cos.shape(), (Shape{32, 4}));
+  Tensor x = test::randn({2, 5, 8}, 3);
+  Tensor positions = Tensor::from_vector<int32_t>({5}, {0, 31, 7, 7, 2});  // arbitrary, repeated
+  test::expect_close(rope.forward(x, positions), ops::rope(x, positions, 10000.0f), 0.0f, 0.0f, "cached vs computed");
+  Tensor beyond = Tensor::from_vector<int32_t>({5}, {0, 1, 2, 3, 32});
+  try {
+    rope.forward(x, beyond);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position 32"), std::string::npos) << e.what();
   }
 }

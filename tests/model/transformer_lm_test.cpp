@@ -3,6 +3,7 @@
 #include "core/allocator.h"
 #include "core/parallel.h"
 #include "models/llama/model.h"
+#include "support/model_fixture.h"
 #include "support/op_test.h"
 #include "ops/rope.h"
 #include "train/optimizer.h"
@@ -16,18 +17,7 @@ const test::Fixture& fixture() {
   return f;
 }
 
-llama::Config fixture_config() {
-  auto c = fixture().get("config").to_vector<float>();
-  llama::Config cfg;
-  cfg.vocab_size = static_cast<int64_t>(c[0]);
-  cfg.context_length = static_cast<int64_t>(c[1]);
-  cfg.d_model = static_cast<int64_t>(c[2]);
-  cfg.num_layers = static_cast<int64_t>(c[3]);
-  cfg.num_heads = static_cast<int64_t>(c[4]);
-  cfg.d_ff = static_cast<int64_t>(c[5]);
-  cfg.rope_theta = c[6];
-  return cfg;
-}
+llama::Config fixture_config() { return test::llama_config_from_fixture(fixture()); }
 
 std::unique_ptr<llama::TransformerLM> fixture_model() {
   auto model = std::make_unique<llama::TransformerLM>(fixture_config(), 0);

@@ -3,6 +3,7 @@
 // Stated tolerance: every loss within 1e-5 of PyTorch's (float32 on both sides; the two differ only in
 // summation order, which drifts slowly over the steps; measured worst: 4.8e-7).
 #include "models/llama/model.h"
+#include "support/model_fixture.h"
 #include "support/op_test.h"
 #include "train/optimizer.h"
 
@@ -10,15 +11,7 @@ using namespace loom;
 
 TEST(ReferenceRun, First50LossesMatchPyTorch) {
   test::Fixture f = test::Fixture::load(LOOM_TEST_DIR "/fixtures/train_reference.json");
-  auto c = f.get("config").to_vector<float>();
-  llama::Config cfg;
-  cfg.vocab_size = static_cast<int64_t>(c[0]);
-  cfg.context_length = static_cast<int64_t>(c[1]);
-  cfg.d_model = static_cast<int64_t>(c[2]);
-  cfg.num_layers = static_cast<int64_t>(c[3]);
-  cfg.num_heads = static_cast<int64_t>(c[4]);
-  cfg.d_ff = static_cast<int64_t>(c[5]);
-  cfg.rope_theta = c[6];
+  llama::Config cfg = test::llama_config_from_fixture(f);
   llama::TransformerLM model(cfg, 0);
   for (nn::Parameter* p : model.parameters()) model.load_parameter(p->name, f.get("init." + p->name));
   train::AdamW opt(model.parameters(), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -37,9 +38,17 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, std::optional<int64_t> 
       }
     }
   }
-  file_ = std::fopen(path_.c_str(), "w");
+  if (resume_step) {
+    // Replace the file atomically with the kept events, then append: a process killed while resuming must
+    // not leave a metrics file that lost the events before the checkpoint.
+    std::string text;
+    for (const auto& e : kept) text += e.dump() + "\n";
+    io::write_file_atomically(path_, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+    file_ = std::fopen(path_.c_str(), "a");
+  } else {
+    file_ = std::fopen(path_.c_str(), "w");
+  }
   if (!file_) throw IoError(str("metrics: cannot open ", path_, " for writing"));
-  for (const auto& e : kept) write(e);
 }
 
 MetricsWriter::~MetricsWriter() {

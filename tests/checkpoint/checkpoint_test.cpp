@@ -268,6 +268,27 @@ TEST(Checkpoint, RetentionKeepsTheLastKAndTheBest) {
   // Loss falls monotonically here, so the best is also the newest: exactly the last two remain.
   EXPECT_EQ(steps, (std::vector<int64_t>{40, 50}));
 
+  // The best by validation loss survives: after step 10 the gradients are negated, so validation gets
+  // worse, and with keep_last=1 only the newest and the best (step 10) remain.
+  const fs::path noisy = tmp.dir / "noisy";
+  train::Trainer n(tmp.config(40, {"checkpoint.keep_last=1"}), noisy.string());
+  n.after_backward = [](int64_t step, std::vector<Tensor>& grads) {
+    if (step < 10) return;
+    for (Tensor& g : grads) {  // gradient ascent from here on
+      for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] = -g.data<float>()[i];
+    }
+  };
+  n.run();
+  int64_t best_step = -1;
+  double best = 1e30;
+  for (const auto& [s, v] : curve_of(noisy).val) {
+    if (s > 0 && v < best) best = v, best_step = s;
+  }
+  ASSERT_NE(best_step, 40) << "gradient ascent should make a checkpoint other than the last the best";
+  steps.clear();
+  for (const auto& c : train::list_checkpoints(noisy.string())) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{best_step, 40}));
+
   // Directly: keep the last 2 plus step 10.
   const fs::path ck = run / "checkpoints";
   for (int s : {10, 20, 30}) fs::copy(ck / "step_00000040", ck / train::checkpoint_name(s), fs::copy_options::recursive);

@@ -241,7 +241,19 @@ void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* to
   write_json_file(fs::path(out_dir) / "config.json", config);
   write_json_file(fs::path(out_dir) / "generation_config.json", generation);
   if (tok) {
-    tokenizer::save_hf_json(*tok, (fs::path(out_dir) / "tokenizer.json").string());
+    // Merges as "a b" strings, the form every version of HF tokenizers reads (the ["a", "b"] pairs loom
+    // writes by default need tokenizers >= 0.20). Byte-level tokens never contain a space (it is Ġ).
+    json tj = json::parse(tokenizer::to_hf_json(*tok));
+    json& merges = tj["model"]["merges"];
+    bool plain = true;
+    for (const auto& m : merges) {
+      plain &= m.is_array() && m.size() == 2 && m[0].get<std::string>().find(' ') == std::string::npos &&
+               m[1].get<std::string>().find(' ') == std::string::npos;
+    }
+    if (plain) {
+      for (auto& m : merges) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+    }
+    write_json_file(fs::path(out_dir) / "tokenizer.json", tj);
     json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                {"model_max_length", c.context_length},
                {"clean_up_tokenization_spaces", false},

@@ -14,6 +14,7 @@
 #include "support/op_test.h"
 #include "train/evaluate.h"
 #include "train/hf.h"
+#include "tokenizer/train.h"
 #include "train/run.h"
 
 using namespace loom;
@@ -251,4 +252,37 @@ TEST(Hf, UnsupportedOptionsAreNamed) {
   auto t = train::import_hf(tied.string());
   expect_bitwise(t.model->parameter("lm_head.weight").value, all.at("model.embed_tokens.weight"), "tied head");
   EXPECT_FALSE(t.notes.empty());
+}
+
+TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
+  TempDir tmp;
+  tokenizer::TrainOptions o;
+  o.vocab_size = 300;
+  o.special_tokens = {"<|endoftext|>"};
+  o.threads = 1;
+  const std::string text =
+      "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
+      "of a wife. However little known the feelings or views of such a man may be on his first entering a "
+      "neighbourhood, this truth is so well fixed in the minds of the surrounding families. naïve café";
+  tokenizer::Tokenizer tok = tokenizer::train_bpe_on_text(text, o);
+  llama::Config c = small_config();
+  c.vocab_size = static_cast<int64_t>(tok.vocab_size());
+  llama::TransformerLM model(c, 3);
+  train::export_hf(model, &tok, (tmp.dir / "hf").string());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+    EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
+  }
+  std::ifstream tj_in(tmp.dir / "hf" / "tokenizer.json");
+  auto tj = nlohmann::json::parse(tj_in);
+  ASSERT_FALSE(tj["model"]["merges"].empty());
+  EXPECT_TRUE(tj["model"]["merges"][0].is_string()) << "merges as \"a b\" strings, readable by every tokenizers version";
+  std::ifstream cfg_in(tmp.dir / "hf" / "config.json");
+  auto cfg = nlohmann::json::parse(cfg_in);
+  EXPECT_EQ(cfg["eos_token_id"].get<int64_t>(), static_cast<int64_t>(*tok.special_token_id("<|endoftext|>")));
+
+  train::HfImport back = train::import_hf((tmp.dir / "hf").string());
+  ASSERT_TRUE(back.tokenizer.has_value());
+  const std::string probe = "a single man, naïve <|endoftext|> café";
+  EXPECT_EQ(back.tokenizer->encode(probe), tok.encode(probe));
+  EXPECT_EQ(back.tokenizer->vocab_size(), tok.vocab_size());
 }

@@ -301,7 +301,7 @@ TEST(Checkpoint, RetentionKeepsTheLastKAndTheBest) {
   EXPECT_FALSE(fs::exists(ck / ".trash-step_00000005-1"));
 }
 
-// The real CLI, killed with SIGKILL at random moments (many of them inside checkpoint writes, which the
+// The real CLI, first stopped with Ctrl-C (SIGINT), then killed with SIGKILL at random moments (many of them inside checkpoint writes, which the
 // LOOM_TEST_CHECKPOINT_PAUSE_MS hook stretches), then resumed, until it finishes. After every kill, each
 // step_<N> directory must be complete, and the newest must be at most one interval behind the last step
 // the run logged. The final metrics and weights must equal an uninterrupted run's, bitwise.
@@ -342,6 +342,31 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
   int status = wait_exit(spawn(args_for(ref, false), tmp.dir / "ref.log", nullptr));
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "reference run failed, see " << tmp.dir / "ref.log";
 
+  auto last_logged_step = [&](const fs::path& run) -> int64_t {
+    int64_t logged = 0;
+    if (!fs::exists(run / "metrics.jsonl")) return 0;
+    for (const auto& e : train::read_metrics((run / "metrics.jsonl").string())) {
+      if (e.value("event", "") == "train") logged = std::max(logged, e.at("step").get<int64_t>());
+    }
+    return logged;
+  };
+
+  // Ctrl-C first: the run finishes its step, saves a checkpoint of exactly that step, and exits cleanly.
+  {
+    pid_t pid = spawn(args_for(crash, true), tmp.dir / "crash.log", nullptr);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (last_logged_step(crash) < 15 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ::kill(pid, SIGINT);
+    status = wait_exit(pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "Ctrl-C'd run failed, see " << tmp.dir / "crash.log";
+    auto refs = train::list_checkpoints(crash.string());
+    ASSERT_FALSE(refs.empty());
+    EXPECT_EQ(refs.back().step, last_logged_step(crash)) << "Ctrl-C must save the step it stopped at";
+    EXPECT_LT(refs.back().step, steps);
+  }
+
   RngKey key = RngKey::from_seed(2024);
   int kills = 0, mid_checkpoint = 0;
   bool finished = false;
@@ -375,11 +400,8 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
       EXPECT_FALSE(problem) << "after kill " << kills << ": " << c.path << ": " << *problem;
     }
     // At most one interval lost: the newest checkpoint is within `interval` of the last logged step.
-    if (fs::exists(crash / "metrics.jsonl")) {
-      int64_t logged = 0;
-      for (const auto& e : train::read_metrics((crash / "metrics.jsonl").string())) {
-        if (e.value("event", "") == "train") logged = std::max(logged, e.at("step").get<int64_t>());
-      }
+    {
+      const int64_t logged = last_logged_step(crash);
       auto refs = train::list_checkpoints(crash.string());
       const int64_t newest = refs.empty() ? 0 : refs.back().step;
       EXPECT_LE(logged - newest, interval) << "after kill " << kills << ": logged step " << logged

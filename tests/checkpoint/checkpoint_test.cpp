@@ -307,7 +307,7 @@ TEST(Checkpoint, RetentionKeepsTheLastKAndTheBest) {
 // the run logged. The final metrics and weights must equal an uninterrupted run's, bitwise.
 TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
   TempDir tmp;
-  const int64_t steps = 120, interval = 10;
+  const int64_t steps = 200, interval = 10;
   const fs::path ref = tmp.dir / "ref", crash = tmp.dir / "crash";
   auto args_for = [&](const fs::path& out, bool resume) {
     std::vector<std::string> a = {LOOM_CLI, "train", "--config", "tiny", "--out", out.string()};
@@ -371,8 +371,8 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
   int kills = 0, mid_checkpoint = 0;
   bool finished = false;
   for (int round = 0; round < 40 && !finished && kills < 14; ++round) {
-    pid_t pid = spawn(args_for(crash, true), tmp.dir / "crash.log", "15");
-    const int delay_ms = 40 + static_cast<int>(random_bits(key, static_cast<uint64_t>(round)) % 400);
+    pid_t pid = spawn(args_for(crash, true), tmp.dir / "crash.log", round % 2 ? "2" : "30");
+    const int delay_ms = 20 + static_cast<int>(random_bits(key, static_cast<uint64_t>(round)) % 250);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
     int st = 0;
     pid_t done = 0;
@@ -390,7 +390,8 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
     bool tmp_left = false;
     if (fs::exists(crash / "checkpoints")) {
       for (const auto& e : fs::directory_iterator(crash / "checkpoints")) {
-        if (e.path().filename().string().rfind(".tmp-", 0) == 0) tmp_left = true;
+        const std::string name = e.path().filename().string();  // .tmp-step_<N>-<pid of the writer>
+        if (name.rfind(".tmp-", 0) == 0 && name.ends_with("-" + std::to_string(pid))) tmp_left = true;
       }
     }
     mid_checkpoint += tmp_left;

@@ -209,6 +209,17 @@ TEST(Hf, LoomEvalOnTheHfDirectoryGivesThePyTorchLoss) {
   auto imported = nlohmann::json::parse(run_command(std::string(LOOM_CLI) + " eval --run " + (tmp.dir / "run").string() +
                                                     " --data " + data + " --context-length " + T + " 2>&1"));
   EXPECT_EQ(imported["loss"].get<double>(), direct["loss"].get<double>());
+
+  // And `loom export` of the imported run writes the fixture's tensors back, bit for bit.
+  run_command(std::string(LOOM_CLI) + " export --run " + (tmp.dir / "run").string() + " --format hf --out " +
+              (tmp.dir / "hf").string() + " 2>&1");
+  auto original = io::load_safetensors((kFixtures / "hf_tiny" / "model.safetensors").string());
+  auto exported = io::load_safetensors((tmp.dir / "hf" / "model.safetensors").string());
+  ASSERT_EQ(original.size(), exported.size());
+  for (const auto& [name, t] : original) {
+    ASSERT_TRUE(exported.count(name)) << name;
+    expect_bitwise(t, exported.at(name), name);
+  }
 }
 
 TEST(Hf, UnsupportedOptionsAreNamed) {
@@ -285,4 +296,10 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
   const std::string probe = "a single man, naïve <|endoftext|> café";
   EXPECT_EQ(back.tokenizer->encode(probe), tok.encode(probe));
   EXPECT_EQ(back.tokenizer->vocab_size(), tok.vocab_size());
+
+  // `loom generate --weights HFDIR` runs on the directory, with its tokenizer.
+  std::string out = run_command(std::string(LOOM_CLI) + " generate --weights " + (tmp.dir / "hf").string() +
+                                " --prompt 'a single man' --max-new-tokens 8 --temperature 0");
+  EXPECT_EQ(out.rfind("a single man", 0), 0u) << out;
+  EXPECT_GT(out.size(), std::string("a single man\n").size()) << out;
 }

@@ -67,6 +67,12 @@ double Trainer::validation_loss() {
 }
 
 TrainSummary Trainer::run(const StopSignal* stop) {
+  if (step_ == 0 && !resume_attempted_ && config_.checkpoint.interval > 0) {
+    auto existing = list_checkpoints(run_dir_);
+    LOOM_CHECK(existing.empty(), "train: ", checkpoints_dir(run_dir_), " already holds checkpoints (newest: step ",
+               existing.empty() ? 0 : existing.back().step,
+               ") from an earlier run: continue it with --resume, or train into another --out directory");
+  }
   std::filesystem::create_directories(run_dir_);
   config_.write(run_dir_);
   const auto& tc = config_.training;
@@ -324,6 +330,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
 
 std::optional<int64_t> Trainer::resume(
     const std::function<void(const std::string&, const std::string&)>& skipped) {
+  resume_attempted_ = true;
   auto ref = latest_valid_checkpoint(run_dir_, skipped);
   if (!ref) return std::nullopt;
   load_checkpoint(ref->path);

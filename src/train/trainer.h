@@ -50,7 +50,9 @@ class Trainer {
   // match this trainer's model, seed, batch shape or tokenizer.
   void load_checkpoint(const std::string& dir);
   // Loads the newest valid checkpoint of the run directory, if any; each newer invalid one is reported
-  // through `skipped` (path and reason). Returns the step resumed from.
+  // through `skipped` (path and reason). Returns the step resumed from. (run() from step 0 without a
+  // resume() call refuses a directory that already holds checkpoints: a later --resume would otherwise
+  // pick up the earlier run's newer checkpoints.)
   std::optional<int64_t> resume(const std::function<void(const std::string& path, const std::string& why)>& skipped = {});
   // Test hook: called with each checkpoint file's name just before it is written.
   std::function<void(const std::string& file)> before_checkpoint_file;
@@ -72,6 +74,7 @@ class Trainer {
   std::shared_ptr<Data> data_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
+  bool resume_attempted_ = false;  // resume() was called (a fresh start after it is deliberate)
   // Validation history, kept across resumes.
   std::optional<double> first_val_loss_, last_val_loss_;
   int64_t last_val_step_ = -1;

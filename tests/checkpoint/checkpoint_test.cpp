@@ -252,6 +252,13 @@ TEST(Checkpoint, ADifferentRunIsRefused) {
   TempDir tmp;
   const fs::path run = tmp.dir / "run";
   train::Trainer(tmp.config(10), run.string()).run();
+  // A fresh start into a directory with checkpoints would leave the old ones to be resumed later.
+  try {
+    train::Trainer(tmp.config(10), run.string()).run();
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+  }
   train::Trainer other(tmp.config(10, {"training.seed=7"}), run.string());
   EXPECT_THROW(other.resume(), Error);
   train::Trainer bigger(tmp.config(10, {"model.d_model=64", "model.d_ff=128"}), run.string());

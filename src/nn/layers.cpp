@@ -137,8 +137,9 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
-  Tensor h = ops::add(x, attn.forward(ln1.forward(x), positions));
-  return ops::add(h, ffn.forward(ln2.forward(h)));
+  // h = x + attn(ln1(x)) and ln2(h) in one fused pass.
+  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x), positions), x, ln2.weight.value, ln2.eps);
+  return ops::add(h.sum, ffn.forward(h.normed));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,

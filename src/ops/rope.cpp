@@ -30,7 +30,8 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta, RopeStyle sty
   Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
   cpu::rope_apply(out.data<float>(), x.data<float>(), cos.data<float>(), sin.data<float>(), rows, t, d,
                   per_row, interleaved, /*inverse=*/false);
-  autograd::record("rope", {x}, {out}, [cos, sin, rows, t, d, per_row, interleaved](const autograd::BackwardContext& ctx) {
+  autograd::record("rope", {x}, {out},
+                   [cos, sin, rows, t, d, per_row, interleaved](const autograd::BackwardContext& ctx) {
     // y = R x with R orthogonal, so dx = R^T dy: the rotation by the negative angle.
     const Tensor& dy = ctx.grad_output(0);
     Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device());

@@ -58,7 +58,7 @@ void merge_checked(json& base, const json& overlay, const std::string& prefix) {
   for (auto it = overlay.begin(); it != overlay.end(); ++it) {
     std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
     if (!base.contains(it.key())) {
-      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "sections" : prefix, " has: ",
+      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "the top level" : prefix, " has: ",
                 join_keys(base), ")");
     }
     json& slot = base[it.key()];
@@ -296,7 +296,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   std::string source = preset_or_file.empty() ? "default" : preset_or_file;
   json j;
   bool looks_like_path = source.find('/') != std::string::npos || source.ends_with(".json");
-  if (looks_like_path || fs::exists(source)) {
+  if (looks_like_path || fs::is_regular_file(source)) {
     std::ifstream in(source);
     if (!in) throw IoError(str("config: cannot open ", source));
     std::stringstream ss;

@@ -6,7 +6,6 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "io/file.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -39,15 +38,16 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, std::optional<int64_t> 
     }
   }
   if (resume_step) {
-    // Replace the file atomically with the kept events, then append: a process killed while resuming must
-    // not leave a metrics file that lost the events before the checkpoint.
-    std::string text;
-    for (const auto& e : kept) text += e.dump() + "\n";
-    io::write_file_atomically(path_, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
-    file_ = std::fopen(path_.c_str(), "a");
-  } else {
-    file_ = std::fopen(path_.c_str(), "w");
+    // Rewrite the kept events through a temporary file and a rename, so a crash here cannot lose them.
+    std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      for (const auto& e : kept) out << e.dump() << "\n";
+      if (!out) throw IoError(str("metrics: cannot write ", tmp));
+    }
+    fs::rename(tmp, path_);
   }
+  file_ = std::fopen(path_.c_str(), resume_step ? "a" : "w");
   if (!file_) throw IoError(str("metrics: cannot open ", path_, " for writing"));
 }
 

@@ -290,9 +290,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string m = params[i]->name + ".exp_avg", v = params[i]->name + ".exp_avg_sq";
       LOOM_CHECK(opt.contains(m) == opt.contains(v), dir, "/optimizer.safetensors has only one of ", m, " and ", v);
-      if (!opt.contains(m)) {
-        optimizer_->exp_avg(i) = Tensor();
-        optimizer_->exp_avg_sq(i) = Tensor();
+      if (!opt.contains(m)) {  // a parameter that was never updated: zero moments
+        for (Tensor* t : {&optimizer_->exp_avg(i), &optimizer_->exp_avg_sq(i)}) {
+          if (t->defined()) t->zero_();
+        }
         continue;
       }
       Tensor tm = opt.tensor(m), tv = opt.tensor(v);
@@ -300,8 +301,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
                      tm.dtype() == DType::F32 && tv.dtype() == DType::F32,
                  dir, "/optimizer.safetensors: ", m, " / ", v, " must be F32 ", params[i]->value.shape(), ", got ",
                  tm.shape(), " and ", tv.shape());
-      optimizer_->exp_avg(i) = tm.clone();  // own the memory, not the file mapping
-      optimizer_->exp_avg_sq(i) = tv.clone();
+      // Copied into the optimizer's own buffers (never aliasing the file mapping).
+      for (auto [dst, src] : {std::pair<Tensor*, Tensor*>{&optimizer_->exp_avg(i), &tm}, {&optimizer_->exp_avg_sq(i), &tv}}) {
+        if (dst->defined()) {
+          dst->copy_from(*src);
+        } else {
+          *dst = src->clone();
+        }
+      }
     }
 
     data_->train.restore(s.at("data_loader").get<data::LoaderState>());

@@ -303,3 +303,45 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
   EXPECT_EQ(out.rfind("a single man", 0), 0u) << out;
   EXPECT_GT(out.size(), std::string("a single man\n").size()) << out;
 }
+
+TEST(Hf, ImportsBf16AndShardedDirectories) {
+  TempDir tmp;
+  auto all = io::load_safetensors((kFixtures / "hf_tiny" / "model.safetensors").string());
+  train::HfImport ref = train::import_hf((kFixtures / "hf_tiny").string());
+
+  // BF16 weights are widened to F32: the result equals the F32 fixture rounded to BF16 and back.
+  fs::create_directories(tmp.dir / "bf16");
+  std::map<std::string, Tensor> bf16, rounded;
+  for (const auto& [name, t] : all) {
+    bf16[name] = t.to(DType::BF16);
+    rounded[name] = bf16[name].to(DType::F32);
+  }
+  io::write_safetensors((tmp.dir / "bf16" / "model.safetensors").string(), bf16);
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "bf16" / "config.json");
+  train::HfImport b = train::import_hf((tmp.dir / "bf16").string());
+  fs::create_directories(tmp.dir / "rounded");
+  io::write_safetensors((tmp.dir / "rounded" / "model.safetensors").string(), rounded);
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "rounded" / "config.json");
+  train::HfImport r = train::import_hf((tmp.dir / "rounded").string());
+  for (nn::Parameter* p : b.model->parameters()) {
+    expect_bitwise(p->value, r.model->parameter(p->name).value, "bf16 " + p->name);
+  }
+
+  // Shards named by model.safetensors.index.json.
+  fs::create_directories(tmp.dir / "sharded");
+  std::map<std::string, Tensor> first, second;
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (const auto& [name, t] : all) {
+    const bool in_first = name.find("layers.1.") == std::string::npos;
+    (in_first ? first : second)[name] = t;
+    index["weight_map"][name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  io::write_safetensors((tmp.dir / "sharded" / "model-00001-of-00002.safetensors").string(), first);
+  io::write_safetensors((tmp.dir / "sharded" / "model-00002-of-00002.safetensors").string(), second);
+  std::ofstream(tmp.dir / "sharded" / "model.safetensors.index.json") << index.dump();
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "sharded" / "config.json");
+  train::HfImport s = train::import_hf((tmp.dir / "sharded").string());
+  for (nn::Parameter* p : ref.model->parameters()) {
+    expect_bitwise(p->value, s.model->parameter(p->name).value, "sharded " + p->name);
+  }
+}

@@ -40,7 +40,7 @@ def main():
     ap.add_argument("--loom", default="build/loom")
     ap.add_argument("--corpus", default="data/austen")
     ap.add_argument("--work", default="/tmp/loom_hf_check")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=300)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tok_dir, run_dir, hf_dir = (os.path.join(a.work, d) for d in ("data", "run", "hf"))

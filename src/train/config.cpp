@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -313,9 +314,9 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
 std::string TrainConfig::write(const std::string& run_dir) const {
   fs::create_directories(run_dir);
   fs::path path = fs::path(run_dir) / "config.json";
-  std::ofstream out(path);
-  out << to_json().dump(2) << "\n";
-  if (!out) throw IoError(str("config: cannot write ", path.string()));
+  // Atomically: `loom train --resume` reads it back, and a kill -9 mid-write must not leave half a file.
+  const std::string text = to_json().dump(2) + "\n";
+  io::write_file_atomically(path.string(), [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
   return path.string();
 }
 

@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) around forward and loss")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -102,7 +103,8 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = F.cross_entropy(model(x).view(-1, V).float(), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -120,7 +122,7 @@ def main():
     tps = B * T * args.steps / seconds
     print(json.dumps({"framework": f"pytorch {torch.__version__}", "tokens_per_s": tps,
                       "ms_per_step": seconds * 1e3 / args.steps, "params": params, "flops_per_token": fpt,
-                      "gflops": tps * fpt / 1e9, "threads": args.threads, "final_loss": loss}))
+                      "gflops": tps * fpt / 1e9, "threads": args.threads, "precision": "bf16" if args.bf16 else "f32", "final_loss": loss}))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
   train->add_option("--steps", options.steps, "timed steps");
   train->add_option("--warmup", options.warmup_steps, "untimed steps first");
   train->add_option("--threads", options.threads, "threads (default: all)");
+  train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
   train->callback([] {
     loom::llama::Config model = loom::train::TrainConfig::load(preset).model;
     auto r = loom::train::bench_train(model, options);

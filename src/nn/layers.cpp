@@ -17,7 +17,9 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
           join(name, "weight"), {out_features, in_features},
           Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features))), key))) {}
 
-Tensor Linear::forward(const Tensor& x) const { return ops::linear(x, weight.value); }
+Tensor Linear::forward(const Tensor& x) const {
+  return ops::linear(x, weight.value, Tensor(), ops::WeightLayout::OutIn, precision);
+}
 
 Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key)
     : weight(add_parameter(

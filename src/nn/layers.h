@@ -10,6 +10,7 @@
 
 #include "generate/kv_cache.h"
 #include "nn/parameter.h"
+#include "ops/matmul.h"
 #include "ops/rope.h"
 
 namespace loom::nn {
@@ -20,6 +21,7 @@ class Linear : public Module {
   Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key);
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
   Parameter& weight;
+  ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
 };
 
 // weight: [V, C], truncated normal std 1 cut at +-3.

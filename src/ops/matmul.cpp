@@ -14,6 +14,7 @@
 #include "ops/matmul.h"
 
 #include "backends/backend.h"
+#include "backends/cpu/elementwise.h"
 #include "backends/cpu/gemm.h"
 #include "core/autograd.h"
 
@@ -74,7 +75,56 @@ void check_bf16_not_recorded(const TensorList& inputs, DType dtype, const char* 
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout) {
+namespace {
+
+// f32 -> bf16 (round to nearest even), for the mixed-precision GEMM operands.
+Tensor round_to_bf16(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::BF16, t.device());
+  cpu::convert_f32_to_bf16(t.data<float>(), out.data<bf16>(), t.numel());
+  return out;
+}
+
+// linear() in MatmulPrecision::BF16: the operands of all three GEMMs are bf16 copies; the saved
+// activations for backward are the bf16 copies too (half the memory of f32).
+Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias, bool out_in, int64_t M, int64_t in,
+                   int64_t out) {
+  Tensor xb = round_to_bf16(x), wb = round_to_bf16(w);
+  Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
+  gemm_any(DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
+           {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
+           bias.defined() ? bias.data<float>() : nullptr);
+  autograd::record("linear_bf16", {x, w, bias}, {y}, [xb, wb, x_shape = x.shape(), w_shape = w.shape(),
+                                                      has_bias = bias.defined(), out_in, M, in, out](
+                                                         const autograd::BackwardContext& ctx) {
+    const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
+    Tensor dyb = round_to_bf16(dy);
+    const bf16* pdy = dyb.data<bf16>();
+    Tensor dx, dw, db;
+    if (ctx.needs_input_grad(0)) {
+      dx = Tensor::empty(x_shape, DType::F32, dy.device());
+      cpu::gemm_bf16(false, !out_in, M, in, out, 1.0f, pdy, out, wb.data<bf16>(), out_in ? in : out, 0.0f,
+                     dx.data<float>(), in);
+    }
+    if (ctx.needs_input_grad(1)) {
+      dw = Tensor::empty(w_shape, DType::F32, dy.device());
+      if (out_in) {
+        cpu::gemm_bf16(true, false, out, in, M, 1.0f, pdy, out, xb.data<bf16>(), in, 0.0f, dw.data<float>(), in);
+      } else {
+        cpu::gemm_bf16(true, false, in, out, M, 1.0f, xb.data<bf16>(), in, pdy, out, 0.0f, dw.data<float>(), out);
+      }
+    }
+    if (has_bias && ctx.needs_input_grad(2)) {
+      db = Tensor::empty(Shape{out}, DType::F32, dy.device());
+      cpu::sum_rows(dy.data<float>(), M, out, db.data<float>());
+    }
+    return TensorList{dx, dw, db};
+  });
+  return y;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout, MatmulPrecision precision) {
   check_float_operands(x, w, "linear", "x", "w");
   LOOM_CHECK(x.ndim() >= 1, "linear: x must have at least one dimension, got ", x.describe());
   check_ndim(w, 2, "linear", "w");
@@ -90,9 +140,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
     LOOM_CHECK(bias.ndim() == 1 && bias.size(0) == out, "linear: bias has shape ", bias.shape(),
                " but the layer has out=", out);
   }
+  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
+  if (precision == MatmulPrecision::BF16 && x.dtype() == DType::F32 && w.dtype() == DType::F32) {
+    return linear_bf16(x, w, bias, out_in, M, in, out);
+  }
   check_bf16_not_recorded({x, w, bias}, x.dtype(), "linear");
 
-  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
   // y[M,out] = x[M,in] @ op(w); op(w) = w^T for [out,in] storage.
   gemm_any(x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},

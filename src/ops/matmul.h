@@ -13,10 +13,17 @@ enum class WeightLayout {
   InOut,  // w: [in, out], JAX/Flax's convention:           y = x @ w
 };
 
+// The arithmetic of a linear layer's three GEMMs (forward, dx, dW).
+enum class MatmulPrecision {
+  F32,   // f32 operands
+  BF16,  // mixed precision, as torch.autocast(bfloat16): f32 tensors in and out, the GEMM operands
+         // rounded to bf16 (AMX / AVX512-BF16 units), f32 accumulation. Master weights stay f32.
+};
+
 // y = x @ W (+ bias). x: [..., in]; w: [out, in] or [in, out] per `layout`; bias: [out] or undefined.
 // Returns [..., out]. The leading dimensions of x are flattened into the GEMM's M.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
-              WeightLayout layout = WeightLayout::OutIn);
+              WeightLayout layout = WeightLayout::OutIn, MatmulPrecision precision = MatmulPrecision::F32);
 
 // Batched matmul: a: [..., M, K] (or [..., K, M] with transpose_a), b: [..., K, N] (or [..., N, K] with
 // transpose_b). Leading dimensions must match, or b may be 2-D and is then shared by every batch.

@@ -14,7 +14,7 @@ namespace loom::train {
 std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
                       {"flops_per_token", flops_per_token}, {"gflops", gflops}, {"peak_gflops", peak_gflops},
-                      {"mfu", mfu}, {"threads", threads}, {"final_loss", final_loss}};
+                      {"mfu", mfu}, {"threads", threads}, {"precision", precision}, {"final_loss", final_loss}};
   return j.dump();
 }
 
@@ -26,6 +26,7 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
   const int threads = num_threads();
 
   llama::TransformerLM model(config, options.seed);
+  if (options.bf16) model.set_matmul_precision(ops::MatmulPrecision::BF16);
   AdamW optimizer(model.parameters(), AdamWOptions{.lr = 1e-3f, .weight_decay = 0.1f});
   const int64_t B = options.batch_size, T = config.context_length;
   // Synthetic tokens: targets are the next token of a random stream, so the loss can fall.
@@ -59,6 +60,7 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
 
   TrainBenchResult r;
   r.threads = threads;
+  r.precision = options.bf16 ? "bf16" : "f32";
   r.params = config.total_params();
   r.flops_per_token = palm_train_flops_per_token(config);
   r.ms_per_step = seconds * 1e3 / static_cast<double>(options.steps);

@@ -18,6 +18,7 @@ struct TrainBenchOptions {
   int64_t warmup_steps = 2;  // untimed, so the caches and oneDNN primitives are warm
   int threads = 0;           // 0: loom::num_threads()
   uint64_t seed = 0;
+  bool bf16 = false;         // mixed-precision GEMMs (bf16 operands, f32 accumulation and weights)
 };
 
 struct TrainBenchResult {
@@ -30,6 +31,7 @@ struct TrainBenchResult {
   double mfu = 0;          // gflops / peak_gflops
   double final_loss = 0;
   int threads = 0;
+  std::string precision = "f32";
   std::string to_json() const;
 };
 

@@ -170,7 +170,8 @@ json TrainConfig::to_json() const {
         {"grad_accum_steps", training.grad_accum_steps},
         {"seed", training.seed},
         {"threads", training.threads},
-        {"sampling", data::sampling_name(training.sampling)}}},
+        {"sampling", data::sampling_name(training.sampling)},
+        {"precision", training.precision}}},
       {"eval", {{"interval", eval.interval}, {"batches", eval.batches}}},
       {"checkpoint", {{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last}}},
       {"logging",
@@ -218,6 +219,9 @@ TrainConfig TrainConfig::from_json(const json& j) {
   LOOM_CHECK(sampling == "random" || sampling == "sequential",
              "config: training.sampling must be \"random\" or \"sequential\", got \"", sampling, "\"");
   c.training.sampling = data::sampling_from_name(sampling);
+  c.training.precision = t["precision"].get<std::string>();
+  LOOM_CHECK(c.training.precision == "f32" || c.training.precision == "bf16",
+             "config: training.precision must be \"f32\" or \"bf16\", got \"", c.training.precision, "\"");
   c.eval = {m["eval"]["interval"].get<int64_t>(), m["eval"]["batches"].get<int64_t>()};
   c.checkpoint = {m["checkpoint"]["interval"].get<int64_t>(), m["checkpoint"]["keep_last"].get<int64_t>()};
   const json& l = m["logging"];

@@ -49,6 +49,7 @@ struct TrainingConfig {
   uint64_t seed = 1337;
   int64_t threads = 0;            // 0: all cores
   data::Sampling sampling = data::Sampling::Random;
+  std::string precision = "f32";  // "f32", or "bf16": mixed-precision GEMMs, f32 master weights
 };
 
 struct EvalConfig {

@@ -52,6 +52,7 @@ Trainer::Trainer(TrainConfig config, std::string run_dir) : config_(std::move(co
   data_ = std::make_shared<Data>(Data{std::move(train_loader), val_loader.fixed_batches(config_.eval.batches)});
 
   model_ = std::make_unique<llama::TransformerLM>(config_.model, config_.training.seed);
+  if (config_.training.precision == "bf16") model_->set_matmul_precision(ops::MatmulPrecision::BF16);
   const auto& o = config_.optimizer;
   optimizer_ = std::make_unique<AdamW>(
       model_->parameters(), AdamWOptions{static_cast<float>(o.lr), static_cast<float>(o.beta1),

@@ -87,6 +87,17 @@ TEST(Trainer, WritesMetricsAndLearns) {
   EXPECT_TRUE(fs::exists(run.dir / "run" / "config.json"));
 }
 
+TEST(Trainer, Bf16MixedPrecisionLearnsToo) {
+  TempRun run;
+  auto config = run.config(60);
+  config.training.precision = "bf16";
+  train::Trainer trainer(config, (run.dir / "run").string());
+  auto summary = trainer.run();
+  ASSERT_TRUE(summary.first_val_loss && summary.last_val_loss);
+  EXPECT_LT(*summary.last_val_loss, *summary.first_val_loss - 1.0);
+  EXPECT_EQ(trainer.model().parameter("lm_head.weight").value.dtype(), DType::F32);  // f32 master weights
+}
+
 TEST(Trainer, SameSeedGivesBitwiseIdenticalLosses) {
   TempRun run;
   train::Trainer a(run.config(20), (run.dir / "a").string());

@@ -2,6 +2,9 @@
 
 #include "core/parallel.h"
 
+#include <immintrin.h>
+#include <cstring>
+
 namespace loom::cpu {
 
 namespace {
@@ -48,6 +51,19 @@ double sum(const float* a, int64_t n) {
     double acc = 0.0;
     for (int64_t i = s; i < e; ++i) acc += a[i];
     return acc;
+  });
+}
+
+void convert_f32_to_bf16(const float* in, bf16* out, int64_t n) {
+  parallel_for(0, n, kGrain, [&](int64_t s, int64_t e) {
+    int64_t i = s;
+#if defined(__AVX512BF16__)
+    for (; i + 16 <= e; i += 16) {
+      __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(in + i));
+      std::memcpy(out + i, &v, 32);
+    }
+#endif
+    for (; i < e; ++i) out[i] = bf16::from_float(in[i]);
   });
 }
 

@@ -71,6 +71,16 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
   return ops::cross_entropy(forward(ids), targets);
 }
 
+void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
+  for (auto& layer : layers) {
+    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
+                          &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
+      l->precision = precision;
+    }
+  }
+  lm_head.precision = precision;
+}
+
 void TransformerLM::load_parameter(const std::string& name, const Tensor& values) {
   nn::Parameter& p = parameter(name);
   LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),

@@ -31,6 +31,8 @@ class TransformerLM : public nn::Module {
   Tensor loss(const Tensor& ids, const Tensor& targets) const;
 
   const Config& config() const { return config_; }
+  // The arithmetic of every linear layer's GEMMs (f32, or bf16 mixed precision with f32 weights).
+  void set_matmul_precision(ops::MatmulPrecision precision);
 
   // Copies `values` into the parameter of that name (shape must match), e.g. to load weights.
   void load_parameter(const std::string& name, const Tensor& values);

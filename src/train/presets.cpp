@@ -53,7 +53,8 @@ constexpr const char* kCs336Tinystories = R"json({
     "grad_accum_steps": 1,
     "seed": 1337,
     "threads": 0,
-    "sampling": "random"
+    "sampling": "random",
+    "precision": "f32"
   },
   "eval": {
     "interval": 1000,
@@ -84,10 +85,10 @@ constexpr const char* kDefault = R"json({
     "arch": "llama",
     "vocab_size": 2048,
     "context_length": 128,
-    "d_model": 192,
+    "d_model": 256,
     "num_layers": 4,
-    "num_heads": 6,
-    "d_ff": 512,
+    "num_heads": 8,
+    "d_ff": 704,
     "rope_theta": 10000.0,
     "norm_eps": 1e-05
   },
@@ -112,12 +113,13 @@ constexpr const char* kDefault = R"json({
     "val": "data/austen_bpe2048/val.bin"
   },
   "training": {
-    "max_steps": 1000,
+    "max_steps": 1500,
     "batch_size": 16,
     "grad_accum_steps": 1,
     "seed": 1337,
     "threads": 0,
-    "sampling": "random"
+    "sampling": "random",
+    "precision": "f32"
   },
   "eval": {
     "interval": 100,
@@ -181,7 +183,8 @@ constexpr const char* kTiny = R"json({
     "grad_accum_steps": 1,
     "seed": 1337,
     "threads": 0,
-    "sampling": "random"
+    "sampling": "random",
+    "precision": "f32"
   },
   "eval": {
     "interval": 50,

@@ -13,5 +13,5 @@ bash tools/fuzz.sh 60
 # other's cores (a 10x slowdown measured here), so they sleep instead. Benchmarks do not set this.
 export OMP_WAIT_POLICY=passive
 # The Python suite (pytest) against the module just built.
-PYTHONPATH="$PWD/build/python" python3 -m pytest -q python/tests
+PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider python/tests
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

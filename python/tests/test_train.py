@@ -2,12 +2,16 @@
 
 import math
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import loom
+from conftest import REPO
 from test_tokenizer import EOT, make_text
+
+CLI = os.path.join(REPO, "build", "loom")
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +28,11 @@ def run_dir(tmp_path_factory):
         "logging.progress": "none", "optimizer.lr": 0.01,
     }
     summary = loom.train("tiny", root / "run", overrides)
-    return root / "run", summary
+    return root / "run", summary, overrides
 
 
 def test_train_summary_and_files(run_dir):
-    path, summary = run_dir
+    path, summary, _ = run_dir
     assert summary["steps_completed"] == 30 and summary["steps_skipped"] == 0
     assert summary["tokens_per_s"] > 0 and not summary["stopped_early"]
     assert summary["last_val_loss"] < summary["first_val_loss"] < math.log(300) + 0.5
@@ -37,7 +41,7 @@ def test_train_summary_and_files(run_dir):
 
 
 def test_load_run_loss_and_generate(run_dir):
-    path, summary = run_dir
+    path, summary, _ = run_dir
     run = loom.load_run(path)
     assert run.config["model"]["d_model"] == 32 and run.model.config["vocab_size"] == 300
     text = make_text(200, seed=8).replace(EOT, "\n")
@@ -63,3 +67,18 @@ def test_config_errors_name_the_key():
         loom.resolve_config("no-such-preset")
     cfg = loom.resolve_config({"model": {"d_model": 64, "num_heads": 4}}, {"training.max_steps": 5})
     assert cfg["model"]["d_model"] == 64 and cfg["training"]["max_steps"] == 5
+
+
+@pytest.mark.skipif(not os.path.exists(CLI), reason="the CLI is built by tools/test.sh")
+def test_cli_trains_the_same_weights(run_dir, tmp_path):
+    """`loom train` with the same config writes bit-identical weights: loom.train is the same loop."""
+    path, _, overrides = run_dir
+    cmd = [CLI, "train", "--config", "tiny", "--out", str(tmp_path / "cli")]
+    for k, v in overrides.items():
+        cmd += ["--set", f"{k}={v}"]
+    subprocess.run(cmd + ["--set", "sample.num_samples=0"], check=True, capture_output=True)
+    mine, _ = loom.load_safetensors(path / "model.safetensors")
+    theirs, _ = loom.load_safetensors(tmp_path / "cli" / "model.safetensors")
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)

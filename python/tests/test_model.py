@@ -109,3 +109,18 @@ def test_transformer_block_against_numpy():
     ref_shift = block.forward(x, positions=pos)
     assert not np.allclose(ref_shift, block.forward(x))  # positions matter
     np.testing.assert_allclose(block(x[None], positions=pos), ref_shift[None], rtol=1e-5, atol=1e-6)
+
+
+def test_from_config_and_seeded_init(lm_fixture):
+    cfg = dict(lm_config(lm_fixture), unrelated_key=1)  # a training config's "model" section has extra keys
+    a = loom.TransformerLM.from_config(cfg, seed=3)
+    b = loom.TransformerLM(**lm_config(lm_fixture), seed=3)
+    c = loom.TransformerLM.from_config(cfg, seed=4)
+    assert a.config == b.config
+    for name, value in a.state_dict().items():
+        np.testing.assert_array_equal(value, b.state_dict()[name])
+    assert not np.array_equal(a.state_dict()["lm_head.weight"], c.state_dict()["lm_head.weight"])
+    w = a.state_dict()["lm_head.weight"]  # truncated normal, std sqrt(2 / (in + out)), cut at 3 std
+    std = np.sqrt(2.0 / (24 + 37))
+    assert abs(w.std() - std) < 0.2 * std and np.abs(w).max() <= 3 * std + 1e-6
+    np.testing.assert_array_equal(a.state_dict()["ln_final.weight"], np.ones(24, np.float32))

@@ -30,31 +30,45 @@ class PyAdamW {
  public:
   explicit PyAdamW(train::AdamWOptions options) : options_(options) { options_.validate(); }
 
-  // params: float32 arrays updated in place; grads: same shapes, or None to leave that parameter alone.
+  // params: float32 arrays updated in place (cast without conversion: a converted copy would be
+  // updated instead of the caller's array); grads: same shapes, or None to leave that parameter alone.
   void step(nb::list params, nb::list grads, float lr) {
     LOOM_CHECK(params.size() == grads.size(), "AdamW.step: ", params.size(), " parameters but ", grads.size(),
                " gradients");
-    ensure(params.size());
+    LOOM_CHECK(!opt_ || params.size() == slots_.size(), "AdamW.step: this optimizer holds state for ",
+               slots_.size(), " parameters, got ", params.size());
     std::vector<InOut<float>> keep;  // the arrays stay referenced while wrapped
     keep.reserve(2 * params.size());
+    std::vector<Tensor> ps, gs;
     for (size_t i = 0; i < params.size(); ++i) {
-      keep.push_back(nb::cast<InOut<float>>(params[i]));
-      Tensor p = wrap_array(keep.back());
-      if (opt_->exp_avg(i).defined()) {
-        LOOM_CHECK(opt_->exp_avg(i).shape() == p.shape(), "AdamW.step: parameter ", i, " has shape ", p.shape(),
-                   " but its optimizer state has shape ", opt_->exp_avg(i).shape());
-      }
-      slots_[i]->value = p;
+      keep.push_back(nb::cast<InOut<float>>(params[i], false));
+      ps.push_back(wrap_array(keep.back()));
+      Tensor g;
       if (!grads[i].is_none()) {
-        keep.push_back(nb::cast<InOut<float>>(grads[i]));
-        Tensor g = wrap_array(keep.back());
-        LOOM_CHECK(g.shape() == p.shape(), "AdamW.step: gradient ", i, " has shape ", g.shape(),
-                   " but its parameter has shape ", p.shape());
-        p.set_grad(g);
+        keep.push_back(nb::cast<InOut<float>>(grads[i], false));
+        g = wrap_array(keep.back());
+        LOOM_CHECK(g.shape() == ps[i].shape(), "AdamW.step: gradient ", i, " has shape ", g.shape(),
+                   " but its parameter has shape ", ps[i].shape());
       }
+      gs.push_back(g);
+    }
+    if (!opt_) create(ps);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      slots_[i]->value = ps[i];
+      ps[i].set_grad(gs[i]);  // undefined for None: AdamW skips that parameter
+      if (!gs[i].defined()) continue;
+      Tensor& m = opt_->exp_avg(i);
+      if (touched_[i]) {
+        LOOM_CHECK(m.shape() == ps[i].shape(), "AdamW.step: parameter ", i, " has shape ", ps[i].shape(),
+                   " but its optimizer state has shape ", m.shape());
+      } else if (!m.defined() || m.shape() != ps[i].shape()) {
+        m = Tensor::zeros(ps[i].shape());
+        opt_->exp_avg_sq(i) = Tensor::zeros(ps[i].shape());
+      }
+      touched_[i] = true;
     }
     without_gil([&] { opt_->step(lr); });
-    for (auto& s : slots_) s->value = Tensor();  // drop the wrappers before the arrays may go
+    for (auto& slot : slots_) slot->value = Tensor();  // drop the wrappers before the arrays may go
   }
 
   nb::dict state() {
@@ -62,56 +76,68 @@ class PyAdamW {
     d["step"] = opt_ ? opt_->step_count() : 0;
     nb::list m, v;
     for (size_t i = 0; i < slots_.size(); ++i) {
-      m.append(opt_->exp_avg(i).defined() ? to_numpy_copy(opt_->exp_avg(i)) : nb::none());
-      v.append(opt_->exp_avg_sq(i).defined() ? to_numpy_copy(opt_->exp_avg_sq(i)) : nb::none());
+      m.append(touched_[i] ? to_numpy_copy(opt_->exp_avg(i)) : nb::none());
+      v.append(touched_[i] ? to_numpy_copy(opt_->exp_avg_sq(i)) : nb::none());
     }
     d["exp_avg"] = m;
     d["exp_avg_sq"] = v;
     return d;
   }
 
+  // Moments by position (None: that parameter has had no update yet).
   void load_state(int64_t step, nb::list exp_avg, nb::list exp_avg_sq) {
     LOOM_CHECK(step >= 0, "AdamW.load_state_dict: step must be >= 0, got ", step);
     LOOM_CHECK(exp_avg.size() == exp_avg_sq.size(), "AdamW.load_state_dict: ", exp_avg.size(), " exp_avg but ",
                exp_avg_sq.size(), " exp_avg_sq");
-    slots_.clear();
-    opt_.reset();
-    ensure(exp_avg.size());
+    std::vector<Tensor> ms, vs, shapes;
     for (size_t i = 0; i < exp_avg.size(); ++i) {
       LOOM_CHECK(exp_avg[i].is_none() == exp_avg_sq[i].is_none(), "AdamW.load_state_dict: parameter ", i,
                  " has one moment but not the other");
-      if (exp_avg[i].is_none()) continue;
-      Tensor m = to_tensor(nb::cast<In<float>>(exp_avg[i])), v = to_tensor(nb::cast<In<float>>(exp_avg_sq[i]));
-      LOOM_CHECK(m.shape() == v.shape(), "AdamW.load_state_dict: parameter ", i, " has exp_avg ", m.shape(),
-                 " but exp_avg_sq ", v.shape());
-      opt_->exp_avg(i) = m;
-      opt_->exp_avg_sq(i) = v;
+      Tensor m, v;
+      if (!exp_avg[i].is_none()) {
+        m = to_tensor(nb::cast<In<float>>(exp_avg[i], false));
+        v = to_tensor(nb::cast<In<float>>(exp_avg_sq[i], false));
+        LOOM_CHECK(m.shape() == v.shape(), "AdamW.load_state_dict: parameter ", i, " has exp_avg ", m.shape(),
+                   " but exp_avg_sq ", v.shape());
+      }
+      ms.push_back(m);
+      vs.push_back(v);
+      shapes.push_back(m.defined() ? Tensor::empty(m.shape()) : Tensor::empty(Shape{0}));
+    }
+    slots_.clear();
+    opt_.reset();
+    create(shapes);
+    for (size_t i = 0; i < ms.size(); ++i) {
+      touched_[i] = ms[i].defined();
+      if (!touched_[i]) continue;
+      opt_->exp_avg(i) = ms[i];
+      opt_->exp_avg_sq(i) = vs[i];
     }
     opt_->set_step_count(step);
+    for (auto& slot : slots_) slot->value = Tensor();
   }
 
   const train::AdamWOptions& options() const { return options_; }
 
  private:
-  // The optimizer is made at the first step (or state load), when the number of parameters is known.
-  void ensure(size_t n) {
-    if (opt_) {
-      LOOM_CHECK(n == slots_.size(), "AdamW.step: this optimizer holds state for ", slots_.size(),
-                 " parameters, got ", n);
-      return;
-    }
+  // The train::AdamW over placeholder parameters, made once the number and shapes of the parameters are
+  // known (its constructor may size state from them).
+  void create(const std::vector<Tensor>& values) {
     std::vector<nn::Parameter*> ptrs;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < values.size(); ++i) {
       slots_.push_back(std::make_unique<nn::Parameter>());
       slots_.back()->name = std::to_string(i);
+      slots_.back()->value = values[i];
       ptrs.push_back(slots_.back().get());
     }
     opt_ = std::make_unique<train::AdamW>(ptrs, options_);
+    touched_.assign(values.size(), false);
   }
 
   train::AdamWOptions options_;
   std::vector<std::unique_ptr<nn::Parameter>> slots_;
   std::unique_ptr<train::AdamW> opt_;
+  std::vector<bool> touched_;  // whether parameter i has been updated (has meaningful moments)
 };
 
 nb::dict summary_dict(const train::TrainSummary& s) {
@@ -150,7 +176,7 @@ void bind_train(nb::module_& m) {
     std::vector<Tensor> ts;
     for (nb::handle g : grads) {
       if (g.is_none()) continue;
-      keep.push_back(nb::cast<InOut<float>>(g));
+      keep.push_back(nb::cast<InOut<float>>(g, false));
       ts.push_back(wrap_array(keep.back()));
     }
     return without_gil([&] { return train::clip_grad_norm(ts, max_norm); });
@@ -167,16 +193,17 @@ void bind_train(nb::module_& m) {
     return starts;
   });
 
-  // name -> array (float32, int32, uint16 or bool), with string metadata.
+  // name -> array (float32, int32, uint16 or bool), with string metadata. No implicit conversion:
+  // an int32 array must stay int32, not match the float32 overload first.
   m.def("save_safetensors", [](const std::string& path, nb::dict tensors, std::map<std::string, std::string> meta) {
     io::NamedTensors named;
     for (auto [k, v] : tensors) {
       std::string name = nb::cast<std::string>(k);
       Tensor t;
-      if (In<float> f; nb::try_cast(v, f)) t = to_tensor(f);
-      else if (In<int32_t> i; nb::try_cast(v, i)) t = to_tensor(i);
-      else if (In<uint16_t> u; nb::try_cast(v, u)) t = to_tensor(u);
-      else if (In<bool> b; nb::try_cast(v, b)) t = to_tensor(b);
+      if (In<float> f; nb::try_cast(v, f, false)) t = to_tensor(f);
+      else if (In<int32_t> i; nb::try_cast(v, i, false)) t = to_tensor(i);
+      else if (In<uint16_t> u; nb::try_cast(v, u, false)) t = to_tensor(u);
+      else if (In<bool> b; nb::try_cast(v, b, false)) t = to_tensor(b);
       else LOOM_FAIL("save_safetensors: '", name, "' is not a float32, int32, uint16 or bool array");
       named.emplace_back(name, t);
     }

@@ -99,3 +99,14 @@ def test_checkpoint_errors(tmp_path):
     assert loom.load_checkpoint(tmp_path / "block.safetensors", other) == 7
     for k, v in block.state_dict().items():
         np.testing.assert_array_equal(other.state_dict()[k], v)
+
+
+def test_safetensors_keeps_dtypes(tmp_path):
+    arrays = {"f": np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3), "i": np.arange(-2, 3, dtype=np.int32),
+              "u": np.arange(4, dtype=np.uint16), "b": np.array([True, False, True])}
+    loom.save_safetensors(tmp_path / "a.safetensors", arrays, {"note": "hi"})
+    back, meta = loom.load_safetensors(tmp_path / "a.safetensors")
+    assert meta["note"] == "hi"
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype, k
+        np.testing.assert_array_equal(back[k], v)

@@ -104,10 +104,33 @@ void BM_FlashKernels(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_FlashKernels<false>)->Name("kernel/forward")->Args({kT, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_FlashKernels<true>)->Name("kernel/forward_backward")->Args({kT, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CausalSelfAttention<true, false>)->Name("flash/forward")->Args({kT, kD})->Args({kT, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CausalSelfAttention<true, true>)->Name("flash/forward_backward")->Args({kT, kD})->Args({kT, 64})->Args({1024, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CausalSelfAttention<false, false>)->Name("reference/forward")->Args({kT, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CausalSelfAttention<false, true>)->Name("reference/forward_backward")->Args({kT, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashKernels<true>)
+    ->Name("kernel/forward_backward")
+    ->Args({kT, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<true, false>)
+    ->Name("flash/forward")
+    ->Args({kT, kD})
+    ->Args({kT, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<true, true>)
+    ->Name("flash/forward_backward")
+    ->Args({kT, kD})
+    ->Args({kT, 64})
+    ->Args({1024, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<false, false>)
+    ->Name("reference/forward")
+    ->Args({kT, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<false, true>)
+    ->Name("reference/forward_backward")
+    ->Args({kT, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

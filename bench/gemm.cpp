@@ -14,6 +14,9 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -59,9 +62,20 @@ std::vector<float> random_matrix(int64_t n, uint64_t seed) {
   return v;
 }
 
-void set_counters(benchmark::State& state, const Problem& p) {
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// GFLOPs: by wall time. GFLOPs_cpu: flops per second of CPU time per thread, i.e. the rate while the
+// threads actually run; on a machine shared with other jobs it estimates the uncontended rate (an
+// underestimate where OpenMP threads spin at barriers).
+void set_counters(benchmark::State& state, const Problem& p, double cpu_seconds) {
   const double flops = 2.0 * p.M * p.N * p.K;
   state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs_cpu"] = flops * 1e-9 * static_cast<double>(state.iterations()) * bench_threads() /
+                                 std::max(cpu_seconds, 1e-9);
   state.SetLabel(std::string(p.name) + " M=" + std::to_string(p.M) + " N=" + std::to_string(p.N) +
                  " K=" + std::to_string(p.K));
 }
@@ -80,6 +94,7 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
     for (float v : A) A16.push_back(bf16::from_float(v));
     for (float v : B) B16.push_back(bf16::from_float(v));
   }
+  const double cpu0 = process_cpu_seconds();
   for (auto _ : state) {
     switch (lib) {
       case Lib::OneDnn:
@@ -100,7 +115,7 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
     benchmark::DoNotOptimize(C.data());
     benchmark::ClobberMemory();
   }
-  set_counters(state, p);
+  set_counters(state, p, process_cpu_seconds() - cpu0);
   if (lib == Lib::OneDnn || lib == Lib::OneDnnBf16) {
     state.SetLabel(state.counters.empty() ? "" : std::string(p.name) + " M=" + std::to_string(p.M) + " N=" +
                    std::to_string(p.N) + " K=" + std::to_string(p.K) + " [" +
@@ -112,8 +127,13 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
 // FMA peak estimate: every thread runs 12 independent chains of 512-bit FMAs (enough to cover the FMA
 // latency on two ports), 32 flops each.
 void BM_FmaPeak(benchmark::State& state) {
+#ifndef __AVX512F__
+  state.SkipWithError("fma_peak needs a build with AVX-512 (LOOM_NATIVE=ON on an AVX-512 machine)");
+  return;
+#endif
   const int threads = bench_threads();
   const int64_t iters = 20'000'000;
+  const double cpu0 = process_cpu_seconds();
   for (auto _ : state) {
     float sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
@@ -132,8 +152,10 @@ void BM_FmaPeak(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(sink);
   }
-  state.counters["GFLOPs"] = benchmark::Counter(threads * iters * 12.0 * 32.0 * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  const double flops = threads * iters * 12.0 * 32.0;
+  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs_cpu"] = flops * 1e-9 * static_cast<double>(state.iterations()) * threads /
+                                 std::max(process_cpu_seconds() - cpu0, 1e-9);
 }
 
 // The fused cross-entropy on the LM head's logits [T, V] (it follows the biggest GEMM): forward with the
@@ -154,12 +176,24 @@ void BM_CrossEntropy(benchmark::State& state) {
   state.SetLabel(with_grad ? "T=2048 V=10000, loss + grad" : "T=2048 V=10000, loss only");
 }
 
+// Per-call cost of cpu::gemm on a tiny problem (16^3): the cache lookup, the memory wrappers and
+// oneDNN's dispatch, i.e. what every call pays on top of the arithmetic.
+void BM_GemmCallOverhead(benchmark::State& state) {
+  set_num_threads(bench_threads());
+  std::vector<float> A = random_matrix(256, 1), B = random_matrix(256, 2), C(256);
+  for (auto _ : state) {
+    cpu::gemm(false, true, 16, 16, 16, 1.0f, A.data(), 16, B.data(), 16, 0.0f, C.data(), 16);
+    benchmark::DoNotOptimize(C.data());
+  }
+}
+
 void register_all() {
   benchmark::AddCustomContext("threads", std::to_string(bench_threads()));
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", coretype != nullptr ? coretype : "(unset)");
   benchmark::AddCustomContext("openblas_corename", openblas_get_corename());
   benchmark::RegisterBenchmark("fma_peak", BM_FmaPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gemm_call_overhead", BM_GemmCallOverhead)->UseRealTime();
   benchmark::RegisterBenchmark("cross_entropy", BM_CrossEntropy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
   const int n = static_cast<int>(problems().size());
   for (int i = 0; i < n; ++i) {

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 PRESETS = {
     "cs336-tinystories": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10000.0),
-    "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=176, rope_theta=10000.0),
+    "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=192, rope_theta=10000.0),
 }
 
 

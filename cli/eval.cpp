@@ -2,13 +2,15 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "core/autograd.h"
+#include "io/safetensors.h"
 #include "train/evaluate.h"
 #include "train/run.h"
 
 namespace {
 
 struct EvalArgs {
-  std::string run, weights, data;
+  std::string run, weights, data, logits_out;
   int64_t context_length = 0, max_windows = 0;
 };
 
@@ -20,11 +22,25 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
   cmd.add_option("--data", a.data, "token file (.bin, with meta.json beside it)")->required();
   cmd.add_option("--context-length", a.context_length, "window length T (default: the model's)");
   cmd.add_option("--max-windows", a.max_windows, "evaluate at most this many windows (0 = all)");
+  cmd.add_option("--logits-out", a.logits_out,
+                 "also write the first window's inputs and logits to this safetensors file (ids [T], logits [T, V]), "
+                 "for comparisons with other implementations");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "eval: give --run DIR or --weights PATH");
     auto loaded = a.run.empty() ? loom::train::load_weights(a.weights) : loom::train::load_run(a.run);
     auto tokens = loom::data::TokenFile::open(a.data);
     auto r = loom::train::evaluate(*loaded.model, tokens, a.context_length, a.max_windows);
+    if (!a.logits_out.empty()) {
+      const int64_t T = a.context_length > 0 ? a.context_length : loaded.model->config().context_length;
+      LOOM_CHECK(tokens.size() > T, "eval: --logits-out needs at least ", T + 1, " tokens, the file has ", tokens.size());
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(tokens[i]);
+      loom::Tensor x = loom::Tensor::from_vector<int32_t>({1, T}, ids);
+      loom::autograd::NoGradGuard no_grad;
+      loom::Tensor logits = loaded.model->forward(x).detach();
+      loom::io::write_safetensors(a.logits_out, loom::io::NamedTensors{{"ids", x.view({T})},
+                                                                        {"logits", logits.view({T, logits.shape()[2]})}});
+    }
     std::printf("%s\n", r.to_json().c_str());
   });
 });

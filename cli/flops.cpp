@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/peak.h"
 #include "cli/command.h"
+#include "core/parallel.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/flops.h"
@@ -20,6 +22,7 @@ struct Options {
   double tokens_per_s = 0;
   std::string run;
   bool json = false;
+  bool measure_peak = false;
 };
 
 loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optimal estimates for a config",
@@ -32,6 +35,8 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
   cmd.add_option("--tokens-per-s", o->tokens_per_s, "measured training throughput");
   cmd.add_option("--run", o->run, "take the config and the median throughput from this run directory");
   cmd.add_flag("--json", o->json, "print one JSON object");
+  cmd.add_flag("--measure-peak", o->measure_peak,
+               "measure the CPU's FMA peak for MFU (0.5 s) instead of estimating it from /proc/cpuinfo");
   cmd.callback([o, config_opt] {
     std::string config = o->config;
     std::optional<double> tps;
@@ -47,7 +52,12 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
       }
     }
     auto cfg = loom::train::TrainConfig::load(config, o->overrides);
-    auto report = loom::train::flops_report(cfg, tps);
+    std::optional<double> peak;
+    if (o->measure_peak) {
+      int threads = cfg.training.threads > 0 ? static_cast<int>(cfg.training.threads) : loom::num_threads();
+      peak = loom::cpu::measure_fma_peak(threads).gflops * 1e9;
+    }
+    auto report = loom::train::flops_report(cfg, tps, peak);
     if (o->json) {
       std::printf("%s\n", loom::train::to_json(report).dump().c_str());
     } else {

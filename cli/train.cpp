@@ -1,10 +1,14 @@
 // `loom train`: with no arguments, the default job end to end (tokenizer, data, training, samples).
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "cli/command.h"
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
+#include "train/checkpoint.h"
 #include "train/run.h"
 #include "train/trainer.h"
 
@@ -15,6 +19,7 @@ struct TrainArgs {
   std::string config = "default";
   std::string out;
   std::vector<std::string> sets;
+  bool resume = false;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::llama::TransformerLM& model,
@@ -39,19 +44,47 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   static TrainArgs args;
   cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories) or a JSON file");
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
+  auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
-  cmd.callback([] {
-    auto cfg = loom::train::TrainConfig::load(args.config, args.sets);
+  cmd.add_flag("--resume", args.resume,
+               "continue from the newest valid checkpoint in --out (its config.json is the config unless --config "
+               "is given; --set still applies)");
+  cmd.callback([config_opt] {
     std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
+    const fs::path saved_config = fs::path(out) / "config.json";
+    const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
+    auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
     for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     loom::train::Trainer trainer(cfg, out);
+    // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the
+    // window in which the crash test's kill -9 lands mid-checkpoint.
+    if (const char* pause = std::getenv("LOOM_TEST_CHECKPOINT_PAUSE_MS")) {
+      const int ms = std::atoi(pause);
+      trainer.before_checkpoint_file = [ms](const std::string&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      };
+    }
+    if (args.resume) {
+      auto step = trainer.resume([](const std::string& path, const std::string& why) {
+        std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+      });
+      if (step) {
+        std::fprintf(stderr, "resuming from step %lld (%s)\n", static_cast<long long>(*step),
+                     (fs::path(loom::train::checkpoints_dir(out)) / loom::train::checkpoint_name(*step)).c_str());
+      } else {
+        std::fprintf(stderr, "no valid checkpoint in %s: starting from step 0\n",
+                     loom::train::checkpoints_dir(out).c_str());
+      }
+    }
     std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
                  static_cast<long long>(cfg.model.total_params()), static_cast<long long>(cfg.training.max_steps),
                  out.c_str());
     loom::train::StopSignal stop;
     auto summary = trainer.run(&stop);
     loom::train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
-    fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    if (fs::exists(cfg.data.tokenizer)) {
+      fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    }
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
                  static_cast<long long>(summary.steps_skipped), summary.tokens_per_s);
     if (summary.first_val_loss && summary.last_val_loss) {

@@ -1,6 +1,6 @@
 #include "data/prepare.h"
 
-#include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -97,6 +97,7 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   encode_options.threads = options.threads;
   bool last_was_eot = true;  // nothing to separate from before the first document
   uint64_t bytes_done = 0;
+  auto last_report = std::chrono::steady_clock::now();
   for (const std::string& path : options.inputs) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(str("prepare: cannot open ", path, ": ", std::strerror(errno)));
@@ -112,6 +113,11 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
           first_part = false;
           writer.write(ids);
           last_was_eot = ids.back() == *eot;
+          if (options.progress && std::chrono::steady_clock::now() - last_report > std::chrono::seconds(1)) {
+            std::fprintf(stderr, "\rprepare: %s: %llu tokens so far", path.c_str(),
+                         static_cast<unsigned long long>(writer.count()));
+            last_report = std::chrono::steady_clock::now();
+          }
         },
         encode_options);
     if (in.bad()) throw IoError(str("prepare: error reading ", path));

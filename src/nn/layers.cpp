@@ -49,20 +49,11 @@ RotaryPositionalEmbedding::RotaryPositionalEmbedding(float theta_, int64_t head_
   LOOM_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE needs an even head dimension, got ", head_dim);
   LOOM_CHECK(max_seq_len > 0, "RoPE max_seq_len must be positive, got ", max_seq_len);
   LOOM_CHECK(theta > 0, "RoPE theta must be positive, got ", theta);
-  const int64_t half = head_dim / 2;
-  cos = Tensor::empty({max_seq_len, half});
-  sin = Tensor::empty({max_seq_len, half});
-  for (int64_t p = 0; p < max_seq_len; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      double angle = static_cast<double>(p) * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-      cos.data<float>()[p * half + i] = static_cast<float>(std::cos(angle));
-      sin.data<float>()[p * half + i] = static_cast<float>(std::sin(angle));
-    }
-  }
+  cache = ops::make_rope_cache(max_seq_len, head_dim, theta);
 }
 
 Tensor RotaryPositionalEmbedding::forward(const Tensor& x, const Tensor& positions) const {
-  return ops::rope(x, positions, theta, style);
+  return ops::rope(x, positions, cache, style);
 }
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
@@ -89,7 +80,7 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions)
   Tensor k = k_proj.forward(x);
   Tensor v = v_proj.forward(x);
   std::optional<ops::RopeOptions> rope_options;
-  if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style};
+  if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style, rope->cache};
   Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options);
   return output_proj.forward(y);
 }
@@ -112,8 +103,8 @@ Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& pos
   Tensor k = heads(k_proj.forward(x));
   Tensor v = heads(v_proj.forward(x));
   if (rope) {
-    q = ops::rope(q, positions, rope->theta, rope->style);
-    k = ops::rope(k, positions, rope->theta, rope->style);
+    q = rope->forward(q, positions);
+    k = rope->forward(k, positions);
   }
   cache.write(layer, k, v);
   auto [keys, values] = cache.read(layer, t);  // [B, H, length + t, D]
@@ -137,8 +128,9 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
-  Tensor h = ops::add(x, attn.forward(ln1.forward(x), positions));
-  return ops::add(h, ffn.forward(ln2.forward(h)));
+  // h = x + attn(ln1(x)) and ln2(h) in one fused pass.
+  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x), positions), x, ln2.weight.value, ln2.eps);
+  return ops::add(h.sum, ffn.forward(h.normed));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,

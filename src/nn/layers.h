@@ -56,7 +56,7 @@ class RotaryPositionalEmbedding {
   float theta;
   int64_t head_dim, max_seq_len;
   ops::RopeStyle style;
-  Tensor cos, sin;  // [max_seq_len, D/2]: cos/sin(p * theta^(-2i/D))
+  ops::RopeCache cache;  // cos, sin: [max_seq_len, D/2] = cos/sin(p * theta^(-2i/D))
 };
 
 // Causal multi-head self-attention with optional RoPE on q and k.

@@ -1,4 +1,5 @@
-// Element-wise activations, differentiable.
+// Element-wise activations, differentiable. All take f32 or bf16 (f32 math inside; results and input
+// gradients in the input's dtype).
 #pragma once
 
 #include "core/rng.h"

@@ -6,6 +6,8 @@
 //     with RoPE fused into the packing of q and k.
 #include "ops/attention.h"
 
+#include <tuple>
+
 #include <cmath>
 
 #include "backends/backend.h"
@@ -151,10 +153,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     const bool per_batch = pos.shape() == Shape{b, t};
     LOOM_CHECK(shared || per_batch, op, ": rope positions have shape ", pos.shape(),
                " but need [", t, "] or [", b, ", ", t, "]");
-    state->cos = Tensor::empty({pos.numel(), d / 2});
-    state->sin = Tensor::empty({pos.numel(), d / 2});
-    cpu::rope_tables(state->cos.data<float>(), state->sin.data<float>(), pos.data<int32_t>(), pos.numel(), d,
-                     rope->theta);
+    std::tie(state->cos, state->sin) = rope_tables(pos, d, rope->theta, rope->cache);
     state->batch_stride = shared ? 0 : t;
     state->interleaved = rope->style == RopeStyle::Interleaved;
   }

@@ -16,7 +16,9 @@ namespace loom::ops {
 //   causal: query i attends keys j <= i (+ Tk - Tq offset). Computed blockwise with an online softmax:
 //           no Tq x Tk matrix is materialised, memory is linear in T (FlashAttention's algorithm).
 //   scale: defaults to 1/sqrt(D).
-// A query row whose mask allows no key gets zeros (not NaN).
+// A query row whose mask allows no key gets zeros (not NaN), and zero gradients.
+// Kernels: without a mask, the flash kernels (backends/cpu/attention.h); with a mask, a naive kernel
+// that materialises each head's [Tq, Tk] scores (the mask is that size already).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
                                     std::optional<float> scale = std::nullopt);
@@ -25,6 +27,7 @@ struct RopeOptions {
   Tensor positions;  // i32 [T] or [B, T]
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::Interleaved;
+  RopeCache cache;  // optional: angles gathered from here instead of computed
 };
 
 // The core of multi-head causal self-attention on projected activations, fused:
@@ -32,10 +35,6 @@ struct RopeOptions {
 //   when `rope` is given, attends causally (flash-style), and merges heads. Returns [B, T, H*D].
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                              const std::optional<RopeOptions>& rope = std::nullopt);
-
-}  // namespace loom::ops
-
-namespace loom::ops {
 
 // ---- helpers and the composite reference (MLX-style fallback and test oracle) --------------------
 

@@ -71,27 +71,87 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   return y;
 }
 
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps) {
+  const int64_t C = check_norm_args(x, weight, nullptr, eps, "add_rms_norm");
+  LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "add_rms_norm: x must be f32 or bf16, got ",
+             x.describe());
+  LOOM_CHECK(residual.defined(), "add_rms_norm: residual is undefined");
+  LOOM_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), "add_rms_norm: residual is ",
+             residual.describe(), " but x is ", x.describe(), " (they must match)");
+  check_same_device(x, residual, "add_rms_norm");
+  const int64_t rows = x.numel() / C;
+  const bool recording = autograd::any_requires_grad({x, residual, weight});
+  Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
+  float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
+  if (x.dtype() == DType::F32) {
+    cpu::add_rms_norm_forward(sum.data<float>(), y.data<float>(), rstd_ptr, x.data<float>(), residual.data<float>(),
+                              weight.data<float>(), rows, C, eps);
+  } else {
+    cpu::add_rms_norm_forward(sum.data<bf16>(), y.data<bf16>(), rstd_ptr, x.data<bf16>(), residual.data<bf16>(),
+                              weight.data<float>(), rows, C, eps);
+  }
+  // The backward needs sum, an output of this op: it keeps a detached handle, since capturing `sum`
+  // itself would make a cycle (sum -> node -> closure -> sum) that leaks if backward never runs.
+  autograd::record("add_rms_norm", {x, residual, weight}, {sum, y},
+                   [saved_sum = sum.detach(), weight, rstd, rows, C](const autograd::BackwardContext& ctx) {
+    const DType dtype = saved_sum.dtype();
+    const Tensor dsum = grad_as(ctx.grad_output(0), dtype);
+    const Tensor dy = grad_as(ctx.grad_output(1), dtype);
+    const bool need_dx = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
+    Tensor dtotal = Tensor::empty(saved_sum.shape(), dtype, saved_sum.device());
+    Tensor dw = ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, saved_sum.device()) : Tensor();
+    float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
+    if (dtype == DType::F32) {
+      cpu::add_rms_norm_backward(dtotal.data<float>(), dw_ptr, dy.data<float>(), dsum.data<float>(),
+                                 saved_sum.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
+    } else {
+      cpu::add_rms_norm_backward(dtotal.data<bf16>(), dw_ptr, dy.data<bf16>(), dsum.data<bf16>(),
+                                 saved_sum.data<bf16>(), weight.data<float>(), rstd.data<float>(), rows, C);
+    }
+    if (!need_dx) dtotal = Tensor();
+    // x and residual get the same gradient; the engine never modifies a returned gradient in place.
+    return TensorList{ctx.needs_input_grad(0) ? dtotal : Tensor(), ctx.needs_input_grad(1) ? dtotal : Tensor(), dw};
+  });
+  return {sum, y};
+}
+
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   const int64_t C = check_norm_args(x, weight, &bias, eps, "layer_norm");
-  check_dtype(x, DType::F32, "layer_norm", "x");
+  LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "layer_norm: x must be f32 or bf16, got ",
+             x.describe());
   const int64_t rows = x.numel() / C;
   const bool has_bias = bias.defined();
   const bool recording = autograd::any_requires_grad({x, weight, bias});
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
-  cpu::layer_norm_forward(y.data<float>(), recording ? mean.data<float>() : nullptr,
-                          recording ? rstd.data<float>() : nullptr, x.data<float>(), weight.data<float>(),
-                          has_bias ? bias.data<float>() : nullptr, rows, C, eps);
+  float* mean_ptr = recording ? mean.data<float>() : nullptr;
+  float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
+  const float* bias_ptr = has_bias ? bias.data<float>() : nullptr;
+  if (x.dtype() == DType::F32) {
+    cpu::layer_norm_forward(y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
+                            rows, C, eps);
+  } else {
+    cpu::layer_norm_forward(y.data<bf16>(), mean_ptr, rstd_ptr, x.data<bf16>(), weight.data<float>(), bias_ptr,
+                            rows, C, eps);
+  }
   autograd::record("layer_norm", {x, weight, bias}, {y},
                    [x, weight, mean, rstd, rows, C, has_bias](const autograd::BackwardContext& ctx) {
-    const Tensor dy = grad_as(ctx.grad_output(0), DType::F32);
-    Tensor dx = ctx.needs_input_grad(0) ? Tensor::empty(x.shape(), DType::F32, x.device()) : Tensor();
+    const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
+    Tensor dx = ctx.needs_input_grad(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
     Tensor dw = ctx.needs_input_grad(1) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
     Tensor db = has_bias && ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
-    cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
-                             db.defined() ? db.data<float>() : nullptr, dy.data<float>(), x.data<float>(),
-                             weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
+    float* db_ptr = db.defined() ? db.data<float>() : nullptr;
+    if (x.dtype() == DType::F32) {
+      cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
+                               x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    } else {
+      cpu::layer_norm_backward(dx.defined() ? dx.data<bf16>() : nullptr, dw_ptr, db_ptr, dy.data<bf16>(),
+                               x.data<bf16>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
+    }
     return TensorList{dx, dw, db};
   });
   return y;

@@ -5,10 +5,23 @@
 
 namespace loom::ops {
 
-// x: [..., C]; weight: [C]. y = x / sqrt(mean(x^2) + eps) * weight.
+// x: [..., C] (f32 or bf16; y has its dtype); weight: [C] f32. y = x / sqrt(mean(x^2) + eps) * weight.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f);
 
-// x: [..., C]; weight, bias: [C] (bias may be undefined). y = (x - mean) / sqrt(var + eps) * weight + bias,
+// The pre-norm residual step, fused (DESIGN.md: fuse what sits between GEMMs):
+//   sum = x + residual;  normed = rms_norm(sum, weight, eps).
+// x, residual: [..., C], same shape and dtype (f32 or bf16); weight: [C] f32. `sum` is the new residual
+// stream. Same values as ops::add then ops::rms_norm, with one pass over memory each way: forward reads
+// x and residual and writes sum and normed (4 tensors instead of 5), and the backward writes the shared
+// gradient of x and residual, d(sum) + d(norm), in the norm's own pass.
+struct AddRmsNorm {
+  Tensor sum;     // [..., C]
+  Tensor normed;  // [..., C]
+};
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps = 1e-5f);
+
+// x: [..., C] (f32 or bf16; y has its dtype); weight, bias: [C] f32 (bias may be undefined).
+// y = (x - mean) / sqrt(var + eps) * weight + bias,
 // with the biased variance, as PyTorch's LayerNorm.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 

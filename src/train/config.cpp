@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -57,7 +58,7 @@ void merge_checked(json& base, const json& overlay, const std::string& prefix) {
   for (auto it = overlay.begin(); it != overlay.end(); ++it) {
     std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
     if (!base.contains(it.key())) {
-      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "sections" : prefix, " has: ",
+      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "the top level" : prefix, " has: ",
                 join_keys(base), ")");
     }
     json& slot = base[it.key()];
@@ -295,7 +296,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   std::string source = preset_or_file.empty() ? "default" : preset_or_file;
   json j;
   bool looks_like_path = source.find('/') != std::string::npos || source.ends_with(".json");
-  if (looks_like_path || fs::exists(source)) {
+  if (looks_like_path || fs::is_regular_file(source)) {
     std::ifstream in(source);
     if (!in) throw IoError(str("config: cannot open ", source));
     std::stringstream ss;
@@ -313,9 +314,9 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
 std::string TrainConfig::write(const std::string& run_dir) const {
   fs::create_directories(run_dir);
   fs::path path = fs::path(run_dir) / "config.json";
-  std::ofstream out(path);
-  out << to_json().dump(2) << "\n";
-  if (!out) throw IoError(str("config: cannot write ", path.string()));
+  // Atomically: `loom train --resume` reads it back, and a kill -9 mid-write must not leave half a file.
+  const std::string text = to_json().dump(2) + "\n";
+  io::write_file_atomically(path.string(), [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
   return path.string();
 }
 

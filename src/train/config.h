@@ -112,6 +112,11 @@ struct TrainConfig {
   }
 };
 
+// Shorthand for TrainConfig::load (cli/bench.cpp calls it by this name).
+inline TrainConfig load_config(const std::string& preset_or_file, const std::vector<std::string>& overrides = {}) {
+  return TrainConfig::load(preset_or_file, overrides);
+}
+
 // The built-in presets: "cs336-tinystories", "default", "tiny".
 std::vector<std::string> preset_names();
 // A preset's JSON text as compiled in; throws naming the known presets if there is no such preset.

@@ -66,7 +66,8 @@ double estimate_cpu_peak_flops(int threads) {
   return threads * mhz * 1e6 * per_cycle;
 }
 
-FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens_per_s) {
+FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens_per_s,
+                         std::optional<double> peak_flops) {
   FlopsReport r;
   r.model = config.model;
   r.total_params = config.model.total_params();
@@ -77,9 +78,9 @@ FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens
   r.chinchilla_optimal_tokens = chinchilla_optimal_tokens(r.total_params);
   r.run_tokens = config.training.max_steps * config.tokens_per_step();
   r.run_flops = static_cast<double>(r.run_tokens) * r.palm_per_token;
-  r.peak_flops = config.logging.peak_flops > 0
-                     ? config.logging.peak_flops
-                     : estimate_cpu_peak_flops(static_cast<int>(config.training.threads));
+  r.peak_flops = peak_flops                          ? *peak_flops
+                 : config.logging.peak_flops > 0 ? config.logging.peak_flops
+                                                 : estimate_cpu_peak_flops(static_cast<int>(config.training.threads));
   if (tokens_per_s && *tokens_per_s > 0) {
     r.tokens_per_s = tokens_per_s;
     r.mfu = mfu(r.palm_per_token, *tokens_per_s, r.peak_flops);
@@ -137,7 +138,7 @@ std::string format_flops_report(const FlopsReport& r) {
       << sci(*r.tokens_per_s * r.palm_per_token) << " FLOP/s achieved";
     char buf[64];
     std::snprintf(buf, sizeof(buf), ", MFU %.1f%% of ", 100.0 * r.mfu.value_or(0));
-    o << buf << sci(r.peak_flops) << " FLOP/s (estimated peak)\n";
+    o << buf << sci(r.peak_flops) << " FLOP/s peak\n";
   } else {
     o << "(give --tokens-per-s or --run DIR for time estimates)\n";
   }

@@ -76,7 +76,10 @@ struct FlopsReport {
   std::optional<double> mfu;                          // at tokens_per_s, PaLM FLOPs over peak_flops
 };
 
-FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens_per_s = std::nullopt);
+// peak_flops: the MFU denominator; when absent, logging.peak_flops or else estimate_cpu_peak_flops.
+// (loom::cpu::measure_fma_peak measures it instead; `loom flops --measure-peak` passes that.)
+FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens_per_s = std::nullopt,
+                         std::optional<double> peak_flops = std::nullopt);
 std::string format_flops_report(const FlopsReport& r);
 nlohmann::json to_json(const FlopsReport& r);
 

@@ -37,9 +37,18 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, std::optional<int64_t> 
       }
     }
   }
-  file_ = std::fopen(path_.c_str(), "w");
+  if (resume_step) {
+    // Rewrite the kept events through a temporary file and a rename, so a crash here cannot lose them.
+    std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      for (const auto& e : kept) out << e.dump() << "\n";
+      if (!out) throw IoError(str("metrics: cannot write ", tmp));
+    }
+    fs::rename(tmp, path_);
+  }
+  file_ = std::fopen(path_.c_str(), resume_step ? "a" : "w");
   if (!file_) throw IoError(str("metrics: cannot open ", path_, " for writing"));
-  for (const auto& e : kept) write(e);
 }
 
 MetricsWriter::~MetricsWriter() {

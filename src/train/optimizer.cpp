@@ -19,6 +19,15 @@ void AdamWOptions::validate() const {
 AdamW::AdamW(std::vector<nn::Parameter*> params, AdamWOptions options)
     : params_(std::move(params)), options_(options), m_(params_.size()), v_(params_.size()) {
   options_.validate();
+  // All persistent state is allocated here, before the first step: the moments, and a zero gradient
+  // per parameter for backward() to accumulate into. A training step then only allocates transient
+  // tensors, which the caching allocator serves again on every later step.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i]->value;
+    m_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    v_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
+    if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+  }
 }
 
 void AdamW::step(float lr) {
@@ -31,10 +40,6 @@ void AdamW::step(float lr) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     require_cpu("AdamW", {&p, &g});
-    if (!m_[i].defined()) {
-      m_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-      v_[i] = Tensor::zeros(p.shape(), DType::F32, p.device());
-    }
     cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
                       options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2);
   }

@@ -20,7 +20,9 @@ struct AdamWOptions {
 };
 
 // AdamW with PyTorch's semantics (decoupled weight decay, bias correction). State is laid out like
-// each parameter's local shard: m and v have the parameter's shape.
+// each parameter's local shard: m and v have the parameter's shape. Construction gives every parameter
+// a zero gradient (as torch's zero_grad(set_to_none=False) keeps them), so every parameter is updated
+// each step, and all persistent memory exists before the first step.
 class AdamW {
  public:
   AdamW(std::vector<nn::Parameter*> params, AdamWOptions options);
@@ -35,7 +37,7 @@ class AdamW {
   void set_step_count(int64_t s) { step_ = s; }
   const AdamWOptions& options() const { return options_; }
   const std::vector<nn::Parameter*>& params() const { return params_; }
-  // First and second moments for params()[i] (undefined before the first step touching it).
+  // First and second moments for params()[i].
   Tensor& exp_avg(size_t i) { return m_[i]; }
   Tensor& exp_avg_sq(size_t i) { return v_[i]; }
 

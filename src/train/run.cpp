@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
+#include "train/hf.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -117,6 +118,12 @@ std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path
 LoadedRun load_weights(const std::string& path) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
+  if (is_hf_dir(path)) {  // a Hugging Face Llama directory (train/hf.h)
+    HfImport hf = import_hf(path);
+    run.model = std::move(hf.model);
+    run.tokenizer = std::move(hf.tokenizer);
+    return run;
+  }
   run.model = load_model_weights(path);
   fs::path tok = fs::path(path).parent_path() / "tokenizer.json";
   if (fs::exists(tok)) run.tokenizer = tokenizer::load_tokenizer(tok.string());
@@ -126,6 +133,7 @@ LoadedRun load_weights(const std::string& path) {
 LoadedRun load_run(const std::string& dir) {
   LOOM_CHECK(fs::is_directory(dir), "run directory \"", dir, "\" does not exist");
   fs::path weights = fs::path(dir) / "model.safetensors";
+  if (is_hf_dir(dir)) return load_weights(dir);
   LOOM_CHECK(fs::exists(weights), "run directory \"", dir, "\" has no model.safetensors (has training finished?)");
   LoadedRun run = load_weights(weights.string());
   fs::path config = fs::path(dir) / "config.json";

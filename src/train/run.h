@@ -30,9 +30,11 @@ struct LoadedRun {
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
   std::optional<TrainConfig> config;              // when the run has config.json
 };
-// `dir` is a run directory (model.safetensors, config.json, tokenizer.json).
+// `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face Llama
+// directory.
 LoadedRun load_run(const std::string& dir);
-// `path` is a weights file; a tokenizer.json beside it is loaded too.
+// `path` is a weights file (a tokenizer.json beside it is loaded too), or a Hugging Face Llama directory
+// (train/hf.h).
 LoadedRun load_weights(const std::string& path);
 
 }  // namespace loom::train

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 
@@ -8,10 +9,15 @@
 #include "core/autograd.h"
 #include "core/parallel.h"
 #include "data/batch.h"
+#include "io/file.h"
+#include "io/safetensors.h"
 #include "ops/elementwise.h"
+#include "tokenizer/formats.h"
+#include "train/checkpoint.h"
 #include "train/flops.h"
 #include "train/metrics.h"
 #include "train/progress.h"
+#include "train/run.h"
 
 namespace loom::train {
 
@@ -61,6 +67,12 @@ double Trainer::validation_loss() {
 }
 
 TrainSummary Trainer::run(const StopSignal* stop) {
+  if (step_ == 0 && !resume_attempted_ && config_.checkpoint.interval > 0) {
+    auto existing = list_checkpoints(run_dir_);
+    LOOM_CHECK(existing.empty(), "train: ", checkpoints_dir(run_dir_), " already holds checkpoints (newest: step ",
+               existing.empty() ? 0 : existing.back().step,
+               ") from an earlier run: continue it with --resume, or train into another --out directory");
+  }
   std::filesystem::create_directories(run_dir_);
   config_.write(run_dir_);
   const auto& tc = config_.training;
@@ -76,8 +88,11 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   TrainSummary summary;
   auto validate_now = [&] {
     double v = validation_loss();
-    if (!summary.first_val_loss) summary.first_val_loss = v;
-    summary.last_val_loss = v;
+    if (!first_val_loss_) first_val_loss_ = v;
+    last_val_loss_ = v;
+    last_val_step_ = step_;
+    summary.first_val_loss = first_val_loss_;
+    summary.last_val_loss = last_val_loss_;
     ValEvent e{step_, v};
     metrics.val(e);
     progress.log_val(e);
@@ -129,25 +144,204 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       e.tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds;
       e.mfu = mfu(flops_per_token, e.tokens_per_s, peak);
       metrics.train(e);
+      last_train_event_ = to_json(e);
       progress.log(e);
       window_start = Clock::now();
       window_steps = 0;
     }
     progress.update(step_);
     if (config_.eval.interval > 0 && (step_ % config_.eval.interval == 0 || step_ == tc.max_steps)) validate_now();
-    if (stop != nullptr && stop->requested()) {
+    const bool stopping = stop != nullptr && stop->requested();
+    const int64_t every = config_.checkpoint.interval;
+    if (every > 0 && (step_ % every == 0 || step_ == tc.max_steps || stopping)) {
+      std::string path = save_checkpoint();
+      if (stopping) progress.note(str("checkpoint: ", path));
+    }
+    if (stopping) {
       summary.stopped_early = step_ < tc.max_steps;
       if (summary.stopped_early) progress.note(str("stopping after step ", step_, " (interrupted)"));
       break;
     }
   }
   progress.finish();
+  summary.first_val_loss = first_val_loss_;
+  summary.last_val_loss = last_val_loss_;
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   summary.steps_completed = step_;
   summary.steps_skipped = skipped_;
   summary.tokens_per_s = run_steps > 0 ? static_cast<double>(run_steps * tokens_per_step) / seconds : 0.0;
   if (skipped_ > 0) progress.note(str(skipped_, " step(s) skipped for non-finite loss or gradient"));
   return summary;
+}
+
+namespace {
+
+std::string tokenizer_hash_or_empty(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) ? tokenizer::tokenizer_hash(path) : std::string();
+}
+
+nlohmann::json key_json(RngKey k) { return nlohmann::json::array({k.k0, k.k1}); }
+
+// The config keys a checkpoint must agree on to continue the same run (the rest, like max_steps or the
+// checkpoint interval, may change on resume).
+nlohmann::json identity_of(const nlohmann::json& config) {
+  nlohmann::json t = config.at("training");
+  return {{"model", config.at("model")},
+          {"seed", t.at("seed")},
+          {"batch_size", t.at("batch_size")},
+          {"grad_accum_steps", t.at("grad_accum_steps")},
+          {"sampling", t.at("sampling")}};
+}
+
+}  // namespace
+
+nlohmann::json Trainer::state_json() const {
+  const RngKey root = RngKey::from_seed(config_.training.seed);
+  nlohmann::json j;
+  j["format"] = "loom-trainer-state";
+  j["version"] = 1;
+  j["step"] = step_;
+  j["optimizer_steps"] = optimizer_->step_count();
+  j["skipped"] = skipped_;
+  j["rng"] = {{"seed", config_.training.seed},
+              {"root_key", key_json(root)},
+              {"train_batches_key", key_json(root.fold_in("train-batches"))},
+              {"val_batches_key", key_json(root.fold_in("val-batches"))}};
+  j["data_loader"] = data_->train.state();
+  j["config"] = config_.to_json();
+  j["tokenizer"] = {{"path", config_.data.tokenizer}, {"sha256", tokenizer_hash_or_empty(config_.data.tokenizer)}};
+  j["last_train"] = last_train_event_.is_null() ? nlohmann::json() : last_train_event_;
+  j["first_val_loss"] = first_val_loss_ ? nlohmann::json(*first_val_loss_) : nlohmann::json();
+  j["last_val"] = last_val_loss_ ? nlohmann::json{{"step", last_val_step_}, {"val_loss", *last_val_loss_}}
+                                 : nlohmann::json();
+  // The validation loss of exactly this checkpoint's weights, when validation ran at this step.
+  j["val_loss"] = (last_val_loss_ && last_val_step_ == step_) ? nlohmann::json(*last_val_loss_) : nlohmann::json();
+  j["best_checkpoint"] = best_checkpoint_step_
+                             ? nlohmann::json{{"step", *best_checkpoint_step_}, {"val_loss", best_checkpoint_val_}}
+                             : nlohmann::json();
+  return j;
+}
+
+std::string Trainer::save_checkpoint() {
+  if (last_val_loss_ && last_val_step_ == step_ && (!best_checkpoint_step_ || *last_val_loss_ < best_checkpoint_val_)) {
+    best_checkpoint_step_ = step_;
+    best_checkpoint_val_ = *last_val_loss_;
+  }
+  std::vector<CheckpointFile> files;
+  files.push_back({"model.safetensors", [&](const std::string& path) { save_model_weights(*model_, path); }});
+  files.push_back({"optimizer.safetensors", [&](const std::string& path) {
+                     const int64_t count = optimizer_->step_count();
+                     std::vector<io::SafetensorsEntry> entries;
+                     entries.push_back({"step", io::SafetensorsDtype::I64, {}, &count, sizeof(count)});
+                     const auto& params = optimizer_->params();
+                     for (size_t i = 0; i < params.size(); ++i) {
+                       for (auto [suffix, t] : {std::pair<const char*, Tensor*>{".exp_avg", &optimizer_->exp_avg(i)},
+                                                {".exp_avg_sq", &optimizer_->exp_avg_sq(i)}}) {
+                         if (!t->defined()) continue;  // parameter never updated yet
+                         std::vector<uint64_t> shape(t->shape().begin(), t->shape().end());
+                         entries.push_back({params[i]->name + suffix, io::SafetensorsDtype::F32, shape, t->data<float>(),
+                                            static_cast<uint64_t>(t->numel()) * sizeof(float)});
+                       }
+                     }
+                     io::write_safetensors(path, entries, {{"loom.optimizer", "adamw"}});
+                   }});
+  files.push_back({"trainer_state.json", [&](const std::string& path) {
+                     std::string text = state_json().dump(2) + "\n";
+                     io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+                   }});
+  std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
+  std::vector<int64_t> keep;
+  if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
+  apply_retention(run_dir_, config_.checkpoint.keep_last, keep);
+  return path;
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  nlohmann::json s = nlohmann::json::parse(tokenizer::read_file(state_path), nullptr, false);
+  LOOM_CHECK(!s.is_discarded() && s.is_object(), state_path, " is not valid JSON");
+  try {
+    const nlohmann::json saved = identity_of(s.at("config")), ours = identity_of(config_.to_json());
+    LOOM_CHECK(saved == ours, "checkpoint ", dir, " was written by a different run: it has ", saved.dump(),
+               " but this config has ", ours.dump());
+    const std::string saved_tok = s.at("tokenizer").at("sha256").get<std::string>();
+    const std::string our_tok = tokenizer_hash_or_empty(config_.data.tokenizer);
+    LOOM_CHECK(saved_tok.empty() || our_tok.empty() || saved_tok == our_tok, "checkpoint ", dir,
+               " was trained with a tokenizer of sha256 ", saved_tok, ", but ", config_.data.tokenizer, " has ", our_tok);
+
+    io::SafetensorsFile weights = io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string());
+    auto params = model_->parameters();
+    LOOM_CHECK(weights.size() == params.size(), dir, "/model.safetensors holds ", weights.size(),
+               " tensors, the model has ", params.size(), " parameters");
+    for (nn::Parameter* p : params) {
+      LOOM_CHECK(weights.contains(p->name), dir, "/model.safetensors: missing parameter '", p->name, "'");
+      model_->load_parameter(p->name, weights.tensor(p->name));
+    }
+
+    io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+    const auto& step_info = opt.info("step");
+    LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
+               "/optimizer.safetensors: \"step\" must be one I64");
+    int64_t count = 0;
+    std::memcpy(&count, opt.bytes("step").data(), sizeof(count));
+    optimizer_->set_step_count(count);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string m = params[i]->name + ".exp_avg", v = params[i]->name + ".exp_avg_sq";
+      LOOM_CHECK(opt.contains(m) == opt.contains(v), dir, "/optimizer.safetensors has only one of ", m, " and ", v);
+      if (!opt.contains(m)) {  // a parameter that was never updated: zero moments
+        for (Tensor* t : {&optimizer_->exp_avg(i), &optimizer_->exp_avg_sq(i)}) {
+          if (t->defined()) t->zero_();
+        }
+        continue;
+      }
+      Tensor tm = opt.tensor(m), tv = opt.tensor(v);
+      LOOM_CHECK(tm.shape() == params[i]->value.shape() && tv.shape() == params[i]->value.shape() &&
+                     tm.dtype() == DType::F32 && tv.dtype() == DType::F32,
+                 dir, "/optimizer.safetensors: ", m, " / ", v, " must be F32 ", params[i]->value.shape(), ", got ",
+                 tm.shape(), " and ", tv.shape());
+      // Copied into the optimizer's own buffers (never aliasing the file mapping).
+      for (auto [dst, src] : {std::pair<Tensor*, Tensor*>{&optimizer_->exp_avg(i), &tm}, {&optimizer_->exp_avg_sq(i), &tv}}) {
+        if (dst->defined()) {
+          dst->copy_from(*src);
+        } else {
+          *dst = src->clone();
+        }
+      }
+    }
+
+    data_->train.restore(s.at("data_loader").get<data::LoaderState>());
+    step_ = s.at("step").get<int64_t>();
+    skipped_ = s.at("skipped").get<int64_t>();
+    LOOM_CHECK(count == s.at("optimizer_steps").get<int64_t>(), dir, ": optimizer step ", count,
+               " disagrees with trainer_state.json's ", s.at("optimizer_steps").get<int64_t>());
+    last_train_event_ = s.at("last_train");
+    first_val_loss_.reset();
+    last_val_loss_.reset();
+    last_val_step_ = -1;
+    if (!s.at("first_val_loss").is_null()) first_val_loss_ = s.at("first_val_loss").get<double>();
+    if (!s.at("last_val").is_null()) {
+      last_val_loss_ = s.at("last_val").at("val_loss").get<double>();
+      last_val_step_ = s.at("last_val").at("step").get<int64_t>();
+    }
+    best_checkpoint_step_.reset();
+    if (!s.at("best_checkpoint").is_null()) {
+      best_checkpoint_step_ = s.at("best_checkpoint").at("step").get<int64_t>();
+      best_checkpoint_val_ = s.at("best_checkpoint").at("val_loss").get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL(state_path, ": malformed trainer state: ", e.what());
+  }
+}
+
+std::optional<int64_t> Trainer::resume(
+    const std::function<void(const std::string&, const std::string&)>& skipped) {
+  resume_attempted_ = true;
+  auto ref = latest_valid_checkpoint(run_dir_, skipped);
+  if (!ref) return std::nullopt;
+  load_checkpoint(ref->path);
+  return step_;
 }
 
 }  // namespace loom::train

@@ -8,6 +8,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "models/llama/model.h"
 #include "train/config.h"
@@ -36,6 +39,24 @@ class Trainer {
   // Test hook: called after backward() and before clipping, with the step and the gradients.
   std::function<void(int64_t step, std::vector<Tensor>& grads)> after_backward;
 
+  // Checkpoints (layout and atomicity: train/checkpoint.h). run() saves one every checkpoint.interval
+  // steps, at the end, and when stopped (none when checkpoint.interval is 0), then applies retention:
+  // the newest checkpoint.keep_last plus the best by validation loss (among checkpoints saved at a step
+  // where validation ran).
+  // Writes DIR/checkpoints/step_<N> for the current step; returns its path.
+  std::string save_checkpoint();
+  // Restores everything a checkpoint holds: parameters, optimizer moments and step count, the data
+  // loader's position, step and skip counters, validation history. Throws if the checkpoint does not
+  // match this trainer's model, seed, batch shape or tokenizer.
+  void load_checkpoint(const std::string& dir);
+  // Loads the newest valid checkpoint of the run directory, if any; each newer invalid one is reported
+  // through `skipped` (path and reason). Returns the step resumed from. (run() from step 0 without a
+  // resume() call refuses a directory that already holds checkpoints: a later --resume would otherwise
+  // pick up the earlier run's newer checkpoints.)
+  std::optional<int64_t> resume(const std::function<void(const std::string& path, const std::string& why)>& skipped = {});
+  // Test hook: called with each checkpoint file's name just before it is written.
+  std::function<void(const std::string& file)> before_checkpoint_file;
+
   // Mean loss over the fixed validation batches.
   double validation_loss();
 
@@ -53,6 +74,15 @@ class Trainer {
   std::shared_ptr<Data> data_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
+  bool resume_attempted_ = false;  // resume() was called (a fresh start after it is deliberate)
+  // Validation history, kept across resumes.
+  std::optional<double> first_val_loss_, last_val_loss_;
+  int64_t last_val_step_ = -1;
+  std::optional<int64_t> best_checkpoint_step_;  // the checkpoint with the lowest validation loss
+  double best_checkpoint_val_ = 0;
+  nlohmann::json last_train_event_;  // the last metrics line written, for trainer_state.json
+
+  nlohmann::json state_json() const;
 };
 
 }  // namespace loom::train

@@ -105,7 +105,6 @@ TEST(Attention, NonCausalFlashEqualsMaskedAllTrueWithTqNotTk) {
   TensorList qkv = {test::randn({2, 3, 45, 10}, 20), test::randn({2, 3, 70, 10}, 21),
                     test::randn({2, 3, 70, 5}, 22)};
   Tensor dy = test::randn({2, 3, 45, 5}, 23);
-  Tensor all = Tensor::full({45, 70}, 1.0f).to(DType::F32);
   Tensor mask = Tensor::zeros({45, 70}, DType::Bool);
   std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
   for (bool causal : {false, true}) {
@@ -122,6 +121,32 @@ TEST(Attention, NonCausalFlashEqualsMaskedAllTrueWithTqNotTk) {
       return ops::scaled_dot_product_attention(in[0], in[1], in[2], m, false, 0.2f);
     }, qkv, dy);
     expect_all_close(flash, masked, 2e-5f, 2e-4f, causal ? "causal Tq<Tk" : "full");
+  }
+}
+
+TEST(Attention, OnlineSoftmaxRescalesAcrossKeyBlocks) {
+  // Keys grow with j, so every later key block (128 keys) raises a row's running max and the kernel
+  // must rescale what it accumulated (scaled logits reach ~20).
+  const int64_t t = 300, d = 16;
+  Tensor q = test::randn({2, t, d}, 80), k = test::randn({2, t, d}, 81), v = test::randn({2, t, d}, 82);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t j = 0; j < t; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        k.data<float>()[(n * t + j) * d + c] = 0.5f + 0.02f * static_cast<float>(j);
+        q.data<float>()[(n * t + j) * d + c] = std::fabs(q.data<float>()[(n * t + j) * d + c]);
+      }
+  Tensor dy = test::randn({2, t, d}, 83);
+  for (bool causal : {false, true}) {
+    auto flash = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), causal);
+    }, {q, k, v}, dy);
+    Tensor mask = causal ? ops::causal_mask(t) : Tensor::empty({t, t}, DType::Bool);
+    if (!causal) std::fill(mask.data<bool>(), mask.data<bool>() + mask.numel(), true);
+    auto masked = run_with_grads([&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, false);
+    }, {q, k, v}, dy);
+    expect_all_close(flash, masked, 1e-4f, 1e-3f, causal ? "causal" : "full");
+    EXPECT_TRUE(all_finite(flash[0]) && all_finite(flash[1]));
   }
 }
 
@@ -177,7 +202,8 @@ TEST(Attention, CausalSelfAttentionMatchesPyTorch) {
 TEST(Attention, FusedEqualsCompositeAtModelShapes) {
   // The benchmark model's head size (D=32) and D=64, T crossing blocks, both RoPE styles, [B,T] positions.
   struct Case { int64_t b, t, h, d; ops::RopeStyle style; bool batch_pos; };
-  for (Case c : {Case{2, 70, 3, 32, ops::RopeStyle::Interleaved, false}, Case{1, 33, 2, 64, ops::RopeStyle::RotateHalf, true},
+  for (Case c : {Case{2, 70, 3, 32, ops::RopeStyle::Interleaved, false},
+                 Case{1, 33, 2, 64, ops::RopeStyle::RotateHalf, true},
                  Case{3, 1, 4, 10, ops::RopeStyle::RotateHalf, false}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " D=" + std::to_string(c.d));
     const int64_t w = c.h * c.d;
@@ -238,14 +264,16 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
 
 TEST(Attention, EmptySequencesAndBatches) {
   for (Shape shape : {Shape{2, 0, 8}, Shape{0, 3, 8}}) {
-    Tensor q = test::param(Tensor::zeros(shape)), k = test::param(Tensor::zeros(shape)), v = test::param(Tensor::zeros(shape));
+    Tensor q = test::param(Tensor::zeros(shape)), k = test::param(Tensor::zeros(shape)),
+           v = test::param(Tensor::zeros(shape));
     Tensor y = ops::causal_self_attention(q, k, v, 2);
     EXPECT_EQ(y.shape(), shape);
     autograd::backward(y, Tensor::zeros(shape));
     EXPECT_EQ(q.grad().shape(), shape);
   }
   // Tk = 0: every query row sees nothing.
-  Tensor y = ops::scaled_dot_product_attention(test::randn({2, 3, 4}, 1), Tensor::zeros({2, 0, 4}), Tensor::zeros({2, 0, 5}));
+  Tensor y = ops::scaled_dot_product_attention(test::randn({2, 3, 4}, 1), Tensor::zeros({2, 0, 4}),
+                                               Tensor::zeros({2, 0, 5}));
   EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
   for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.0f);
 }

@@ -2,6 +2,7 @@
 // upstream gradient, and compare output and input gradients with the PyTorch values.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,5 @@ void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {
   }
 }
 
-inline Tensor copy_of(const Tensor& t) { return t.clone(); }
 
 }  // namespace loom::test

@@ -154,6 +154,7 @@ TEST(Gemm, SameInputsAndThreadsGiveBitwiseSameResult) {
   // Big enough for oneDNN to split the work over threads (and possibly over K).
   const int64_t M = 96, N = 200, K = 1031;
   auto A = random_vec(K * M, 21), B = random_vec(N * K, 22);
+  const int before = num_threads();
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     std::vector<float> C1(M * N), C2(M * N);
@@ -162,7 +163,7 @@ TEST(Gemm, SameInputsAndThreadsGiveBitwiseSameResult) {
     EXPECT_EQ(C1, C2) << "threads=" << threads;
     EXPECT_EQ(omp_get_max_threads(), threads);
   }
-  set_num_threads(2);
+  set_num_threads(before);
 }
 
 TEST(Gemm, BadLeadingDimensionNamesIt) {
@@ -183,4 +184,61 @@ TEST(Gemm, SumRowsMatchesSerialSum) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) want[n] += x[m * N + n];
   EXPECT_EQ(got, want);  // same order of additions: bitwise equal
+}
+
+TEST(Gemm, ModelShapesUseAnOptimizedKernel) {
+  // oneDNN silently falls back to a reference loop ("ref:any") for layouts it has no kernel for; the
+  // dense layouts loom passes must never land there (that would be ~100x slower, not wrong).
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      for (DType dtype : {DType::F32, DType::BF16}) {
+        const std::string impl = cpu::gemm_implementation(ta, tb, 64, 96, 80, dtype);
+        EXPECT_NE(impl.rfind("ref", 0), 0u) << impl << " ta=" << ta << " tb=" << tb << " " << dtype;
+      }
+    }
+  }
+}
+
+TEST(Gemm, CallsFromInsideAParallelRegionAreCorrect) {
+  // Per-head GEMMs may run inside loom::parallel_for; oneDNN then runs on one thread per caller.
+  const int64_t M = 130, N = 70, K = 257;
+  auto A = random_vec(4 * M * K, 41), B = random_vec(K * N, 42);
+  std::vector<float> got(4 * M * N), want(4 * M * N);
+  for (int64_t i = 0; i < 4; ++i)
+    cpu::gemm_reference(false, false, M, N, K, 1.0f, A.data() + i * M * K, K, B.data(), N, 0.0f,
+                        want.data() + i * M * N, N);
+#pragma omp parallel for num_threads(2)
+  for (int64_t i = 0; i < 4; ++i)
+    cpu::gemm(false, false, M, N, K, 1.0f, A.data() + i * M * K, K, B.data(), N, 0.0f, got.data() + i * M * N, N);
+  expect_near_all(got, want, 1e-3f, 1e-4f, "nested");
+}
+
+TEST(Gemm, LargerBatchedAllTransposes) {
+  const int64_t batch = 3, M = 130, N = 70, K = 257;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      auto A = random_vec(batch * M * K, 51), B = random_vec(batch * K * N, 52);
+      std::vector<float> got(batch * M * N), want(batch * M * N);
+      cpu::gemm_batched(ta, tb, batch, M, N, K, 1.0f, A.data(), lda, M * K, B.data(), ldb, K * N, 0.0f, got.data(), N,
+                        M * N);
+      for (int64_t b = 0; b < batch; ++b)
+        cpu::gemm_reference(ta, tb, M, N, K, 1.0f, A.data() + b * M * K, lda, B.data() + b * K * N, ldb, 0.0f,
+                            want.data() + b * M * N, N);
+      expect_near_all(got, want, 1e-3f, 1e-4f, "large batched ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  }
+}
+
+TEST(Gemm, SmallSerialCallsLeaveTheCallersThreadCountAlone) {
+  const int before = num_threads();
+  set_num_threads(2);
+  auto A = random_vec(8 * 8, 61), B = random_vec(8 * 8, 62);
+  std::vector<float> C(64), want(64);
+  cpu::gemm(false, false, 8, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);  // runs on 1 thread
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  EXPECT_EQ(num_threads(), 2);
+  cpu::gemm_reference(false, false, 8, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, want.data(), 8);
+  expect_near_all(C, want, 1e-5f, 1e-5f, "small");
+  set_num_threads(before);
 }

@@ -3,7 +3,9 @@
 #include "core/allocator.h"
 #include "core/parallel.h"
 #include "models/llama/model.h"
+#include "support/model_fixture.h"
 #include "support/op_test.h"
+#include "ops/rope.h"
 #include "train/optimizer.h"
 
 using namespace loom;
@@ -15,18 +17,7 @@ const test::Fixture& fixture() {
   return f;
 }
 
-llama::Config fixture_config() {
-  auto c = fixture().get("config").to_vector<float>();
-  llama::Config cfg;
-  cfg.vocab_size = static_cast<int64_t>(c[0]);
-  cfg.context_length = static_cast<int64_t>(c[1]);
-  cfg.d_model = static_cast<int64_t>(c[2]);
-  cfg.num_layers = static_cast<int64_t>(c[3]);
-  cfg.num_heads = static_cast<int64_t>(c[4]);
-  cfg.d_ff = static_cast<int64_t>(c[5]);
-  cfg.rope_theta = c[6];
-  return cfg;
-}
+llama::Config fixture_config() { return test::llama_config_from_fixture(fixture()); }
 
 std::unique_ptr<llama::TransformerLM> fixture_model() {
   auto model = std::make_unique<llama::TransformerLM>(fixture_config(), 0);
@@ -155,7 +146,23 @@ TEST(TransformerLM, TrainStepAllocatesNothingAfterTheFirst) {
   };
   step();
   int64_t after_first = allocator_for(Device::cpu()).stats().system_allocations;
-  step();
-  step();
-  EXPECT_EQ(allocator_for(Device::cpu()).stats().system_allocations, after_first);
+  for (int i = 2; i <= 4; ++i) {
+    step();
+    EXPECT_EQ(allocator_for(Device::cpu()).stats().system_allocations, after_first) << "step " << i;
+  }
+}
+
+TEST(RotaryPositionalEmbedding, CachedTablesGiveTheComputedRotation) {
+  nn::RotaryPositionalEmbedding rope(10000.0f, 8, 32);
+  ASSERT_EQ(rope.cache.cos.shape(), (Shape{32, 4}));
+  Tensor x = test::randn({2, 5, 8}, 3);
+  Tensor positions = Tensor::from_vector<int32_t>({5}, {0, 31, 7, 7, 2});  // arbitrary, repeated
+  test::expect_close(rope.forward(x, positions), ops::rope(x, positions, 10000.0f), 0.0f, 0.0f, "cached vs computed");
+  Tensor beyond = Tensor::from_vector<int32_t>({5}, {0, 1, 2, 3, 32});
+  try {
+    rope.forward(x, beyond);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position 32"), std::string::npos) << e.what();
+  }
 }

@@ -96,7 +96,9 @@ TEST(Dropout, GradientUsesTheForwardMask) {
   for (size_t i = 0; i < vx.size(); ++i) {
     const bool kept = vy[i] != 0.0f;  // x is never exactly 0 here
     ASSERT_EQ(vdx[i], kept ? vdy[i] * scale : 0.0f) << i;
-    if (kept) ASSERT_EQ(vy[i], vx[i] * scale) << i;
+    if (kept) {
+      ASSERT_EQ(vy[i], vx[i] * scale) << i;
+    }
   }
   Tensor x2 = test::param(test::randn({4, 9}, 305));
   test::gradcheck([](const TensorList& in) { return ops::dropout(in[0], 0.3f, kKey); }, {x2});

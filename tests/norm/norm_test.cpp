@@ -4,6 +4,7 @@
 
 #include "backends/cpu/norm.h"
 #include "norm_helpers.h"
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 
 using namespace loom;
@@ -72,7 +73,7 @@ TEST(RmsNorm, FastKernelMatchesReference) {
       cpu::rms_norm_forward_reference(y_ref.data<float>(), rstd_ref.data<float>(), x.data<float>(), w.data<float>(),
                                       rows, C, 1e-5f);
       test::expect_close(y, y_ref, 1e-6f, 2e-6f, "y");
-      test::expect_close(rstd, rstd_ref, 0.0f, 1e-6f, "rstd");
+      test::expect_close(rstd, rstd_ref, 0.0f, 4e-6f, "rstd");  // f32 sum of C squares
       Tensor dx = Tensor::empty({rows, C}), dw = Tensor::empty({C}), dx_ref = Tensor::empty({rows, C}),
              dw_ref = Tensor::empty({C});
       cpu::rms_norm_backward(dx.data<float>(), dw.data<float>(), dy.data<float>(), x.data<float>(), w.data<float>(),
@@ -108,7 +109,7 @@ TEST(LayerNorm, FastKernelMatchesReference) {
                                         x.data<float>(), w.data<float>(), b.data<float>(), rows, C, 1e-5f);
       test::expect_close_scaled(y, y_ref, 2e-6f, "y");
       test::expect_close(mean, mean_ref, 1e-6f, 1e-5f, "mean");
-      test::expect_close(rstd, rstd_ref, 0.0f, 2e-6f, "rstd");
+      test::expect_close(rstd, rstd_ref, 0.0f, 4e-6f, "rstd");
       Tensor dx = Tensor::empty({rows, C}), dw = Tensor::empty({C}), db = Tensor::empty({C});
       Tensor dx_ref = Tensor::empty({rows, C}), dw_ref = Tensor::empty({C}), db_ref = Tensor::empty({C});
       cpu::layer_norm_backward(dx.data<float>(), dw.data<float>(), db.data<float>(), dy.data<float>(),
@@ -167,24 +168,32 @@ TEST(NormDeterminism, ParameterGradientsIndependentOfThreadCount) {
   }
 }
 
-TEST(RmsNorm, Bf16InputMatchesF32Path) {
+// bf16 x (f32 weight, statistics and math): within bf16 rounding of the f32 path on the same values.
+TEST(NormBf16, MatchesF32Path) {
   const int64_t rows = 5, C = 33;
   Tensor x32 = test::randn({rows, C}, 51).to(DType::BF16).to(DType::F32);  // values exactly representable in bf16
-  Tensor w = test::randn({C}, 52);
+  Tensor w = test::randn({C}, 52), b = test::randn({C}, 54);
   Tensor dy32 = test::randn({rows, C}, 53).to(DType::BF16).to(DType::F32);
-  Tensor xa = test::param(x32), wa = test::param(w);
-  Tensor ya = ops::rms_norm(xa, wa, 1e-5f);
-  autograd::backward(ya, dy32);
-  Tensor xb = test::param(x32.to(DType::BF16)), wb = test::param(w);
-  Tensor yb = ops::rms_norm(xb, wb, 1e-5f);
-  ASSERT_EQ(yb.dtype(), DType::BF16);
-  // f32 math inside, one rounding to bf16 on store: within bf16's half-ulp (2^-9 relative).
-  test::expect_close(yb, ya, 1e-6f, 1.0f / 256, "y");
-  autograd::backward(yb, dy32.to(DType::BF16));
-  ASSERT_EQ(xb.grad().dtype(), DType::BF16);
-  ASSERT_EQ(wb.grad().dtype(), DType::F32);
-  test::expect_close_scaled(xb.grad(), xa.grad(), 1.0f / 128, "dx");
-  test::expect_close(wb.grad(), wa.grad(), 1e-5f, 1e-5f, "dweight");  // inputs identical: f32 sums agree
+  for (bool layer : {false, true}) {
+    SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+    auto run = [&](const Tensor& x, const Tensor& wp, const Tensor& bp) {
+      return layer ? ops::layer_norm(x, wp, bp) : ops::rms_norm(x, wp);
+    };
+    Tensor xa = test::param(x32), wa = test::param(w), ba = test::param(b);
+    Tensor ya = run(xa, wa, ba);
+    autograd::backward(ya, dy32);
+    Tensor xb = test::param(x32.to(DType::BF16)), wb = test::param(w), bb = test::param(b);
+    Tensor yb = run(xb, wb, bb);
+    ASSERT_EQ(yb.dtype(), DType::BF16);
+    // f32 math inside, one rounding to bf16 on store: within bf16's half-ulp (2^-9 relative).
+    test::expect_close(yb, ya, 1e-6f, 1.0f / 256, "y");
+    autograd::backward(yb, dy32.to(DType::BF16));
+    ASSERT_EQ(xb.grad().dtype(), DType::BF16);
+    ASSERT_EQ(wb.grad().dtype(), DType::F32);
+    test::expect_close_scaled(xb.grad(), xa.grad(), 1.0f / 128, "dx");
+    test::expect_close(wb.grad(), wa.grad(), 1e-5f, 1e-5f, "dweight");  // inputs identical: f32 sums agree
+    if (layer) test::expect_close(bb.grad(), ba.grad(), 1e-5f, 1e-5f, "dbias");
+  }
 }
 
 TEST(NormErrors, NameTheOffendingValues) {
@@ -195,7 +204,8 @@ TEST(NormErrors, NameTheOffendingValues) {
   test::expect_error([&] { ops::rms_norm(x, w, -1.0f); }, {"rms_norm", "eps=-1"});
   test::expect_error([&] { ops::rms_norm(Tensor::zeros({4, 0}), Tensor::zeros({0})); }, {"rms_norm", "C=0"});
   test::expect_error([&] { ops::rms_norm(Tensor::zeros({}), w); }, {"rms_norm", "scalar"});
-  test::expect_error([&] { ops::layer_norm(x.to(DType::BF16), w, Tensor()); }, {"layer_norm", "x must be f32", "bf16"});
+  test::expect_error([&] { ops::layer_norm(Tensor::zeros({4, 33}, DType::I32), w, Tensor()); },
+                     {"layer_norm", "x must be f32 or bf16", "i32"});
   test::expect_error([&] { ops::rms_norm(x, Tensor::zeros({33}, DType::BF16)); }, {"rms_norm", "weight must be f32"});
 }
 
@@ -205,6 +215,73 @@ TEST(RmsNorm, NoGradRecordsNothing) {
   Tensor y = ops::rms_norm(x, w);
   EXPECT_FALSE(y.requires_grad());
   EXPECT_EQ(y.grad_fn(), nullptr);
+}
+
+// ---- add_rms_norm: the fused residual step ----------------------------------------------------------
+
+TEST(AddRmsNorm, MatchesPyTorch) {
+  auto fx = test::norm_fixture("rms_norm.json");
+  for (std::string name : {"add_basic", "add_3d"}) {
+    SCOPED_TRACE(name);
+    Tensor x = test::param(fx.get(name + ".x")), res = test::param(fx.get(name + ".residual"));
+    Tensor w = test::param(fx.get(name + ".weight"));
+    ops::AddRmsNorm out = ops::add_rms_norm(x, res, w, 1e-5f);
+    test::expect_close_scaled(out.sum, fx.get(name + ".sum"), 1e-6f, "sum");
+    test::expect_close_scaled(out.normed, fx.get(name + ".y"), 2e-6f, "normed");
+    // Both outputs feed the loss: sum(sum * dsum) + sum(normed * dy).
+    Tensor loss = ops::add(ops::sum(ops::mul(out.sum, fx.get(name + ".dsum"))),
+                           ops::sum(ops::mul(out.normed, fx.get(name + ".dy"))));
+    autograd::backward(loss);
+    test::expect_close_scaled(x.grad(), fx.get(name + ".dx"), 1e-5f, "dx");
+    test::expect_close_scaled(res.grad(), fx.get(name + ".dresidual"), 1e-5f, "dresidual");
+    test::expect_close_scaled(w.grad(), fx.get(name + ".dweight"), 1e-5f, "dweight");
+  }
+}
+
+TEST(AddRmsNorm, SameAsAddThenRmsNorm) {
+  for (int64_t C : {7, 64, 1344}) {
+    SCOPED_TRACE(C);
+    Tensor x0 = test::randn({37, C}, 71 + C), r0 = test::randn({37, C}, 72 + C), w0 = test::randn({C}, 73 + C);
+    Tensor dsum = test::randn({37, C}, 74 + C), dy = test::randn({37, C}, 75 + C);
+    Tensor x = test::param(x0), r = test::param(r0), w = test::param(w0);
+    ops::AddRmsNorm fused = ops::add_rms_norm(x, r, w);
+    autograd::backward(ops::add(ops::sum(ops::mul(fused.sum, dsum)), ops::sum(ops::mul(fused.normed, dy))));
+    Tensor x2 = test::param(x0), r2 = test::param(r0), w2 = test::param(w0);
+    Tensor sum2 = ops::add(x2, r2);
+    Tensor y2 = ops::rms_norm(sum2, w2);
+    autograd::backward(ops::add(ops::sum(ops::mul(sum2, dsum)), ops::sum(ops::mul(y2, dy))));
+    EXPECT_TRUE(test::bitwise_equal(fused.sum, sum2));
+    test::expect_close(fused.normed, y2, 1e-6f, 1e-6f, "normed");
+    test::expect_close(x.grad(), x2.grad(), 1e-5f, 1e-5f, "dx");
+    test::expect_close(r.grad(), r2.grad(), 1e-5f, 1e-5f, "dresidual");
+    test::expect_close(w.grad(), w2.grad(), 1e-4f, 1e-5f, "dweight");
+  }
+}
+
+TEST(AddRmsNorm, Gradcheck) {
+  Tensor x = test::param(test::randn({3, 7}, 81)), r = test::param(test::randn({3, 7}, 82));
+  Tensor w = test::param(test::randn({7}, 83, 0.5f));
+  test::gradcheck(
+      [](const TensorList& in) {
+        ops::AddRmsNorm out = ops::add_rms_norm(in[0], in[1], in[2]);
+        return ops::add(ops::scale(out.sum, 0.5f), out.normed);
+      },
+      {x, r, w});
+  // Only the normed output used: d(sum) arrives as zeros.
+  test::gradcheck([](const TensorList& in) { return ops::add_rms_norm(in[0], in[1], in[2]).normed; }, {x, r, w});
+}
+
+TEST(AddRmsNorm, Bf16AndErrors) {
+  Tensor x32 = test::randn({4, 33}, 91).to(DType::BF16).to(DType::F32), r32 = test::randn({4, 33}, 92).to(DType::BF16).to(DType::F32);
+  Tensor w = test::randn({33}, 93);
+  ops::AddRmsNorm a = ops::add_rms_norm(x32, r32, w);
+  ops::AddRmsNorm b = ops::add_rms_norm(x32.to(DType::BF16), r32.to(DType::BF16), w);
+  ASSERT_EQ(b.normed.dtype(), DType::BF16);
+  test::expect_close(b.sum, a.sum, 1e-6f, 1.0f / 256, "sum");
+  test::expect_close(b.normed, a.normed, 1e-6f, 1.0f / 128, "normed");  // two roundings (sum, then y)
+  test::expect_error([&] { ops::add_rms_norm(x32, Tensor::zeros({4, 32}), w); },
+                     {"add_rms_norm", "residual is f32[4, 32]", "x is f32[4, 33]"});
+  test::expect_error([&] { ops::add_rms_norm(x32, r32, Tensor::zeros({32})); }, {"add_rms_norm", "weight has shape [32]"});
 }
 
 TEST(NormEdgeCases, EmptyBatch) {

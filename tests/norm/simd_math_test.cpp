@@ -21,7 +21,7 @@ TEST(SimdMath, ExpWithinOneUlp) {
   EXPECT_LE(worst, 1.1);
   EXPECT_EQ(cpu::simd::exp(-100.0f), 0.0f);
   EXPECT_EQ(cpu::simd::exp(0.0f), 1.0f);
-  EXPECT_TRUE(std::isfinite(cpu::simd::exp(1000.0f)));
+  EXPECT_EQ(cpu::simd::exp(1000.0f), INFINITY);
 }
 
 TEST(SimdMath, SigmoidWithinFewUlp) {

@@ -28,6 +28,17 @@ TEST(Cli, TrainEncodeDecodeRoundTrip) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, text);
 
+  // Ids that end inside a UTF-8 character decode to U+FFFD; a bad id is an error.
+  write_text(dir / "half.txt", std::to_string(*tok.token_id("\xe6")) + " " + std::to_string(*tok.token_id("\x97")) +
+                                   " " + std::to_string(*tok.token_id("a")) + "\n");
+  r = run_cli({"tokenizer", "decode", "--tokenizer", dir / "tok.json", "--input", dir / "half.txt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "\xEF\xBF\xBD" "a");
+  write_text(dir / "bad_ids.txt", "1 2 700");
+  r = run_cli({"tokenizer", "decode", "--tokenizer", dir / "tok.json", "--input", dir / "bad_ids.txt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: decode: token id 700 is out of range"), std::string::npos) << r.err;
+
   // The same through vocab.json + merges.txt.
   r = run_cli({"tokenizer", "train", "--input", dir / "a.txt", "--vocab-size", "400", "--out", dir / "gpt2fmt"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -121,6 +132,7 @@ TEST(Cli, BadInputGivesErrorAndExitCodeOne) {
   write_text(dir / "empty.txt", "");
   write_text(dir / "text.txt", "some text here");
   write_text(dir / "bad.json", "{\"model\": ");
+  save_hf_json(small_tokenizer(300), dir / "tok.json");
   struct Case {
     std::vector<std::string> args;
     std::string message;
@@ -134,6 +146,11 @@ TEST(Cli, BadInputGivesErrorAndExitCodeOne) {
       {{"tokenizer", "encode", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt"}, "not valid JSON"},
       {{"tokenizer", "encode", "--tokenizer", dir / "nope.json", "--input", dir / "text.txt"}, "does not exist"},
       {{"prepare", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt", "--out", dir / "o"}, "bad.json"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "empty.txt", "--out", dir / "o"}, "empty"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "missing.txt", "--out", dir / "o"}, "missing.txt"},
+      {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "text.txt", "--out", dir / "o", "--val-fraction",
+        "1.5"},
+       "val fraction"},
   };
   for (const Case& c : cases) {
     auto r = run_cli(c.args);

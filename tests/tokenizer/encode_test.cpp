@@ -244,3 +244,18 @@ TEST(Stream, ChunkedEncodeEqualsWholeEncode) {
     }
   }
 }
+
+// ---- a tokenizer.json written by Hugging Face -----------------------------------------------------
+
+TEST(HuggingFace, ReadsTheirFileAndEncodesLikeThem) {
+  Tokenizer tok = load_tokenizer(fixture("hf_tokenizer.json"));  // merges in the "a b" form
+  EXPECT_EQ(tok.vocab_size(), 400u);
+  EXPECT_TRUE(tok.special_token_id("<|endoftext|>").has_value());
+  auto ref = nlohmann::json::parse(read_text(fixture("hf_reference.json")));
+  ASSERT_GE(ref["cases"].size(), 10u);
+  for (const auto& c : ref["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), c["ids"].get<std::vector<TokenId>>()) << nlohmann::json(text).dump();
+    EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  }
+}

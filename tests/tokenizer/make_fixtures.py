@@ -6,9 +6,11 @@
                         from data/gpt2/ (installed by tools/fetch_gpt2_vocab.py), nothing is downloaded.
   train_reference.json  a small corpus and the merges that a plain, slow Python BPE trainer with CS336
                         semantics learns from it (an oracle independent of the C++ trainer).
+  hf_tokenizer.json,    a byte-level BPE tokenizer trained and saved by Hugging Face's `tokenizers`
+  hf_reference.json     (PyPI), and the ids it gives for some texts: reading a file HF wrote.
 
 Run from the repository root:  python3 tests/tokenizer/make_fixtures.py
-Needs: pip install tiktoken (which brings the `regex` module).
+Needs: pip install tiktoken tokenizers (tiktoken brings the `regex` module).
 """
 import collections
 import json
@@ -140,7 +142,24 @@ def main():
     (HERE / "train_reference.json").write_text(json.dumps({
         "corpus": corpus, "special_tokens": specials, "vocab_size": 256 + len(specials) + 60,
         "merges_hex": [[a.hex(), b.hex()] for a, b in merges]}, ensure_ascii=True, indent=1) + "\n")
-    print("wrote", HERE / "gpt2_reference.json", "and", HERE / "train_reference.json")
+
+    # Hugging Face: train, save (merges as "a b" strings, the older and still common form), encode.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator([corpus * 3, adversarial_text(3, 400)], trainer=trainer)
+    saved = json.loads(hf.to_str())
+    saved["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in saved["model"]["merges"]]
+    (HERE / "hf_tokenizer.json").write_text(json.dumps(saved, ensure_ascii=True) + "\n")
+    hf = Tokenizer.from_file(str(HERE / "hf_tokenizer.json"))
+    hf_texts = TEXTS[:16] + [adversarial_text(4, 300)]
+    (HERE / "hf_reference.json").write_text(json.dumps({
+        "source": "tokenizers " + __import__("tokenizers").__version__,
+        "cases": [{"text": t, "ids": hf.encode(t).ids} for t in hf_texts]}, ensure_ascii=True) + "\n")
+    print("wrote the fixtures in", HERE)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,21 @@
 // CPU kernels for activations, SwiGLU and dropout. Legend and conventions: see activation.h.
 //
-// All of these are memory-bound streams: one `omp simd` loop per chunk of kGrain elements, chunks spread
-// over threads with parallel_for. Chunks depend only on n, and each element's value only on its own
-// inputs (and, for dropout, its index), so results are the same for every thread count.
+// Each kernel is one `omp simd` loop per chunk of kGrain elements, chunks spread over threads with
+// parallel_for. Chunks depend only on n, and each element's value only on its own inputs (and, for
+// dropout, its index), so results are the same for every thread count. `simdlen(16)` asks for full
+// AVX-512 vectors: GCC's Sapphire Rapids tuning otherwise prefers 256-bit ones, and the exp/erf loops
+// are compute-bound enough for that to show (single thread: silu forward at ~80% of copy bandwidth).
 #include "backends/cpu/activation.h"
 
 #include <algorithm>
 #include <cmath>
+
+#if defined(__AVX512F__)
+// GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 intrinsics at -O3 (GCC bug
+// 105593, the _mm512_undefined_* placeholders); the intrinsics themselves are fine.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/simd_math.h"
 #include "core/parallel.h"
@@ -17,7 +26,7 @@ namespace {
 using simd::load;
 using simd::store;
 
-constexpr int64_t kGrain = 1 << 14;  // elements per chunk; a multiple of 4 (dropout's Philox blocks)
+constexpr int64_t kGrain = 1 << 14;  // elements per chunk; a multiple of 64 (dropout's Philox tiles)
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluTanhCubic = 0.044715f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
@@ -53,7 +62,7 @@ inline float gelu_grad(float x, bool tanh_approximation) {
 template <typename T>
 void silu_forward_impl(T* y, const T* x, int64_t n) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
     for (int64_t i = b; i < e; ++i) {
       const float v = load(x, i);
       store(y, i, v * simd::sigmoid(v));
@@ -64,7 +73,7 @@ void silu_forward_impl(T* y, const T* x, int64_t n) {
 template <typename T>
 void silu_backward_impl(T* dx, const T* dy, const T* x, int64_t n) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
     for (int64_t i = b; i < e; ++i) store(dx, i, load(dy, i) * silu_grad(load(x, i)));
   });
 }
@@ -75,10 +84,10 @@ template <typename T>
 void gelu_forward_impl(T* y, const T* x, int64_t n, bool tanh_approximation) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     if (tanh_approximation) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) store(y, i, gelu_value(load(x, i), true));
     } else {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) store(y, i, gelu_value(load(x, i), false));
     }
   });
@@ -88,10 +97,10 @@ template <typename T>
 void gelu_backward_impl(T* dx, const T* dy, const T* x, int64_t n, bool tanh_approximation) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     if (tanh_approximation) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) store(dx, i, load(dy, i) * gelu_grad(load(x, i), true));
     } else {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) store(dx, i, load(dy, i) * gelu_grad(load(x, i), false));
     }
   });
@@ -100,7 +109,7 @@ void gelu_backward_impl(T* dx, const T* dy, const T* x, int64_t n, bool tanh_app
 template <typename T>
 void swiglu_forward_impl(T* y, const T* gate, const T* up, int64_t n) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
     for (int64_t i = b; i < e; ++i) {
       const float g = load(gate, i);
       store(y, i, g * simd::sigmoid(g) * load(up, i));
@@ -112,7 +121,7 @@ template <typename T>
 void swiglu_backward_impl(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     if (dgate != nullptr && dup != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) {
         const float g = load(gate, i), u = load(up, i), d = load(dy, i);
         const float s = simd::sigmoid(g);
@@ -120,10 +129,10 @@ void swiglu_backward_impl(T* dgate, T* dup, const T* dy, const T* gate, const T*
         store(dup, i, d * (g * s));
       }
     } else if (dgate != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) store(dgate, i, load(dy, i) * load(up, i) * silu_grad(load(gate, i)));
     } else if (dup != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t i = b; i < e; ++i) {
         const float g = load(gate, i);
         store(dup, i, load(dy, i) * (g * simd::sigmoid(g)));
@@ -135,8 +144,8 @@ void swiglu_backward_impl(T* dgate, T* dup, const T* dy, const T* gate, const T*
 // ---- dropout ------------------------------------------------------------------------------------
 
 // Philox4x32-10, the same rounds as core/rng.cpp's philox4x32 (which stays the definition; the tests
-// check that this copy agrees with random_bits), written on scalars so an `omp simd` loop over blocks
-// vectorises it (32x32->64-bit multiplies map to vpmuludq).
+// check that the dropout mask agrees with random_uniform bit for bit). Scalar: the portable path of
+// philox_tile below.
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 
@@ -162,35 +171,80 @@ inline void philox_block(uint64_t block, uint32_t key0, uint32_t key1, uint32_t&
   o3 = c3;
 }
 
+// 64 random words, element order, for elements 4*first .. 4*first + 63 (blocks first .. first + 15);
+// `first` must be a multiple of 16 so that the low counter word does not carry within the tile.
+#if defined(__AVX512F__)
+// AVX-512: 16 blocks side by side, one per lane. The 32x32->64-bit products come from vpmuludq on the
+// even and (shifted) odd lanes; GCC's own vectorisation of philox_block widens to 64-bit lanes and uses
+// the slow vpmullq. The four output words are then transposed into element order.
+inline void philox_tile(uint64_t first, uint32_t key0, uint32_t key1, uint32_t* bits) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(first))), lane);
+  __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(first >> 32)));
+  __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+  __m512i k0 = _mm512_set1_epi32(static_cast<int>(key0)), k1 = _mm512_set1_epi32(static_cast<int>(key1));
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0)), m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
+  const __m512i w0 = _mm512_set1_epi32(static_cast<int>(kPhiloxW0)), w1 = _mm512_set1_epi32(static_cast<int>(kPhiloxW1));
+  constexpr __mmask16 kOdd = 0xAAAA;
+  for (int round = 0; round < 10; ++round) {
+    const __m512i pe0 = _mm512_mul_epu32(c0, m0), po0 = _mm512_mul_epu32(_mm512_srli_epi64(c0, 32), m0);
+    const __m512i pe1 = _mm512_mul_epu32(c2, m1), po1 = _mm512_mul_epu32(_mm512_srli_epi64(c2, 32), m1);
+    const __m512i lo0 = _mm512_mask_blend_epi32(kOdd, pe0, _mm512_slli_epi64(po0, 32));
+    const __m512i hi0 = _mm512_mask_blend_epi32(kOdd, _mm512_srli_epi64(pe0, 32), po0);
+    const __m512i lo1 = _mm512_mask_blend_epi32(kOdd, pe1, _mm512_slli_epi64(po1, 32));
+    const __m512i hi1 = _mm512_mask_blend_epi32(kOdd, _mm512_srli_epi64(pe1, 32), po1);
+    c0 = _mm512_ternarylogic_epi32(hi1, c1, k0, 0x96);  // hi1 ^ c1 ^ k0
+    c2 = _mm512_ternarylogic_epi32(hi0, c3, k1, 0x96);  // hi0 ^ c3 ^ k1
+    c1 = lo1;
+    c3 = lo0;
+    k0 = _mm512_add_epi32(k0, w0);
+    k1 = _mm512_add_epi32(k1, w1);
+  }
+  // c_j lane b holds word j of block b; element 4b + j wants it. 4x4 transpose of 32-bit words within
+  // each 128-bit lane, then of 128-bit lanes across the four registers.
+  const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
+  const __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+  const __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2);  // blocks 0,4,8,12 | 1,5,9,13
+  const __m512i u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3);  // blocks 2,6,10,14 | 3,7,11,15
+  const __m512i v0 = _mm512_shuffle_i32x4(u0, u1, 0x44), v1 = _mm512_shuffle_i32x4(u2, u3, 0x44);  // 0,4,1,5 | 2,6,3,7
+  const __m512i v2 = _mm512_shuffle_i32x4(u0, u1, 0xEE), v3 = _mm512_shuffle_i32x4(u2, u3, 0xEE);  // 8,12,9,13 | 10,14,11,15
+  _mm512_storeu_si512(bits, _mm512_shuffle_i32x4(v0, v1, 0x88));       // blocks 0..3
+  _mm512_storeu_si512(bits + 16, _mm512_shuffle_i32x4(v0, v1, 0xDD));  // blocks 4..7
+  _mm512_storeu_si512(bits + 32, _mm512_shuffle_i32x4(v2, v3, 0x88));  // blocks 8..11
+  _mm512_storeu_si512(bits + 48, _mm512_shuffle_i32x4(v2, v3, 0xDD));  // blocks 12..15
+}
+#else
+inline void philox_tile(uint64_t first, uint32_t key0, uint32_t key1, uint32_t* bits) {
+  for (int k = 0; k < 16; ++k) {
+    philox_block(first + static_cast<uint64_t>(k), key0, key1, bits[4 * k], bits[4 * k + 1], bits[4 * k + 2],
+                 bits[4 * k + 3]);
+  }
+}
+#endif
+
 // Element i is dropped iff random_uniform(key, i) = (bits >> 8) * 2^-24 < p, i.e. iff the integer
 // (bits >> 8) < ceil(p * 2^24): the comparison is exact, so the mask matches random_uniform bit for bit.
 uint32_t drop_threshold(float p) { return static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0)); }
 
 template <typename T>
 void dropout_forward_impl(T* y, const T* x, int64_t n, float p, RngKey key) {
+  static_assert(kGrain % 64 == 0, "chunks must start on a 64-element Philox tile");
   const uint32_t threshold = drop_threshold(p);
   const float scale = 1.0f / (1.0f - p);
-  const uint32_t k0 = key.k0, k1 = key.k1;
-  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    // b is a multiple of 4 (kGrain is), so chunk-local blocks are global blocks.
-    const int64_t full_end = b + (e - b) / 4 * 4;
-    constexpr int64_t kTile = 64;  // blocks per tile: 256 elements
-    uint32_t w0[kTile], w1[kTile], w2[kTile], w3[kTile];
-    for (int64_t t = b; t < full_end; t += 4 * kTile) {
-      const int64_t blocks = std::min<int64_t>(kTile, (full_end - t) / 4);
-      const uint64_t first = static_cast<uint64_t>(t) / 4;
-#pragma omp simd
-      for (int64_t k = 0; k < blocks; ++k) philox_block(first + static_cast<uint64_t>(k), k0, k1, w0[k], w1[k], w2[k], w3[k]);
-#pragma omp simd
-      for (int64_t k = 0; k < blocks; ++k) {
-        const int64_t i = t + 4 * k;
-        store(y, i, (w0[k] >> 8) >= threshold ? load(x, i) * scale : 0.0f);
-        store(y, i + 1, (w1[k] >> 8) >= threshold ? load(x, i + 1) * scale : 0.0f);
-        store(y, i + 2, (w2[k] >> 8) >= threshold ? load(x, i + 2) * scale : 0.0f);
-        store(y, i + 3, (w3[k] >> 8) >= threshold ? load(x, i + 3) * scale : 0.0f);
+  parallel_for(0, n, kGrain, [&, x, y](int64_t b, int64_t e) {
+    // x, y are captured by value: through the closure (by reference) GCC reloads them under the mask
+    // of the select below and gives up vectorising ("no vectype for .MASK_LOAD").
+    alignas(64) uint32_t bits[64];
+    int64_t t = b;
+    for (; t + 64 <= e; t += 64) {
+      philox_tile(static_cast<uint64_t>(t) / 4, key.k0, key.k1, bits);
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < 64; ++j) {
+        const float v = load(x, t + j) * scale;
+        store(y, t + j, (bits[j] >> 8) >= threshold ? v : 0.0f);
       }
     }
-    for (int64_t i = full_end; i < e; ++i) {
+    for (int64_t i = t; i < e; ++i) {
       const bool keep = (random_bits(key, static_cast<uint64_t>(i)) >> 8) >= threshold;
       store(y, i, keep ? load(x, i) * scale : 0.0f);
     }

@@ -1,14 +1,19 @@
 // Attention kernels (see attention.h for the contract and the legend).
 //
-// Flash kernels, per head (one thread):
-//   * K (and V) are packed once per head, zero-padded to multiples of 16 in both T and D, so every
-//     inner loop runs on whole 16-float vectors and padding contributes exact zeros. K is also stored
-//     transposed (Kt: [Dp, Tkp]) so that S = Q K^T vectorises over keys.
+// Flash kernels (Dao, "FlashAttention-2", 2023), per head:
+//   * K and V rows are packed once per head into thread-local scratch, RoPE'd on the way in, zero-
+//     padded to multiples of 16 in both T and D, so every inner loop runs on whole 16-float vectors
+//     and padding contributes exact zeros. K^T (and V^T in the backward) are packed too, so that
+//     Q K^T and dO V^T vectorise over keys. These [T, D]-sized packs are the only copies made.
 //   * Scores live in the log2 domain: Q is pre-multiplied by scale*log2(e), so probabilities are
-//     exp2(S - m) (FlashAttention-2, section 3.1, does the same).
-//   * All products are one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of 16, an
-//     8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be read
-//     transposed (P^T dO, dS^T Q) by passing its strides, so no transpose is ever materialised.
+//     exp2(S - m), as the FlashAttention-2 kernels do (softmax_scale_log2).
+//   * All products go through one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of
+//     16, an 8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be
+//     read transposed (P^T dO, dS^T Q) through its strides, so P^T and dS^T are never formed.
+//   * Causal diagonal blocks are trimmed per 8-row tile (for_each_row_tile): work beyond a tile's
+//     last visible key is skipped rather than computed and masked.
+//   * The backward recomputes P blockwise from the saved logsumexp and accumulates dQ, dK and dV for a
+//     head in that head's thread, in a fixed order: bitwise deterministic for any thread count.
 #include "backends/cpu/attention.h"
 
 #include <algorithm>
@@ -172,8 +177,52 @@ void prefetch_row_for_write(float* p, int64_t n) {
   __builtin_prefetch(p + n - 1, 1);
 }
 
+#if !defined(__clang__)  // GCC's two-source __builtin_shuffle; Clang takes the scalar transpose below
+// Two-source lane masks for one stage of a 16x16 transpose (see transpose16).
+template <int K>
+constexpr simd::i32x16 swap_mask(bool upper) {
+  simd::i32x16 m{};
+  for (int l = 0; l < 16; ++l) {
+    if (!upper) m[l] = (l & K) == 0 ? l : 16 + l - K;
+    else m[l] = (l & K) == 0 ? l + K : 16 + l;
+  }
+  return m;
+}
+
+template <int K>
+inline void transpose_stage(f32x16* r) {
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (i & K) continue;
+    const f32x16 a = r[i], b = r[i + K];
+    r[i] = __builtin_shuffle(a, b, swap_mask<K>(false));
+    r[i + K] = __builtin_shuffle(a, b, swap_mask<K>(true));
+  }
+}
+
+// One 16x16 block: dst[c * ld_dst + j] = src[j * ld_src + c]. Recursive block transpose: each stage
+// swaps the off-diagonal K x K sub-blocks of every 2K x 2K block (K = 8, 4, 2, 1), 64 lane permutes
+// in all instead of 256 scalar loads and stores.
+inline void transpose16(float* dst, int64_t ld_dst, const float* src, int64_t ld_src) {
+  f32x16 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = simd::load(src + i * ld_src);
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
+  for (int i = 0; i < 16; ++i) simd::store(dst + i * ld_dst, r[i]);
+}
+#endif
+
 // dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols (an in-cache transpose).
 void transpose(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+#if !defined(__clang__)
+  if (rows % 16 == 0 && cols % 16 == 0) {
+    for (int64_t j = 0; j < rows; j += 16)
+      for (int64_t c = 0; c < cols; c += 16) transpose16(dst + c * ld_dst + j, ld_dst, src + j * ld_src + c, ld_src);
+    return;
+  }
+#endif
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t j = 0; j < rows; ++j) dst[c * ld_dst + j] = src[j * ld_src + c];
 }
@@ -188,12 +237,13 @@ void pack_rows(float* dst, int64_t width, int64_t padded_rows, const float* base
   std::fill(dst + t * width, dst + padded_rows * width, 0.0f);
 }
 
-// krows [Tkp, Dp] (roped, row-major) and kt [Dp, Tkp] (its transpose), both zero-padded.
-void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, float* kt,
-               float* krows) {
+// Keys [0, nk): krows [round16(nk), Dp] (roped, row-major) and kt [Dp, Tkp] (its transpose, columns
+// [0, round16(nk)) written), both zero-padded.
+void pack_keys(const AttentionProblem& p, const Dims& s, const float* k, int64_t b, int64_t h, int64_t nk,
+               float* kt, float* krows) {
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
-  pack_rows(krows, s.dp, s.tkp, k, p.k, p.tk, p.d, rope, b, h);
-  transpose(kt, s.tkp, krows, s.dp, s.tkp, s.dp);
+  pack_rows(krows, s.dp, round16(nk), k, p.k, nk, p.d, rope, b, h);
+  transpose(kt, s.tkp, krows, s.dp, round16(nk), s.dp);
 }
 
 // Queries [rows, Dp], roped and multiplied by scale*log2(e).
@@ -224,24 +274,27 @@ struct ForwardScratch {
   Buffer kt, krows, vp, qc, s, o, tmp;
   std::vector<float> m, l;
   ForwardScratch(const AttentionProblem& p, const Dims& d)
-      : kt(make_buffer(d.dp * d.tkp)), krows(make_buffer(d.tkp * d.dp)), vp(make_buffer(d.tkp * d.dvp)), qc(make_buffer(kBlockQ * d.dp)),
+      : kt(make_buffer(d.dp * d.tkp)), krows(make_buffer(d.tkp * d.dp)), vp(make_buffer(d.tkp * d.dvp)),
+        qc(make_buffer(kBlockQ * d.dp)),
         s(make_buffer(kBlockQ * kBlockK)), o(make_buffer(kBlockQ * d.dvp)), tmp(make_buffer(d.dp)),
         m(kBlockQ), l(kBlockQ) {}
 };
 
-void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, const float* q, const float* k,
-                        const float* v, float* out, float* lse, ForwardScratch& w) {
+// Query rows [row_begin, row_end) of head n (row_begin a multiple of kBlockQ).
+void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, int64_t row_begin, int64_t row_end,
+                        const float* q, const float* k, const float* v, float* out, float* lse, ForwardScratch& w) {
   const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
   const int64_t dp = dims.dp, dvp = dims.dvp;
-  pack_keys(p, dims, k, b, h, w.kt.get(), w.krows.get());
+  const int64_t nk = key_end(p, row_begin, row_end - row_begin);  // keys any of these rows can see
+  pack_keys(p, dims, k, b, h, nk, w.kt.get(), w.krows.get());
   float* vp = w.vp.get();
-  pack_rows(vp, dvp, dims.tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
+  pack_rows(vp, dvp, round16(nk), v, p.v, nk, p.dv, nullptr, b, h);
 
   float* qc = w.qc.get();
   float* s = w.s.get();
   float* o = w.o.get();
-  for (int64_t i0 = 0; i0 < p.tq; i0 += kBlockQ) {
-    const int64_t rows = std::min(kBlockQ, p.tq - i0);
+  for (int64_t i0 = row_begin; i0 < row_end; i0 += kBlockQ) {
+    const int64_t rows = std::min(kBlockQ, row_end - i0);
     const int64_t kend = key_end(p, i0, rows);
     pack_queries(p, dims, q, b, h, i0, rows, qc);
     std::fill(w.m.begin(), w.m.end(), -kInf);
@@ -304,7 +357,8 @@ struct BackwardScratch {
       : qc(make_buffer(p.tq * d.dp)), kp(make_buffer(d.tkp * d.dp)), kt(make_buffer(d.dp * d.tkp)),
         vrows(make_buffer(d.tkp * d.dvp)), vt(make_buffer(d.dvp * d.tkp)), dop(make_buffer(p.tq * d.dvp)), dq(make_buffer(p.tq * d.dp)),
         dk(make_buffer(d.tkp * d.dp)), dv(make_buffer(d.tkp * d.dvp)), s(make_buffer(kBlockQ * kBlockK)),
-        dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))), di(static_cast<size_t>(p.tq)) {}
+        dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))),
+        di(static_cast<size_t>(p.tq)) {}
 };
 
 void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n, const float* q, const float* k,
@@ -314,7 +368,7 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
   const int64_t dp = dims.dp, dvp = dims.dvp, tkp = dims.tkp;
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
 
-  pack_keys(p, dims, k, b, h, w.kt.get(), w.kp.get());
+  pack_keys(p, dims, k, b, h, p.tk, w.kt.get(), w.kp.get());
   float* vt = w.vt.get();
   pack_rows(w.vrows.get(), dvp, tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
   transpose(vt, tkp, w.vrows.get(), dvp, tkp, dvp);
@@ -447,9 +501,21 @@ void flash_attention_forward(const AttentionProblem& p, const float* q, const fl
                              float* out, float* lse) {
   if (p.heads() == 0 || p.tq == 0) return;
   const Dims dims(p);
-  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
+  // Work items are (head, span of query blocks). With few heads (e.g. one long sequence) the query
+  // blocks of a head are split into spans so that every thread has work; a row's result does not
+  // depend on the split, so this stays deterministic.
+  const int64_t qblocks = (p.tq + kBlockQ - 1) / kBlockQ;
+  const int64_t grain = head_grain(p);
+  int64_t spans = 1;
+  if (grain < p.heads() && p.heads() < 4 * num_threads())
+    spans = std::min(qblocks, (4 * num_threads() + p.heads() - 1) / p.heads());
+  parallel_for(0, p.heads() * spans, spans == 1 ? grain : 1, [&](int64_t ib, int64_t ie) {
     ForwardScratch w(p, dims);
-    for (int64_t n = nb; n < ne; ++n) flash_forward_head(p, dims, n, q, k, v, out, lse, w);
+    for (int64_t item = ib; item < ie; ++item) {
+      const int64_t n = item / spans, sp = item % spans;
+      const int64_t rb = qblocks * sp / spans * kBlockQ, re = std::min(p.tq, qblocks * (sp + 1) / spans * kBlockQ);
+      if (rb < re) flash_forward_head(p, dims, n, rb, re, q, k, v, out, lse, w);
+    }
   });
 }
 

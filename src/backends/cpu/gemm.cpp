@@ -144,6 +144,9 @@ class GemmCache {
   GemmCacheStats stats_;
 };
 
+// Below this many flops (~10 us of one core) a GEMM runs single-threaded.
+constexpr double kSerialFlops = 4.0e6;
+
 void check_problem(const GemmKey& k) {
   LOOM_CHECK(k.M >= 0 && k.N >= 0 && k.K >= 0 && k.batch >= 0, "gemm: negative size M=", k.M, " N=", k.N,
              " K=", k.K, " batch=", k.batch);
@@ -182,9 +185,23 @@ void run(GemmKey key, const void* A, const void* B, const float* bias, float* C)
   }
   if (key.batch == 1) key.stride_a = key.stride_b = key.stride_c = 0;
   // oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP setting.
+  // Problems under kSerialFlops run on one thread: waking a second thread costs more than it saves,
+  // and on a busy machine a parallel region can wait a whole time slice for a descheduled thread
+  // (gradchecks of small matmuls ran 5-100x slower on 2 threads than on 1 here).
   const bool nested = omp_in_parallel();
-  key.threads = nested ? 1 : num_threads();
+  const int caller_threads = num_threads();
+  const double flops = 2.0 * static_cast<double>(key.batch) * static_cast<double>(key.M) *
+                       static_cast<double>(key.N) * static_cast<double>(key.K);
+  const bool serial = flops < kSerialFlops;
+  key.threads = (nested || serial) ? 1 : caller_threads;
   if (!nested && omp_get_max_threads() != key.threads) omp_set_num_threads(key.threads);
+  struct RestoreThreads {  // a serial call leaves the caller's OpenMP setting as it found it
+    bool active;
+    int threads;
+    ~RestoreThreads() {
+      if (active) omp_set_num_threads(threads);
+    }
+  } restore{!nested && serial && caller_threads != 1, caller_threads};
 
   GemmCache& cache = GemmCache::instance();
   const GemmPrimitive& p = cache.get(key);
@@ -325,7 +342,10 @@ std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N
   GemmKey k = make_key(trans_a, trans_b, 1, M, N, K, 1.0f, trans_a ? M : K, 0, trans_b ? K : N, 0, 0.0f, N, 0,
                        dtype, false);
   check_problem(k);
-  k.threads = omp_in_parallel() ? 1 : num_threads();
+  k.threads = (omp_in_parallel() || 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <
+                                        kSerialFlops)
+                  ? 1
+                  : num_threads();
   return GemmCache::instance().get(k).pd.impl_info_str();
 }
 

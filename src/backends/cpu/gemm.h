@@ -18,8 +18,9 @@
 // never results) and guarded by a mutex, so concurrent callers are safe.
 //
 // Threads: every call runs on loom::num_threads() threads (oneDNN here uses the OpenMP runtime; the
-// calling thread's OpenMP thread count is set to match). Called from inside a parallel region it runs on
-// one thread. Determinism: the same inputs and thread count give bitwise the same C.
+// calling thread's OpenMP thread count is set to match), except problems under ~4 MFLOP, which run on
+// one thread, and calls from inside a parallel region, which run on their caller's thread.
+// Determinism: the same inputs and thread count give bitwise the same C.
 #pragma once
 
 #include <cstdint>

@@ -38,11 +38,11 @@ RowChunks param_grad_chunks(int64_t rows) {
 // out[j] = sum over c (in chunk order) of partial[c*C + j].
 void sum_partials(float* out, const float* partial, int64_t chunks, int64_t C) {
   parallel_for(0, C, 1024, [&](int64_t j0, int64_t j1) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
     for (int64_t j = j0; j < j1; ++j) out[j] = 0.0f;
     for (int64_t c = 0; c < chunks; ++c) {
       const float* p = partial + c * C;
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t j = j0; j < j1; ++j) out[j] += p[j];
     }
   });
@@ -78,7 +78,7 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
       const T* xr = x + r * C;
       T* yr = y + r * C;
       float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
+#pragma omp simd simdlen(16) reduction(+ : ss)
       for (int64_t j = 0; j < C; ++j) {
         const float v = load(xr, j);
         ss += v * v;
@@ -86,15 +86,43 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
       float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
       if (!(ss <= FLT_MAX)) [[unlikely]] rs = scaled_rms_rstd(xr, C, eps, rs);
       if (rstd != nullptr) rstd[r] = rs;
-#pragma omp simd
+#pragma omp simd simdlen(16)
       for (int64_t j = 0; j < C; ++j) store(yr, j, load(xr, j) * rs * weight[j]);
     }
   });
 }
 
+// sum = x + residual, stored (rounded to T) and then normalised as stored, so that the backward, which
+// sees only the saved sum, differentiates exactly what the forward computed.
 template <typename T>
+void add_rms_norm_forward_impl(T* sum, T* y, float* rstd, const T* x, const T* residual, const float* weight,
+                               int64_t rows, int64_t C, float eps) {
+  parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      const T* rr = residual + r * C;
+      T* sr = sum + r * C;
+      T* yr = y + r * C;
+      float ss = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : ss)
+      for (int64_t j = 0; j < C; ++j) {
+        store(sr, j, load(xr, j) + load(rr, j));
+        const float v = load(sr, j);
+        ss += v * v;
+      }
+      float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+      if (!(ss <= FLT_MAX)) [[unlikely]] rs = scaled_rms_rstd(sr, C, eps, rs);
+      if (rstd != nullptr) rstd[r] = rs;
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < C; ++j) store(yr, j, load(sr, j) * rs * weight[j]);
+    }
+  });
+}
+
+// With kAddGrad, dx += dsum as well (the fused residual add's backward: d(sum) = upstream + norm's dx).
+template <bool kAddGrad, typename T>
 void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, const float* weight,
-                            const float* rstd, int64_t rows, int64_t C) {
+                            const float* rstd, int64_t rows, int64_t C, const T* dsum = nullptr) {
   const RowChunks chunks = param_grad_chunks(rows);
   std::vector<float> partial(dweight != nullptr ? static_cast<size_t>(chunks.count * C) : 0);
   parallel_for(0, chunks.count, 1, [&](int64_t c0, int64_t c1) {
@@ -110,23 +138,30 @@ void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, cons
           // dot = mean(g * xhat) with g = dy*w, xhat = x*rs; rs is applied per element (not as rs^3 on
           // the sum) so that rows with |x| ~ 1e20 neither overflow nor underflow.
           float gx = 0.0f;
-#pragma omp simd reduction(+ : gx)
+#pragma omp simd simdlen(16) reduction(+ : gx)
           for (int64_t j = 0; j < C; ++j) gx += load(dyr, j) * weight[j] * (load(xr, j) * rs);
           const float dot = gx / static_cast<float>(C);
           T* dxr = dx + r * C;
+          const T* dsr = kAddGrad ? dsum + r * C : nullptr;
           if (pw != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
             for (int64_t j = 0; j < C; ++j) {
               const float xhat = load(xr, j) * rs, dyv = load(dyr, j);
-              store(dxr, j, rs * (dyv * weight[j] - xhat * dot));
+              float v = rs * (dyv * weight[j] - xhat * dot);
+              if constexpr (kAddGrad) v += load(dsr, j);
+              store(dxr, j, v);
               pw[j] += dyv * xhat;
             }
           } else {
-#pragma omp simd
-            for (int64_t j = 0; j < C; ++j) store(dxr, j, rs * (load(dyr, j) * weight[j] - load(xr, j) * rs * dot));
+#pragma omp simd simdlen(16)
+            for (int64_t j = 0; j < C; ++j) {
+              float v = rs * (load(dyr, j) * weight[j] - load(xr, j) * rs * dot);
+              if constexpr (kAddGrad) v += load(dsr, j);
+              store(dxr, j, v);
+            }
           }
         } else if (pw != nullptr) {
-#pragma omp simd
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) pw[j] += load(dyr, j) * (load(xr, j) * rs);
         }
       }
@@ -137,16 +172,17 @@ void rms_norm_backward_impl(T* dx, float* dweight, const T* dy, const T* x, cons
 
 // Mean and rstd of a row whose sums overflowed f32: the same corrected two-pass algorithm on x/m,
 // m = max|x|, then mean = m * mean(x/m) and rstd = (1/m) / sqrt(var(x/m) + eps/m^2).
-void scaled_layer_norm_stats(const float* x, int64_t C, float eps, float& mean, float& rs) {
+template <typename T>
+void scaled_layer_norm_stats(const T* x, int64_t C, float eps, float& mean, float& rs) {
   const float m = max_abs(x, C);
   if (!std::isfinite(m) || m == 0.0f) return;  // inf/NaN inputs: keep the unscaled (non-finite) stats
   const float inv = 1.0f / m;
   float s = 0.0f;
-  for (int64_t j = 0; j < C; ++j) s += x[j] * inv;
+  for (int64_t j = 0; j < C; ++j) s += load(x, j) * inv;
   float ms = s / static_cast<float>(C);
   float s1 = 0.0f, s2 = 0.0f;
   for (int64_t j = 0; j < C; ++j) {
-    const float d = x[j] * inv - ms;
+    const float d = load(x, j) * inv - ms;
     s1 += d;
     s2 += d * d;
   }
@@ -157,42 +193,24 @@ void scaled_layer_norm_stats(const float* x, int64_t C, float eps, float& mean, 
   rs = inv / std::sqrt(var + eps * inv * inv);
 }
 
-}  // namespace
-
-void rms_norm_forward(float* y, float* rstd, const float* x, const float* weight, int64_t rows, int64_t C,
-                      float eps) {
-  rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
-}
-void rms_norm_forward(bf16* y, float* rstd, const bf16* x, const float* weight, int64_t rows, int64_t C,
-                      float eps) {
-  rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
-}
-void rms_norm_backward(float* dx, float* dweight, const float* dy, const float* x, const float* weight,
-                       const float* rstd, int64_t rows, int64_t C) {
-  rms_norm_backward_impl(dx, dweight, dy, x, weight, rstd, rows, C);
-}
-void rms_norm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const float* weight,
-                       const float* rstd, int64_t rows, int64_t C) {
-  rms_norm_backward_impl(dx, dweight, dy, x, weight, rstd, rows, C);
-}
-
-void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
-                        const float* bias, int64_t rows, int64_t C, float eps) {
+template <typename T>
+void layer_norm_forward_impl(T* y, float* mean, float* rstd, const T* x, const float* weight,
+                             const float* bias, int64_t rows, int64_t C, float eps) {
   const float inv_c = 1.0f / static_cast<float>(C);
   parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * C;
-      float* yr = y + r * C;
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
       float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < C; ++j) s += xr[j];
+#pragma omp simd simdlen(16) reduction(+ : s)
+      for (int64_t j = 0; j < C; ++j) s += load(xr, j);
       float m = s * inv_c;
       // Corrected two-pass variance (Chan, Golub & LeVeque 1983): subtracting the rounding error of the
       // mean, (sum d)^2 / C, keeps var accurate when |mean| >> std (e.g. x = 1e4 + noise).
       float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
+#pragma omp simd simdlen(16) reduction(+ : s1, s2)
       for (int64_t j = 0; j < C; ++j) {
-        const float d = xr[j] - m;
+        const float d = load(xr, j) - m;
         s1 += d;
         s2 += d * d;
       }
@@ -208,18 +226,19 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
       if (mean != nullptr) mean[r] = m + c1;
       if (rstd != nullptr) rstd[r] = rs;
       if (bias != nullptr) {
-#pragma omp simd
-        for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j] + bias[j];
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < C; ++j) store(yr, j, ((load(xr, j) - m) - c1) * rs * weight[j] + bias[j]);
       } else {
-#pragma omp simd
-        for (int64_t j = 0; j < C; ++j) yr[j] = ((xr[j] - m) - c1) * rs * weight[j];
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < C; ++j) store(yr, j, ((load(xr, j) - m) - c1) * rs * weight[j]);
       }
     }
   });
 }
 
-void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+template <typename T>
+void layer_norm_backward_impl(T* dx, float* dweight, float* dbias, const T* dy, const T* x, const float* weight,
+                              const float* mean, const float* rstd, int64_t rows, int64_t C) {
   const RowChunks chunks = param_grad_chunks(rows);
   const size_t partial_size = static_cast<size_t>(chunks.count * C);
   std::vector<float> partial_w(dweight != nullptr ? partial_size : 0);
@@ -233,45 +252,98 @@ void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* d
       if (pb != nullptr) std::fill(pb, pb + C, 0.0f);
       const int64_t r_end = std::min(rows, (c + 1) * chunks.rows_per_chunk);
       for (int64_t r = c * chunks.rows_per_chunk; r < r_end; ++r) {
-        const float* xr = x + r * C;
-        const float* dyr = dy + r * C;
+        const T* xr = x + r * C;
+        const T* dyr = dy + r * C;
         const float m = mean[r], rs = rstd[r];
         // The saved mean is rounded to f32; corr = mean(x - m) recovers the rest (see the forward), so
         // xhat = ((x - m) - corr) * rs. One extra sum over a row that is in L1 anyway.
         float sd = 0.0f;
-#pragma omp simd reduction(+ : sd)
-        for (int64_t j = 0; j < C; ++j) sd += xr[j] - m;
+#pragma omp simd simdlen(16) reduction(+ : sd)
+        for (int64_t j = 0; j < C; ++j) sd += load(xr, j) - m;
         const float corr = std::isfinite(sd) ? sd * inv_c : 0.0f;
         if (dx != nullptr) {
           float sg = 0.0f, sgx = 0.0f;
-#pragma omp simd reduction(+ : sg, sgx)
+#pragma omp simd simdlen(16) reduction(+ : sg, sgx)
           for (int64_t j = 0; j < C; ++j) {
-            const float g = dyr[j] * weight[j];
+            const float g = load(dyr, j) * weight[j];
             sg += g;
-            sgx += g * (((xr[j] - m) - corr) * rs);
+            sgx += g * (((load(xr, j) - m) - corr) * rs);
           }
           const float a = sg * inv_c;   // mean(g)
           const float b = sgx * inv_c;  // mean(g * xhat)
-          float* dxr = dx + r * C;
-#pragma omp simd
+          T* dxr = dx + r * C;
+#pragma omp simd simdlen(16)
           for (int64_t j = 0; j < C; ++j) {
-            const float xhat = ((xr[j] - m) - corr) * rs;
-            dxr[j] = rs * (dyr[j] * weight[j] - a - xhat * b);
+            const float xhat = ((load(xr, j) - m) - corr) * rs;
+            store(dxr, j, rs * (load(dyr, j) * weight[j] - a - xhat * b));
           }
         }
         if (pw != nullptr) {
-#pragma omp simd
-          for (int64_t j = 0; j < C; ++j) pw[j] += dyr[j] * (((xr[j] - m) - corr) * rs);
+#pragma omp simd simdlen(16)
+          for (int64_t j = 0; j < C; ++j) pw[j] += load(dyr, j) * (((load(xr, j) - m) - corr) * rs);
         }
         if (pb != nullptr) {
-#pragma omp simd
-          for (int64_t j = 0; j < C; ++j) pb[j] += dyr[j];
+#pragma omp simd simdlen(16)
+          for (int64_t j = 0; j < C; ++j) pb[j] += load(dyr, j);
         }
       }
     }
   });
   if (dweight != nullptr) sum_partials(dweight, partial_w.data(), chunks.count, C);
   if (dbias != nullptr) sum_partials(dbias, partial_b.data(), chunks.count, C);
+}
+
+}  // namespace
+
+void rms_norm_forward(float* y, float* rstd, const float* x, const float* weight, int64_t rows, int64_t C,
+                      float eps) {
+  rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
+}
+void rms_norm_forward(bf16* y, float* rstd, const bf16* x, const float* weight, int64_t rows, int64_t C,
+                      float eps) {
+  rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
+}
+void rms_norm_backward(float* dx, float* dweight, const float* dy, const float* x, const float* weight,
+                       const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<false>(dx, dweight, dy, x, weight, rstd, rows, C);
+}
+void rms_norm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const float* weight,
+                       const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<false>(dx, dweight, dy, x, weight, rstd, rows, C);
+}
+
+void add_rms_norm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_forward(bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_backward(float* dsum_total, float* dweight, const float* dy, const float* dsum, const float* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<true>(dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
+}
+void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, const bf16* dsum, const bf16* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  rms_norm_backward_impl<true>(dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
+}
+
+void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps) {
+  layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
+}
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps) {
+  layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
+}
+void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  layer_norm_backward_impl(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, C);
+}
+void layer_norm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
+                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  layer_norm_backward_impl(dx, dweight, dbias, dy, x, weight, mean, rstd, rows, C);
 }
 
 // ---- naive double-precision oracles --------------------------------------------------------------

@@ -34,13 +34,29 @@ void rms_norm_backward(float* dx, float* dweight, const float* dy, const float* 
 void rms_norm_backward(bf16* dx, float* dweight, const bf16* dy, const bf16* x, const float* weight,
                        const float* rstd, int64_t rows, int64_t C);
 
+// The pre-norm residual step, fused: sum = x + residual (stored in T), y = rms_norm(sum) (stats in rstd).
+void add_rms_norm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps);
+void add_rms_norm_forward(bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps);
+// Its backward: dsum_total = dsum + (rms_norm's dx for dy at x = sum), the gradient of both x and
+// residual; dweight as rms_norm_backward. dsum_total must not be null.
+void add_rms_norm_backward(float* dsum_total, float* dweight, const float* dy, const float* dsum, const float* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C);
+void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, const bf16* dsum, const bf16* sum,
+                           const float* weight, const float* rstd, int64_t rows, int64_t C);
+
 // y = (x - mean) * rstd * weight + bias with the biased variance (PyTorch's LayerNorm); bias may be null.
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps);
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps);
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum dy * xhat,  dbias = sum dy.
 void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                         const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C);
+void layer_norm_backward(bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
                          const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C);
 
 // ---- naive double-precision oracles --------------------------------------------------------------

@@ -1,0 +1,179 @@
+#include "train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "io/file.h"
+#include "tokenizer/sha256.h"
+
+namespace loom::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kTmpPrefix = ".tmp-";
+constexpr const char* kTrashPrefix = ".trash-";
+
+// step_<digits> -> the number; anything else (temporaries, stray files) -> nullopt.
+std::optional<int64_t> step_of_name(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (INT64_MAX - 9) / 10) return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+struct FileDigest {
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+FileDigest digest(const std::string& path) {
+  auto mapped = io::MappedFile::open(path);
+  tokenizer::Sha256 h;
+  if (mapped->size() > 0) h.update(std::string_view(reinterpret_cast<const char*>(mapped->data()), mapped->size()));
+  return {mapped->size(), h.hex_digest()};
+}
+
+void write_text_durably(const std::string& path, const std::string& text) {
+  io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
+
+std::vector<CheckpointRef> list_checkpoints(const std::string& run_dir) {
+  std::vector<CheckpointRef> out;
+  const fs::path dir = checkpoints_dir(run_dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    auto step = step_of_name(entry.path().filename().string());
+    if (step && entry.is_directory()) out.push_back({*step, entry.path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointRef& a, const CheckpointRef& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<std::string> checkpoint_problem(const std::string& dir) {
+  try {
+    const fs::path manifest_path = fs::path(dir) / kManifest;
+    if (!fs::exists(manifest_path)) return str("no ", kManifest, " (the checkpoint was not finished)");
+    auto mapped = io::MappedFile::open(manifest_path.string());
+    json m = json::parse(reinterpret_cast<const char*>(mapped->data()),
+                         reinterpret_cast<const char*>(mapped->data()) + mapped->size(), nullptr, false);
+    if (m.is_discarded() || !m.is_object()) return str(kManifest, " is not valid JSON");
+    if (!m.contains("step") || !m["step"].is_number_integer()) return str(kManifest, " has no integer \"step\"");
+    auto named = step_of_name(fs::path(dir).filename().string());
+    if (named && *named != m["step"].get<int64_t>()) {
+      return str(kManifest, " says step ", m["step"].get<int64_t>(), " but the directory is step ", *named);
+    }
+    if (!m.contains("files") || !m["files"].is_object() || m["files"].empty()) {
+      return str(kManifest, " lists no files");
+    }
+    for (const auto& [name, want] : m["files"].items()) {
+      const fs::path p = fs::path(dir) / name;
+      if (!fs::exists(p)) return str(name, " is missing");
+      FileDigest got = digest(p.string());
+      const uint64_t bytes = want.value("bytes", uint64_t{0});
+      if (got.bytes != bytes) return str(name, " has ", got.bytes, " bytes, the manifest says ", bytes);
+      if (got.sha256 != want.value("sha256", "")) return str(name, " does not match its sha256 in the manifest");
+    }
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return str("cannot be read: ", e.what());
+  }
+}
+
+std::optional<CheckpointRef> latest_valid_checkpoint(
+    const std::string& run_dir, const std::function<void(const std::string&, const std::string&)>& skipped) {
+  auto all = list_checkpoints(run_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto problem = checkpoint_problem(it->path);
+    if (!problem) return *it;
+    if (skipped) skipped(it->path, *problem);
+  }
+  return std::nullopt;
+}
+
+std::string write_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointFile>& files,
+                             const std::function<void(const std::string&)>& before_file) {
+  const fs::path root = checkpoints_dir(run_dir);
+  const fs::path final_dir = root / checkpoint_name(step);
+  fs::create_directories(root);
+  if (fs::exists(final_dir)) {
+    if (!checkpoint_problem(final_dir.string())) return final_dir.string();  // already saved, and intact
+    // A damaged checkpoint of the same step: move it out of the way (rename, so the name never points at
+    // a half-deleted directory), then delete it.
+    const fs::path trash = root / str(kTrashPrefix, checkpoint_name(step), "-", ::getpid());
+    fs::remove_all(trash);
+    fs::rename(final_dir, trash);
+    fs::remove_all(trash);
+  }
+  const fs::path tmp = root / str(kTmpPrefix, checkpoint_name(step), "-", ::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  json manifest = {{"format", "loom-checkpoint"}, {"version", 1}, {"step", step}, {"files", json::object()}};
+  for (const CheckpointFile& f : files) {
+    if (before_file) before_file(f.name);
+    const std::string path = (tmp / f.name).string();
+    f.write(path);  // durable on return (each writer fsyncs its file)
+    FileDigest d = digest(path);
+    manifest["files"][f.name] = {{"bytes", d.bytes}, {"sha256", d.sha256}};
+  }
+  if (before_file) before_file(kManifest);
+  write_text_durably((tmp / kManifest).string(), manifest.dump(2) + "\n");
+  io::fsync_path(tmp.string());
+  fs::rename(tmp, final_dir);  // the commit point
+  io::fsync_path(root.string());
+  return final_dir.string();
+}
+
+std::vector<int64_t> apply_retention(const std::string& run_dir, int64_t keep_last,
+                                     const std::vector<int64_t>& also_keep) {
+  const fs::path root = checkpoints_dir(run_dir);
+  std::vector<int64_t> deleted;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return deleted;
+  // Leftovers of crashed writers or deleters.
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kTmpPrefix, 0) == 0 || name.rfind(kTrashPrefix, 0) == 0) fs::remove_all(entry.path());
+  }
+  if (keep_last <= 0) return deleted;
+  auto all = list_checkpoints(run_dir);
+  std::set<int64_t> keep(also_keep.begin(), also_keep.end());
+  for (size_t i = all.size() > static_cast<size_t>(keep_last) ? all.size() - static_cast<size_t>(keep_last) : 0;
+       i < all.size(); ++i) {
+    keep.insert(all[i].step);
+  }
+  for (const CheckpointRef& c : all) {
+    if (keep.count(c.step)) continue;
+    const fs::path trash = root / str(kTrashPrefix, checkpoint_name(c.step), "-", ::getpid());
+    fs::remove_all(trash);
+    fs::rename(c.path, trash);
+    fs::remove_all(trash);
+    deleted.push_back(c.step);
+  }
+  if (!deleted.empty()) io::fsync_path(root.string());
+  return deleted;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,58 @@
+// Hugging Face Llama directories: export a loom model so that transformers loads it as LlamaForCausalLM,
+// and import such a directory (loom's, or one loom did not write) back into a loom model.
+//
+// Names (loom -> HF):
+//   token_embeddings.weight               model.embed_tokens.weight
+//   layers.N.attn.{q,k,v}_proj.weight     model.layers.N.self_attn.{q,k,v}_proj.weight  (q, k permuted)
+//   layers.N.attn.output_proj.weight      model.layers.N.self_attn.o_proj.weight
+//   layers.N.ffn.w1 / w3 / w2 .weight     model.layers.N.mlp.gate_proj / up_proj / down_proj .weight
+//   layers.N.ln1.weight / ln2.weight      model.layers.N.input_layernorm / post_attention_layernorm .weight
+//   ln_final.weight                       model.norm.weight
+//   lm_head.weight                        lm_head.weight
+// Both store Linear weights as [out, in], so nothing is transposed. RoPE differs: loom rotates the pairs
+// (x[2i], x[2i+1]) of each head, HF's rotate_half the pairs (x[i], x[i+D/2]). Reordering the rows of
+// W_q and W_k within each head (HF row i <- loom row 2i, HF row D/2+i <- loom row 2i+1) makes HF's
+// rotation of the permuted q equal the permuted loom rotation; q.k is unchanged because q and k get the
+// same permutation. This is the inverse of the permute() in transformers'
+// models/llama/convert_llama_weights_to_hf.py (Meta's interleaved checkpoints -> HF).
+//
+// Supported on import: model_type "llama", hidden_act silu, no attention or MLP biases, no rope_scaling,
+// num_key_value_heads == num_attention_heads (loom has no grouped-query attention), head_dim =
+// hidden_size / num_attention_heads; tied embeddings are untied (lm_head = a copy of embed_tokens);
+// weights in model.safetensors or shards named by model.safetensors.index.json, as F32, BF16 or F16
+// (converted to F32). Anything else is an error naming the option.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/llama/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom::train {
+
+// w: [H*D, C] rows in loom's interleaved order per head -> HF's rotate-half order, and back.
+Tensor interleaved_to_rotate_half(const Tensor& w, int64_t num_heads);
+Tensor rotate_half_to_interleaved(const Tensor& w, int64_t num_heads);
+
+// The HF name of a loom parameter name (throws on a name outside the mapping), and back (nullopt when
+// the HF name is not a Llama parameter loom knows).
+std::string hf_parameter_name(const std::string& loom_name);
+std::optional<std::string> loom_parameter_name(const std::string& hf_name);
+
+// Writes config.json, model.safetensors (F32, HF names, q/k permuted), generation_config.json, and
+// with a tokenizer, tokenizer.json and tokenizer_config.json, into out_dir (created).
+void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* tok, const std::string& out_dir);
+
+struct HfImport {
+  std::unique_ptr<llama::TransformerLM> model;
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  std::vector<std::string> notes;  // what was adapted or left out (tied head untied, tokenizer unreadable)
+};
+// Reads an HF Llama directory (see the supported options above).
+HfImport import_hf(const std::string& dir);
+// Whether `path` is a directory with an HF config.json.
+bool is_hf_dir(const std::string& path);
+
+}  // namespace loom::train

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Produces the numbers in the README's performance table, side by side in one run, 2 threads each:
+#   * the FMA peak (loom bench peak);
+#   * a full training step of the CS336 model (cs336-tinystories, batch 8) in loom and in PyTorch
+#     (bench/pytorch_train.py; needs Debian's python3-torch for /usr/bin/python3);
+#   * tokenizer training and GPT-2 encoding vs tiktoken (needs `pip install tiktoken`).
+# Results go to stdout and bench-results.txt. Run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${THREADS:-2}
+steps=${STEPS:-10}
+out=bench-results.txt
+: > "$out"
+log() { echo "$*" | tee -a "$out"; }
+
+log "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $threads threads"
+log "peak: $(build/loom bench peak --threads "$threads")"
+for i in 1 2; do
+  log "loom cs336-tinystories b8: $(build/loom bench train --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads")"
+  log "pytorch cs336-tinystories b8: $(OMP_NUM_THREADS=$threads /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads")"
+done
+log "loom tiny b8: $(build/loom bench train --preset tiny --batch 8 --steps 100 --threads "$threads")"
+log "pytorch tiny b8: $(OMP_NUM_THREADS=$threads /usr/bin/python3 bench/pytorch_train.py --preset tiny --batch 8 --steps 100 --threads "$threads")"
+if [ -x build/bench/loom_bench_tokenizer ]; then
+  build/bench/loom_bench_tokenizer --benchmark_min_time=0.2 2>/dev/null | grep -E "^BM_" | tee -a "$out"
+fi
+if python3 -c "import tiktoken" 2>/dev/null && [ -f data/bench/austen.txt ]; then
+  python3 bench/tokenizer/encode_vs_tiktoken.py --runs 5 | tee -a "$out"
+fi

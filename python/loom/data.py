@@ -1,0 +1,41 @@
+"""Language-model batches from a token array (CS336's get_batch)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import _loom
+
+
+def check_device(device: str) -> str:
+    """"cpu" passes; a well-formed accelerator name ("cuda", "cuda:1", "mps") raises RuntimeError, as this
+    build of loom has no such backend; anything else is a ValueError."""
+    d = str(device)
+    if d == "cpu":
+        return d
+    if re.fullmatch(r"(cuda|mps)(:\d+)?", d):
+        raise RuntimeError(f"device '{d}' is not available: this build of loom runs on the CPU only")
+    raise ValueError(f"unknown device '{d}' (expected 'cpu' or 'cuda[:N]')")
+
+
+def get_batch(dataset, batch_size: int, context_length: int, device: str = "cpu", *, seed: int | None = None,
+              index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """batch_size windows of context_length tokens, each starting uniformly in [0, n - context_length - 1]:
+    inputs x[s : s+T] and targets x[s+1 : s+T+1], as int64 arrays [B, T].
+
+    dataset: a 1-D integer array (np.memmap works; only the windows are read). With `seed`, batch
+    `index` is drawn from loom's counter-based RNG, the same as the C++ loader's; without, the seed comes
+    from numpy's global RNG (so np.random.seed makes runs repeatable).
+    """
+    check_device(device)
+    data = np.asarray(dataset) if not isinstance(dataset, np.ndarray) else dataset
+    if data.ndim != 1 or data.dtype.kind not in "iu":
+        raise ValueError(f"get_batch: dataset must be a 1-D integer array, got {data.dtype} {data.shape}")
+    if seed is None:
+        seed = int(np.random.randint(0, 2**62))
+    starts = np.asarray(_loom.random_starts(int(seed), int(index), int(data.shape[0]), int(batch_size),
+                                            int(context_length)), dtype=np.int64)
+    idx = starts[:, None] + np.arange(context_length, dtype=np.int64)[None, :]
+    return data[idx].astype(np.int64), data[idx + 1].astype(np.int64)

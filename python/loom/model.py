@@ -1,0 +1,202 @@
+"""TransformerBlock and the Llama-style TransformerLM (CS336's model), and trained runs.
+
+Weights are numpy arrays under the CS336 dotted names (token_embeddings.weight,
+layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln{1,2}.weight, layers.{i}.ffn.{w1,w2,w3}.weight,
+ln_final.weight, lm_head.weight; a lone block's names drop the "layers.{i}." prefix).
+  * state_dict() returns copies; parameters() returns live views of the model's own memory (writing to
+    them, e.g. with AdamW.step, changes the model). load_state_dict() copies values in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+import numpy as np
+
+from . import _loom
+from ._arrays import f32, i32
+
+
+def _load_state(module, state: Mapping[str, np.ndarray], strict: bool) -> None:
+    names = list(module.parameter_names())
+    if strict:
+        missing = [n for n in names if n not in state]
+        unexpected = [n for n in state if n not in names]
+        if missing or unexpected:
+            raise ValueError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+    for name, value in state.items():
+        if name in names:
+            module.load_parameter(name, f32(value, name))
+
+
+class _Module:
+    _m: object
+
+    def parameter_names(self) -> list[str]:
+        return list(self._m.parameter_names())
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the weights, by dotted name."""
+        return dict(self._m.state_dict())
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Live float32 views of the weights, by dotted name: in-place updates change the model."""
+        return dict(self._m.parameters())
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray], strict: bool = True) -> None:
+        """Copies weights in by name. strict: every parameter must be given, and nothing else."""
+        _load_state(self._m, state, strict)
+
+
+class TransformerBlock(_Module):
+    """Pre-norm block: h = x + attn(ln1(x)) (causal, RoPE), y = h + ffn(ln2(h)) (SwiGLU).
+    Weights: attn.{q,k,v,output}_proj.weight, ln1.weight, ln2.weight, ffn.{w1,w2,w3}.weight."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, max_seq_len: int, rope_theta: float = 10000.0,
+                 norm_eps: float = 1e-5, seed: int = 0, weights: Mapping[str, np.ndarray] | None = None):
+        self._m = _loom.TransformerBlock(int(d_model), int(num_heads), int(d_ff), int(max_seq_len),
+                                         float(rope_theta), float(norm_eps), int(seed))
+        if weights is not None:
+            self.load_state_dict(weights)
+
+    def forward(self, x, positions=None) -> np.ndarray:
+        """x: [..., T, d_model]; positions: integer [T] or [..., T] (default 0..T-1)."""
+        x = f32(x)
+        lead, (t, c) = x.shape[:-2], x.shape[-2:]
+        p = None
+        if positions is not None:
+            p = np.asarray(positions)
+            if p.ndim > 1:
+                p = np.broadcast_to(p, lead + (t,)).reshape((-1, t))
+            p = i32(p, "positions")
+        return self._m.forward(x.reshape((-1, t, c)), p).reshape(lead + (t, c))
+
+    __call__ = forward
+
+
+def _ids_2d(ids, name: str):
+    a = i32(ids, name)
+    if a.ndim == 1:
+        return a[None, :], True
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be [T] or [B, T], got shape {a.shape}")
+    return a, False
+
+
+class TransformerLM(_Module):
+    """The Llama-style language model: embeddings, num_layers TransformerBlocks, a final RMSNorm and an
+    untied lm_head. Weights are drawn from `seed` (per parameter name) unless `weights` are given."""
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
+                 d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
+                 weights: Mapping[str, np.ndarray] | None = None, _wrap=None):
+        if _wrap is not None:
+            self._m = _wrap
+            return
+        self._m = _loom.TransformerLM(int(vocab_size), int(context_length), int(d_model), int(num_layers),
+                                      int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed))
+        if weights is not None:
+            self.load_state_dict(weights)
+
+    @classmethod
+    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "TransformerLM":
+        """From a dict with the keys of `config` (a training config's "model" section works too)."""
+        keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta",
+                "norm_eps")
+        return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TransformerLM":
+        """A model from a loom weights file (model.safetensors, config in its metadata)."""
+        return cls(0, 0, 0, 0, 0, 0, _wrap=_loom.load_model_weights(os.fspath(path)))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the weights, with the model config in the metadata, as loom's model.safetensors."""
+        self._m.save(os.fspath(path))
+
+    @property
+    def config(self) -> dict:
+        return dict(self._m.config)
+
+    @property
+    def num_params(self) -> int:
+        return int(self._m.num_params)
+
+    def forward(self, ids) -> np.ndarray:
+        """ids: integer [B, T] (or [T]), T <= context_length. Returns logits [B, T, V] (or [T, V])."""
+        a, squeeze = _ids_2d(ids, "ids")
+        y = self._m.forward(a)
+        return y[0] if squeeze else y
+
+    __call__ = forward
+
+    def loss(self, inputs, targets) -> float:
+        """Mean next-token cross-entropy of forward(inputs) against targets (same shape)."""
+        x, _ = _ids_2d(inputs, "inputs")
+        y, _ = _ids_2d(targets, "targets")
+        return float(self._m.loss(x, y))
+
+    def loss_and_grads(self, inputs, targets) -> tuple[float, dict[str, np.ndarray]]:
+        """The mean loss and its gradient for every parameter, by name (new arrays each call)."""
+        x, _ = _ids_2d(inputs, "inputs")
+        y, _ = _ids_2d(targets, "targets")
+        loss, grads = self._m.loss_and_grads(x, y)
+        return float(loss), dict(grads)
+
+    def generate(self, prompt, max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop_token: int | None = None) -> list[int]:
+        """New token ids after `prompt` (ids), sampled with the KV cache. temperature 0 is greedy;
+        top_k 0 and top_p 1 are off; generation ends after stop_token when it is given."""
+        p = [int(t) for t in prompt]
+        return list(self._m.generate(p, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
+                                     int(seed), -1 if stop_token is None else int(stop_token)))
+
+
+class Run:
+    """A trained run: its model, tokenizer and training config (when the run has them)."""
+
+    def __init__(self, model: TransformerLM, tokenizer, config: dict | None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+
+    def _tok(self):
+        if self.tokenizer is None:
+            raise ValueError("this run has no tokenizer.json")
+        return self.tokenizer
+
+    def loss(self, text: str) -> float:
+        """Mean next-token loss on `text`, over consecutive windows of up to context_length tokens."""
+        ids = np.asarray(self._tok().encode(text), dtype=np.int32)
+        if ids.size < 2:
+            raise ValueError("loss: the text must encode to at least 2 tokens")
+        t = self.model.config["context_length"]
+        total, count = 0.0, 0
+        for s in range(0, ids.size - 1, t):
+            window = ids[s:s + t + 1]
+            n = window.size - 1
+            total += self.model.loss(window[:-1], window[1:]) * n
+            count += n
+        return total / count
+
+    def generate(self, prompt: str, max_new_tokens: int = 100, temperature: float = 0.8, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0) -> str:
+        """The text the model writes after `prompt` (not including it); stops at <|endoftext|>."""
+        tok = self._tok()
+        eot = tok.special_token_id("<|endoftext|>")
+        ids = self.model.generate(tok.encode(prompt), max_new_tokens, temperature, top_k, top_p, seed, eot)
+        return tok.decode(ids)
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """A run directory written by `loom train` or loom.train (model.safetensors, tokenizer.json,
+    config.json), or a weights file (a tokenizer.json beside it is loaded too)."""
+    from .tokenizer import Tokenizer
+
+    path = os.fspath(path)
+    model, tok, cfg = _loom.load_run(path, os.path.isfile(path))
+    return Run(TransformerLM(0, 0, 0, 0, 0, 0, _wrap=model),
+               None if tok is None else Tokenizer._wrap(tok),
+               None if cfg is None else json.loads(cfg))

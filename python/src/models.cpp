@@ -1,0 +1,185 @@
+// Modules and models: TransformerBlock and the Llama-style TransformerLM, with their weights as numpy
+// arrays under the CS336 dotted names, forward, loss, gradients, save/load and generation.
+// python/loom/model.py wraps these in the public classes.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "convert.h"
+#include "core/autograd.h"
+#include "generate/generate.h"
+#include "models/llama/model.h"
+#include "train/run.h"
+
+namespace loom::python {
+
+namespace {
+
+// i32 [T] = 0..T-1.
+Tensor arange_positions(int64_t t) {
+  std::vector<int32_t> p(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  return Tensor::from_vector(Shape{t}, p);
+}
+
+nb::list names_of(nn::Module& module) {
+  nb::list out;
+  for (auto* p : module.parameters()) out.append(p->name);
+  return out;
+}
+
+// name -> array. live: views of the parameters' storage (writes change the model); else copies.
+nb::dict weights_of(nn::Module& module, bool live) {
+  nb::dict out;
+  for (auto* p : module.parameters()) out[p->name.c_str()] = live ? to_numpy(p->value) : to_numpy_copy(p->value);
+  return out;
+}
+
+void load_weight(nn::Module& module, const std::string& name, const Tensor& values) {
+  nn::Parameter& p = module.parameter(name);
+  LOOM_CHECK(values.shape() == p.value.shape(), "load_state_dict: '", name, "' has shape ", p.value.shape(),
+             " but the given array has shape ", values.shape());
+  p.value.copy_from(values);
+}
+
+nb::dict config_dict(const llama::Config& c) {
+  nb::dict d;
+  d["vocab_size"] = c.vocab_size;
+  d["context_length"] = c.context_length;
+  d["d_model"] = c.d_model;
+  d["num_layers"] = c.num_layers;
+  d["num_heads"] = c.num_heads;
+  d["d_ff"] = c.d_ff;
+  d["rope_theta"] = c.rope_theta;
+  d["norm_eps"] = c.norm_eps;
+  return d;
+}
+
+}  // namespace
+
+void bind_models(nb::module_& m) {
+  nb::class_<nn::Module>(m, "Module")
+      .def("parameter_names", &names_of)
+      .def("state_dict", [](nn::Module& self) { return weights_of(self, false); })
+      // The arrays share the parameters' storage (each keeps its tensor alive), so no keep_alive is needed.
+      .def("parameters", [](nn::Module& self) { return weights_of(self, true); })
+      .def("load_parameter", [](nn::Module& self, const std::string& name, In<float> values) {
+        load_weight(self, name, to_tensor(values));
+      });
+
+  nb::class_<nn::TransformerBlock, nn::Module>(m, "TransformerBlock")
+      .def("__init__",
+           [](nn::TransformerBlock* self, int64_t d_model, int64_t num_heads, int64_t d_ff, int64_t max_seq_len,
+              float rope_theta, float norm_eps, uint64_t seed) {
+             LOOM_CHECK(d_model > 0 && num_heads > 0 && d_ff > 0 && max_seq_len > 0,
+                        "TransformerBlock: sizes must be positive: d_model=", d_model, " num_heads=", num_heads,
+                        " d_ff=", d_ff, " max_seq_len=", max_seq_len);
+             LOOM_CHECK(d_model % num_heads == 0 && (d_model / num_heads) % 2 == 0, "TransformerBlock: d_model=",
+                        d_model, " must split into num_heads=", num_heads, " heads of even size");
+             new (self) nn::TransformerBlock("", d_model, num_heads, d_ff, max_seq_len, rope_theta, norm_eps,
+                                             RngKey::from_seed(seed));
+           })
+      // x: [B, T, C]; positions: i32 [T] or [B, T] (default 0..T-1).
+      .def(
+          "forward",
+          [](const nn::TransformerBlock& self, In<float> x, std::optional<In<int32_t>> positions) {
+            Tensor tx = to_tensor(x);
+            Tensor tp = positions ? to_tensor(*positions) : Tensor();
+            Tensor y = without_gil([&] {
+              autograd::NoGradGuard no_grad;
+              check_ndim(tx, 3, "TransformerBlock.forward", "x");
+              return self.forward(tx, tp.defined() ? tp : arange_positions(tx.size(1)));
+            });
+            return to_numpy(y);
+          },
+          nb::arg("x"), nb::arg("positions").none());
+
+  nb::class_<llama::TransformerLM, nn::Module>(m, "TransformerLM")
+      .def("__init__",
+           [](llama::TransformerLM* self, int64_t vocab_size, int64_t context_length, int64_t d_model,
+              int64_t num_layers, int64_t num_heads, int64_t d_ff, float rope_theta, float norm_eps, uint64_t seed) {
+             llama::Config c;
+             c.vocab_size = vocab_size;
+             c.context_length = context_length;
+             c.d_model = d_model;
+             c.num_layers = num_layers;
+             c.num_heads = num_heads;
+             c.d_ff = d_ff;
+             c.rope_theta = rope_theta;
+             c.norm_eps = norm_eps;
+             c.validate();
+             new (self) llama::TransformerLM(c, seed);
+           })
+      .def_prop_ro("config", [](const llama::TransformerLM& self) { return config_dict(self.config()); })
+      .def_prop_ro("num_params", [](const llama::TransformerLM& self) { return self.config().total_params(); })
+      // ids: i32 [B, T] -> logits [B, T, V].
+      .def("forward",
+           [](const llama::TransformerLM& self, In<int32_t> ids) {
+             Tensor t = to_tensor(ids);
+             Tensor y = without_gil([&] {
+               autograd::NoGradGuard no_grad;
+               return self.forward(t);
+             });
+             return to_numpy(y);
+           })
+      .def("loss",
+           [](const llama::TransformerLM& self, In<int32_t> inputs, In<int32_t> targets) {
+             Tensor x = to_tensor(inputs), y = to_tensor(targets);
+             return without_gil([&] {
+               autograd::NoGradGuard no_grad;
+               return self.loss(x, y).item();
+             });
+           })
+      // The mean loss and d(loss)/d(parameter) for every parameter, by name (fresh arrays each call).
+      .def("loss_and_grads",
+           [](llama::TransformerLM& self, In<int32_t> inputs, In<int32_t> targets) {
+             Tensor x = to_tensor(inputs), y = to_tensor(targets);
+             auto params = self.parameters();
+             float loss = without_gil([&] {
+               for (auto* p : params) p->value.set_grad(Tensor());
+               Tensor l = self.loss(x, y);
+               l.backward();
+               return l.item();
+             });
+             nb::dict grads;
+             for (auto* p : params) {
+               Tensor g = p->value.grad();
+               grads[p->name.c_str()] = g.defined() ? to_numpy(g.clone()) : to_numpy(Tensor::zeros(p->value.shape()));
+               p->value.set_grad(Tensor());
+             }
+             return nb::make_tuple(loss, grads);
+           })
+      .def("save",
+           [](const llama::TransformerLM& self, const std::string& path) {
+             without_gil([&] { train::save_model_weights(self, path); });
+           })
+      // New tokens (not the prompt), sampled with the KV cache.
+      .def(
+          "generate",
+          [](const llama::TransformerLM& self, std::vector<int32_t> prompt, int64_t max_new_tokens, float temperature,
+             int64_t top_k, float top_p, uint64_t seed, int32_t stop_token) {
+            generate::GenerateOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.sampling = {temperature, top_k, top_p};
+            o.seed = seed;
+            o.stop_token = stop_token;
+            return without_gil([&] { return generate::generate(self, prompt, o); });
+          },
+          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
+          nb::arg("seed"), nb::arg("stop_token"));
+
+  m.def("load_model_weights", [](const std::string& path) {
+    return without_gil([&] { return train::load_model_weights(path); });
+  });
+  // (model, tokenizer or None, config JSON text or None) of a run directory or a weights file.
+  m.def("load_run", [](const std::string& path, bool is_weights_file) {
+    train::LoadedRun run = without_gil([&] { return is_weights_file ? train::load_weights(path) : train::load_run(path); });
+    nb::object model = nb::cast(run.model.release(), nb::rv_policy::take_ownership);
+    nb::object tok = run.tokenizer ? nb::cast(std::move(*run.tokenizer), nb::rv_policy::move) : nb::none();
+    nb::object cfg = run.config ? nb::cast(run.config->to_json().dump()) : nb::none();
+    return nb::make_tuple(model, tok, cfg);
+  });
+}
+
+}  // namespace loom::python

@@ -1,0 +1,244 @@
+// Optimizer, schedule, clipping, batches, safetensors files and the training entry point.
+//
+// The optimizer works on numpy arrays the caller owns: each step wraps them (no copy) as the values and
+// gradients of placeholder parameters and runs train::AdamW, so the update is the trainer's own kernel
+// and the arrays change in place.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "convert.h"
+#include "core/autograd.h"
+#include "data/batch.h"
+#include "io/safetensors.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+#include "train/run.h"
+#include "train/stop_signal.h"
+#include "train/trainer.h"
+
+namespace loom::python {
+
+namespace {
+
+class PyAdamW {
+ public:
+  explicit PyAdamW(train::AdamWOptions options) : options_(options) { options_.validate(); }
+
+  // params: float32 arrays updated in place (cast without conversion: a converted copy would be
+  // updated instead of the caller's array); grads: same shapes, or None to leave that parameter alone.
+  void step(nb::list params, nb::list grads, float lr) {
+    LOOM_CHECK(params.size() == grads.size(), "AdamW.step: ", params.size(), " parameters but ", grads.size(),
+               " gradients");
+    LOOM_CHECK(!opt_ || params.size() == slots_.size(), "AdamW.step: this optimizer holds state for ",
+               slots_.size(), " parameters, got ", params.size());
+    std::vector<InOut<float>> keep;  // the arrays stay referenced while wrapped
+    keep.reserve(2 * params.size());
+    std::vector<Tensor> ps, gs;
+    for (size_t i = 0; i < params.size(); ++i) {
+      keep.push_back(nb::cast<InOut<float>>(params[i], false));
+      ps.push_back(wrap_array(keep.back()));
+      Tensor g;
+      if (!grads[i].is_none()) {
+        keep.push_back(nb::cast<InOut<float>>(grads[i], false));
+        g = wrap_array(keep.back());
+        LOOM_CHECK(g.shape() == ps[i].shape(), "AdamW.step: gradient ", i, " has shape ", g.shape(),
+                   " but its parameter has shape ", ps[i].shape());
+      }
+      gs.push_back(g);
+    }
+    if (!opt_) create(ps);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      slots_[i]->value = ps[i];
+      ps[i].set_grad(gs[i]);  // undefined for None: AdamW skips that parameter
+      if (!gs[i].defined()) continue;
+      Tensor& m = opt_->exp_avg(i);
+      if (touched_[i]) {
+        LOOM_CHECK(m.shape() == ps[i].shape(), "AdamW.step: parameter ", i, " has shape ", ps[i].shape(),
+                   " but its optimizer state has shape ", m.shape());
+      } else if (!m.defined() || m.shape() != ps[i].shape()) {
+        m = Tensor::zeros(ps[i].shape());
+        opt_->exp_avg_sq(i) = Tensor::zeros(ps[i].shape());
+      }
+      touched_[i] = true;
+    }
+    without_gil([&] { opt_->step(lr); });
+    for (auto& slot : slots_) slot->value = Tensor();  // drop the wrappers before the arrays may go
+  }
+
+  nb::dict state() {
+    nb::dict d;
+    d["step"] = opt_ ? opt_->step_count() : 0;
+    nb::list m, v;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      m.append(touched_[i] ? to_numpy_copy(opt_->exp_avg(i)) : nb::none());
+      v.append(touched_[i] ? to_numpy_copy(opt_->exp_avg_sq(i)) : nb::none());
+    }
+    d["exp_avg"] = m;
+    d["exp_avg_sq"] = v;
+    return d;
+  }
+
+  // Moments by position (None: that parameter has had no update yet).
+  void load_state(int64_t step, nb::list exp_avg, nb::list exp_avg_sq) {
+    LOOM_CHECK(step >= 0, "AdamW.load_state_dict: step must be >= 0, got ", step);
+    LOOM_CHECK(exp_avg.size() == exp_avg_sq.size(), "AdamW.load_state_dict: ", exp_avg.size(), " exp_avg but ",
+               exp_avg_sq.size(), " exp_avg_sq");
+    std::vector<Tensor> ms, vs, shapes;
+    for (size_t i = 0; i < exp_avg.size(); ++i) {
+      LOOM_CHECK(exp_avg[i].is_none() == exp_avg_sq[i].is_none(), "AdamW.load_state_dict: parameter ", i,
+                 " has one moment but not the other");
+      Tensor m, v;
+      if (!exp_avg[i].is_none()) {
+        m = to_tensor(nb::cast<In<float>>(exp_avg[i], false));
+        v = to_tensor(nb::cast<In<float>>(exp_avg_sq[i], false));
+        LOOM_CHECK(m.shape() == v.shape(), "AdamW.load_state_dict: parameter ", i, " has exp_avg ", m.shape(),
+                   " but exp_avg_sq ", v.shape());
+      }
+      ms.push_back(m);
+      vs.push_back(v);
+      shapes.push_back(m.defined() ? Tensor::empty(m.shape()) : Tensor::empty(Shape{0}));
+    }
+    slots_.clear();
+    opt_.reset();
+    create(shapes);
+    for (size_t i = 0; i < ms.size(); ++i) {
+      touched_[i] = ms[i].defined();
+      if (!touched_[i]) continue;
+      opt_->exp_avg(i) = ms[i];
+      opt_->exp_avg_sq(i) = vs[i];
+    }
+    opt_->set_step_count(step);
+    for (auto& slot : slots_) slot->value = Tensor();
+  }
+
+  const train::AdamWOptions& options() const { return options_; }
+
+ private:
+  // The train::AdamW over placeholder parameters, made once the number and shapes of the parameters are
+  // known (its constructor may size state from them).
+  void create(const std::vector<Tensor>& values) {
+    std::vector<nn::Parameter*> ptrs;
+    for (size_t i = 0; i < values.size(); ++i) {
+      slots_.push_back(std::make_unique<nn::Parameter>());
+      slots_.back()->name = std::to_string(i);
+      slots_.back()->value = values[i];
+      ptrs.push_back(slots_.back().get());
+    }
+    opt_ = std::make_unique<train::AdamW>(ptrs, options_);
+    touched_.assign(values.size(), false);
+  }
+
+  train::AdamWOptions options_;
+  std::vector<std::unique_ptr<nn::Parameter>> slots_;
+  std::unique_ptr<train::AdamW> opt_;
+  std::vector<bool> touched_;  // whether parameter i has been updated (has meaningful moments)
+};
+
+nb::dict summary_dict(const train::TrainSummary& s) {
+  nb::dict d;
+  d["steps_completed"] = s.steps_completed;
+  d["steps_skipped"] = s.steps_skipped;
+  d["last_loss"] = s.last_loss;
+  d["first_val_loss"] = s.first_val_loss ? nb::cast(*s.first_val_loss) : nb::none();
+  d["last_val_loss"] = s.last_val_loss ? nb::cast(*s.last_val_loss) : nb::none();
+  d["tokens_per_s"] = s.tokens_per_s;
+  d["stopped_early"] = s.stopped_early;
+  return d;
+}
+
+}  // namespace
+
+void bind_train(nb::module_& m) {
+  nb::class_<PyAdamW>(m, "AdamW")
+      .def("__init__",
+           [](PyAdamW* self, float lr, float beta1, float beta2, float eps, float weight_decay) {
+             new (self) PyAdamW(train::AdamWOptions{lr, beta1, beta2, eps, weight_decay});
+           })
+      .def("step", &PyAdamW::step)
+      .def("state", &PyAdamW::state)
+      .def("load_state", &PyAdamW::load_state)
+      .def_prop_ro("lr", [](const PyAdamW& o) { return o.options().lr; })
+      .def_prop_ro("betas", [](const PyAdamW& o) { return nb::make_tuple(o.options().beta1, o.options().beta2); })
+      .def_prop_ro("eps", [](const PyAdamW& o) { return o.options().eps; })
+      .def_prop_ro("weight_decay", [](const PyAdamW& o) { return o.options().weight_decay; });
+
+  // Scales the float32 arrays in place when their global L2 norm exceeds max_norm; None entries are
+  // skipped. Returns the norm before clipping.
+  m.def("clip_grad_norm", [](nb::list grads, double max_norm) {
+    std::vector<InOut<float>> keep;
+    keep.reserve(grads.size());
+    std::vector<Tensor> ts;
+    for (nb::handle g : grads) {
+      if (g.is_none()) continue;
+      keep.push_back(nb::cast<InOut<float>>(g, false));
+      ts.push_back(wrap_array(keep.back()));
+    }
+    return without_gil([&] { return train::clip_grad_norm(ts, max_norm); });
+  });
+  m.def("cosine_lr", &train::cosine_lr);
+
+  // The window starts of random batch `index` drawn with `seed`: uniform over [0, n-T-1].
+  m.def("random_starts", [](uint64_t seed, uint64_t index, int64_t n, int64_t batch_size, int64_t context_length) {
+    LOOM_CHECK(batch_size > 0 && context_length > 0, "get_batch: batch_size=", batch_size,
+               " and context_length=", context_length, " must be positive");
+    LOOM_CHECK(n > context_length, "get_batch: ", n, " tokens cannot hold a window of context_length=",
+               context_length, " plus its target");
+    auto starts = data::random_starts(RngKey::from_seed(seed).fold_in(index), n, batch_size, context_length);
+    return starts;
+  });
+
+  // name -> array (float32, int32, uint16 or bool), with string metadata. No implicit conversion:
+  // an int32 array must stay int32, not match the float32 overload first.
+  m.def("save_safetensors", [](const std::string& path, nb::dict tensors, std::map<std::string, std::string> meta) {
+    io::NamedTensors named;
+    for (auto [k, v] : tensors) {
+      std::string name = nb::cast<std::string>(k);
+      Tensor t;
+      if (In<float> f; nb::try_cast(v, f, false)) t = to_tensor(f);
+      else if (In<int32_t> i; nb::try_cast(v, i, false)) t = to_tensor(i);
+      else if (In<uint16_t> u; nb::try_cast(v, u, false)) t = to_tensor(u);
+      else if (In<bool> b; nb::try_cast(v, b, false)) t = to_tensor(b);
+      else LOOM_FAIL("save_safetensors: '", name, "' is not a float32, int32, uint16 or bool array");
+      named.emplace_back(name, t);
+    }
+    without_gil([&] { io::write_safetensors(path, named, meta); });
+  });
+  m.def("load_safetensors", [](const std::string& path) {
+    auto file = without_gil([&] { return io::SafetensorsFile::open(path); });
+    nb::dict tensors;
+    for (const auto& name : file.names()) tensors[name.c_str()] = to_numpy_copy(file.tensor(name));
+    return nb::make_tuple(tensors, file.metadata());
+  });
+
+  // The resolved configuration, as JSON text, from a preset name or JSON file plus "key=value" overrides,
+  // or from JSON text (is_json) checked against the defaults.
+  m.def("resolve_config", [](const std::string& source, bool is_json, std::vector<std::string> overrides) {
+    train::TrainConfig cfg = is_json ? train::TrainConfig::from_json(nlohmann::json::parse(source))
+                                     : train::TrainConfig::load(source, overrides);
+    return cfg.to_json().dump();
+  });
+  // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json. Ctrl-C stops
+  // cleanly after the current step (the weights are still saved).
+  m.def("train", [](const std::string& config_json, const std::string& out) {
+    auto cfg = train::TrainConfig::from_json(nlohmann::json::parse(config_json));
+    train::TrainSummary summary = without_gil([&] {
+      train::ensure_training_data(cfg, cfg.logging.progress != "none");
+      train::Trainer trainer(cfg, out);
+      train::StopSignal stop;
+      train::TrainSummary s = trainer.run(&stop);
+      namespace fs = std::filesystem;
+      train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
+      fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+      return s;
+    });
+    return summary_dict(summary);
+  });
+}
+
+}  // namespace loom::python

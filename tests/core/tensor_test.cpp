@@ -86,3 +86,13 @@ TEST(Rng, TruncatedNormalStaysInRangeWithUnitishMoments) {
   // Variance of N(0, 4) truncated at +-3 sigma is 4 * 0.9733.
   EXPECT_NEAR(var, 4.0 * 0.9733, 0.05);
 }
+
+TEST(Device, ParseAndErrors) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda:1"), Device::cuda(1));
+  EXPECT_EQ(Device::parse("cuda").index(), 0);
+  EXPECT_THROW(Device::parse("tpu"), Error);
+  EXPECT_THROW(Device::parse("cuda:x"), Error);
+  // A CUDA tensor cannot be allocated in a CPU-only build: a clear error, not a crash.
+  EXPECT_THROW(Tensor::empty({2}, DType::F32, Device::cuda(0)), Error);
+}

@@ -12,6 +12,7 @@
 
 #include "io/safetensors.h"
 #include "support/op_test.h"
+#include "support/synthetic_corpus.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -21,33 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A corpus with structure a model can learn: token t+1 = (token t * 3 + 1) mod 61, with some noise.
-void write_tokens(const fs::path& path, int64_t n, uint64_t seed) {
-  std::vector<uint16_t> tokens(static_cast<size_t>(n));
-  uint16_t t = 0;
-  RngKey key = RngKey::from_seed(seed);
-  for (int64_t i = 0; i < n; ++i) {
-    t = (random_uniform(key, static_cast<uint64_t>(i)) < 0.1f)
-            ? static_cast<uint16_t>(random_bits(key, 1u << 30 | static_cast<uint64_t>(i)) % 61)
-            : static_cast<uint16_t>((t * 3 + 1) % 61);
-    tokens[static_cast<size_t>(i)] = t;
-  }
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-}
-
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("loom_checkpoint_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    write_tokens(dir / "train.bin", 20000, 1);
-    write_tokens(dir / "val.bin", 4000, 2);
-    std::ofstream(dir / "meta.json") << R"({"dtype": "uint16", "vocab_size": 64})";
-  }
-  ~TempDir() { fs::remove_all(dir); }
+struct TempDir : test::SyntheticCorpusDir {
+  TempDir() : SyntheticCorpusDir("loom_checkpoint_test") {}
 
   std::vector<std::string> overrides(int64_t steps, const std::vector<std::string>& extra = {}) const {
     std::vector<std::string> o = {

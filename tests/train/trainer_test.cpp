@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "support/op_test.h"
+#include "support/synthetic_corpus.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -13,35 +14,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A corpus with structure a model can learn: token t+1 = (token t * 3 + 1) mod 61, with some noise.
-void write_tokens(const fs::path& path, int64_t n, uint64_t seed) {
-  std::vector<uint16_t> tokens(static_cast<size_t>(n));
-  uint16_t t = 0;
-  RngKey key = RngKey::from_seed(seed);
-  for (int64_t i = 0; i < n; ++i) {
-    t = (random_uniform(key, static_cast<uint64_t>(i)) < 0.1f) ? static_cast<uint16_t>(random_bits(key, 1u << 30 | static_cast<uint64_t>(i)) % 61)
-                                                             : static_cast<uint16_t>((t * 3 + 1) % 61);
-    tokens[static_cast<size_t>(i)] = t;
-  }
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-}
-
-struct TempRun {
-  fs::path dir;
-  TempRun() {
-    dir = fs::temp_directory_path() / ("loom_trainer_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    write_tokens(dir / "train.bin", 20000, 1);
-    write_tokens(dir / "val.bin", 4000, 2);
-    std::ofstream(dir / "meta.json") << R"({"dtype": "uint16", "vocab_size": 64})";
-  }
-  ~TempRun() { fs::remove_all(dir); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
+struct TempRun : test::SyntheticCorpusDir {
+  TempRun() : SyntheticCorpusDir("loom_trainer_test") {}
   train::TrainConfig config(int64_t steps) const {
     return train::TrainConfig::load(
         "tiny", {"model.vocab_size=64", "training.max_steps=" + std::to_string(steps), "training.batch_size=4",

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "backends/cpu/elementwise.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
 
@@ -122,6 +123,10 @@ Tensor Tensor::to(DType target) const {
     }
     return 0.0f;
   };
+  if (dtype() == DType::F32 && target == DType::BF16) {  // the mixed-precision GEMMs' hot conversion
+    cpu::convert_f32_to_bf16(static_cast<const float*>(raw_data()), out.data<bf16>(), n);
+    return out;
+  }
   if (dtype() == DType::U16 && target == DType::I32) {  // token ids: exact integer path
     const uint16_t* s = static_cast<const uint16_t*>(raw_data());
     int32_t* d = out.data<int32_t>();

@@ -14,7 +14,6 @@
 #include "ops/matmul.h"
 
 #include "backends/backend.h"
-#include "backends/cpu/elementwise.h"
 #include "backends/cpu/gemm.h"
 #include "core/autograd.h"
 
@@ -77,18 +76,11 @@ void check_bf16_not_recorded(const TensorList& inputs, DType dtype, const char* 
 
 namespace {
 
-// f32 -> bf16 (round to nearest even), for the mixed-precision GEMM operands.
-Tensor round_to_bf16(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), DType::BF16, t.device());
-  cpu::convert_f32_to_bf16(t.data<float>(), out.data<bf16>(), t.numel());
-  return out;
-}
-
 // linear() in MatmulPrecision::BF16: the operands of all three GEMMs are bf16 copies; the saved
 // activations for backward are the bf16 copies too (half the memory of f32).
 Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias, bool out_in, int64_t M, int64_t in,
                    int64_t out) {
-  Tensor xb = round_to_bf16(x), wb = round_to_bf16(w);
+  Tensor xb = x.to(DType::BF16), wb = w.to(DType::BF16);
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
   gemm_any(DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
            {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
@@ -97,7 +89,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias, bool ou
                                                       has_bias = bias.defined(), out_in, M, in, out](
                                                          const autograd::BackwardContext& ctx) {
     const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
-    Tensor dyb = round_to_bf16(dy);
+    Tensor dyb = dy.to(DType::BF16);
     const bf16* pdy = dyb.data<bf16>();
     Tensor dx, dw, db;
     if (ctx.needs_input_grad(0)) {

@@ -17,6 +17,7 @@
 #include "train/flops.h"
 #include "train/metrics.h"
 #include "train/progress.h"
+#include "train/run_data.h"
 #include "train/run.h"
 
 namespace loom::train {
@@ -26,30 +27,15 @@ struct Trainer::Data {
   std::vector<data::Batch> val;
 };
 
-namespace {
-
-data::TokenFile open_tokens(const std::string& path, const char* key, int64_t vocab_size) {
-  LOOM_CHECK(std::filesystem::exists(path), "config: ", key, " = \"", path, "\" does not exist");
-  data::TokenFile file = data::TokenFile::open(path);
-  LOOM_CHECK(file.max_token() < static_cast<uint64_t>(vocab_size), "config: ", key, " = \"", path,
-             "\" holds token id ", file.max_token(), ", but model.vocab_size is ", vocab_size);
-  return file;
-}
-
-}  // namespace
-
 Trainer::Trainer(TrainConfig config, std::string run_dir) : config_(std::move(config)), run_dir_(std::move(run_dir)) {
   config_.validate();
   if (config_.training.threads > 0) set_num_threads(static_cast<int>(config_.training.threads));
-  data::TokenFile train = open_tokens(config_.data.train, "data.train", config_.model.vocab_size);
-  data::TokenFile val = open_tokens(config_.data.val, "data.val", config_.model.vocab_size);
-  config_.check_data_size(train.size(), val.size());
-
-  const RngKey root = RngKey::from_seed(config_.training.seed);
-  const int64_t B = config_.training.batch_size, T = config_.model.context_length;
-  data::BatchLoader train_loader(train, B, T, config_.training.sampling, root.fold_in("train-batches"));
-  data::BatchLoader val_loader(val, B, T, config_.training.sampling, root.fold_in("val-batches"));
-  data_ = std::make_shared<Data>(Data{std::move(train_loader), val_loader.fixed_batches(config_.eval.batches)});
+  // The loaders, with the data checks that name config keys (src/train/run_data.h); validation uses a
+  // fixed set of batches drawn once.
+  RunData run_data = open_run_data(config_);
+  std::vector<data::Batch> val;
+  if (run_data.val) val = run_data.val->fixed_batches(config_.eval.batches);
+  data_ = std::make_shared<Data>(Data{std::move(run_data.train), std::move(val)});
 
   model_ = std::make_unique<llama::TransformerLM>(config_.model, config_.training.seed);
   if (config_.training.precision == "bf16") model_->set_matmul_precision(ops::MatmulPrecision::BF16);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,13 @@ TEST(Gemm, ModelShapesUseAnOptimizedKernel) {
       }
     }
   }
+}
+
+TEST(Gemm, Bf16WithoutBf16KernelsIsWidenedToF32) {
+  // tests/CMakeLists.txt reruns this suite with oneDNN limited to AVX2 and this variable set.
+  if (std::getenv("LOOM_EXPECT_BF16_WIDENED") == nullptr) GTEST_SKIP() << "only under Gemm.OnAnAvx2OnlyCpu";
+  const std::string impl = cpu::gemm_implementation(false, false, 64, 96, 80, DType::BF16);
+  EXPECT_EQ(impl.rfind("bf16 widened to f32", 0), 0u) << impl;
 }
 
 TEST(Gemm, CallsFromInsideAParallelRegionAreCorrect) {

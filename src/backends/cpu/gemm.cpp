@@ -120,6 +120,10 @@ class GemmCache {
     if (k.bias) p.bias_md = memory::desc(bias_dims, f32, bias_strides);
 
     dnnl::primitive_attr attr;
+    // oneDNN's default "library" scratchpad is one buffer per primitive (Debian's build has
+    // DNNL_ENABLE_CONCURRENT_EXEC off), so two threads running the same cached primitive at once
+    // overwrote each other's packed panels. Each caller passes its own thread-local scratchpad instead.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
     if (k.beta != 0.0f) {
       dnnl::post_ops ops;
@@ -176,7 +180,47 @@ void scale_c(const GemmKey& k, const float* bias, float* C) {
   }
 }
 
+// Whether this CPU has oneDNN bf16 matmul kernels (AVX512-BF16/AMX, or AVX512 emulation). Without
+// them oneDNN 2.x refuses a bf16 matmul outright, and loom widens the operands to f32 instead.
+bool bf16_kernels_available() {
+  static const bool available = [] {
+    try {
+      memory::desc a({8, 8}, memory::data_type::bf16, memory::dims{8, 1});
+      memory::desc c({8, 8}, memory::data_type::f32, memory::dims{8, 1});
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, c), GemmCache::instance().engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+// Elements an operand spans: `rows` rows of leading dimension `ld`, repeated `batch` times `stride` apart.
+int64_t operand_extent(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
+  return (batch > 1 && stride != 0 ? (batch - 1) * stride : 0) + rows * ld;
+}
+
+void execute(GemmKey key, const void* A, const void* B, const float* bias, float* C);
+
 void run(GemmKey key, const void* A, const void* B, const float* bias, float* C) {
+  const bool empty = key.batch == 0 || key.M == 0 || key.N == 0 || key.K == 0;
+  if (key.dtype != DType::BF16 || bf16_kernels_available() || empty) return execute(key, A, B, bias, C);
+  check_problem(key);
+  // Same bf16 values, exact f32 products: only the speed differs from a native bf16 kernel.
+  thread_local std::vector<float> wide_a, wide_b;
+  auto widen = [](const void* src, int64_t n, std::vector<float>& dst) {
+    dst.resize(static_cast<size_t>(n));
+    const bf16* s = static_cast<const bf16*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[static_cast<size_t>(i)] = s[i].to_float();
+  };
+  widen(A, operand_extent(key.batch, key.stride_a, key.trans_a ? key.K : key.M, key.lda), wide_a);
+  widen(B, operand_extent(key.batch, key.stride_b, key.trans_b ? key.N : key.K, key.ldb), wide_b);
+  key.dtype = DType::F32;
+  execute(key, wide_a.data(), wide_b.data(), bias, C);
+}
+
+void execute(GemmKey key, const void* A, const void* B, const float* bias, float* C) {
   check_problem(key);
   if (key.batch == 0 || key.M == 0 || key.N == 0) return;
   if (key.K == 0) {
@@ -212,6 +256,10 @@ void run(GemmKey key, const void* A, const void* B, const float* bias, float* C)
   memory dst(p.dst_md, eng, C);
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
   if (key.bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias_md, eng, const_cast<float*>(bias)));
+  const memory::desc scratch_md = p.pd.scratchpad_desc();
+  thread_local std::vector<uint8_t> scratch;  // grows to the largest scratchpad this thread has needed
+  if (scratch.size() < scratch_md.get_size()) scratch.resize(scratch_md.get_size());
+  args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, eng, scratch.data()));
   p.prim.execute(stream, args);
   stream.wait();
 }
@@ -346,6 +394,10 @@ std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N
                                         kSerialFlops)
                   ? 1
                   : num_threads();
+  if (dtype == DType::BF16 && !bf16_kernels_available()) {
+    k.dtype = DType::F32;
+    return std::string("bf16 widened to f32, ") + GemmCache::instance().get(k).pd.impl_info_str();
+  }
   return GemmCache::instance().get(k).pd.impl_info_str();
 }
 

@@ -28,8 +28,19 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 
 double sum_of_squares(const float* x, int64_t n) {
   return parallel_reduce_chunks<double>(0, n, 1 << 15, 0.0, [&](int64_t s, int64_t e) {
+    // 16 independent accumulators: one chain of dependent double adds ran at one add per 4 cycles
+    // (~1.5% of a cs336-tinystories step). Lane i % 16 and the fixed final fold keep the order, and so
+    // the bits, the same for any thread count.
+    constexpr int kLanes = 16;
+    double lanes[kLanes] = {};
+    int64_t i = s;
+    for (; i + kLanes <= e; i += kLanes) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(x[i + l]) * x[i + l];
+    }
+    for (int l = 0; i < e; ++i, ++l) lanes[l] += static_cast<double>(x[i]) * x[i];
     double acc = 0.0;
-    for (int64_t i = s; i < e; ++i) acc += static_cast<double>(x[i]) * x[i];
+    for (double lane : lanes) acc += lane;
     return acc;
   });
 }

@@ -19,6 +19,9 @@ for i in 1 2; do
   log "loom cs336-tinystories b8: $(build/loom bench train --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads")"
   log "pytorch cs336-tinystories b8: $(OMP_NUM_THREADS=$threads /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads")"
 done
+# The same PyTorch with Debian's OpenBLAS pinned to its AVX2 (Haswell) kernels, as some machines of this
+# workplace set OPENBLAS_CORETYPE (the setting the issue's performance target was written against).
+log "pytorch cs336-tinystories b8 openblas-haswell: $(OPENBLAS_CORETYPE=Haswell OMP_NUM_THREADS=$threads /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads")"
 log "loom cs336-tinystories b8 bf16: $(build/loom bench train --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads" --bf16)"
 log "pytorch cs336-tinystories b8 bf16: $(OMP_NUM_THREADS=$threads /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps "$steps" --threads "$threads" --bf16)"
 log "loom tiny b8: $(build/loom bench train --preset tiny --batch 8 --steps 100 --threads "$threads")"

@@ -50,6 +50,15 @@ void record(const char* name, const TensorList& inputs, const TensorList& output
 
 namespace {
 
+// True when nothing else refers to `t` or its memory, so a leaf may take it as its .grad without a copy
+// (a fresh gradient a backward function just computed). A shared or viewed buffer is cloned instead:
+// writing into the leaf's grad later (accumulation, clipping) must not change anyone else's tensor.
+bool owns_its_buffer(const Tensor& t) {
+  const TensorImpl* impl = t.impl();
+  return t.impl_ptr().use_count() == 1 && impl->storage && impl->storage.use_count() == 1 &&
+         impl->offset_bytes == 0 && !impl->grad_fn;
+}
+
 void accumulate(Tensor& slot, const Tensor& grad) {
   if (!slot.defined()) {
     slot = grad;
@@ -119,7 +128,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       Edge& e = node->inputs[i];
       if (!e.active()) continue;
-      Tensor g = i < input_grads.size() ? input_grads[i] : Tensor();
+      Tensor g = i < input_grads.size() ? std::move(input_grads[i]) : Tensor();
       if (e.node) {
         Node* producer = e.node.get();
         if (g.defined()) {
@@ -135,7 +144,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
         LOOM_ASSERT(g.shape() == leaf->shape, node->name, ": gradient of input ", i, " has shape ",
                     g.shape(), ", expected ", leaf->shape);
         if (!leaf->grad.defined()) {
-          leaf->grad = g.dtype() == leaf->dtype ? g.clone() : g.to(leaf->dtype);
+          leaf->grad = g.dtype() != leaf->dtype ? g.to(leaf->dtype) : owns_its_buffer(g) ? std::move(g) : g.clone();
         } else {
           ops::add_(leaf->grad, g);
         }

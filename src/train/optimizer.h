@@ -20,9 +20,9 @@ struct AdamWOptions {
 };
 
 // AdamW with PyTorch's semantics (decoupled weight decay, bias correction). State is laid out like
-// each parameter's local shard: m and v have the parameter's shape. Construction gives every parameter
-// a zero gradient (as torch's zero_grad(set_to_none=False) keeps them), so every parameter is updated
-// each step, and all persistent memory exists before the first step.
+// each parameter's local shard: m and v have the parameter's shape and exist from construction.
+// zero_grad() drops the gradients, as torch's default zero_grad(set_to_none=True) does: a parameter
+// that receives no gradient before the next step() is left alone by it (no decay, no moment update).
 class AdamW {
  public:
   AdamW(std::vector<nn::Parameter*> params, AdamWOptions options);
@@ -30,7 +30,7 @@ class AdamW {
   // Applies one update with learning rate `lr` (the schedule's value) to every parameter with a grad.
   void step(float lr);
   void step() { step(options_.lr); }
-  // Zeroes the gradients in place (keeping their buffers).
+  // Drops every parameter's gradient (set_to_none); backward() then sets fresh ones.
   void zero_grad();
 
   int64_t step_count() const { return step_; }

@@ -120,9 +120,9 @@ class GemmCache {
     if (k.bias) p.bias_md = memory::desc(bias_dims, f32, bias_strides);
 
     dnnl::primitive_attr attr;
-    // oneDNN's default "library" scratchpad is one buffer per primitive (Debian's build has
-    // DNNL_ENABLE_CONCURRENT_EXEC off), so two threads running the same cached primitive at once
-    // overwrote each other's packed panels. Each caller passes its own thread-local scratchpad instead.
+    // With oneDNN's default library-managed scratchpad (Debian's build has DNNL_ENABLE_CONCURRENT_EXEC
+    // off), two threads running the same cached primitive at once got wrong results (docs/gemm.md).
+    // Each caller passes its own thread-local scratchpad instead.
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
     if (k.beta != 0.0f) {

@@ -53,6 +53,18 @@ TEST(Autograd, ChainAndFanOut) {
   EXPECT_FLOAT_EQ(x.grad().to_vector<float>()[0], 4.0f);
 }
 
+TEST(Autograd, LeavesSharingOneGradientGetSeparateBuffers) {
+  // add's backward hands the same dy to both inputs; a leaf may take a gradient buffer without a copy only
+  // when nothing else holds it, so scaling one leaf's grad in place (as clipping does) leaves the other.
+  Tensor a = Tensor::from_vector<float>({2}, {1, 2}), b = Tensor::from_vector<float>({2}, {3, 4});
+  a.set_requires_grad();
+  b.set_requires_grad();
+  ops::sum(ops::add(a, b)).backward();
+  ASSERT_NE(a.grad().raw_data(), b.grad().raw_data());
+  a.grad().zero_();
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{1, 1}));
+}
+
 TEST(Autograd, NoGradGuardRecordsNothing) {
   Tensor x = Tensor::from_vector<float>({2}, {1, 2});
   x.set_requires_grad();

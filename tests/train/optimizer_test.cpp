@@ -28,6 +28,25 @@ TEST(AdamW, SingleStepByHand) {
   EXPECT_NEAR(opt.exp_avg_sq(0).to_vector<float>()[0], 0.00025f, 1e-8);  // (1 - beta2) rounds in f32
 }
 
+TEST(AdamW, ZeroGradDropsGradientsAndStepSkipsParametersWithoutOne) {
+  // torch's zero_grad(set_to_none=True): a parameter that got no gradient is neither decayed nor moved.
+  nn::Parameter used{"used", Tensor::from_vector<float>({2}, {1.0f, -2.0f}), Shape{2}, {}};
+  nn::Parameter unused{"unused", Tensor::from_vector<float>({2}, {3.0f, 4.0f}), Shape{2}, {}};
+  used.value.set_requires_grad();
+  unused.value.set_requires_grad();
+  train::AdamW opt({&used, &unused}, {.lr = 0.1f, .weight_decay = 0.5f});
+  used.value.set_grad(Tensor::from_vector<float>({2}, {0.5f, -0.25f}));
+  unused.value.set_grad(Tensor::from_vector<float>({2}, {1.0f, 1.0f}));
+  opt.zero_grad();
+  EXPECT_FALSE(used.value.grad().defined());
+  EXPECT_FALSE(unused.value.grad().defined());
+  used.value.set_grad(Tensor::from_vector<float>({2}, {0.5f, -0.25f}));
+  opt.step();
+  EXPECT_NE(used.value.to_vector<float>()[0], 1.0f);
+  EXPECT_EQ(unused.value.to_vector<float>(), (std::vector<float>{3.0f, 4.0f}));
+  EXPECT_EQ(opt.exp_avg(1).to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+}
+
 TEST(AdamW, InvalidOptionsNameTheKey) {
   nn::Parameter p{"w", Tensor::zeros({1}), Shape{1}, {}};
   try {

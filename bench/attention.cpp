@@ -45,7 +45,7 @@ void BM_CausalSelfAttention(benchmark::State& state) {
   Tensor dy = randn({kB, t, c}, 4);
   Tensor pos = Tensor::empty({t}, DType::I32);
   for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
-  ops::RopeOptions rope{pos, 10000.0f, ops::RopeStyle::RotateHalf};
+  ops::RopeOptions rope{pos, 10000.0f, ops::RopeStyle::RotateHalf, {}};
   if (kBackward) {
     q.set_requires_grad();
     k.set_requires_grad();

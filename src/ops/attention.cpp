@@ -57,8 +57,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              ": q, k, v must be [..., T, D] with the same rank, got q ", q.shape(), ", k ", k.shape(), ", v ",
              v.shape());
   const Shape lead = q.shape().drop_last(2);
-  LOOM_CHECK(k.shape().drop_last(2) == lead && v.shape().drop_last(2) == lead, op,
-             ": leading dimensions differ: q ", q.shape(), ", k ", k.shape(), ", v ", v.shape());
+  const Shape kv_lead = k.shape().drop_last(2);
+  // Grouped-query attention: k and v may have fewer heads (the last leading dimension) than q, as long
+  // as the count divides q's; query head h then reads k/v head h / (Hq / Hkv).
+  const bool grouped = kv_lead != lead && lead.size() >= 1 && kv_lead.size() == lead.size() &&
+                       kv_lead.drop_last(1) == lead.drop_last(1) && kv_lead[kv_lead.size() - 1] > 0 &&
+                       lead[lead.size() - 1] % kv_lead[kv_lead.size() - 1] == 0;
+  LOOM_CHECK((kv_lead == lead || grouped) && v.shape().drop_last(2) == kv_lead, op,
+             ": leading dimensions differ: q ", q.shape(), ", k ", k.shape(), ", v ", v.shape(),
+             " (k and v may only have fewer heads than q, a divisor of q's, in the last leading dimension)");
   const int64_t tq = q.size(-2), d = q.size(-1), tk = k.size(-2), dv = v.size(-1);
   LOOM_CHECK(k.size(-1) == d, op, ": q has D=", d, " but k has D=", k.size(-1), " (q ", q.shape(), ", k ",
              k.shape(), ")");
@@ -92,6 +99,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   p.k = {tk * d, 0, d};
   p.v = {tk * dv, 0, dv};
   p.out = {tq * dv, 0, dv};
+  if (grouped) {  // [..., Hq, T, D] heads over [..., Hkv, T, D] k/v heads
+    const int64_t hq = lead[lead.size() - 1], hkv = kv_lead[kv_lead.size() - 1];
+    p.batches = heads / hq;
+    p.heads_per_batch = hq;
+    p.kv_group = hq / hkv;
+    p.q = {hq * tq * d, tq * d, d};
+    p.k = {hkv * tk * d, tk * d, d};
+    p.v = {hkv * tk * dv, tk * dv, dv};
+    p.out = {hq * tq * dv, tq * dv, dv};
+  }
 
   Shape out_shape = lead;
   out_shape.push_back(tq);
@@ -126,20 +143,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                             const std::optional<RopeOptions>& rope) {
+                             const std::optional<RopeOptions>& rope, int num_kv_heads) {
   const char* op = "causal_self_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
   check_float(v, op, "v");
   require_cpu(op, {&q, &k, &v});
   LOOM_CHECK(q.ndim() == 3, op, ": q must be [B, T, H*D], got ", q.shape());
-  LOOM_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k, v shapes differ: q ", q.shape(),
-             ", k ", k.shape(), ", v ", v.shape());
   const int64_t b = q.size(0), t = q.size(1), c = q.size(2);
   LOOM_CHECK(num_heads > 0 && c % num_heads == 0, op, ": num_heads=", num_heads, " does not divide the width ",
              c, " of q ", q.shape());
   const int64_t d = c / num_heads;
   LOOM_CHECK(d > 0, op, ": head dimension is 0 for q ", q.shape());
+  if (num_kv_heads == 0) num_kv_heads = num_heads;
+  LOOM_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, op, ": num_kv_heads=", num_kv_heads,
+             " must be positive and divide num_heads=", num_heads);
+  const int64_t ckv = num_kv_heads * d;  // width of k and v
+  LOOM_CHECK(k.shape() == (Shape{b, t, ckv}) && v.shape() == (Shape{b, t, ckv}), op, ": k and v must be [", b,
+             ", ", t, ", ", ckv, "] (", num_kv_heads, " k/v heads of ", d, "), got k ", k.shape(), ", v ",
+             v.shape(), " for q ", q.shape());
 
   auto state = std::make_shared<RopeState>();
   if (rope.has_value()) {
@@ -165,7 +187,9 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.d = p.dv = d;
   p.scale = 1.0f / std::sqrt(static_cast<float>(d));
   p.causal = true;
-  p.q = p.k = p.v = p.out = {t * c, d, c};
+  p.kv_group = num_heads / num_kv_heads;
+  p.q = p.out = {t * c, d, c};
+  p.k = p.v = {t * ckv, d, ckv};
 
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
   Tensor lse = Tensor::empty({b * num_heads, t}, DType::F32, q.device());
@@ -245,23 +269,25 @@ Tensor causal_mask(int64_t t) {
 }
 
 Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                                       const std::optional<RopeOptions>& rope) {
+                                       const std::optional<RopeOptions>& rope, int num_kv_heads) {
   LOOM_CHECK(q.ndim() == 3, "causal_self_attention_reference: q must be [B, T, H*D], got ", q.shape());
-  Tensor qh = split_heads(q, num_heads), kh = split_heads(k, num_heads), vh = split_heads(v, num_heads);
+  if (num_kv_heads == 0) num_kv_heads = num_heads;
+  Tensor qh = split_heads(q, num_heads), kh = split_heads(k, num_kv_heads), vh = split_heads(v, num_kv_heads);
   if (rope.has_value()) {
     // rope takes positions [T] or the full leading shape [B, H, T]: broadcast [B, T] over heads.
-    Tensor pos = rope->positions;
-    const int64_t b = q.size(0), t = q.size(1);
-    if (pos.defined() && pos.shape() == Shape{b, t}) {
-      Tensor full = Tensor::empty({b, num_heads, t}, DType::I32);
+    auto over_heads = [&](int heads) {
+      Tensor pos = rope->positions;
+      const int64_t b = q.size(0), t = q.size(1);
+      if (!pos.defined() || pos.shape() != Shape{b, t}) return pos;
+      Tensor full = Tensor::empty({b, heads, t}, DType::I32);
       for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t h = 0; h < num_heads; ++h)
+        for (int64_t h = 0; h < heads; ++h)
           std::copy(pos.data<int32_t>() + bi * t, pos.data<int32_t>() + (bi + 1) * t,
-                    full.data<int32_t>() + (bi * num_heads + h) * t);
-      pos = full;
-    }
-    qh = ops::rope(qh, pos, rope->theta, rope->style);
-    kh = ops::rope(kh, pos, rope->theta, rope->style);
+                    full.data<int32_t>() + (bi * heads + h) * t);
+      return full;
+    };
+    qh = ops::rope(qh, over_heads(num_heads), rope->theta, rope->style);
+    kh = ops::rope(kh, over_heads(num_kv_heads), rope->theta, rope->style);
   }
   Tensor o = scaled_dot_product_attention(qh, kh, vh, causal_mask(q.size(1)), /*causal=*/false);
   return merge_heads(o);

@@ -187,7 +187,7 @@ TEST(Attention, CausalSelfAttentionMatchesPyTorch) {
     SCOPED_TRACE(c.name);
     std::string p = std::string(c.name) + "_";
     std::optional<ops::RopeOptions> rope;
-    if (c.rope) rope = ops::RopeOptions{f.get(p + "pos"), 10000.0f, c.style};
+    if (c.rope) rope = ops::RopeOptions{f.get(p + "pos"), 10000.0f, c.style, {}};
     for (bool reference : {false, true}) {
       SCOPED_TRACE(reference ? "reference composite" : "fused");
       test::check_against_fixture(
@@ -217,7 +217,7 @@ TEST(Attention, FusedEqualsCompositeAtModelShapes) {
       pos = Tensor::empty({c.t}, DType::I32);
       for (int64_t i = 0; i < c.t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
     }
-    ops::RopeOptions rope{pos, 10000.0f, c.style};
+    ops::RopeOptions rope{pos, 10000.0f, c.style, {}};
     auto fused = run_with_grads([&](const TensorList& in) {
       return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(c.h), rope);
     }, qkv, dy);
@@ -233,7 +233,7 @@ TEST(Attention, GradcheckCausalSelfAttention) {
   Tensor q = test::param(test::randn({2, 4, 12}, 50)), k = test::param(test::randn({2, 4, 12}, 51)),
          v = test::param(test::randn({2, 4, 12}, 52));
   for (auto style : {ops::RopeStyle::Interleaved, ops::RopeStyle::RotateHalf}) {
-    ops::RopeOptions rope{pos, 100.0f, style};
+    ops::RopeOptions rope{pos, 100.0f, style, {}};
     test::gradcheck([&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 2, rope); },
                     {q, k, v});
   }
@@ -246,7 +246,7 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
   Tensor pos = Tensor::empty({100}, DType::I32);
   for (int i = 0; i < 100; ++i) pos.data<int32_t>()[i] = i;
   auto f = [&](const TensorList& in) {
-    return ops::causal_self_attention(in[0], in[1], in[2], 4, ops::RopeOptions{pos});
+    return ops::causal_self_attention(in[0], in[1], in[2], 4, ops::RopeOptions{pos, 10000.0f, ops::RopeStyle::Interleaved, {}});
   };
   const int saved = num_threads();
   set_num_threads(1);
@@ -284,10 +284,10 @@ TEST(Attention, CausalSelfAttentionInvalidInputsNameTheValues) {
   test::expect_error_mentions([&] { ops::causal_self_attention(x, x, Tensor::zeros({2, 4, 8}), 2); },
                               {"[2, 4, 12]", "[2, 4, 8]"});
   Tensor pos = Tensor::from_vector<int32_t>({4}, {0, 1, 2, 3});
-  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, x, 4, ops::RopeOptions{pos}); },
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, x, 4, ops::RopeOptions{pos, 10000.0f, ops::RopeStyle::Interleaved, {}}); },
                               {"D=3", "even"});
   test::expect_error_mentions(
-      [&] { ops::causal_self_attention(x, x, x, 2, ops::RopeOptions{Tensor::zeros({3}, DType::I32)}); },
+      [&] { ops::causal_self_attention(x, x, x, 2, ops::RopeOptions{Tensor::zeros({3}, DType::I32), 10000.0f, ops::RopeStyle::Interleaved, {}}); },
       {"[3]", "[4]", "[2, 4]"});
 }
 
@@ -309,4 +309,124 @@ TEST(Attention, CausalMemoryIsLinearInT) {
   EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
       << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
   RecordProperty("peak_growth_bytes", static_cast<int>(after.peak_bytes_in_use - before.bytes_in_use));
+}
+
+// ---- grouped-query attention ----------------------------------------------------------------------
+
+namespace {
+
+// [B, T, Hkv*D] -> [B, T, H*D]: k/v head h / group copied to every query head h of its group.
+Tensor repeat_kv_heads(const Tensor& x, int64_t heads, int64_t kv_heads) {
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2) / kv_heads, group = heads / kv_heads;
+  Tensor out = Tensor::empty({b, t, heads * d});
+  for (int64_t r = 0; r < b * t; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy(x.data<float>() + r * kv_heads * d + (h / group) * d, x.data<float>() + r * kv_heads * d + (h / group + 1) * d,
+                out.data<float>() + r * heads * d + h * d);
+  return out;
+}
+
+// The gradient of repeat_kv_heads: each k/v head's gradient is the sum over its group, in head order.
+Tensor sum_kv_groups(const Tensor& g, int64_t heads, int64_t kv_heads) {
+  const int64_t b = g.size(0), t = g.size(1), d = g.size(2) / heads, group = heads / kv_heads;
+  Tensor out = Tensor::zeros({b, t, kv_heads * d});
+  for (int64_t r = 0; r < b * t; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < d; ++c)
+        out.data<float>()[r * kv_heads * d + (h / group) * d + c] += g.data<float>()[r * heads * d + h * d + c];
+  return out;
+}
+
+}  // namespace
+
+TEST(Attention, GroupedQueryEqualsMultiHeadOnRepeatedKvHeads) {
+  // The oracle is ordinary multi-head attention on k/v heads repeated to every query head, whose k/v
+  // gradients summed over each group are the grouped gradients. Fused (flash) and composite (masked)
+  // paths both; T crosses the key/query blocks; multi-query (1 k/v head) included.
+  struct Case { int64_t b, t, h, kv, d; bool batch_pos; };
+  for (Case c : {Case{2, 70, 4, 2, 32, false}, Case{1, 33, 4, 1, 16, true}, Case{2, 5, 6, 3, 8, false}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " Hkv=" + std::to_string(c.kv));
+    Tensor q = test::randn({c.b, c.t, c.h * c.d}, 80), k = test::randn({c.b, c.t, c.kv * c.d}, 81),
+           v = test::randn({c.b, c.t, c.kv * c.d}, 82), dy = test::randn({c.b, c.t, c.h * c.d}, 83);
+    Tensor pos = Tensor::empty(c.batch_pos ? Shape{c.b, c.t} : Shape{c.t}, DType::I32);
+    for (int64_t i = 0; i < pos.numel(); ++i) pos.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 300);
+    ops::RopeOptions rope{pos, 10000.0f, ops::RopeStyle::RotateHalf, {}};
+    const int h = static_cast<int>(c.h), kv = static_cast<int>(c.kv);
+    auto repeated = run_with_grads([&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], h, rope); },
+                                   {q, repeat_kv_heads(k, c.h, c.kv), repeat_kv_heads(v, c.h, c.kv)}, dy);
+    TensorList want = {repeated[0], repeated[1], sum_kv_groups(repeated[2], c.h, c.kv), sum_kv_groups(repeated[3], c.h, c.kv)};
+    auto fused = run_with_grads(
+        [&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], h, rope, kv); }, {q, k, v}, dy);
+    expect_all_close(fused, want, 2e-5f, 2e-4f, "fused GQA vs repeated heads");
+    auto composite = run_with_grads(
+        [&](const TensorList& in) { return ops::causal_self_attention_reference(in[0], in[1], in[2], h, rope, kv); },
+        {q, k, v}, dy);
+    expect_all_close(composite, want, 2e-5f, 2e-4f, "composite GQA vs repeated heads");
+  }
+}
+
+TEST(Attention, SdpaWithFewerKvHeadsEqualsRepeatedHeads) {
+  // q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]: the KV-cache decoding layout. Causal flash, and masked.
+  const int64_t b = 2, hq = 4, hkv = 2, tq = 3, tk = 9, d = 8;
+  Tensor q = test::randn({b, hq, tq, d}, 90), k = test::randn({b, hkv, tk, d}, 91), v = test::randn({b, hkv, tk, d}, 92);
+  Tensor dy = test::randn({b, hq, tq, d}, 93);
+  auto expand = [&](const Tensor& x) {  // [B, Hkv, T, D] -> [B, Hq, T, D]
+    Tensor out = Tensor::empty({b, hq, x.size(2), d});
+    const int64_t n = x.size(2) * d;
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h)
+        std::copy(x.data<float>() + (bi * hkv + h / (hq / hkv)) * n, x.data<float>() + (bi * hkv + h / (hq / hkv) + 1) * n,
+                  out.data<float>() + (bi * hq + h) * n);
+    return out;
+  };
+  auto fold = [&](const Tensor& g) {  // the gradient of expand
+    Tensor out = Tensor::zeros({b, hkv, g.size(2), d});
+    const int64_t n = g.size(2) * d;
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t i = 0; i < n; ++i) out.data<float>()[(bi * hkv + h / (hq / hkv)) * n + i] += g.data<float>()[(bi * hq + h) * n + i];
+    return out;
+  };
+  Tensor mask = Tensor::empty({tq, tk}, DType::Bool);
+  for (int64_t i = 0; i < mask.numel(); ++i) mask.data<bool>()[i] = (i * 5) % 3 != 0;
+  for (bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "masked" : "causal flash");
+    auto f = [&](const TensorList& in) {
+      return ops::scaled_dot_product_attention(in[0], in[1], in[2], masked ? mask : Tensor(), !masked);
+    };
+    auto repeated = run_with_grads(f, {q, expand(k), expand(v)}, dy);
+    auto grouped = run_with_grads(f, {q, k, v}, dy);
+    expect_all_close(grouped, {repeated[0], repeated[1], fold(repeated[2]), fold(repeated[3])}, 2e-5f, 2e-4f, "sdpa GQA");
+  }
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, test::randn({b, 3, tk, d}, 1), test::randn({b, 3, tk, d}, 2)); },
+                              {"[2, 4, 3, 8]", "[2, 3, 9, 8]", "fewer heads"});
+}
+
+TEST(Attention, GroupedQueryGradcheckAndDeterminism) {
+  Tensor pos = Tensor::from_vector<int32_t>({4}, {3, 1, 1, 8});
+  Tensor q = test::param(test::randn({2, 4, 16}, 100)), k = test::param(test::randn({2, 4, 4}, 101)),
+         v = test::param(test::randn({2, 4, 4}, 102));
+  ops::RopeOptions rope{pos, 100.0f, ops::RopeStyle::Interleaved, {}};
+  test::gradcheck([&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 4, rope, 1); },
+                  {q, k, v});
+  // Big enough to split k/v groups over threads: bitwise the same for 1, 2 and 3 threads.
+  TensorList qkv = {test::randn({2, 100, 256}, 110), test::randn({2, 100, 64}, 111), test::randn({2, 100, 64}, 112)};
+  Tensor dy = test::randn({2, 100, 256}, 113);
+  auto f = [&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 8, std::nullopt, 2); };
+  const int saved = num_threads();
+  TensorList runs[3];
+  for (int n = 1; n <= 3; ++n) {
+    set_num_threads(n);
+    runs[n - 1] = run_with_grads(f, qkv, dy);
+  }
+  set_num_threads(saved);
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(max_abs_diff(runs[0][i], runs[1][i]), 0.0f) << i;
+    EXPECT_EQ(max_abs_diff(runs[0][i], runs[2][i]), 0.0f) << i;
+  }
+  Tensor x = Tensor::zeros({2, 4, 12});
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, x, x, 2, std::nullopt, 4); },
+                              {"num_kv_heads=4", "num_heads=2"});
+  test::expect_error_mentions([&] { ops::causal_self_attention(x, Tensor::zeros({2, 4, 4}), x, 3, std::nullopt, 1); },
+                              {"[2, 4, 4]", "[2, 4, 12]"});
 }

@@ -283,12 +283,12 @@ struct ForwardScratch {
 // Query rows [row_begin, row_end) of head n (row_begin a multiple of kBlockQ).
 void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, int64_t row_begin, int64_t row_end,
                         const float* q, const float* k, const float* v, float* out, float* lse, ForwardScratch& w) {
-  const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
+  const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch, hk = h / p.kv_group;
   const int64_t dp = dims.dp, dvp = dims.dvp;
   const int64_t nk = key_end(p, row_begin, row_end - row_begin);  // keys any of these rows can see
-  pack_keys(p, dims, k, b, h, nk, w.kt.get(), w.krows.get());
+  pack_keys(p, dims, k, b, hk, nk, w.kt.get(), w.krows.get());
   float* vp = w.vp.get();
-  pack_rows(vp, dvp, round16(nk), v, p.v, nk, p.dv, nullptr, b, h);
+  pack_rows(vp, dvp, round16(nk), v, p.v, nk, p.dv, nullptr, b, hk);
 
   float* qc = w.qc.get();
   float* s = w.s.get();
@@ -361,17 +361,22 @@ struct BackwardScratch {
         di(static_cast<size_t>(p.tq)) {}
 };
 
+// Query head n. The first head of a k/v group packs k and v and zeroes the dk/dv accumulators; every head
+// of the group adds to them; the last one stores dk and dv.
 void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n, const float* q, const float* k,
                          const float* v, const float* out, const float* dout, const float* lse, float* dq,
                          float* dk, float* dv, BackwardScratch& w) {
-  const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
+  const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch, hk = h / p.kv_group;
+  const bool first_of_group = h % p.kv_group == 0, last_of_group = h % p.kv_group == p.kv_group - 1;
   const int64_t dp = dims.dp, dvp = dims.dvp, tkp = dims.tkp;
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
 
-  pack_keys(p, dims, k, b, h, p.tk, w.kt.get(), w.kp.get());
   float* vt = w.vt.get();
-  pack_rows(w.vrows.get(), dvp, tkp, v, p.v, p.tk, p.dv, nullptr, b, h);
-  transpose(vt, tkp, w.vrows.get(), dvp, tkp, dvp);
+  if (first_of_group) {
+    pack_keys(p, dims, k, b, hk, p.tk, w.kt.get(), w.kp.get());
+    pack_rows(w.vrows.get(), dvp, tkp, v, p.v, p.tk, p.dv, nullptr, b, hk);
+    transpose(vt, tkp, w.vrows.get(), dvp, tkp, dvp);
+  }
   pack_queries(p, dims, q, b, h, 0, p.tq, w.qc.get());
   float* dop = w.dop.get();
   for (int64_t i = 0; i < p.tq; ++i) {
@@ -387,8 +392,10 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
     w.di[static_cast<size_t>(i)] = d;
   }
   std::fill(w.dq.get(), w.dq.get() + p.tq * dp, 0.0f);
-  std::fill(w.dk.get(), w.dk.get() + tkp * dp, 0.0f);
-  std::fill(w.dv.get(), w.dv.get() + tkp * dvp, 0.0f);
+  if (first_of_group) {
+    std::fill(w.dk.get(), w.dk.get() + tkp * dp, 0.0f);
+    std::fill(w.dv.get(), w.dv.get() + tkp * dvp, 0.0f);
+  }
 
   float* s = w.s.get();
   float* dpm = w.dpm.get();
@@ -450,14 +457,15 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
     if (i + kPrefetchRows < p.tq) prefetch_row_for_write(row_of(dq, p.q, b, h, i + kPrefetchRows), p.d);
     store_grad(row_of(dq, p.q, b, h, i), w.dq.get() + i * dp, p.scale, i);
   }
+  if (!last_of_group) return;
   for (int64_t j = 0; j < p.tk; ++j) {
     if (j + kPrefetchRows < p.tk) {
-      prefetch_row_for_write(row_of(dk, p.k, b, h, j + kPrefetchRows), p.d);
-      prefetch_row_for_write(row_of(dv, p.v, b, h, j + kPrefetchRows), p.dv);
+      prefetch_row_for_write(row_of(dk, p.k, b, hk, j + kPrefetchRows), p.d);
+      prefetch_row_for_write(row_of(dv, p.v, b, hk, j + kPrefetchRows), p.dv);
     }
-    store_grad(row_of(dk, p.k, b, h, j), w.dk.get() + j * dp, kLn2, j);
+    store_grad(row_of(dk, p.k, b, hk, j), w.dk.get() + j * dp, kLn2, j);
     const float* src = w.dv.get() + j * dvp;
-    std::copy(src, src + p.dv, row_of(dv, p.v, b, h, j));
+    std::copy(src, src + p.dv, row_of(dv, p.v, b, hk, j));
   }
 }
 
@@ -470,6 +478,11 @@ int64_t head_grain(const AttentionProblem& p) {
                       static_cast<double>(p.d + p.dv);
   if (work < 1e6) return std::max<int64_t>(heads, 1);
   return std::max<int64_t>(1, heads / (4 * num_threads()));
+}
+
+// The same for work items that are whole k/v groups (kv_group query heads each).
+int64_t kv_head_grain(const AttentionProblem& p) {
+  return std::max<int64_t>(1, head_grain(p) / p.kv_group);
 }
 
 // ---- naive masked attention ------------------------------------------------------------------------
@@ -491,7 +504,7 @@ void naive_probabilities(const AttentionProblem& p, const bool* mask_head, const
   const float* qi = row_of(q, p.q, b, h, i);
   for (int64_t j = 0; j < p.tk; ++j)
     prob[static_cast<size_t>(j)] = allowed(p, mask_head, i, j) && std::isfinite(lse)
-                                       ? std::exp(p.scale * dot(qi, row_of(k, p.k, b, h, j), p.d) - lse)
+                                       ? std::exp(p.scale * dot(qi, row_of(k, p.k, b, h / p.kv_group, j), p.d) - lse)
                                        : 0.0;
 }
 
@@ -524,9 +537,12 @@ void flash_attention_backward(const AttentionProblem& p, const float* q, const f
                               float* dv) {
   if (p.heads() == 0) return;
   const Dims dims(p);
-  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
+  // One work item per k/v head: the query heads of a group run in order on one thread, accumulating dk/dv.
+  const int64_t group = p.kv_group;
+  parallel_for(0, p.kv_heads(), kv_head_grain(p), [&](int64_t gb, int64_t ge) {
     BackwardScratch w(p, dims);
-    for (int64_t n = nb; n < ne; ++n) flash_backward_head(p, dims, n, q, k, v, out, dout, lse, dq, dk, dv, w);
+    for (int64_t n = gb * group; n < ge * group; ++n)
+      flash_backward_head(p, dims, n, q, k, v, out, dout, lse, dq, dk, dv, w);
   });
 }
 
@@ -538,11 +554,12 @@ void masked_attention_forward(const AttentionProblem& p, const bool* mask, int64
     for (int64_t n = nb; n < ne; ++n) {
       const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
       const bool* mh = mask != nullptr ? mask + n * mask_head_stride : nullptr;
+      const int64_t hk = h / p.kv_group;
       for (int64_t i = 0; i < p.tq; ++i) {
         const float* qi = row_of(q, p.q, b, h, i);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < p.tk; ++j) {
-          score[j] = allowed(p, mh, i, j) ? p.scale * dot(qi, row_of(k, p.k, b, h, j), p.d)
+          score[j] = allowed(p, mh, i, j) ? p.scale * dot(qi, row_of(k, p.k, b, hk, j), p.d)
                                           : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, score[j]);
         }
@@ -557,7 +574,7 @@ void masked_attention_forward(const AttentionProblem& p, const bool* mask, int64
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < p.tk; ++j) {
           if (score[j] == 0.0) continue;
-          const float* vj = row_of(v, p.v, b, h, j);
+          const float* vj = row_of(v, p.v, b, hk, j);
           for (int64_t c = 0; c < p.dv; ++c) acc[c] += score[j] / sum * vj[c];
         }
         for (int64_t c = 0; c < p.dv; ++c) oi[c] = static_cast<float>(acc[c]);
@@ -571,29 +588,32 @@ void masked_attention_backward(const AttentionProblem& p, const bool* mask, int6
                                const float* q, const float* k, const float* v, const float* dout,
                                const float* lse, float* dq, float* dk, float* dv) {
   LOOM_ASSERT(p.rope.cos == nullptr, "masked attention takes no fused RoPE");
-  parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
+  // One work item per k/v head; its query heads run in order, accumulating dk/dv (see the flash backward).
+  parallel_for(0, p.kv_heads(), kv_head_grain(p), [&](int64_t gb, int64_t ge) {
     std::vector<double> prob(static_cast<size_t>(p.tk)), ds(static_cast<size_t>(p.tk));
     std::vector<double> gq(static_cast<size_t>(p.d)), gk(static_cast<size_t>(p.tk * p.d)),
         gv(static_cast<size_t>(p.tk * p.dv));
-    for (int64_t n = nb; n < ne; ++n) {
-      const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch;
+    for (int64_t n = gb * p.kv_group; n < ge * p.kv_group; ++n) {
+      const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch, hk = h / p.kv_group;
       const bool* mh = mask != nullptr ? mask + n * mask_head_stride : nullptr;
-      std::fill(gk.begin(), gk.end(), 0.0);
-      std::fill(gv.begin(), gv.end(), 0.0);
+      if (h % p.kv_group == 0) {
+        std::fill(gk.begin(), gk.end(), 0.0);
+        std::fill(gv.begin(), gv.end(), 0.0);
+      }
       for (int64_t i = 0; i < p.tq; ++i) {
         naive_probabilities(p, mh, q, k, b, h, i, lse[n * p.tq + i], prob);
         const float* gi = row_of(dout, p.out, b, h, i);
         const float* qi = row_of(q, p.q, b, h, i);
         double di = 0;  // sum_j P_ij dP_ij
         for (int64_t j = 0; j < p.tk; ++j) {
-          ds[j] = dot(gi, row_of(v, p.v, b, h, j), p.dv);  // dP_ij
+          ds[j] = dot(gi, row_of(v, p.v, b, hk, j), p.dv);  // dP_ij
           di += prob[j] * ds[j];
         }
         std::fill(gq.begin(), gq.end(), 0.0);
         for (int64_t j = 0; j < p.tk; ++j) {
           if (prob[j] == 0.0) continue;
           const double dsj = prob[j] * (ds[j] - di) * p.scale;
-          const float* kj = row_of(k, p.k, b, h, j);
+          const float* kj = row_of(k, p.k, b, hk, j);
           for (int64_t c = 0; c < p.d; ++c) {
             gq[c] += dsj * kj[c];
             gk[j * p.d + c] += dsj * qi[c];
@@ -603,9 +623,10 @@ void masked_attention_backward(const AttentionProblem& p, const bool* mask, int6
         float* dqi = row_of(dq, p.q, b, h, i);
         for (int64_t c = 0; c < p.d; ++c) dqi[c] = static_cast<float>(gq[c]);
       }
+      if (h % p.kv_group != p.kv_group - 1) continue;
       for (int64_t j = 0; j < p.tk; ++j) {
-        float* dkj = row_of(dk, p.k, b, h, j);
-        float* dvj = row_of(dv, p.v, b, h, j);
+        float* dkj = row_of(dk, p.k, b, hk, j);
+        float* dvj = row_of(dv, p.v, b, hk, j);
         for (int64_t c = 0; c < p.d; ++c) dkj[c] = static_cast<float>(gk[j * p.d + c]);
         for (int64_t c = 0; c < p.dv; ++c) dvj[c] = static_cast<float>(gv[j * p.dv + c]);
       }

@@ -14,7 +14,8 @@
 //     and the oracle the flash kernels are tested against.
 //
 // Both parallelise over heads; each head is computed by one thread in a fixed order, so results are
-// bitwise identical whatever the thread count (dK/dV accumulate over query blocks inside one thread).
+// bitwise identical whatever the thread count (dK/dV accumulate over query blocks, and with grouped-query
+// attention over the query heads of a group, inside one thread).
 // Rows whose mask/causal rule allows no key produce zeros, and zero gradients.
 #pragma once
 
@@ -45,9 +46,13 @@ struct AttentionProblem {
   int64_t tq = 0, tk = 0, d = 0, dv = 0;
   float scale = 1.0f;
   bool causal = false;  // query i sees keys j <= i + (tk - tq)
+  // Grouped-query attention: query heads h of one batch entry read k/v head h / kv_group, so k and v
+  // have heads_per_batch / kv_group heads (1 = ordinary multi-head attention). dk/dv sum over a group.
+  int64_t kv_group = 1;
   HeadLayout q, k, v, out;  // gradients use the layout of the tensor they belong to
   RopeTables rope;          // flash kernels only; cos == nullptr means no RoPE
   int64_t heads() const { return batches * heads_per_batch; }
+  int64_t kv_heads() const { return heads() / kv_group; }
 };
 
 // out: rows of Dv per the out layout. lse: [N, Tq], the per-row log2-sum-exp2 of the scores scaled by

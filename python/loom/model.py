@@ -91,20 +91,21 @@ class TransformerLM(_Module):
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
                  d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
-                 weights: Mapping[str, np.ndarray] | None = None, _wrap=None):
+                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None):
         if _wrap is not None:
             self._m = _wrap
             return
         self._m = _loom.TransformerLM(int(vocab_size), int(context_length), int(d_model), int(num_layers),
-                                      int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed))
+                                      int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed),
+                                      int(num_kv_heads))
         if weights is not None:
             self.load_state_dict(weights)
 
     @classmethod
     def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "TransformerLM":
         """From a dict with the keys of `config` (a training config's "model" section works too)."""
-        keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta",
-                "norm_eps")
+        keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
+                "rope_theta", "norm_eps")
         return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights)
 
     @classmethod

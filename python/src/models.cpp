@@ -50,6 +50,7 @@ nb::dict config_dict(const llama::Config& c) {
   d["d_model"] = c.d_model;
   d["num_layers"] = c.num_layers;
   d["num_heads"] = c.num_heads;
+  d["num_kv_heads"] = c.kv_heads();
   d["d_ff"] = c.d_ff;
   d["rope_theta"] = c.rope_theta;
   d["norm_eps"] = c.norm_eps;
@@ -98,8 +99,10 @@ void bind_models(nb::module_& m) {
   nb::class_<llama::TransformerLM, nn::Module>(m, "TransformerLM")
       .def("__init__",
            [](llama::TransformerLM* self, int64_t vocab_size, int64_t context_length, int64_t d_model,
-              int64_t num_layers, int64_t num_heads, int64_t d_ff, float rope_theta, float norm_eps, uint64_t seed) {
+              int64_t num_layers, int64_t num_heads, int64_t d_ff, float rope_theta, float norm_eps, uint64_t seed,
+              int64_t num_kv_heads) {
              llama::Config c;
+             c.num_kv_heads = num_kv_heads == num_heads ? 0 : num_kv_heads;
              c.vocab_size = vocab_size;
              c.context_length = context_length;
              c.d_model = d_model;

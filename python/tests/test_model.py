@@ -124,3 +124,21 @@ def test_from_config_and_seeded_init(lm_fixture):
     std = np.sqrt(2.0 / (24 + 37))
     assert abs(w.std() - std) < 0.2 * std and np.abs(w).max() <= 3 * std + 1e-6
     np.testing.assert_array_equal(a.state_dict()["ln_final.weight"], np.ones(24, np.float32))
+
+
+def test_grouped_query_attention(tmp_path):
+    # 4 query heads over 2 key/value heads: k_proj and v_proj produce 2 heads of 8.
+    m = loom.TransformerLM(vocab_size=20, context_length=8, d_model=32, num_layers=1, num_heads=4, d_ff=48,
+                           num_kv_heads=2, seed=3)
+    assert m.config["num_kv_heads"] == 2
+    assert m.state_dict()["layers.0.attn.k_proj.weight"].shape == (16, 32)
+    ids = np.array([[1, 5, 7, 2]])
+    logits = m.forward(ids)
+    assert logits.shape == (1, 4, 20) and np.isfinite(logits).all()
+    m.save(tmp_path / "gqa.safetensors")
+    back = loom.TransformerLM.load(tmp_path / "gqa.safetensors")
+    assert back.config == m.config
+    np.testing.assert_array_equal(back.forward(ids), logits)
+    with pytest.raises(ValueError, match="num_kv_heads=3"):
+        loom.TransformerLM(vocab_size=20, context_length=8, d_model=32, num_layers=1, num_heads=4, d_ff=48,
+                           num_kv_heads=3)

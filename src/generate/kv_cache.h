@@ -9,7 +9,7 @@
 namespace loom::generate {
 
 struct LayerKV {
-  Tensor k, v;  // [B, H, capacity, D]; rows [0, length) are filled
+  Tensor k, v;  // [B, Hkv, capacity, D] (k/v heads); rows [0, length) are filled
 };
 
 class KVCache {

@@ -58,17 +58,31 @@ Tensor RotaryPositionalEmbedding::forward(const Tensor& x, const Tensor& positio
   return ops::rope(x, positions, cache, style);
 }
 
-MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
-                                               RngKey key, std::optional<RotaryPositionalEmbedding> rope_)
-    : d_model(d_model_),
-      num_heads(num_heads_),
-      q_proj(join(name, "q_proj"), d_model_, d_model_, key),
-      k_proj(join(name, "k_proj"), d_model_, d_model_, key),
-      v_proj(join(name, "v_proj"), d_model_, d_model_, key),
-      output_proj(join(name, "output_proj"), d_model_, d_model_, key),
-      rope(std::move(rope_)) {
+namespace {
+int64_t checked_head_dim(const std::string& name, int64_t d_model, int64_t num_heads) {
   LOOM_CHECK(num_heads > 0 && d_model % num_heads == 0, name, ": d_model=", d_model,
              " is not divisible by num_heads=", num_heads);
+  return d_model / num_heads;
+}
+int64_t checked_kv_heads(const std::string& name, int64_t num_heads, int64_t num_kv_heads) {
+  if (num_kv_heads == 0) return num_heads;
+  LOOM_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, name, ": num_kv_heads=", num_kv_heads,
+             " does not divide num_heads=", num_heads);
+  return num_kv_heads;
+}
+}  // namespace
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
+                                               RngKey key, std::optional<RotaryPositionalEmbedding> rope_,
+                                               int64_t num_kv_heads_)
+    : d_model(d_model_),
+      num_heads(num_heads_),
+      num_kv_heads(checked_kv_heads(name, num_heads_, num_kv_heads_)),
+      q_proj(join(name, "q_proj"), d_model_, d_model_, key),
+      k_proj(join(name, "k_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key),
+      v_proj(join(name, "v_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key),
+      output_proj(join(name, "output_proj"), d_model_, d_model_, key),
+      rope(std::move(rope_)) {
   add_child(&q_proj);
   add_child(&k_proj);
   add_child(&v_proj);
@@ -83,33 +97,26 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions)
   Tensor v = v_proj.forward(x);
   std::optional<ops::RopeOptions> rope_options;
   if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style, rope->cache};
-  Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options);
+  Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options,
+                                        static_cast<int>(num_kv_heads));
   return output_proj.forward(y);
 }
-
-namespace {
-int64_t checked_head_dim(const std::string& name, int64_t d_model, int64_t num_heads) {
-  LOOM_CHECK(num_heads > 0 && d_model % num_heads == 0, name, ": d_model=", d_model,
-             " is not divisible by num_heads=", num_heads);
-  return d_model / num_heads;
-}
-}  // namespace
 
 Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
                                               int64_t layer) const {
   check_ndim(x, 3, "MultiHeadSelfAttention", "x");
-  const int64_t B = x.size(0), t = x.size(1), H = num_heads, D = d_model / num_heads;
-  // [B, t, C] -> [B, H, t, D]
-  auto heads = [&](const Tensor& y) { return ops::transpose(y.view({B, t, H, D}), 1, 2); };
-  Tensor q = heads(q_proj.forward(x));
-  Tensor k = heads(k_proj.forward(x));
-  Tensor v = heads(v_proj.forward(x));
+  const int64_t B = x.size(0), t = x.size(1), D = d_model / num_heads;
+  // [B, t, H*D] -> [B, H, t, D]; k and v have num_kv_heads heads (the cache holds only those).
+  auto heads = [&](const Tensor& y, int64_t H) { return ops::transpose(y.view({B, t, H, D}), 1, 2); };
+  Tensor q = heads(q_proj.forward(x), num_heads);
+  Tensor k = heads(k_proj.forward(x), num_kv_heads);
+  Tensor v = heads(v_proj.forward(x), num_kv_heads);
   if (rope) {
     q = rope->forward(q, positions);
     k = rope->forward(k, positions);
   }
   cache.write(layer, k, v);
-  auto [keys, values] = cache.read(layer, t);  // [B, H, length + t, D]
+  auto [keys, values] = cache.read(layer, t);  // [B, Hkv, length + t, D]
   // Query i (absolute position length + i) sees keys 0 .. length + i: the causal rule with offset.
   Tensor y = ops::scaled_dot_product_attention(q, keys, values, Tensor(), /*causal=*/true);
   y = ops::transpose(y, 1, 2).view({B, t, d_model});  // [B, t, C]
@@ -117,9 +124,11 @@ Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& pos
 }
 
 TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
-                                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key)
+                                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key,
+                                   int64_t num_kv_heads)
     : attn(join(name, "attn"), d_model, num_heads, key,
-           RotaryPositionalEmbedding(rope_theta, checked_head_dim(name, d_model, num_heads), max_seq_len)),
+           RotaryPositionalEmbedding(rope_theta, checked_head_dim(name, d_model, num_heads), max_seq_len),
+           num_kv_heads),
       ln1(join(name, "ln1"), d_model, norm_eps),
       ln2(join(name, "ln2"), d_model, norm_eps),
       ffn(join(name, "ffn"), d_model, d_ff, key) {

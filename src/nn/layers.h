@@ -65,15 +65,17 @@ class RotaryPositionalEmbedding {
 // q/k/v/output_proj: [C, C].
 class MultiHeadSelfAttention : public Module {
  public:
+  // num_kv_heads: grouped-query attention, k_proj/v_proj produce num_kv_heads heads, each shared by
+  // num_heads / num_kv_heads query heads; 0 means num_heads.
   MultiHeadSelfAttention(const std::string& name, int64_t d_model, int64_t num_heads, RngKey key,
-                         std::optional<RotaryPositionalEmbedding> rope = std::nullopt);
+                         std::optional<RotaryPositionalEmbedding> rope = std::nullopt, int64_t num_kv_heads = 0);
   // x: [B, T, C]; positions: i32 [T] or [B, T] (only used with RoPE). Returns [B, T, C].
   Tensor forward(const Tensor& x, const Tensor& positions) const;
   // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
   // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
   // everything cached before them. Returns [B, t, C].
   Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
-  int64_t d_model, num_heads;
+  int64_t d_model, num_heads, num_kv_heads;
   Linear q_proj, k_proj, v_proj, output_proj;
   std::optional<RotaryPositionalEmbedding> rope;
 };
@@ -82,7 +84,7 @@ class MultiHeadSelfAttention : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
-                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key);
+                   int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key, int64_t num_kv_heads = 0);
   Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [B, T, C]
   Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
   MultiHeadSelfAttention attn;

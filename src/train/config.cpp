@@ -146,6 +146,7 @@ json TrainConfig::to_json() const {
         {"d_model", m.d_model},
         {"num_layers", m.num_layers},
         {"num_heads", m.num_heads},
+        {"num_kv_heads", m.num_kv_heads},
         {"d_ff", m.d_ff},
         {"rope_theta", float_for_json(m.rope_theta)},
         {"norm_eps", float_for_json(m.norm_eps)}}},
@@ -198,6 +199,7 @@ TrainConfig TrainConfig::from_json(const json& j) {
   c.model.d_model = mo["d_model"].get<int64_t>();
   c.model.num_layers = mo["num_layers"].get<int64_t>();
   c.model.num_heads = mo["num_heads"].get<int64_t>();
+  c.model.num_kv_heads = mo["num_kv_heads"].get<int64_t>();
   c.model.d_ff = mo["d_ff"].get<int64_t>();
   c.model.rope_theta = mo["rope_theta"].get<float>();
   c.model.norm_eps = mo["norm_eps"].get<float>();

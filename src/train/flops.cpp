@@ -15,9 +15,10 @@ ChinchillaForward chinchilla_forward(const llama::Config& c, int ffn_matrices) {
   const double T = static_cast<double>(c.context_length), V = static_cast<double>(c.vocab_size);
   const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.num_heads);
   const double HD = H * static_cast<double>(c.head_dim()), F = static_cast<double>(c.d_ff);
+  const double KVD = static_cast<double>(c.kv_heads() * c.head_dim());  // width of k and of v
   ChinchillaForward f;
   f.embeddings = 2 * T * V * d;
-  f.attention_qkv = 2 * 3 * T * d * HD;
+  f.attention_qkv = 2 * T * d * (HD + 2 * KVD);
   f.attention_logits = 2 * T * T * HD;
   f.attention_softmax = 3 * H * T * T;
   f.attention_reduce = 2 * T * T * HD;
@@ -114,7 +115,8 @@ std::string format_flops_report(const FlopsReport& r) {
   const double L = static_cast<double>(m.num_layers), T = static_cast<double>(m.context_length);
   std::ostringstream o;
   o << "model: vocab_size=" << m.vocab_size << " context_length=" << m.context_length << " d_model=" << m.d_model
-    << " num_layers=" << m.num_layers << " num_heads=" << m.num_heads << " d_ff=" << m.d_ff << "\n";
+    << " num_layers=" << m.num_layers << " num_heads=" << m.num_heads << " num_kv_heads=" << m.kv_heads()
+    << " d_ff=" << m.d_ff << "\n";
   o << "parameters: " << r.total_params << " total (" << si(static_cast<double>(r.total_params)) << "), "
     << r.non_embedding_params << " non-embedding (" << si(static_cast<double>(r.non_embedding_params)) << ")\n";
   o << "training FLOPs per token:\n";

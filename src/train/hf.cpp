@@ -131,9 +131,9 @@ llama::Config config_from_hf(const json& c, const std::string& path) {
     const int64_t kv = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
                            ? c["num_key_value_heads"].get<int64_t>()
                            : m.num_heads;
-    if (kv != m.num_heads) {
-      unsupported(str("grouped-query attention (num_key_value_heads = ", kv, ", num_attention_heads = ", m.num_heads, ")"));
-    }
+    LOOM_CHECK(kv > 0 && m.num_heads % kv == 0, path, ": num_key_value_heads = ", kv,
+               " does not divide num_attention_heads = ", m.num_heads);
+    m.num_kv_heads = kv == m.num_heads ? 0 : kv;
     if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"].get<int64_t>() * m.num_heads != m.d_model) {
       unsupported(str("head_dim = ", c["head_dim"].get<int64_t>(), " with hidden_size ", m.d_model, " and ", m.num_heads,
                       " heads"));
@@ -192,6 +192,10 @@ namespace {
 bool is_qk(const std::string& loom_name) {
   return loom_name.ends_with("attn.q_proj.weight") || loom_name.ends_with("attn.k_proj.weight");
 }
+// Heads in the rows of a q or k projection: k has the k/v heads (fewer with grouped-query attention).
+int64_t heads_in_rows(const std::string& loom_name, const llama::Config& c) {
+  return loom_name.ends_with("attn.k_proj.weight") ? c.kv_heads() : c.num_heads;
+}
 }  // namespace
 
 void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* tok, const std::string& out_dir) {
@@ -200,7 +204,7 @@ void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* to
   io::NamedTensors tensors;
   for (nn::Parameter* p : const_cast<llama::TransformerLM&>(model).parameters()) {
     Tensor v = p->value.detach();
-    if (is_qk(p->name)) v = interleaved_to_rotate_half(v, c.num_heads);
+    if (is_qk(p->name)) v = interleaved_to_rotate_half(v, heads_in_rows(p->name, c));
     tensors.emplace_back(hf_parameter_name(p->name), v);
   }
   io::write_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
@@ -214,7 +218,7 @@ void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* to
                  {"hidden_size", c.d_model},
                  {"intermediate_size", c.d_ff},
                  {"num_attention_heads", c.num_heads},
-                 {"num_key_value_heads", c.num_heads},
+                 {"num_key_value_heads", c.kv_heads()},
                  {"num_hidden_layers", c.num_layers},
                  {"head_dim", c.head_dim()},
                  {"hidden_act", "silu"},
@@ -313,10 +317,10 @@ HfImport import_hf(const std::string& dir) {
                  "' is not part of loom's Llama (biases and other extra weights are not supported)");
       LOOM_CHECK(!loaded.count(*name), path, ": tensor '", hf, "' appears twice");
       Tensor v = read_as_f32(file, hf);
-      if (is_qk(*name)) v = rotate_half_to_interleaved(v, cfg.num_heads);
-      if (*name == "token_embeddings.weight") embed = v;
       LOOM_CHECK(v.shape() == out.model->parameter(*name).value.shape(), path, ": '", hf, "' has shape ", v.shape(),
                  " but config.json implies ", out.model->parameter(*name).value.shape());
+      if (is_qk(*name)) v = rotate_half_to_interleaved(v, heads_in_rows(*name, cfg));
+      if (*name == "token_embeddings.weight") embed = v;
       out.model->load_parameter(*name, v);
       loaded.insert(*name);
     }

@@ -23,6 +23,7 @@ constexpr const char* kCs336Tinystories = R"json({
     "d_model": 512,
     "num_layers": 4,
     "num_heads": 16,
+    "num_kv_heads": 0,
     "d_ff": 1344,
     "rope_theta": 10000.0,
     "norm_eps": 1e-05
@@ -88,6 +89,7 @@ constexpr const char* kDefault = R"json({
     "d_model": 256,
     "num_layers": 4,
     "num_heads": 8,
+    "num_kv_heads": 0,
     "d_ff": 704,
     "rope_theta": 10000.0,
     "norm_eps": 1e-05
@@ -153,6 +155,7 @@ constexpr const char* kTiny = R"json({
     "d_model": 64,
     "num_layers": 2,
     "num_heads": 4,
+    "num_kv_heads": 0,
     "d_ff": 192,
     "rope_theta": 10000.0,
     "norm_eps": 1e-05

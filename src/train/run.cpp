@@ -34,7 +34,8 @@ std::vector<std::string> corpus_files(const std::string& corpus) {
 nlohmann::json model_config_json(const llama::Config& c) {
   return {{"arch", "llama"},           {"vocab_size", c.vocab_size}, {"context_length", c.context_length},
           {"d_model", c.d_model},      {"num_layers", c.num_layers}, {"num_heads", c.num_heads},
-          {"d_ff", c.d_ff},            {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
+          {"num_kv_heads", c.num_kv_heads}, {"d_ff", c.d_ff},        {"rope_theta", c.rope_theta},
+          {"norm_eps", c.norm_eps}};
 }
 
 llama::Config model_config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -45,6 +46,7 @@ llama::Config model_config_from_json(const nlohmann::json& j, const std::string&
     c.d_model = j.at("d_model").get<int64_t>();
     c.num_layers = j.at("num_layers").get<int64_t>();
     c.num_heads = j.at("num_heads").get<int64_t>();
+    c.num_kv_heads = j.value("num_kv_heads", int64_t{0});  // absent in files saved before GQA: 0 = num_heads
     c.d_ff = j.at("d_ff").get<int64_t>();
     c.rope_theta = j.at("rope_theta").get<float>();
     c.norm_eps = j.at("norm_eps").get<float>();

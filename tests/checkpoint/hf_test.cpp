@@ -194,6 +194,38 @@ TEST(Hf, ForeignDirectoryMatchesAnIndependentPyTorchForward) {
   }
 }
 
+TEST(Hf, GroupedQueryDirectoryMatchesAnIndependentPyTorchForward) {
+  // 4 query heads over 2 key/value heads, computed by make_hf_fixture.py as transformers' repeat_kv does.
+  std::ifstream in(kFixtures / "hf_reference_gqa.json");
+  auto ref = nlohmann::json::parse(in);
+  train::HfImport hf = train::import_hf((kFixtures / "hf_tiny_gqa").string());
+  EXPECT_EQ(hf.model->config().kv_heads(), 2);
+  EXPECT_EQ(hf.model->parameter("layers.0.attn.k_proj.weight").value.shape(), (Shape{16, 32}));
+  const int64_t T = ref["window"].get<int64_t>();
+  std::vector<int32_t> ids;
+  for (auto v : ref["ids_window0"]) ids.push_back(v.get<int32_t>());
+  Tensor logits = hf.model->forward(Tensor::from_vector<int32_t>({1, T}, ids)).detach();
+  const auto want = ref["logits_window0"].get<std::vector<double>>();
+  ASSERT_EQ(static_cast<size_t>(logits.numel()), want.size());
+  double max_err = 0;
+  for (size_t i = 0; i < want.size(); ++i) max_err = std::max(max_err, std::abs(logits.data<float>()[i] - want[i]));
+  EXPECT_LT(max_err, 2e-4) << "largest logit difference against the PyTorch HF forward";
+  auto tokens = data::TokenFile::open((kFixtures / "hf_data" / "val.bin").string());
+  EXPECT_NEAR(train::evaluate(*hf.model, tokens, T).loss, ref["loss"].get<double>(), 2e-5);
+
+  TempDir tmp;
+  train::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
+  std::ifstream cin(tmp.dir / "again" / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(cin)["num_key_value_heads"].get<int64_t>(), 2);
+  auto original = io::load_safetensors((kFixtures / "hf_tiny_gqa" / "model.safetensors").string());
+  auto again = io::load_safetensors((tmp.dir / "again" / "model.safetensors").string());
+  ASSERT_EQ(original.size(), again.size());
+  for (const auto& [name, t] : original) {
+    ASSERT_TRUE(again.count(name)) << name;
+    expect_bitwise(t, again.at(name), name);
+  }
+}
+
 TEST(Hf, LoomEvalOnTheHfDirectoryGivesThePyTorchLoss) {
   auto ref = reference();
   TempDir tmp;
@@ -242,8 +274,11 @@ TEST(Hf, UnsupportedOptionsAreNamed) {
     }
     return "";
   };
-  EXPECT_THAT(message(variant("gqa", [](auto& c) { c["num_key_value_heads"] = 2; })),
-              ::testing::HasSubstr("num_key_value_heads = 2"));
+  EXPECT_THAT(message(variant("gqa", [](auto& c) { c["num_key_value_heads"] = 3; })),
+              ::testing::HasSubstr("num_key_value_heads = 3 does not divide num_attention_heads = 4"));
+  // 2 k/v heads are fine, but then the fixture's 4-head k_proj does not fit.
+  EXPECT_THAT(message(variant("gqa_shape", [](auto& c) { c["num_key_value_heads"] = 2; })),
+              ::testing::HasSubstr("k_proj.weight' has shape [32, 32] but config.json implies [16, 32]"));
   EXPECT_THAT(message(variant("bias", [](auto& c) { c["attention_bias"] = true; })),
               ::testing::HasSubstr("attention_bias"));
   EXPECT_THAT(message(variant("scaling", [](auto& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; })),

@@ -9,6 +9,9 @@ layout (rotate-half RoPE, [out, in] Linear weights) by a hand-written safetensor
 follows transformers' modeling_llama.py (LlamaRMSNorm, rotate_half / apply_rotary_pos_emb, causal
 softmax attention, SiLU-gated MLP), in float64. The C++ test imports the directory into loom and checks
 that `loom eval` gives the same loss and that the logits agree.
+
+It also writes fixtures/hf_tiny_gqa/ (grouped-query attention: 2 key/value heads for 4 query heads, k/v
+heads repeated as transformers' repeat_kv does) and fixtures/hf_reference_gqa.json.
 """
 import json
 import math
@@ -70,6 +73,7 @@ def hf_llama_logits(w, c, ids):
     B, Tn = ids.shape
     H, C = c["num_attention_heads"], c["hidden_size"]
     D = C // H
+    Hkv = c.get("num_key_value_heads", H)
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -80,10 +84,13 @@ def hf_llama_logits(w, c, ids):
         p = f"model.layers.{i}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], c["rms_norm_eps"])
         q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, Tn, H, D).transpose(1, 2)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, Tn, H, D).transpose(1, 2)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, Tn, H, D).transpose(1, 2)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, Tn, Hkv, D).transpose(1, 2)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, Tn, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        # transformers' repeat_kv: query head j reads key/value head j // (H / Hkv).
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, dim=-1)
         o = (att @ v).transpose(1, 2).reshape(B, Tn, C)
         x = x + o @ w[p + "self_attn.o_proj.weight"].T
@@ -136,6 +143,41 @@ def main():
     with open(os.path.join(HERE, "fixtures", "hf_reference.json"), "w") as f:
         json.dump(ref, f)
     print(f"loss {loss:.9f} over {windows} windows of {T}")
+    write_gqa_fixture(tokens, ids, targets)
+
+
+def write_gqa_fixture(tokens, ids, targets):
+    torch.manual_seed(7)
+    c = dict(CONFIG, num_key_value_heads=2)
+    C, F, V, H = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_attention_heads"]
+    kv_rows = c["num_key_value_heads"] * (C // H)
+    w = {"model.embed_tokens.weight": torch.randn(V, C), "model.norm.weight": 1 + 0.1 * torch.randn(C),
+         "lm_head.weight": torch.randn(V, C) / math.sqrt(C)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = torch.randn(C, C) / math.sqrt(C)
+        w[p + "self_attn.k_proj.weight"] = torch.randn(kv_rows, C) / math.sqrt(C)
+        w[p + "self_attn.v_proj.weight"] = torch.randn(kv_rows, C) / math.sqrt(C)
+        w[p + "self_attn.o_proj.weight"] = torch.randn(C, C) / math.sqrt(C)
+        w[p + "mlp.gate_proj.weight"] = torch.randn(F, C) / math.sqrt(C)
+        w[p + "mlp.up_proj.weight"] = torch.randn(F, C) / math.sqrt(C)
+        w[p + "mlp.down_proj.weight"] = torch.randn(C, F) / math.sqrt(F)
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(C)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(C)
+    out = os.path.join(HERE, "fixtures", "hf_tiny_gqa")
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "model.safetensors"), w)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    w64 = {k: v.double() for k, v in w.items()}
+    with torch.no_grad():
+        logits = hf_llama_logits(w64, c, ids)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)).item()
+    ref = {"window": T, "windows": ids.shape[0], "loss": loss, "ids_window0": ids[0].tolist(),
+           "logits_window0": logits[0].flatten().tolist()}
+    with open(os.path.join(HERE, "fixtures", "hf_reference_gqa.json"), "w") as f:
+        json.dump(ref, f)
+    print(f"GQA: loss {loss:.9f} over {ids.shape[0]} windows of {T}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ llama::Config small_config() {
 }  // namespace
 
 TEST(KVCacheDecoding, MatchesTheFullForwardAtEveryPosition) {
-  llama::TransformerLM model(small_config(), 11);
+  for (int64_t kv_heads : {0, 2, 1}) {  // multi-head, grouped-query (the cache holds 2 heads), multi-query
+  SCOPED_TRACE("num_kv_heads=" + std::to_string(kv_heads));
+  llama::Config config = small_config();
+  config.num_kv_heads = kv_heads;
+  llama::TransformerLM model(config, 11);
   std::vector<int32_t> tokens{3, 17, 40, 0, 9, 9, 25, 1, 38, 7};
   Tensor full = model.forward(Tensor::from_vector<int32_t>({1, 10}, tokens));  // [1, 10, V]
   auto cache = model.make_cache(1);
@@ -31,6 +35,8 @@ TEST(KVCacheDecoding, MatchesTheFullForwardAtEveryPosition) {
   }
   test::expect_close(Tensor::from_vector<float>({1, 10, 41}, cached), full, 1e-4f, 1e-4f, "cached logits");
   EXPECT_THROW(model.forward_cached(Tensor::zeros({1, 3}, DType::I32), cache), Error);  // 10 + 3 > 12
+  EXPECT_EQ(cache.layer(0).k.size(1), config.kv_heads());
+  }
 }
 
 TEST(Generate, GreedyIsDeterministicAndEqualsArgmaxOfTheFullForward) {

@@ -15,11 +15,15 @@ struct Config {
   int64_t d_model = 512;
   int64_t num_layers = 4;
   int64_t num_heads = 16;
+  // Grouped-query attention: heads of k and v, each shared by num_heads / num_kv_heads query heads
+  // (as HF Llama's num_key_value_heads). 0 means num_heads: ordinary multi-head attention.
+  int64_t num_kv_heads = 0;
   int64_t d_ff = 1344;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
 
   int64_t head_dim() const { return d_model / num_heads; }
+  int64_t kv_heads() const { return num_kv_heads == 0 ? num_heads : num_kv_heads; }
 
   // Throws loom::Error naming the offending values.
   void validate() const {
@@ -30,13 +34,19 @@ struct Config {
                " num_layers=", num_layers, " d_ff=", d_ff);
     LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=",
                num_heads);
+    LOOM_CHECK(num_kv_heads >= 0 && (num_kv_heads == 0 || num_heads % num_kv_heads == 0),
+               "model.num_kv_heads=", num_kv_heads, " must divide model.num_heads=", num_heads,
+               " (0 means the same as num_heads)");
     LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
     LOOM_CHECK(rope_theta > 0, "model.rope_theta must be positive, got ", rope_theta);
   }
 
   // Parameter counts, from the shapes the model creates.
   int64_t embedding_params() const { return vocab_size * d_model; }
-  int64_t params_per_layer() const { return 4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model; }
+  // q and output projections [C, C], k and v [Hkv*D, C], SwiGLU, two norm gains.
+  int64_t params_per_layer() const {
+    return 2 * d_model * d_model + 2 * kv_heads() * head_dim() * d_model + 3 * d_model * d_ff + 2 * d_model;
+  }
   // All parameters: embeddings + layers + final norm + lm_head.
   int64_t total_params() const {
     return embedding_params() + num_layers * params_per_layer() + d_model + vocab_size * d_model;

@@ -22,7 +22,8 @@ TransformerLM::TransformerLM(const Config& config, uint64_t seed)
   for (int64_t i = 0; i < config.num_layers; ++i) {
     layers.push_back(std::make_unique<nn::TransformerBlock>("layers." + std::to_string(i), config.d_model,
                                                             config.num_heads, config.d_ff, config.context_length,
-                                                            config.rope_theta, config.norm_eps, key));
+                                                            config.rope_theta, config.norm_eps, key,
+                                                            config.kv_heads()));
     add_child(layers.back().get());
   }
   add_child(&ln_final);
@@ -62,7 +63,7 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
 }
 
 generate::KVCache TransformerLM::make_cache(int64_t batch) const {
-  return generate::KVCache(config_.num_layers, batch, config_.num_heads, config_.context_length, config_.head_dim());
+  return generate::KVCache(config_.num_layers, batch, config_.kv_heads(), config_.context_length, config_.head_dim());
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {

@@ -89,7 +89,7 @@ void bind_ops(nb::module_& m) {
           std::optional<ops::RopeOptions> rope;
           if (rope_theta) {
             LOOM_CHECK(tp.defined(), "multihead_self_attention: rope_theta needs positions");
-            rope = ops::RopeOptions{tp, *rope_theta, ops::RopeStyle::Interleaved};
+            rope = ops::RopeOptions{tp, *rope_theta, ops::RopeStyle::Interleaved, {}};
           }
           Tensor attn = ops::causal_self_attention(ops::linear(tx, q), ops::linear(tx, k), ops::linear(tx, v),
                                                    num_heads, rope);

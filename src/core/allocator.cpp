@@ -49,6 +49,11 @@ class CpuCachingAllocator final : public Allocator {
     return stats_;
   }
 
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
   void release_cache() override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [size, blocks] : free_) {

@@ -30,6 +30,8 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   // Returns cached blocks to the system.
   virtual void release_cache() = 0;
+  // Restarts peak_bytes_in_use from the bytes in use now (to measure one phase's peak).
+  virtual void reset_peak() = 0;
 };
 
 // The allocator for a device (one per device, created on first use).

@@ -9,7 +9,11 @@
 // micro-batch with no real token should not poison a training run).
 #include "ops/loss.h"
 
+#include <algorithm>
+
 #include "backends/backend.h"
+#include "backends/cpu/elementwise.h"
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/loss.h"
 #include "core/autograd.h"
 
@@ -47,6 +51,92 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     const float upstream = ctx.grad_output(0).item();
     if (upstream != 1.0f) cpu::scale_inplace(grad.data<float>(), upstream, grad.numel());
     return TensorList{grad, Tensor()};
+  });
+  return loss;
+}
+
+// ---- linear_cross_entropy ------------------------------------------------------------------------
+//
+// Per chunk of R rows (x_c [R, C], targets_c [R]):
+//   logits_c = x_c w^T                       [R, V]   GEMM
+//   loss    += sum_rows CE(logits_c)                   fused kernel, also g_c = (softmax - onehot) / count
+//   dx_c     = g_c w                         [R, C]   GEMM
+//   dw      += g_c^T x_c                     [V, C]   GEMM, accumulating (beta = 1 after the first chunk)
+// With bf16 precision the GEMM operands are bf16 copies (w converted once, x_c and g_c per chunk).
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index,
+                            MatmulPrecision precision, int64_t chunk_rows) {
+  const char* op = "linear_cross_entropy";
+  LOOM_CHECK(x.defined() && w.defined() && targets.defined(), op, ": x, w and targets must be defined");
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(w, DType::F32, op, "w");
+  check_dtype(targets, DType::I32, op, "targets");
+  require_cpu(op, {&x, &w, &targets});
+  LOOM_CHECK(x.ndim() >= 1 && w.ndim() == 2, op, ": x must be [..., C] and w [V, C], got x ", x.shape(), ", w ",
+             w.shape());
+  const int64_t C = x.size(-1), V = w.size(0), N = targets.numel();
+  LOOM_CHECK(w.size(1) == C, op, ": w ", w.shape(), " does not match the width C=", C, " of x ", x.shape());
+  LOOM_CHECK(targets.shape() == x.shape().drop_last(), op, ": targets have shape ", targets.shape(), " but x ",
+             x.shape(), " needs targets of shape ", x.shape().drop_last());
+  LOOM_CHECK(V > 0, op, ": w has V=0 rows");
+  LOOM_CHECK(chunk_rows > 0, op, ": chunk_rows must be positive, got ", chunk_rows);
+
+  const int32_t* pt = targets.data<int32_t>();
+  int64_t bad = -1;
+  const int64_t count = cpu::cross_entropy_count(pt, N, V, ignore_index, &bad);
+  LOOM_CHECK(bad < 0, op, ": target ", (bad >= 0 ? pt[bad] : 0), " at flat position ", bad,
+             " is outside [0, V) with V=", V, " and is not ignore_index=", ignore_index);
+  const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+
+  const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
+  const bool use_bf16 = precision == MatmulPrecision::BF16;
+  const int64_t R = std::min(chunk_rows, std::max<int64_t>(N, 1));
+  Tensor logits = Tensor::empty({R, V}), g = (need_dx || need_dw) ? Tensor::empty({R, V}) : Tensor();
+  Tensor dx = need_dx ? Tensor::empty(x.shape()) : Tensor();
+  // The first chunk writes dw with beta = 0; zeros only when there is no chunk at all.
+  Tensor dw = need_dw ? (N > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
+  Tensor wb = use_bf16 ? w.to(DType::BF16) : Tensor();
+  Tensor xb = use_bf16 ? Tensor::empty({R, C}, DType::BF16) : Tensor();
+  Tensor gb = use_bf16 && g.defined() ? Tensor::empty({R, V}, DType::BF16) : Tensor();
+  const float* px = x.data<float>();
+  double total = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    const float* xc = px + r0 * C;
+    if (use_bf16) {
+      cpu::convert_f32_to_bf16(xc, xb.data<bf16>(), rows * C);
+      cpu::gemm_bf16(false, true, rows, V, C, 1.0f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.0f,
+                     logits.data<float>(), V);
+    } else {
+      cpu::gemm(false, true, rows, V, C, 1.0f, xc, C, w.data<float>(), C, 0.0f, logits.data<float>(), V);
+    }
+    total += cpu::cross_entropy_forward(logits.data<float>(), pt + r0, rows, V, ignore_index,
+                                        g.defined() ? g.data<float>() : nullptr, scale);
+    if (!g.defined()) continue;
+    const float beta = r0 == 0 ? 0.0f : 1.0f;
+    if (use_bf16) {
+      cpu::convert_f32_to_bf16(g.data<float>(), gb.data<bf16>(), rows * V);
+      if (need_dx)
+        cpu::gemm_bf16(false, false, rows, C, V, 1.0f, gb.data<bf16>(), V, wb.data<bf16>(), C, 0.0f,
+                       dx.data<float>() + r0 * C, C);
+      if (need_dw)
+        cpu::gemm_bf16(true, false, V, C, rows, 1.0f, gb.data<bf16>(), V, xb.data<bf16>(), C, beta,
+                       dw.data<float>(), C);
+    } else {
+      if (need_dx)
+        cpu::gemm(false, false, rows, C, V, 1.0f, g.data<float>(), V, w.data<float>(), C, 0.0f,
+                  dx.data<float>() + r0 * C, C);
+      if (need_dw) cpu::gemm(true, false, V, C, rows, 1.0f, g.data<float>(), V, xc, C, beta, dw.data<float>(), C);
+    }
+  }
+  Tensor loss = Tensor::empty(Shape{}, DType::F32, x.device());
+  *loss.data<float>() = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+
+  autograd::record(op, {x, w, targets}, {loss}, [dx, dw](const autograd::BackwardContext& ctx) {
+    const float upstream = ctx.grad_output(0).item();
+    for (const Tensor& t : {dx, dw}) {
+      if (t.defined() && upstream != 1.0f) cpu::scale_inplace(t.data<float>(), upstream, t.numel());
+    }
+    return TensorList{dx, dw, Tensor()};
   });
   return loss;
 }

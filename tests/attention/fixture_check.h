@@ -29,16 +29,4 @@ inline void check_against_fixture(const Fixture& f, const std::string& prefix,
     expect_close(inputs[i].grad(), f.get(prefix + grad_names[i]), atol, rtol, prefix + grad_names[i]);
 }
 
-// Asserts that `fn` throws loom::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
-
-
 }  // namespace loom::test

@@ -95,3 +95,99 @@ TEST(CrossEntropy, BadTargetsAndShapesNameTheValues) {
     EXPECT_NE(std::string(e.what()).find("[3]"), std::string::npos) << e.what();
   }
 }
+
+// ---- linear_cross_entropy (the LM head and its loss, fused and chunked) --------------------------
+
+namespace {
+
+struct LossAndGrads {
+  Tensor loss, dx, dw;
+};
+
+// Loss and gradients for upstream gradient `upstream`, fused or as linear() then cross_entropy().
+LossAndGrads lm_head_loss(const Tensor& x0, const Tensor& w0, const Tensor& targets, bool fused, int64_t chunk,
+                          ops::MatmulPrecision precision, float upstream) {
+  Tensor x = test::param(x0), w = test::param(w0);
+  Tensor loss = fused ? ops::linear_cross_entropy(x, w, targets, -100, precision, chunk)
+                      : ops::cross_entropy(ops::linear(x, w, Tensor(), ops::WeightLayout::OutIn, precision), targets);
+  autograd::backward(loss, Tensor::full({}, upstream));
+  return {loss.detach(), x.grad(), w.grad()};
+}
+
+Tensor targets_with_ignored(int64_t n, int32_t v, uint64_t seed) {
+  Tensor t = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = i % 7 == 3 ? -100 : static_cast<int32_t>((i * 31 + seed) % v);
+  return t;
+}
+
+}  // namespace
+
+TEST(LinearCrossEntropy, EqualsLinearThenCrossEntropyForEveryChunking) {
+  // N = 74 rows over chunks of 1, 16 (a ragged last chunk), exactly N, and more than N; ignored rows;
+  // an upstream gradient != 1 (the backward's rescale).
+  Tensor x = test::randn({2, 37, 24}, 1), w = test::randn({53, 24}, 2, 0.3f);
+  Tensor targets = targets_with_ignored(74, 53, 5).view({2, 37});
+  for (float upstream : {1.0f, 0.37f}) {
+    LossAndGrads want = lm_head_loss(x, w, targets, false, 0, ops::MatmulPrecision::F32, upstream);
+    for (int64_t chunk : {1, 16, 74, 1000}) {
+      SCOPED_TRACE("chunk_rows=" + std::to_string(chunk) + " upstream=" + std::to_string(upstream));
+      LossAndGrads got = lm_head_loss(x, w, targets, true, chunk, ops::MatmulPrecision::F32, upstream);
+      test::expect_close(got.loss, want.loss, 1e-6f, 1e-6f, "loss");
+      test::expect_close(got.dx, want.dx, 1e-6f, 1e-5f, "dx");
+      test::expect_close(got.dw, want.dw, 1e-6f, 1e-5f, "dw");
+    }
+  }
+}
+
+TEST(LinearCrossEntropy, Bf16PrecisionEqualsTheUnfusedBf16Pair) {
+  // Same bf16-rounded GEMM operands, f32 accumulation: only the order of dw's sum over chunks differs.
+  Tensor x = test::randn({70, 40}, 3), w = test::randn({97, 40}, 4, 0.2f);
+  Tensor targets = targets_with_ignored(70, 97, 9);
+  LossAndGrads want = lm_head_loss(x, w, targets, false, 0, ops::MatmulPrecision::BF16, 1.0f);
+  LossAndGrads got = lm_head_loss(x, w, targets, true, 32, ops::MatmulPrecision::BF16, 1.0f);
+  test::expect_close(got.loss, want.loss, 1e-6f, 1e-6f, "loss");
+  test::expect_close(got.dx, want.dx, 1e-6f, 1e-5f, "dx");
+  test::expect_close(got.dw, want.dw, 1e-6f, 1e-5f, "dw");
+  // And bf16 is an approximation of f32, not something else.
+  LossAndGrads f32 = lm_head_loss(x, w, targets, true, 32, ops::MatmulPrecision::F32, 1.0f);
+  test::expect_close(got.loss, f32.loss, 1e-2f, 1e-2f, "bf16 vs f32 loss");
+}
+
+TEST(LinearCrossEntropy, NoGradPathAllIgnoredAndErrors) {
+  Tensor x = test::randn({9, 8}, 5), w = test::randn({11, 8}, 6);
+  Tensor targets = targets_with_ignored(9, 11, 1);
+  const float with_grad = lm_head_loss(x, w, targets, true, 4, ops::MatmulPrecision::F32, 1.0f).loss.item();
+  {
+    autograd::NoGradGuard no_grad;
+    EXPECT_EQ(ops::linear_cross_entropy(x, w, targets, -100, ops::MatmulPrecision::F32, 4).item(), with_grad);
+  }
+  Tensor ignored = Tensor::full({9}, -100.0f).to(DType::I32);
+  LossAndGrads none = lm_head_loss(x, w, ignored, true, 4, ops::MatmulPrecision::F32, 1.0f);
+  EXPECT_EQ(none.loss.item(), 0.0f);
+  for (float v : none.dw.to_vector<float>()) ASSERT_EQ(v, 0.0f);
+  test::expect_error_mentions([&] { ops::linear_cross_entropy(x, w, Tensor::full({9}, 11.0f).to(DType::I32)); },
+                              {"target 11", "V=11"});
+  test::expect_error_mentions([&] { ops::linear_cross_entropy(x, test::randn({11, 7}, 7), targets); },
+                              {"[11, 7]", "C=8"});
+  test::expect_error_mentions([&] { ops::linear_cross_entropy(x, w, targets_with_ignored(8, 11, 1)); },
+                              {"[8]", "[9]"});
+}
+
+TEST(LinearCrossEntropy, NeverHoldsTheFullLogits) {
+  // N = 2048 rows, V = 4096: the unfused pair holds logits and their gradient, 2 x 32 MiB. The fused op
+  // with 256-row chunks needs two 4 MiB chunk buffers, plus dx and dw.
+  const int64_t n = 2048, v = 4096, c = 64;
+  Tensor x = test::randn({n, c}, 8), w = test::randn({v, c}, 9, 0.1f);
+  Tensor targets = targets_with_ignored(n, static_cast<int32_t>(v), 2);
+  Allocator& alloc = allocator_for(Device::cpu());
+  const int64_t in_use = alloc.stats().bytes_in_use;
+  alloc.reset_peak();
+  lm_head_loss(x, w, targets, true, 256, ops::MatmulPrecision::F32, 1.0f);
+  const int64_t fused_peak = alloc.stats().peak_bytes_in_use - in_use;
+  alloc.reset_peak();
+  lm_head_loss(x, w, targets, false, 0, ops::MatmulPrecision::F32, 1.0f);
+  const int64_t unfused_peak = alloc.stats().peak_bytes_in_use - in_use;
+  const int64_t logits_bytes = n * v * 4;
+  EXPECT_GE(unfused_peak, 2 * logits_bytes);
+  EXPECT_LT(fused_peak, logits_bytes / 2) << "fused peak " << fused_peak << " bytes";
+}

@@ -134,4 +134,15 @@ inline void gradcheck(const std::function<Tensor(const TensorList&)>& f, const T
   }
 }
 
+// Asserts that `fn` throws loom::Error whose message contains every one of `parts`.
+template <typename Fn>
+void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected loom::Error";
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace loom::test

@@ -21,6 +21,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 // precision: as linear()'s, for all three GEMMs. Same results as the unfused pair up to the order in which
 // dw sums over chunks.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index = -100,
-                            MatmulPrecision precision = MatmulPrecision::F32, int64_t chunk_rows = 1024);
+                            MatmulPrecision precision = MatmulPrecision::F32, int64_t chunk_rows = 512);
 
 }  // namespace loom::ops

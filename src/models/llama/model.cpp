@@ -36,7 +36,7 @@ Tensor TransformerLM::default_positions(int64_t T) const {
   return positions_cache_.slice(0, T);  // a view: no allocation per step
 }
 
-Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const {
+Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions) const {
   check_dtype(ids, DType::I32, "TransformerLM", "ids");
   check_ndim(ids, 2, "TransformerLM", "ids");
   const int64_t T = ids.size(1);
@@ -45,7 +45,11 @@ Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const 
   Tensor pos = positions.defined() ? positions : default_positions(T);
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
   for (const auto& layer : layers) x = layer->forward(x, pos);
-  return lm_head.forward(ln_final.forward(x));  // [B, T, V]
+  return ln_final.forward(x);  // [B, T, C]
+}
+
+Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const {
+  return lm_head.forward(hidden(ids, positions));  // [B, T, V]
 }
 
 Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache) const {
@@ -69,7 +73,8 @@ generate::KVCache TransformerLM::make_cache(int64_t batch) const {
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
-  return ops::cross_entropy(forward(ids), targets);
+  // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
+  return ops::linear_cross_entropy(hidden(ids), lm_head.weight.value, targets, -100, lm_head.precision);
 }
 
 void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {

@@ -22,12 +22,15 @@ class TransformerLM : public nn::Module {
   // ids: i32 [B, T] with T <= context_length; positions: i32 [T] or [B, T] (default 0..T-1).
   // Returns logits [B, T, V].
   Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
+  // The final hidden states ln_final(...) [B, T, C]: forward() without the lm_head.
+  Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor()) const;
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
   Tensor forward_cached(const Tensor& ids, generate::KVCache& cache) const;
   // A cache sized for this model: capacity context_length.
   generate::KVCache make_cache(int64_t batch) const;
-  // Mean next-token cross-entropy of forward(ids) against targets i32 [B, T].
+  // Mean next-token cross-entropy of forward(ids) against targets i32 [B, T], through
+  // ops::linear_cross_entropy: the [B, T, V] logits and their gradient are never materialised.
   Tensor loss(const Tensor& ids, const Tensor& targets) const;
 
   const Config& config() const { return config_; }

@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--corpus", default="data/austen")
     ap.add_argument("--work", default="/tmp/loom_hf_check")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--num-kv-heads", type=int, default=0,
+                    help="train with grouped-query attention (model.num_kv_heads; 0 = num_heads)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tok_dir, run_dir, hf_dir = (os.path.join(a.work, d) for d in ("data", "run", "hf"))
@@ -49,13 +51,15 @@ def main():
              "--set", f"data.corpus={a.corpus}", "--set", f"data.tokenizer={tok_dir}/tokenizer.json",
              "--set", f"data.train={tok_dir}/train.bin", "--set", f"data.val={tok_dir}/val.bin",
              "--set", f"training.max_steps={a.steps}", "--set", "sample.num_samples=0",
-             "--set", "logging.progress=none", "--set", "logging.peak_flops=1e11"])
+             "--set", "logging.progress=none", "--set", "logging.peak_flops=1e11",
+             "--set", f"model.num_kv_heads={a.num_kv_heads}"])
     run([a.loom, "export", "--run", run_dir, "--format", "hf", "--out", hf_dir])
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(hf_dir)
     lines = [f"transformers {transformers.__version__}, torch {torch.__version__}",
-             f"loaded: {type(model).__name__}, {type(tok).__name__}, {sum(p.numel() for p in model.parameters())} parameters", ""]
+             f"loaded: {type(model).__name__}, {type(tok).__name__}, {sum(p.numel() for p in model.parameters())} parameters, "
+             f"{model.config.num_attention_heads} heads, {model.config.num_key_value_heads} key/value heads", ""]
 
     # Tokenizer: same ids as loom's.
     texts = ["It is a truth universally acknowledged, that a single man in possession of a good fortune",

@@ -19,6 +19,27 @@
 
 namespace loom::ops {
 
+namespace {
+
+// How many targets are not ignore_index; every other target must be a class in [0, V).
+int64_t checked_target_count(const char* op, const Tensor& targets, int64_t V, int32_t ignore_index) {
+  const int32_t* pt = targets.data<int32_t>();
+  int64_t bad = -1;
+  const int64_t count = cpu::cross_entropy_count(pt, targets.numel(), V, ignore_index, &bad);
+  LOOM_CHECK(bad < 0, op, ": target ", (bad >= 0 ? pt[bad] : 0), " at flat position ", bad,
+             " is outside [0, V) with V=", V, " and is not ignore_index=", ignore_index);
+  return count;
+}
+
+// The scalar mean of `total` over `count` positions; 0 when every target was ignored.
+Tensor mean_loss(double total, int64_t count, Device device) {
+  Tensor loss = Tensor::empty(Shape{}, DType::F32, device);
+  *loss.data<float>() = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  return loss;
+}
+
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
   LOOM_CHECK(logits.defined() && targets.defined(), "cross_entropy: logits and targets must be defined");
   check_dtype(logits, DType::F32, "cross_entropy", "logits");
@@ -33,18 +54,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   LOOM_CHECK(V > 0, "cross_entropy: logits have V=0 classes");
 
   const int32_t* pt = targets.data<int32_t>();
-  int64_t bad = -1;
-  const int64_t count = cpu::cross_entropy_count(pt, N, V, ignore_index, &bad);
-  LOOM_CHECK(bad < 0, "cross_entropy: target ", (bad >= 0 ? pt[bad] : 0), " at flat position ", bad,
-             " is outside [0, V) with V=", V, " and is not ignore_index=", ignore_index);
+  const int64_t count = checked_target_count("cross_entropy", targets, V, ignore_index);
 
   const bool recording = autograd::any_requires_grad({logits});
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   Tensor grad = recording ? Tensor::empty(logits.shape(), DType::F32, logits.device()) : Tensor();
   const double total = cpu::cross_entropy_forward(logits.data<float>(), pt, N, V, ignore_index,
                                                   recording ? grad.data<float>() : nullptr, scale);
-  Tensor loss = Tensor::empty(Shape{}, DType::F32, logits.device());
-  *loss.data<float>() = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  Tensor loss = mean_loss(total, count, logits.device());
 
   autograd::record("cross_entropy", {logits, targets}, {loss}, [grad](const autograd::BackwardContext& ctx) {
     if (!ctx.needs_input_grad(0)) return TensorList{Tensor(), Tensor()};
@@ -81,10 +98,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   LOOM_CHECK(chunk_rows > 0, op, ": chunk_rows must be positive, got ", chunk_rows);
 
   const int32_t* pt = targets.data<int32_t>();
-  int64_t bad = -1;
-  const int64_t count = cpu::cross_entropy_count(pt, N, V, ignore_index, &bad);
-  LOOM_CHECK(bad < 0, op, ": target ", (bad >= 0 ? pt[bad] : 0), " at flat position ", bad,
-             " is outside [0, V) with V=", V, " and is not ignore_index=", ignore_index);
+  const int64_t count = checked_target_count(op, targets, V, ignore_index);
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 
   const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
@@ -128,8 +142,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
       if (need_dw) cpu::gemm(true, false, V, C, rows, 1.0f, g.data<float>(), V, xc, C, beta, dw.data<float>(), C);
     }
   }
-  Tensor loss = Tensor::empty(Shape{}, DType::F32, x.device());
-  *loss.data<float>() = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  Tensor loss = mean_loss(total, count, x.device());
 
   autograd::record(op, {x, w, targets}, {loss}, [dx, dw](const autograd::BackwardContext& ctx) {
     const float upstream = ctx.grad_output(0).item();

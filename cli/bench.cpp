@@ -5,7 +5,7 @@
 #include "backends/cpu/peak.h"
 #include "cli/command.h"
 #include "core/parallel.h"
-#include "train/benchmark.h"
+#include "report/benchmark.h"
 #include "train/config.h"
 
 namespace {
@@ -25,16 +25,16 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
 
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
   static std::string preset = "tiny";
-  static loom::train::TrainBenchOptions options;
-  train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, FILE.json)");
+  static loom::report::TrainBenchOptions options;
+  train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)");
   train->add_option("--batch", options.batch_size, "batch size");
   train->add_option("--steps", options.steps, "timed steps");
   train->add_option("--warmup", options.warmup_steps, "untimed steps first");
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
   train->callback([] {
-    loom::llama::Config model = loom::train::TrainConfig::load(preset).model;
-    auto r = loom::train::bench_train(model, options);
+    loom::models::ModelConfig model = loom::train::TrainConfig::load(preset).model;
+    auto r = loom::report::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });
 });

@@ -31,13 +31,13 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
     auto tokens = loom::data::TokenFile::open(a.data);
     auto r = loom::train::evaluate(*loaded.model, tokens, a.context_length, a.max_windows);
     if (!a.logits_out.empty()) {
-      const int64_t T = a.context_length > 0 ? a.context_length : loaded.model->config().context_length;
+      const int64_t T = a.context_length > 0 ? a.context_length : loaded.model->context_length();
       LOOM_CHECK(tokens.size() > T, "eval: --logits-out needs at least ", T + 1, " tokens, the file has ", tokens.size());
       std::vector<int32_t> ids(static_cast<size_t>(T));
       for (int64_t i = 0; i < T; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(tokens[i]);
       loom::Tensor x = loom::Tensor::from_vector<int32_t>({1, T}, ids);
       loom::autograd::NoGradGuard no_grad;
-      loom::Tensor logits = loaded.model->forward(x).detach();
+      loom::Tensor logits = loaded.model->logits(x).detach();
       loom::io::write_safetensors(a.logits_out, loom::io::NamedTensors{{"ids", x.view({T})},
                                                                         {"logits", logits.view({T, logits.shape()[2]})}});
     }

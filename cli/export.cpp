@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
-#include "train/hf.h"
+#include "models/hf.h"
 #include "train/run.h"
 
 namespace {
@@ -11,7 +11,7 @@ struct ExportArgs {
   std::string run, format = "hf", out;
 };
 
-loom::cli::Register reg("export", "Export a run as a Hugging Face Llama directory (LlamaForCausalLM)", [](CLI::App& cmd) {
+loom::cli::Register reg("export", "Export a run as a Hugging Face directory (LlamaForCausalLM, GPT2LMHeadModel)", [](CLI::App& cmd) {
   static ExportArgs a;
   cmd.add_option("--run", a.run, "run directory (or a weights file)")->required();
   cmd.add_option("--format", a.format, "output format (hf)");
@@ -20,10 +20,9 @@ loom::cli::Register reg("export", "Export a run as a Hugging Face Llama director
     LOOM_CHECK(a.format == "hf", "export: unknown --format \"", a.format, "\" (supported: hf)");
     auto loaded = std::filesystem::is_directory(a.run) ? loom::train::load_run(a.run) : loom::train::load_weights(a.run);
     if (!loaded.tokenizer) std::fprintf(stderr, "note: no tokenizer.json in %s: exporting the weights only\n", a.run.c_str());
-    loom::train::export_hf(*loaded.model, loaded.tokenizer ? &*loaded.tokenizer : nullptr, a.out);
+    loom::models::export_hf(*loaded.model, loaded.tokenizer ? &*loaded.tokenizer : nullptr, a.out);
     std::fprintf(stderr, "wrote %s (config.json, model.safetensors%s)\n", a.out.c_str(),
-                 loaded.tokenizer ? ", tokenizer.json, tokenizer_config.json, generation_config.json"
-                                  : ", generation_config.json");
+                 loaded.tokenizer ? ", generation_config.json and the tokenizer" : ", generation_config.json");
   });
 });
 

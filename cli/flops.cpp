@@ -12,7 +12,7 @@
 #include "core/parallel.h"
 #include "core/error.h"
 #include "train/config.h"
-#include "train/flops.h"
+#include "report/flops.h"
 #include "train/metrics.h"
 
 namespace {
@@ -20,6 +20,7 @@ struct Options {
   std::string config = "default";
   std::vector<std::string> overrides;
   double tokens_per_s = 0;
+  int64_t tokens = 0;
   std::string run;
   bool json = false;
   bool measure_peak = false;
@@ -33,6 +34,7 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
           ->capture_default_str();
   cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
   cmd.add_option("--tokens-per-s", o->tokens_per_s, "measured training throughput");
+  cmd.add_option("--tokens", o->tokens, "training tokens to count (default: max_steps x tokens per step)");
   cmd.add_option("--run", o->run, "take the config and the median throughput from this run directory");
   cmd.add_flag("--json", o->json, "print one JSON object");
   cmd.add_flag("--measure-peak", o->measure_peak,
@@ -57,11 +59,12 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
       int threads = cfg.training.threads > 0 ? static_cast<int>(cfg.training.threads) : loom::num_threads();
       peak = loom::cpu::measure_fma_peak(threads).gflops * 1e9;
     }
-    auto report = loom::train::flops_report(cfg, tps, peak);
+    LOOM_CHECK(o->tokens >= 0, "flops: --tokens must be >= 0, got ", o->tokens);
+    auto report = loom::report::flops_report(cfg, tps, peak, o->tokens > 0 ? std::optional<int64_t>(o->tokens) : std::nullopt);
     if (o->json) {
-      std::printf("%s\n", loom::train::to_json(report).dump().c_str());
+      std::printf("%s\n", loom::report::to_json(report).dump().c_str());
     } else {
-      std::printf("config: %s\n%s", config.c_str(), loom::train::format_flops_report(report).c_str());
+      std::printf("config: %s\n%s", config.c_str(), loom::report::format_flops_report(report).c_str());
     }
   });
 });

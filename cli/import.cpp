@@ -1,11 +1,11 @@
-// `loom import --hf HFDIR --out RUNDIR`: a Hugging Face Llama directory as a loom run directory
+// `loom import --hf HFDIR --out RUNDIR`: a Hugging Face directory (Llama or GPT-2) as a loom run directory
 // (model.safetensors under loom's names, tokenizer.json), for generate/eval/export.
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/command.h"
 #include "tokenizer/formats.h"
-#include "train/hf.h"
+#include "models/hf.h"
 #include "train/run.h"
 
 namespace {
@@ -14,19 +14,19 @@ struct ImportArgs {
   std::string hf, out;
 };
 
-loom::cli::Register reg("import", "Import a Hugging Face Llama directory as a loom run", [](CLI::App& cmd) {
+loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
   cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
   cmd.add_option("--out", a.out, "run directory to write")->required();
   cmd.callback([] {
-    auto hf = loom::train::import_hf(a.hf);
+    auto hf = loom::models::import_hf(a.hf);
     for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::filesystem::create_directories(a.out);
     const auto weights = std::filesystem::path(a.out) / "model.safetensors";
     loom::train::save_model_weights(*hf.model, weights.string());
     if (hf.tokenizer) loom::tokenizer::save_hf_json(*hf.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
     std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
-                 static_cast<long long>(hf.model->config().total_params()), hf.tokenizer ? " and tokenizer.json" : "");
+                 static_cast<long long>(hf.model->num_parameters()), hf.tokenizer ? " and tokenizer.json" : "");
   });
 });
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli/command.h"
-#include "train/plot.h"
+#include "report/plot.h"
 
 namespace {
 loom::cli::Register reg("plot", "Draw a run's loss and learning-rate curves as SVG", [](CLI::App& cmd) {
@@ -13,7 +13,7 @@ loom::cli::Register reg("plot", "Draw a run's loss and learning-rate curves as S
   cmd.add_option("dir", *dir, "run directory holding metrics.jsonl")->required();
   cmd.add_option("--out", *out, "where to write loss.svg and lr.svg (default: the run directory)");
   cmd.callback([dir, out] {
-    for (const auto& path : loom::train::plot_run(*dir, *out)) std::printf("wrote %s\n", path.c_str());
+    for (const auto& path : loom::report::plot_run(*dir, *out)) std::printf("wrote %s\n", path.c_str());
   });
 });
 }  // namespace

@@ -22,7 +22,7 @@ struct TrainArgs {
   bool resume = false;
 };
 
-void print_samples(const loom::train::TrainConfig& cfg, const loom::llama::TransformerLM& model,
+void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
                    const loom::tokenizer::Tokenizer& tok) {
   const auto& s = cfg.sample;
   loom::generate::GenerateOptions o;
@@ -42,7 +42,7 @@ void print_samples(const loom::train::TrainConfig& cfg, const loom::llama::Trans
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
   static TrainArgs args;
-  cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories) or a JSON file");
+  cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file");
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
@@ -77,7 +77,7 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
       }
     }
     std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
-                 static_cast<long long>(cfg.model.total_params()), static_cast<long long>(cfg.training.max_steps),
+                 static_cast<long long>(cfg.model.stats().total_params), static_cast<long long>(cfg.training.max_steps),
                  out.c_str());
     loom::train::StopSignal stop;
     auto summary = trainer.run(&stop);

@@ -1,8 +1,10 @@
-"""TransformerBlock and the Llama-style TransformerLM (CS336's model), and trained runs.
+"""Models of every family (Model.from_config), the Llama-style TransformerLM (CS336's model) and its
+TransformerBlock, and trained runs.
 
-Weights are numpy arrays under the CS336 dotted names (token_embeddings.weight,
-layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln{1,2}.weight, layers.{i}.ffn.{w1,w2,w3}.weight,
-ln_final.weight, lm_head.weight; a lone block's names drop the "layers.{i}." prefix).
+Weights are numpy arrays under their dotted names: the CS336 names for the Llama family
+(token_embeddings.weight, layers.{i}.attn.{q,k,v,output}_proj.weight, layers.{i}.ln{1,2}.weight,
+layers.{i}.ffn.{w1,w2,w3}.weight, ln_final.weight, lm_head.weight; a lone block's names drop the
+"layers.{i}." prefix), and those in src/models/gpt2/model.h for GPT-2.
   * state_dict() returns copies; parameters() returns live views of the model's own memory (writing to
     them, e.g. with AdamW.step, changes the model). load_state_dict() copies values in.
 """
@@ -85,41 +87,44 @@ def _ids_2d(ids, name: str):
     return a, False
 
 
-class TransformerLM(_Module):
-    """The Llama-style language model: embeddings, num_layers TransformerBlocks, a final RMSNorm and an
-    untied lm_head. Weights are drawn from `seed` (per parameter name) unless `weights` are given."""
+class Model(_Module):
+    """A language model of any family (llama, gpt2), built from a config's "model" section."""
 
-    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
-                 d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
-                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None):
-        if _wrap is not None:
-            self._m = _wrap
-            return
-        self._m = _loom.TransformerLM(int(vocab_size), int(context_length), int(d_model), int(num_layers),
-                                      int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed),
-                                      int(num_kv_heads))
+    def __init__(self, _wrap):
+        self._m = _wrap
+
+    @classmethod
+    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "Model":
+        """From a dict of the model section's keys: "arch" picks the family (default "llama"); missing
+        keys take the family's defaults. Weights are drawn from `seed` unless `weights` are given."""
+        m = cls._wrap_native(_loom.build_model(json.dumps(dict(config)), int(seed)))
         if weights is not None:
-            self.load_state_dict(weights)
+            m.load_state_dict(weights)
+        return m
 
     @classmethod
-    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "TransformerLM":
-        """From a dict with the keys of `config` (a training config's "model" section works too)."""
-        keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
-                "rope_theta", "norm_eps")
-        return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "TransformerLM":
+    def load(cls, path: str | os.PathLike) -> "Model":
         """A model from a loom weights file (model.safetensors, config in its metadata)."""
-        return cls(0, 0, 0, 0, 0, 0, _wrap=_loom.load_model_weights(os.fspath(path)))
+        return cls._wrap_native(_loom.load_model_weights(os.fspath(path)))
+
+    @staticmethod
+    def _wrap_native(native) -> "Model":
+        if native.arch == "llama":
+            return TransformerLM(0, 0, 0, 0, 0, 0, _wrap=native)
+        return Model(native)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the weights, with the model config in the metadata, as loom's model.safetensors."""
         self._m.save(os.fspath(path))
 
     @property
+    def arch(self) -> str:
+        return str(self._m.arch)
+
+    @property
     def config(self) -> dict:
-        return dict(self._m.config)
+        """The complete model section, "arch" included."""
+        return json.loads(self._m.config_json)
 
     @property
     def num_params(self) -> int:
@@ -148,17 +153,58 @@ class TransformerLM(_Module):
 
     def generate(self, prompt, max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop_token: int | None = None) -> list[int]:
-        """New token ids after `prompt` (ids), sampled with the KV cache. temperature 0 is greedy;
+        """New token ids after `prompt` (ids), sampled with the decoding cache. temperature 0 is greedy;
         top_k 0 and top_p 1 are off; generation ends after stop_token when it is given."""
         p = [int(t) for t in prompt]
         return list(self._m.generate(p, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
                                      int(seed), -1 if stop_token is None else int(stop_token)))
 
 
+class TransformerLM(Model):
+    """The Llama-style language model: embeddings, num_layers TransformerBlocks, a final RMSNorm and an
+    untied lm_head. Weights are drawn from `seed` (per parameter name) unless `weights` are given."""
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
+                 d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
+                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None):
+        if _wrap is not None:
+            self._m = _wrap
+            return
+        self._m = _loom.TransformerLM(int(vocab_size), int(context_length), int(d_model), int(num_layers),
+                                      int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed),
+                                      int(num_kv_heads))
+        if weights is not None:
+            self.load_state_dict(weights)
+
+    @classmethod
+    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "TransformerLM":
+        """From a dict with the keys of `config` (a training config's "model" section works too)."""
+        keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
+                "rope_theta", "norm_eps")
+        return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TransformerLM":
+        """A Llama from a loom weights file (model.safetensors, config in its metadata)."""
+        m = Model.load(path)
+        if not isinstance(m, TransformerLM):
+            raise ValueError(f"{os.fspath(path)} holds a {m.arch} model, not a llama: use loom.Model.load")
+        return m
+
+    @property
+    def config(self) -> dict:
+        """The model section without "arch", num_kv_heads resolved (0 means num_heads)."""
+        c = json.loads(self._m.config_json)
+        c.pop("arch", None)
+        if c.get("num_kv_heads", 0) == 0:
+            c["num_kv_heads"] = c["num_heads"]
+        return c
+
+
 class Run:
     """A trained run: its model, tokenizer and training config (when the run has them)."""
 
-    def __init__(self, model: TransformerLM, tokenizer, config: dict | None):
+    def __init__(self, model: Model, tokenizer, config: dict | None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -198,6 +244,6 @@ def load_run(path: str | os.PathLike) -> Run:
 
     path = os.fspath(path)
     model, tok, cfg = _loom.load_run(path, os.path.isfile(path))
-    return Run(TransformerLM(0, 0, 0, 0, 0, 0, _wrap=model),
+    return Run(Model._wrap_native(model),
                None if tok is None else Tokenizer._wrap(tok),
                None if cfg is None else json.loads(cfg))

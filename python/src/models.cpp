@@ -1,15 +1,19 @@
-// Modules and models: TransformerBlock and the Llama-style TransformerLM, with their weights as numpy
-// arrays under the CS336 dotted names, forward, loss, gradients, save/load and generation.
+// Modules and models: TransformerBlock, every model family through models::LanguageModel (built from a
+// config's model section), and the Llama-style TransformerLM's own constructor, with their weights as
+// numpy arrays under their dotted names, forward, loss, gradients, save/load and generation.
 // python/loom/model.py wraps these in the public classes.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <mutex>
+
 #include "convert.h"
 #include "core/autograd.h"
 #include "generate/generate.h"
 #include "models/llama/model.h"
+#include "models/model_config.h"
 #include "train/run.h"
 
 namespace loom::python {
@@ -41,20 +45,6 @@ void load_weight(nn::Module& module, const std::string& name, const Tensor& valu
   LOOM_CHECK(values.shape() == p.value.shape(), "load_state_dict: '", name, "' has shape ", p.value.shape(),
              " but the given array has shape ", values.shape());
   p.value.copy_from(values);
-}
-
-nb::dict config_dict(const llama::Config& c) {
-  nb::dict d;
-  d["vocab_size"] = c.vocab_size;
-  d["context_length"] = c.context_length;
-  d["d_model"] = c.d_model;
-  d["num_layers"] = c.num_layers;
-  d["num_heads"] = c.num_heads;
-  d["num_kv_heads"] = c.kv_heads();
-  d["d_ff"] = c.d_ff;
-  d["rope_theta"] = c.rope_theta;
-  d["norm_eps"] = c.norm_eps;
-  return d;
 }
 
 }  // namespace
@@ -96,7 +86,72 @@ void bind_models(nb::module_& m) {
           },
           nb::arg("x"), nb::arg("positions").none());
 
-  nb::class_<llama::TransformerLM, nn::Module>(m, "TransformerLM")
+  nb::class_<models::LanguageModel, nn::Module>(m, "LanguageModel")
+      .def_prop_ro("config_json", [](const models::LanguageModel& self) { return self.model_config().json().dump(); })
+      .def_prop_ro("arch", [](const models::LanguageModel& self) { return self.arch(); })
+      .def_prop_ro("num_params", [](models::LanguageModel& self) { return self.num_parameters(); })
+      // ids: i32 [B, T] -> logits [B, T, V].
+      .def("forward",
+           [](const models::LanguageModel& self, In<int32_t> ids) {
+             Tensor t = to_tensor(ids);
+             Tensor y = without_gil([&] {
+               autograd::NoGradGuard no_grad;
+               return self.logits(t);
+             });
+             return to_numpy(y);
+           })
+      .def("loss",
+           [](const models::LanguageModel& self, In<int32_t> inputs, In<int32_t> targets) {
+             Tensor x = to_tensor(inputs), y = to_tensor(targets);
+             return without_gil([&] {
+               autograd::NoGradGuard no_grad;
+               return self.loss(x, y).item();
+             });
+           })
+      // The mean loss and d(loss)/d(parameter) for every parameter, by name (fresh arrays each call).
+      // Gradients accumulate in the parameters, so calls on one model from several threads (the GIL is
+      // released) take turns on the model's lock.
+      .def("loss_and_grads",
+           [](models::LanguageModel& self, In<int32_t> inputs, In<int32_t> targets) {
+             Tensor x = to_tensor(inputs), y = to_tensor(targets);
+             auto params = self.parameters();
+             std::vector<Tensor> grads(params.size());
+             float loss = without_gil([&] {
+               std::lock_guard<std::mutex> lock(self.backward_mutex());
+               for (auto* p : params) p->value.set_grad(Tensor());
+               Tensor l = self.loss(x, y);
+               l.backward();
+               for (size_t i = 0; i < params.size(); ++i) {
+                 Tensor g = params[i]->value.grad();
+                 grads[i] = g.defined() ? g.clone() : Tensor::zeros(params[i]->value.shape());
+                 params[i]->value.set_grad(Tensor());
+               }
+               return l.item();
+             });
+             nb::dict out;
+             for (size_t i = 0; i < params.size(); ++i) out[params[i]->name.c_str()] = to_numpy(grads[i]);
+             return nb::make_tuple(loss, out);
+           })
+      .def("save",
+           [](const models::LanguageModel& self, const std::string& path) {
+             without_gil([&] { train::save_model_weights(self, path); });
+           })
+      // New tokens (not the prompt), sampled with the model's decoding cache.
+      .def(
+          "generate",
+          [](const models::LanguageModel& self, std::vector<int32_t> prompt, int64_t max_new_tokens,
+             float temperature, int64_t top_k, float top_p, uint64_t seed, int32_t stop_token) {
+            generate::GenerateOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.sampling = {temperature, top_k, top_p};
+            o.seed = seed;
+            o.stop_token = stop_token;
+            return without_gil([&] { return generate::generate(self, prompt, o); });
+          },
+          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
+          nb::arg("seed"), nb::arg("stop_token"));
+
+  nb::class_<llama::TransformerLM, models::LanguageModel>(m, "TransformerLM")
       .def("__init__",
            [](llama::TransformerLM* self, int64_t vocab_size, int64_t context_length, int64_t d_model,
               int64_t num_layers, int64_t num_heads, int64_t d_ff, float rope_theta, float norm_eps, uint64_t seed,
@@ -113,64 +168,16 @@ void bind_models(nb::module_& m) {
              c.norm_eps = norm_eps;
              c.validate();
              new (self) llama::TransformerLM(c, seed);
-           })
-      .def_prop_ro("config", [](const llama::TransformerLM& self) { return config_dict(self.config()); })
-      .def_prop_ro("num_params", [](const llama::TransformerLM& self) { return self.config().total_params(); })
-      // ids: i32 [B, T] -> logits [B, T, V].
-      .def("forward",
-           [](const llama::TransformerLM& self, In<int32_t> ids) {
-             Tensor t = to_tensor(ids);
-             Tensor y = without_gil([&] {
-               autograd::NoGradGuard no_grad;
-               return self.forward(t);
-             });
-             return to_numpy(y);
-           })
-      .def("loss",
-           [](const llama::TransformerLM& self, In<int32_t> inputs, In<int32_t> targets) {
-             Tensor x = to_tensor(inputs), y = to_tensor(targets);
-             return without_gil([&] {
-               autograd::NoGradGuard no_grad;
-               return self.loss(x, y).item();
-             });
-           })
-      // The mean loss and d(loss)/d(parameter) for every parameter, by name (fresh arrays each call).
-      .def("loss_and_grads",
-           [](llama::TransformerLM& self, In<int32_t> inputs, In<int32_t> targets) {
-             Tensor x = to_tensor(inputs), y = to_tensor(targets);
-             auto params = self.parameters();
-             float loss = without_gil([&] {
-               for (auto* p : params) p->value.set_grad(Tensor());
-               Tensor l = self.loss(x, y);
-               l.backward();
-               return l.item();
-             });
-             nb::dict grads;
-             for (auto* p : params) {
-               Tensor g = p->value.grad();
-               grads[p->name.c_str()] = g.defined() ? to_numpy(g.clone()) : to_numpy(Tensor::zeros(p->value.shape()));
-               p->value.set_grad(Tensor());
-             }
-             return nb::make_tuple(loss, grads);
-           })
-      .def("save",
-           [](const llama::TransformerLM& self, const std::string& path) {
-             without_gil([&] { train::save_model_weights(self, path); });
-           })
-      // New tokens (not the prompt), sampled with the KV cache.
-      .def(
-          "generate",
-          [](const llama::TransformerLM& self, std::vector<int32_t> prompt, int64_t max_new_tokens, float temperature,
-             int64_t top_k, float top_p, uint64_t seed, int32_t stop_token) {
-            generate::GenerateOptions o;
-            o.max_new_tokens = max_new_tokens;
-            o.sampling = {temperature, top_k, top_p};
-            o.seed = seed;
-            o.stop_token = stop_token;
-            return without_gil([&] { return generate::generate(self, prompt, o); });
-          },
-          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
-          nb::arg("seed"), nb::arg("stop_token"));
+           });
+
+  // Any family, from a model section as JSON text ({"arch": "gpt2", ...}; missing keys take the family's
+  // defaults).
+  m.def("build_model", [](const std::string& config_json, uint64_t seed) {
+    nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
+    LOOM_CHECK(!j.is_discarded(), "build_model: the config is not valid JSON");
+    models::ModelConfig config = models::ModelConfig::from_json(j);
+    return without_gil([&] { return config.build(seed); });
+  });
 
   m.def("load_model_weights", [](const std::string& path) {
     return without_gil([&] { return train::load_model_weights(path); });

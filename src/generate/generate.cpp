@@ -4,23 +4,24 @@
 
 namespace loom::generate {
 
-std::vector<int32_t> generate(const llama::TransformerLM& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate(const models::LanguageModel& model, const std::vector<int32_t>& prompt,
                               const GenerateOptions& options, const std::function<void(int32_t)>& on_token) {
   options.sampling.validate();
   LOOM_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
   LOOM_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", options.max_new_tokens);
-  const int64_t V = model.config().vocab_size, ctx = model.config().context_length;
+  const int64_t V = model.vocab_size(), ctx = model.context_length();
   for (int32_t id : prompt) {
     LOOM_CHECK(id >= 0 && id < V, "generate: prompt token ", id, " is outside the vocabulary [0, ", V, ")");
   }
   const RngKey key = RngKey::from_seed(options.seed).fold_in("sample");
-  KVCache cache = model.make_cache(1);
+  std::unique_ptr<models::DecodeCache> cache_ptr = model.make_decode_cache(1);
+  models::DecodeCache& cache = *cache_ptr;
   std::vector<int32_t> history = prompt, output;
 
   // Feeds `tokens` (after clearing the cache when `restart`) and returns the last position's logits.
   auto feed = [&](const std::vector<int32_t>& tokens) {
     Tensor ids = Tensor::from_vector<int32_t>({1, static_cast<int64_t>(tokens.size())}, tokens);
-    Tensor logits = model.forward_cached(ids, cache);  // [1, t, V]
+    Tensor logits = model.decode(ids, cache);  // [1, t, V]
     return logits.slice(0, 1).view({static_cast<int64_t>(tokens.size()), V}).slice(static_cast<int64_t>(tokens.size()) - 1, 1);
   };
   auto refill = [&] {

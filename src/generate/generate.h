@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "generate/sampler.h"
-#include "models/llama/model.h"
+#include "models/model.h"
 
 namespace loom::generate {
 
@@ -19,7 +19,7 @@ struct GenerateOptions {
 // Returns the new tokens (not the prompt). When prompt + output would pass the context length, the
 // cache is rebuilt from the most recent half-context of tokens and decoding continues.
 // `on_token` (optional) sees each token as it is produced, for streaming output.
-std::vector<int32_t> generate(const llama::TransformerLM& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate(const models::LanguageModel& model, const std::vector<int32_t>& prompt,
                               const GenerateOptions& options,
                               const std::function<void(int32_t)>& on_token = nullptr);
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "models/decode_cache.h"
 
 namespace loom::generate {
 
@@ -12,12 +13,12 @@ struct LayerKV {
   Tensor k, v;  // [B, Hkv, capacity, D] (k/v heads); rows [0, length) are filled
 };
 
-class KVCache {
+class KVCache : public models::DecodeCache {
  public:
   KVCache(int64_t num_layers, int64_t batch, int64_t num_heads, int64_t capacity, int64_t head_dim);
 
-  int64_t length() const { return length_; }
-  int64_t capacity() const { return capacity_; }
+  int64_t length() const override { return length_; }
+  int64_t capacity() const override { return capacity_; }
   LayerKV& layer(int64_t i) { return layers_[static_cast<size_t>(i)]; }
   // Appends new keys/values [B, H, t, D] to layer i's rows [length, length + t).
   void write(int64_t layer, const Tensor& k, const Tensor& v);
@@ -25,7 +26,7 @@ class KVCache {
   std::pair<Tensor, Tensor> read(int64_t layer, int64_t t) const;
   // Marks t more rows as filled (after every layer wrote them).
   void advance(int64_t t);
-  void clear() { length_ = 0; }
+  void clear() override { length_ = 0; }
 
  private:
   std::vector<LayerKV> layers_;

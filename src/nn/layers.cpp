@@ -13,22 +13,42 @@
 namespace loom::nn {
 
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key)
-    : weight(add_parameter(make_parameter(
-          join(name, "weight"), {out_features, in_features},
-          Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features))), key))) {}
+    : Linear(name, in_features, out_features, key,
+             Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features))), false) {}
+
+Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key, const Init& init,
+               bool with_bias)
+    : weight(add_parameter(make_parameter(join(name, "weight"), {out_features, in_features}, init, key))) {
+  if (with_bias) {
+    bias = &add_parameter(make_parameter(join(name, "bias"), {out_features}, Init::zeros(), key, ParamGroup::Bias));
+  }
+}
 
 Tensor Linear::forward(const Tensor& x) const {
-  return ops::linear(x, weight.value, Tensor(), ops::WeightLayout::OutIn, precision);
+  return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision);
 }
 
 Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key)
     : weight(add_parameter(
-          make_parameter(join(name, "weight"), {num_embeddings, dim}, Init::truncated_normal(1.0f), key))) {}
+          make_parameter(join(name, "weight"), {num_embeddings, dim}, Init::truncated_normal(1.0f), key,
+                         ParamGroup::Embedding))) {}
+
+Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key, const Init& init,
+                     ParamGroup group)
+    : weight(add_parameter(make_parameter(join(name, "weight"), {num_embeddings, dim}, init, key, group))) {}
 
 Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, weight.value); }
 
+LayerNorm::LayerNorm(const std::string& name, int64_t dim, float eps_)
+    : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),
+      bias(add_parameter(make_parameter(join(name, "bias"), {dim}, Init::zeros(), RngKey{}, ParamGroup::Norm))),
+      eps(eps_) {}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return ops::layer_norm(x, weight.value, bias.value, eps); }
+
 RMSNorm::RMSNorm(const std::string& name, int64_t dim, float eps_)
-    : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}))), eps(eps_) {}
+    : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),
+      eps(eps_) {}
 
 Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.value, eps); }
 
@@ -72,24 +92,40 @@ int64_t checked_kv_heads(const std::string& name, int64_t num_heads, int64_t num
 }
 }  // namespace
 
+namespace {
+// Linear's default init (CS336's truncated normal) unless the family gives one.
+Init linear_init(const std::optional<Init>& init, int64_t in, int64_t out) {
+  return init ? *init : Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in + out)));
+}
+}  // namespace
+
 MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
                                                RngKey key, std::optional<RotaryPositionalEmbedding> rope_,
                                                int64_t num_kv_heads_)
+    : MultiHeadSelfAttention(name, d_model_, num_heads_, key,
+                             AttentionOptions{.num_kv_heads = num_kv_heads_, .rope = std::move(rope_)}) {}
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
+                                               RngKey key, AttentionOptions o)
     : d_model(d_model_),
       num_heads(num_heads_),
-      num_kv_heads(checked_kv_heads(name, num_heads_, num_kv_heads_)),
-      q_proj(join(name, "q_proj"), d_model_, d_model_, key),
-      k_proj(join(name, "k_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key),
-      v_proj(join(name, "v_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key),
-      output_proj(join(name, "output_proj"), d_model_, d_model_, key),
-      rope(std::move(rope_)) {
+      num_kv_heads(checked_kv_heads(name, num_heads_, o.num_kv_heads)),
+      q_proj(join(name, "q_proj"), d_model_, d_model_, key, linear_init(o.init, d_model_, d_model_), o.qkv_bias),
+      k_proj(join(name, "k_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key,
+             linear_init(o.init, d_model_, num_kv_heads * (d_model_ / num_heads_)), o.qkv_bias),
+      v_proj(join(name, "v_proj"), d_model_, num_kv_heads * checked_head_dim(name, d_model_, num_heads_), key,
+             linear_init(o.init, d_model_, num_kv_heads * (d_model_ / num_heads_)), o.qkv_bias),
+      output_proj(join(name, "output_proj"), d_model_, d_model_, key,
+                  linear_init(o.output_init ? o.output_init : o.init, d_model_, d_model_), o.output_bias),
+      rope(std::move(o.rope)) {
+  output_proj.weight.group = ParamGroup::DenseOut;
   add_child(&q_proj);
   add_child(&k_proj);
   add_child(&v_proj);
   add_child(&output_proj);
 }
 
-Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions) const {
+Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout) const {
   check_ndim(x, 3, "MultiHeadSelfAttention", "x");
   LOOM_CHECK(x.size(2) == d_model, "MultiHeadSelfAttention: x has C=", x.size(2), " but d_model=", d_model);
   Tensor q = q_proj.forward(x);  // [B, T, C]
@@ -98,7 +134,7 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions)
   std::optional<ops::RopeOptions> rope_options;
   if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style, rope->cache};
   Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options,
-                                        static_cast<int>(num_kv_heads));
+                                        static_cast<int>(num_kv_heads), dropout);
   return output_proj.forward(y);
 }
 

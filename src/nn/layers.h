@@ -10,24 +10,30 @@
 
 #include "generate/kv_cache.h"
 #include "nn/parameter.h"
+#include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
 
 namespace loom::nn {
 
-// y = x W^T, no bias. weight: [out, in], truncated normal std sqrt(2/(in+out)) cut at +-3 std.
+// y = x W^T (+ b). weight: [out, in], by default truncated normal std sqrt(2/(in+out)) cut at +-3 std
+// (CS336); bias: [out], zeros.
 class Linear : public Module {
  public:
   Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key);
+  Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key, const Init& init, bool bias);
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
   Parameter& weight;
+  Parameter* bias = nullptr;  // absent without a bias
   ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
 };
 
-// weight: [V, C], truncated normal std 1 cut at +-3.
+// weight: [V, C], by default truncated normal std 1 cut at +-3 (CS336).
 class Embedding : public Module {
  public:
   Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key);
+  Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key, const Init& init,
+            ParamGroup group);
   Tensor forward(const Tensor& ids) const;  // ids: i32 [...] -> [..., C]
   Parameter& weight;
 };
@@ -38,6 +44,16 @@ class RMSNorm : public Module {
   RMSNorm(const std::string& name, int64_t dim, float eps = 1e-5f);
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   Parameter& weight;
+  float eps;
+};
+
+// weight: [C] (ones), bias: [C] (zeros). PyTorch's LayerNorm: biased variance, eps inside the sqrt.
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const std::string& name, int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const;  // x: [..., C]
+  Parameter& weight;
+  Parameter& bias;
   float eps;
 };
 
@@ -61,16 +77,30 @@ class RotaryPositionalEmbedding {
   ops::RopeCache cache;  // cos, sin: [max_seq_len, D/2] = cos/sin(p * theta^(-2i/D))
 };
 
+// What varies between the families' attention layers.
+struct AttentionOptions {
+  // Grouped-query attention: k_proj/v_proj produce num_kv_heads heads, each shared by
+  // num_heads / num_kv_heads query heads; 0 means num_heads.
+  int64_t num_kv_heads = 0;
+  std::optional<RotaryPositionalEmbedding> rope;  // on q and k (Llama), or none (GPT-2)
+  bool qkv_bias = false, output_bias = false;
+  std::optional<Init> init, output_init;  // default: Linear's
+};
+
+// Dropout on the attention probabilities during training: p, and the key of this layer's masks
+// (ops::causal_self_attention draws the masks).
+using ops::AttentionDropout;
+
 // Causal multi-head self-attention with optional RoPE on q and k.
-// q/k/v/output_proj: [C, C].
+// q_proj, output_proj: [C, C]; k_proj, v_proj: [Hkv*D, C].
 class MultiHeadSelfAttention : public Module {
  public:
-  // num_kv_heads: grouped-query attention, k_proj/v_proj produce num_kv_heads heads, each shared by
-  // num_heads / num_kv_heads query heads; 0 means num_heads.
   MultiHeadSelfAttention(const std::string& name, int64_t d_model, int64_t num_heads, RngKey key,
                          std::optional<RotaryPositionalEmbedding> rope = std::nullopt, int64_t num_kv_heads = 0);
+  MultiHeadSelfAttention(const std::string& name, int64_t d_model, int64_t num_heads, RngKey key,
+                         AttentionOptions options);
   // x: [B, T, C]; positions: i32 [T] or [B, T] (only used with RoPE). Returns [B, T, C].
-  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  Tensor forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout = {}) const;
   // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
   // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
   // everything cached before them. Returns [B, t, C].

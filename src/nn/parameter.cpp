@@ -2,9 +2,23 @@
 
 namespace loom::nn {
 
-Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key) {
+const char* param_group_name(ParamGroup group) {
+  switch (group) {
+    case ParamGroup::DenseIn: return "dense_in";
+    case ParamGroup::DenseOut: return "dense_out";
+    case ParamGroup::Embedding: return "embedding";
+    case ParamGroup::LmHead: return "lm_head";
+    case ParamGroup::Norm: return "norm";
+    case ParamGroup::Bias: return "bias";
+    case ParamGroup::Position: return "position";
+  }
+  return "?";
+}
+
+Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key, ParamGroup group) {
   Parameter p;
   p.name = name;
+  p.group = group;
   p.global_shape = shape;
   p.spec = dist::PartitionSpec::replicated();
   p.value = Tensor::empty(shape);
@@ -17,6 +31,9 @@ Parameter make_parameter(const std::string& name, const Shape& shape, const Init
                             init.std, -bound, bound);
       break;
     }
+    case Init::Kind::Normal:
+      fill_normal(p.value.data<float>(), p.value.numel(), key.fold_in(name), /*offset=*/0, 0.0f, init.std);
+      break;
   }
   p.value.set_requires_grad();
   return p;

@@ -20,16 +20,30 @@
 
 namespace loom::nn {
 
+// What a parameter is, for sharding (the mesh maps each group to a partition spec per parallel mode, as
+// in the JAX-LM design's table) and for reports.
+enum class ParamGroup {
+  DenseIn,    // a Linear that widens or reads the residual stream: q, k, v, w1, w3, fc
+  DenseOut,   // a Linear that writes back to the residual stream: output_proj, w2, proj
+  Embedding,  // the token embedding table
+  LmHead,     // an untied output head
+  Norm,       // norm gains (and their biases)
+  Bias,       // Linear biases
+  Position,   // learned position embeddings
+};
+const char* param_group_name(ParamGroup group);
+
 struct Parameter {
   std::string name;
   Tensor value;
   Shape global_shape;
   dist::PartitionSpec spec;
+  ParamGroup group = ParamGroup::DenseIn;
 };
 
 // How a parameter's initial values are drawn.
 struct Init {
-  enum class Kind { Zeros, Ones, TruncatedNormal } kind = Kind::Zeros;
+  enum class Kind { Zeros, Ones, TruncatedNormal, Normal } kind = Kind::Zeros;
   float std = 1.0f;
   float cutoff = 3.0f;  // truncate at +-cutoff*std
   static Init zeros() { return {Kind::Zeros}; }
@@ -37,10 +51,12 @@ struct Init {
   static Init truncated_normal(float std, float cutoff_in_std = 3.0f) {
     return {Kind::TruncatedNormal, std, cutoff_in_std};
   }
+  static Init normal(float std) { return {Kind::Normal, std, 0.0f}; }
 };
 
 // Makes a (replicated) parameter and draws its values from key.fold_in(name).
-Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key);
+Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key,
+                         ParamGroup group = ParamGroup::DenseIn);
 
 // Base class for anything holding parameters. Subclasses register theirs in their constructor;
 // children are registered so that parameters() walks the tree in registration order.

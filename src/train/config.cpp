@@ -9,66 +9,15 @@
 
 #include "core/error.h"
 #include "io/file.h"
+#include "io/json_checked.h"
+#include "models/family.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using io::merge_checked;
 
 namespace {
-
-std::string join_keys(const json& obj) {
-  std::string out;
-  for (auto it = obj.begin(); it != obj.end(); ++it) out += (out.empty() ? "" : ", ") + it.key();
-  return out;
-}
-
-// Copies `value` into `slot` if it has the kind of the default already there; throws naming `path`.
-void set_checked(json& slot, const json& value, const std::string& path) {
-  if (slot.is_boolean()) {
-    LOOM_CHECK(value.is_boolean(), "config: ", path, " must be true or false, got ", value.dump());
-    slot = value;
-  } else if (slot.is_number_unsigned()) {
-    bool integral = value.is_number_integer() ||
-                    (value.is_number_float() && std::isfinite(value.get<double>()) &&
-                     std::floor(value.get<double>()) == value.get<double>());
-    LOOM_CHECK(integral && value.get<double>() >= 0, "config: ", path, " must be a non-negative integer, got ",
-               value.dump());
-    slot = value.is_number_float() ? json(static_cast<uint64_t>(value.get<double>())) : json(value.get<uint64_t>());
-  } else if (slot.is_number_integer()) {
-    bool integral = value.is_number_integer() ||
-                    (value.is_number_float() && std::isfinite(value.get<double>()) &&
-                     std::floor(value.get<double>()) == value.get<double>() && std::fabs(value.get<double>()) < 9e18);
-    LOOM_CHECK(integral, "config: ", path, " must be an integer, got ", value.dump());
-    slot = value.is_number_float() ? json(static_cast<int64_t>(value.get<double>())) : json(value.get<int64_t>());
-  } else if (slot.is_number()) {
-    LOOM_CHECK(value.is_number(), "config: ", path, " must be a number, got ", value.dump());
-    slot = value.get<double>();
-  } else if (slot.is_string()) {
-    LOOM_CHECK(value.is_string(), "config: ", path, " must be a string, got ", value.dump());
-    slot = value;
-  } else {
-    LOOM_ASSERT(false, "config default for ", path, " has an unexpected JSON type");
-  }
-}
-
-// Merges `overlay` into `base`, which holds every allowed key with a value of its type.
-void merge_checked(json& base, const json& overlay, const std::string& prefix) {
-  LOOM_CHECK(overlay.is_object(), "config: ", prefix.empty() ? "the configuration" : prefix,
-             " must be a JSON object, got ", overlay.dump());
-  for (auto it = overlay.begin(); it != overlay.end(); ++it) {
-    std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (!base.contains(it.key())) {
-      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "the top level" : prefix, " has: ",
-                join_keys(base), ")");
-    }
-    json& slot = base[it.key()];
-    if (slot.is_object()) {
-      merge_checked(slot, it.value(), path);
-    } else {
-      set_checked(slot, it.value(), path);
-    }
-  }
-}
 
 json parse_json_text(const std::string& text, const std::string& where) {
   try {
@@ -114,12 +63,17 @@ void check_non_negative(T v, const char* key) {
   LOOM_CHECK(v >= 0, "config: ", key, " must be >= 0, got ", v);
 }
 
-// A float field as the double with the float's shortest decimal form, so config.json says 1e-05 and
-// not 9.99999974737875e-06; reading it back rounds to the same float.
-double float_for_json(float f) {
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof(buf), f);
-  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+// The family a config and its overrides ask for: the last "--set model.arch=..." wins over the file.
+std::string requested_arch(const json& j, const std::vector<std::string>& overrides) {
+  std::string arch = "llama";
+  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("arch") &&
+      j["model"]["arch"].is_string()) {
+    arch = j["model"]["arch"].get<std::string>();
+  }
+  for (const auto& o : overrides) {
+    if (o.rfind("model.arch=", 0) == 0) arch = o.substr(11);
+  }
+  return arch;
 }
 
 }  // namespace
@@ -135,21 +89,16 @@ std::pair<std::string, json> parse_override(const std::string& assignment) {
   return {path, value};
 }
 
+json TrainConfig::defaults_json(const std::string& arch) {
+  TrainConfig c;
+  c.model = models::ModelConfig::from_json(json{{"arch", arch}});
+  return c.to_json();
+}
+
 json TrainConfig::to_json() const {
-  const auto& m = model;
   return json{
       {"description", description},
-      {"model",
-       {{"arch", arch},
-        {"vocab_size", m.vocab_size},
-        {"context_length", m.context_length},
-        {"d_model", m.d_model},
-        {"num_layers", m.num_layers},
-        {"num_heads", m.num_heads},
-        {"num_kv_heads", m.num_kv_heads},
-        {"d_ff", m.d_ff},
-        {"rope_theta", float_for_json(m.rope_theta)},
-        {"norm_eps", float_for_json(m.norm_eps)}}},
+      {"model", model.json()},
       {"optimizer",
        {{"lr", optimizer.lr},
         {"min_lr", optimizer.min_lr},
@@ -188,21 +137,11 @@ json TrainConfig::to_json() const {
 }
 
 TrainConfig TrainConfig::from_json(const json& j) {
-  json m = TrainConfig{}.to_json();
+  json m = defaults_json(requested_arch(j, {}));
   merge_checked(m, j, "");
   TrainConfig c;
   c.description = m["description"].get<std::string>();
-  const json& mo = m["model"];
-  c.arch = mo["arch"].get<std::string>();
-  c.model.vocab_size = mo["vocab_size"].get<int64_t>();
-  c.model.context_length = mo["context_length"].get<int64_t>();
-  c.model.d_model = mo["d_model"].get<int64_t>();
-  c.model.num_layers = mo["num_layers"].get<int64_t>();
-  c.model.num_heads = mo["num_heads"].get<int64_t>();
-  c.model.num_kv_heads = mo["num_kv_heads"].get<int64_t>();
-  c.model.d_ff = mo["d_ff"].get<int64_t>();
-  c.model.rope_theta = mo["rope_theta"].get<float>();
-  c.model.norm_eps = mo["norm_eps"].get<float>();
+  c.model = models::ModelConfig::from_json(m["model"]);
   const json& o = m["optimizer"];
   c.optimizer = {o["lr"].get<double>(),    o["min_lr"].get<double>(),       o["beta1"].get<double>(),
                  o["beta2"].get<double>(), o["eps"].get<double>(),          o["weight_decay"].get<double>(),
@@ -236,13 +175,7 @@ TrainConfig TrainConfig::from_json(const json& j) {
 }
 
 void TrainConfig::validate() const {
-  LOOM_CHECK(arch == "llama", "config: model.arch must be \"llama\" (the only family so far), got \"", arch, "\"");
-  try {
-    model.validate();
-  } catch (const Error& e) {
-    throw Error(str("config: ", e.what()));
-  }
-  LOOM_CHECK(model.norm_eps > 0, "config: model.norm_eps must be positive, got ", model.norm_eps);
+  model.family().validate(model.json());
 
   LOOM_CHECK(std::isfinite(optimizer.lr) && optimizer.lr >= 0, "config: optimizer.lr must be >= 0, got ",
              optimizer.lr);
@@ -289,7 +222,7 @@ void TrainConfig::validate() const {
 }
 
 void TrainConfig::check_data_size(int64_t train_tokens, int64_t val_tokens) const {
-  const int64_t B = training.batch_size, T = model.context_length;
+  const int64_t B = training.batch_size, T = model.context_length();
   LOOM_CHECK(train_tokens >= B * T + 1, "config: training.batch_size=", B, " x model.context_length=", T,
              " needs at least ", B * T + 1, " tokens but data.train (", data.train, ") holds ", train_tokens);
   if (eval.interval > 0) {
@@ -311,10 +244,31 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   } else {
     j = parse_json_text(preset_text(source), "preset " + source);
   }
-  json merged = TrainConfig{}.to_json();
+  const std::string arch = requested_arch(j, overrides);
+  json merged = defaults_json(arch);
+  if (j.is_object() && j.contains("model") && j["model"].is_object()) j["model"]["arch"] = arch;
   merge_checked(merged, j, "");
   for (const auto& o : overrides) apply_override(merged, o);
   return from_json(merged);
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const models::Family* f : models::families()) {
+    for (const models::Preset& p : f->presets) names.emplace_back(p.name);
+  }
+  return names;
+}
+
+const char* preset_text(const std::string& name) {
+  for (const models::Family* f : models::families()) {
+    for (const models::Preset& p : f->presets) {
+      if (name == p.name) return p.text;
+    }
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  LOOM_FAIL("config: no preset named \"", name, "\" and no such file (presets: ", known, ")");
 }
 
 std::string TrainConfig::write(const std::string& run_dir) const {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "models/llama/config.h"
+#include "models/model_config.h"
 
 namespace loom::train {
 
@@ -79,8 +79,7 @@ struct SampleConfig {
 
 struct TrainConfig {
   std::string description;
-  std::string arch = "llama";  // model.arch: the model family
-  llama::Config model;
+  models::ModelConfig model;  // the `model` section: model.arch picks the family, the rest is its keys
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   DataConfig data;
@@ -93,8 +92,11 @@ struct TrainConfig {
   // Resolves `preset_or_file` (a preset name, or a path to a JSON file; empty means "default") and
   // applies "section.key=value" overrides in order. Throws loom::Error naming the key on any problem.
   static TrainConfig load(const std::string& preset_or_file, const std::vector<std::string>& overrides = {});
-  // Defaults <- `j` (complete or partial), checked and validated.
+  // Defaults <- `j` (complete or partial), checked and validated. The model section's defaults are
+  // those of the family j["model"]["arch"] names (llama when absent).
   static TrainConfig from_json(const nlohmann::json& j);
+  // Every key with its default, the model section that of `arch`'s family.
+  static nlohmann::json defaults_json(const std::string& arch = "llama");
   // The complete, resolved configuration.
   nlohmann::json to_json() const;
   // Writes to_json() to <run_dir>/config.json (creating run_dir); returns the path.
@@ -109,7 +111,7 @@ struct TrainConfig {
   int64_t cosine_steps() const { return schedule.cosine_steps > 0 ? schedule.cosine_steps : training.max_steps; }
   // Tokens consumed per optimizer step: batch_size * grad_accum_steps * context_length.
   int64_t tokens_per_step() const {
-    return training.batch_size * training.grad_accum_steps * model.context_length;
+    return training.batch_size * training.grad_accum_steps * model.context_length();
   }
 };
 
@@ -118,7 +120,7 @@ inline TrainConfig load_config(const std::string& preset_or_file, const std::vec
   return TrainConfig::load(preset_or_file, overrides);
 }
 
-// The built-in presets: "cs336-tinystories", "default", "tiny".
+// The built-in presets of every family ("tiny", "default", "gpt2-small", ...).
 std::vector<std::string> preset_names();
 // A preset's JSON text as compiled in; throws naming the known presets if there is no such preset.
 const char* preset_text(const std::string& name);

@@ -12,18 +12,18 @@ std::string EvalResult::to_json() const {
   return nlohmann::json{{"loss", loss}, {"perplexity", perplexity}, {"tokens", tokens}}.dump();
 }
 
-EvalResult evaluate(const llama::TransformerLM& model, const data::TokenFile& tokens, int64_t T, int64_t max_windows,
+EvalResult evaluate(const models::LanguageModel& model, const data::TokenFile& tokens, int64_t T, int64_t max_windows,
                     int64_t batch_size) {
-  if (T == 0) T = model.config().context_length;
-  LOOM_CHECK(T >= 1 && T <= model.config().context_length, "eval: context length ", T,
-             " must be in [1, ", model.config().context_length, "] (the model's context_length)");
+  if (T == 0) T = model.context_length();
+  LOOM_CHECK(T >= 1 && T <= model.context_length(), "eval: context length ", T,
+             " must be in [1, ", model.context_length(), "] (the model's context_length)");
   LOOM_CHECK(batch_size >= 1, "eval: batch size must be >= 1, got ", batch_size);
   LOOM_CHECK(max_windows >= 0, "eval: max_windows must be >= 0, got ", max_windows);
   int64_t windows = tokens.size() >= T + 1 ? (tokens.size() - 1) / T : 0;
   LOOM_CHECK(windows > 0, "eval: ", tokens.path(), " has ", tokens.size(), " tokens, fewer than one window of ",
              T + 1);
   if (max_windows > 0) windows = std::min(windows, max_windows);
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = model.vocab_size();
   if (tokens.max_token() >= static_cast<uint32_t>(V)) {
     LOOM_FAIL("eval: ", tokens.path(), " holds token id ", tokens.max_token(), ", outside the model's vocabulary of ", V);
   }

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "data/token_file.h"
-#include "models/llama/model.h"
+#include "models/model.h"
 
 namespace loom::train {
 
@@ -22,7 +22,7 @@ struct EvalResult {
 };
 
 // context_length 0 means the model's; max_windows 0 means all; batch_size windows per forward pass.
-EvalResult evaluate(const llama::TransformerLM& model, const data::TokenFile& tokens, int64_t context_length = 0,
+EvalResult evaluate(const models::LanguageModel& model, const data::TokenFile& tokens, int64_t context_length = 0,
                     int64_t max_windows = 0, int64_t batch_size = 8);
 
 }  // namespace loom::train

@@ -7,7 +7,7 @@
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
-#include "train/hf.h"
+#include "models/hf.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -31,32 +31,6 @@ std::vector<std::string> corpus_files(const std::string& corpus) {
   return files;
 }
 
-nlohmann::json model_config_json(const llama::Config& c) {
-  return {{"arch", "llama"},           {"vocab_size", c.vocab_size}, {"context_length", c.context_length},
-          {"d_model", c.d_model},      {"num_layers", c.num_layers}, {"num_heads", c.num_heads},
-          {"num_kv_heads", c.num_kv_heads}, {"d_ff", c.d_ff},        {"rope_theta", c.rope_theta},
-          {"norm_eps", c.norm_eps}};
-}
-
-llama::Config model_config_from_json(const nlohmann::json& j, const std::string& source) {
-  try {
-    llama::Config c;
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.context_length = j.at("context_length").get<int64_t>();
-    c.d_model = j.at("d_model").get<int64_t>();
-    c.num_layers = j.at("num_layers").get<int64_t>();
-    c.num_heads = j.at("num_heads").get<int64_t>();
-    c.num_kv_heads = j.value("num_kv_heads", int64_t{0});  // absent in files saved before GQA: 0 = num_heads
-    c.d_ff = j.at("d_ff").get<int64_t>();
-    c.rope_theta = j.at("rope_theta").get<float>();
-    c.norm_eps = j.at("norm_eps").get<float>();
-    c.validate();
-    return c;
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL(source, ": malformed model config in the metadata: ", e.what());
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> ensure_training_data(const TrainConfig& config, bool progress) {
@@ -66,7 +40,7 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
   std::vector<std::string> files = corpus_files(d.corpus);
   if (!fs::exists(d.tokenizer)) {
     tokenizer::TrainOptions options;
-    options.vocab_size = static_cast<size_t>(config.model.vocab_size);
+    options.vocab_size = static_cast<size_t>(config.model.vocab_size());
     options.special_tokens = {"<|endoftext|>"};
     options.progress = progress;
     tokenizer::Tokenizer tok = tokenizer::train_bpe(files, options);
@@ -92,22 +66,28 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
   return made;
 }
 
-void save_model_weights(const llama::TransformerLM& model, const std::string& path) {
+void save_model_weights(const models::LanguageModel& model, const std::string& path) {
   io::NamedTensors tensors;
-  for (nn::Parameter* p : const_cast<llama::TransformerLM&>(model).parameters()) {
+  for (nn::Parameter* p : const_cast<models::LanguageModel&>(model).parameters()) {
     tensors.emplace_back(p->name, p->value.detach());
   }
-  io::write_safetensors(path, tensors, {{"loom.model_config", model_config_json(model.config()).dump()}});
+  io::write_safetensors(path, tensors, {{"loom.model_config", model.model_config().json().dump()}});
 }
 
-std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path) {
+std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path) {
   io::SafetensorsFile file = io::SafetensorsFile::open(path);
   auto it = file.metadata().find("loom.model_config");
   LOOM_CHECK(it != file.metadata().end(), path,
              ": no \"loom.model_config\" in the metadata (not written by loom's save_model_weights)");
   nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   LOOM_CHECK(!j.is_discarded(), path, ": the metadata's loom.model_config is not valid JSON");
-  auto model = std::make_unique<llama::TransformerLM>(model_config_from_json(j, path), 0);
+  models::ModelConfig config;
+  try {
+    config = models::ModelConfig::from_json(j);
+  } catch (const Error& e) {
+    LOOM_FAIL(path, ": the metadata's loom.model_config is not a model loom can build: ", e.what());
+  }
+  auto model = config.build(0);
   for (nn::Parameter* p : model->parameters()) {
     LOOM_CHECK(file.contains(p->name), path, ": missing parameter '", p->name, "'");
     model->load_parameter(p->name, file.tensor(p->name));
@@ -120,8 +100,8 @@ std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path
 LoadedRun load_weights(const std::string& path) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
-  if (is_hf_dir(path)) {  // a Hugging Face Llama directory (train/hf.h)
-    HfImport hf = import_hf(path);
+  if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
+    models::HfImport hf = models::import_hf(path);
     run.model = std::move(hf.model);
     run.tokenizer = std::move(hf.tokenizer);
     return run;
@@ -135,7 +115,7 @@ LoadedRun load_weights(const std::string& path) {
 LoadedRun load_run(const std::string& dir) {
   LOOM_CHECK(fs::is_directory(dir), "run directory \"", dir, "\" does not exist");
   fs::path weights = fs::path(dir) / "model.safetensors";
-  if (is_hf_dir(dir)) return load_weights(dir);
+  if (models::is_hf_dir(dir)) return load_weights(dir);
   LOOM_CHECK(fs::exists(weights), "run directory \"", dir, "\" has no model.safetensors (has training finished?)");
   LoadedRun run = load_weights(weights.string());
   fs::path config = fs::path(dir) / "config.json";

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "models/llama/model.h"
+#include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/config.h"
 
@@ -21,20 +21,20 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
 
 // Writes the model's parameters (with the model config in the safetensors metadata, key
 // "loom.model_config") atomically to `path`.
-void save_model_weights(const llama::TransformerLM& model, const std::string& path);
+void save_model_weights(const models::LanguageModel& model, const std::string& path);
 // Reads weights written by save_model_weights: the config from the metadata, every parameter by name.
-std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path);
+std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path);
 
 struct LoadedRun {
-  std::unique_ptr<llama::TransformerLM> model;
+  std::unique_ptr<models::LanguageModel> model;
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
   std::optional<TrainConfig> config;              // when the run has config.json
 };
-// `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face Llama
-// directory.
+// `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face
+// directory of a family loom reads (models/hf.h).
 LoadedRun load_run(const std::string& dir);
-// `path` is a weights file (a tokenizer.json beside it is loaded too), or a Hugging Face Llama directory
-// (train/hf.h).
+// `path` is a weights file (a tokenizer.json beside it is loaded too), or a Hugging Face directory
+// (models/hf.h).
 LoadedRun load_weights(const std::string& path);
 
 }  // namespace loom::train

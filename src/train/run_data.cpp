@@ -23,8 +23,8 @@ RunData open_run_data(const TrainConfig& c) {
                       "); `loom prepare` writes one"));
   }
   data::TokenMeta meta = data::read_token_meta(meta_path.string());
-  LOOM_CHECK(meta.vocab_size == 0 || meta.vocab_size <= c.model.vocab_size, "config: model.vocab_size=",
-             c.model.vocab_size, " is smaller than the tokenizer's vocabulary (", meta_path.string(),
+  LOOM_CHECK(meta.vocab_size == 0 || meta.vocab_size <= c.model.vocab_size(), "config: model.vocab_size=",
+             c.model.vocab_size(), " is smaller than the tokenizer's vocabulary (", meta_path.string(),
              " says vocab_size=", meta.vocab_size, ")");
   data::TokenFile train = open_checked(c.data.train, "data.train", meta.dtype);
   std::optional<data::TokenFile> val;
@@ -32,11 +32,11 @@ RunData open_run_data(const TrainConfig& c) {
   c.check_data_size(train.size(), val ? val->size() : 0);
 
   RngKey root = RngKey::from_seed(c.training.seed);
-  RunData out{data::BatchLoader(std::move(train), c.training.batch_size, c.model.context_length,
+  RunData out{data::BatchLoader(std::move(train), c.training.batch_size, c.model.context_length(),
                                 c.training.sampling, root.fold_in("train")),
               std::nullopt, meta};
   if (val) {
-    out.val.emplace(std::move(*val), c.training.batch_size, c.model.context_length, data::Sampling::Random,
+    out.val.emplace(std::move(*val), c.training.batch_size, c.model.context_length(), data::Sampling::Random,
                     root.fold_in("val"));
   }
   return out;

@@ -14,13 +14,16 @@
 #include "ops/elementwise.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
-#include "train/flops.h"
+#include "report/flops.h"
 #include "train/metrics.h"
-#include "train/progress.h"
+#include "report/progress.h"
 #include "train/run_data.h"
 #include "train/run.h"
 
 namespace loom::train {
+using report::Progress;
+using report::progress_mode_from_name;
+using report::mfu;
 
 struct Trainer::Data {
   data::BatchLoader train;
@@ -37,7 +40,7 @@ Trainer::Trainer(TrainConfig config, std::string run_dir) : config_(std::move(co
   if (run_data.val) val = run_data.val->fixed_batches(config_.eval.batches);
   data_ = std::make_shared<Data>(Data{std::move(run_data.train), std::move(val)});
 
-  model_ = std::make_unique<llama::TransformerLM>(config_.model, config_.training.seed);
+  model_ = config_.model.build(config_.training.seed);
   if (config_.training.precision == "bf16") model_->set_matmul_precision(ops::MatmulPrecision::BF16);
   const auto& o = config_.optimizer;
   optimizer_ = std::make_unique<AdamW>(
@@ -66,7 +69,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   const auto& oc = config_.optimizer;
   MetricsWriter metrics(run_dir_, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
   Progress progress(tc.max_steps, progress_mode_from_name(config_.logging.progress, stderr), stderr, step_);
-  const double flops_per_token = palm_train_flops_per_token(config_.model);
+  const double flops_per_token = config_.model.stats().palm_flops_per_token();
   const double peak = config_.logging.peak_flops > 0 ? config_.logging.peak_flops
                                                       : cpu::measure_fma_peak(num_threads(), 0.3).gflops * 1e9;
   const int64_t tokens_per_step = config_.tokens_per_step();
@@ -97,7 +100,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
       data::Batch batch = data_->train.next();
-      Tensor loss = model_->loss(batch.inputs, batch.targets);
+      Tensor loss = model_->loss(batch.inputs, batch.targets, train_context(micro));
       loss_sum += loss.item();
       // Mean over micro-batches: each contributes 1/accum of the gradient.
       (tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss).backward();
@@ -182,6 +185,11 @@ nlohmann::json identity_of(const nlohmann::json& config) {
 }
 
 }  // namespace
+
+models::ForwardContext Trainer::train_context(int64_t micro) const {
+  const RngKey key = RngKey::from_seed(config_.training.seed).fold_in("dropout");
+  return models::ForwardContext::train(key.fold_in(static_cast<uint64_t>(step_)).fold_in(static_cast<uint64_t>(micro)));
+}
 
 nlohmann::json Trainer::state_json() const {
   const RngKey root = RngKey::from_seed(config_.training.seed);

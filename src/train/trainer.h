@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/llama/model.h"
+#include "models/model.h"
 #include "train/config.h"
 #include "train/optimizer.h"
 #include "train/stop_signal.h"
@@ -61,7 +61,7 @@ class Trainer {
   double validation_loss();
 
   const TrainConfig& config() const { return config_; }
-  llama::TransformerLM& model() { return *model_; }
+  models::LanguageModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t step() const { return step_; }
 
@@ -69,7 +69,7 @@ class Trainer {
   struct Data;
   TrainConfig config_;
   std::string run_dir_;
-  std::unique_ptr<llama::TransformerLM> model_;
+  std::unique_ptr<models::LanguageModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::shared_ptr<Data> data_;
   int64_t step_ = 0;
@@ -83,6 +83,8 @@ class Trainer {
   nlohmann::json last_train_event_;  // the last metrics line written, for trainer_state.json
 
   nlohmann::json state_json() const;
+  // The forward context of micro-batch `micro` of the current step: dropout keyed by (seed, step, micro).
+  models::ForwardContext train_context(int64_t micro) const;
 };
 
 }  // namespace loom::train

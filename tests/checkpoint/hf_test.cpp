@@ -13,7 +13,8 @@
 #include "ops/rope.h"
 #include "support/op_test.h"
 #include "train/evaluate.h"
-#include "train/hf.h"
+#include "models/hf.h"
+#include "models/llama/hf.h"
 #include "tokenizer/train.h"
 #include "train/run.h"
 
@@ -21,6 +22,13 @@ using namespace loom;
 namespace fs = std::filesystem;
 
 namespace {
+
+// The Llama an import built (these fixtures are all Llamas).
+const llama::TransformerLM& llama_of(const models::LanguageModel& m) {
+  auto* l = dynamic_cast<const llama::TransformerLM*>(&m);
+  if (l == nullptr) throw std::runtime_error("expected a llama, got " + m.arch());
+  return *l;
+}
 
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 
@@ -77,7 +85,7 @@ TEST(Hf, PermutationMapsInterleavedRopeToRotateHalf) {
   Tensor x = Tensor::empty({H * D, T});  // columns are positions after the transpose below
   fill_normal(x.data<float>(), x.numel(), RngKey::from_seed(1), 0, 0, 1);
   // As [T, H*D] vectors: rows of `x` are features; permute features = permute rows of x.
-  Tensor px = train::interleaved_to_rotate_half(x, H);
+  Tensor px = llama::interleaved_to_rotate_half(x, H);
   auto as_heads = [&](const Tensor& features_by_t) {  // [H*D, T] -> [H, T, D]
     Tensor out = Tensor::empty({H, T, D});
     for (int64_t h = 0; h < H; ++h)
@@ -98,15 +106,15 @@ TEST(Hf, PermutationMapsInterleavedRopeToRotateHalf) {
           EXPECT_NEAR(a, b, 1e-6f) << "h=" << h << " t=" << t << " pair " << i;
         }
   // And it is a bijection: back again gives the same bits.
-  expect_bitwise(train::rotate_half_to_interleaved(px, H), x, "inverse permutation");
+  expect_bitwise(llama::rotate_half_to_interleaved(px, H), x, "inverse permutation");
 }
 
 TEST(Hf, NamesMapBothWays) {
   llama::TransformerLM model(small_config(), 1);
   std::set<std::string> hf;
   for (nn::Parameter* p : model.parameters()) {
-    const std::string h = train::hf_parameter_name(p->name);
-    EXPECT_EQ(train::loom_parameter_name(h), std::optional<std::string>(p->name));
+    const std::string h = llama::hf_parameter_name(p->name);
+    EXPECT_EQ(llama::loom_parameter_name(h), std::optional<std::string>(p->name));
     hf.insert(h);
   }
   for (const char* n : {"model.embed_tokens.weight", "model.layers.1.self_attn.o_proj.weight",
@@ -115,17 +123,17 @@ TEST(Hf, NamesMapBothWays) {
                         "model.norm.weight", "lm_head.weight"}) {
     EXPECT_TRUE(hf.count(n)) << n;
   }
-  EXPECT_EQ(train::hf_parameter_name("layers.0.ffn.w1.weight"), "model.layers.0.mlp.gate_proj.weight");
-  EXPECT_EQ(train::hf_parameter_name("layers.0.ffn.w3.weight"), "model.layers.0.mlp.up_proj.weight");
-  EXPECT_EQ(train::hf_parameter_name("layers.0.ffn.w2.weight"), "model.layers.0.mlp.down_proj.weight");
-  EXPECT_FALSE(train::loom_parameter_name("model.layers.0.self_attn.q_proj.bias"));
+  EXPECT_EQ(llama::hf_parameter_name("layers.0.ffn.w1.weight"), "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(llama::hf_parameter_name("layers.0.ffn.w3.weight"), "model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(llama::hf_parameter_name("layers.0.ffn.w2.weight"), "model.layers.0.mlp.down_proj.weight");
+  EXPECT_FALSE(llama::loom_parameter_name("model.layers.0.self_attn.q_proj.bias"));
 }
 
 TEST(Hf, ExportThenImportIsBitwiseIdentical) {
   TempDir tmp;
   const llama::Config c = small_config();
   llama::TransformerLM model(c, 7);
-  train::export_hf(model, nullptr, (tmp.dir / "hf").string());
+  models::export_hf(model, nullptr, (tmp.dir / "hf").string());
   for (const char* f : {"config.json", "model.safetensors", "generation_config.json"}) {
     EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
   }
@@ -151,16 +159,16 @@ TEST(Hf, ExportThenImportIsBitwiseIdentical) {
   expect_bitwise(file.tensor("model.layers.0.mlp.gate_proj.weight"), model.parameter("layers.0.ffn.w1.weight").value,
                  "gate_proj = w1");
 
-  train::HfImport back = train::import_hf((tmp.dir / "hf").string());
-  EXPECT_EQ(back.model->config().d_model, c.d_model);
-  EXPECT_EQ(back.model->config().rope_theta, c.rope_theta);
-  EXPECT_EQ(back.model->config().norm_eps, c.norm_eps);
-  EXPECT_EQ(back.model->config().context_length, c.context_length);
+  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
+  EXPECT_EQ(llama_of(*back.model).config().d_model, c.d_model);
+  EXPECT_EQ(llama_of(*back.model).config().rope_theta, c.rope_theta);
+  EXPECT_EQ(llama_of(*back.model).config().norm_eps, c.norm_eps);
+  EXPECT_EQ(llama_of(*back.model).config().context_length, c.context_length);
   auto a = model.parameters(), b = back.model->parameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) expect_bitwise(a[i]->value, b[i]->value, a[i]->name);
   Tensor ids = Tensor::from_vector<int32_t>({2, 6}, {1, 5, 9, 49, 0, 3, 7, 7, 2, 11, 30, 4});
-  expect_bitwise(model.forward(ids).detach(), back.model->forward(ids).detach(), "logits");
+  expect_bitwise(model.forward(ids).detach(), back.model->logits(ids).detach(), "logits");
 }
 
 namespace {
@@ -169,12 +177,12 @@ namespace {
 // 0's logits against the independent PyTorch forward, the eval loss over hf_data/val.bin, and that
 // exporting the import again gives back the fixture's tensors bit for bit. Returns the re-exported
 // config.json.
-nlohmann::json expect_matches_reference(const std::string& dir, const nlohmann::json& ref, train::HfImport& hf) {
-  hf = train::import_hf((kFixtures / dir).string());
+nlohmann::json expect_matches_reference(const std::string& dir, const nlohmann::json& ref, models::HfImport& hf) {
+  hf = models::import_hf((kFixtures / dir).string());
   const int64_t T = ref["window"].get<int64_t>();
   std::vector<int32_t> ids;
   for (auto v : ref["ids_window0"]) ids.push_back(v.get<int32_t>());
-  Tensor logits = hf.model->forward(Tensor::from_vector<int32_t>({1, T}, ids)).detach();
+  Tensor logits = hf.model->logits(Tensor::from_vector<int32_t>({1, T}, ids)).detach();
   const auto want = ref["logits_window0"].get<std::vector<double>>();
   EXPECT_EQ(static_cast<size_t>(logits.numel()), want.size());
   double max_err = 0;
@@ -188,7 +196,7 @@ nlohmann::json expect_matches_reference(const std::string& dir, const nlohmann::
   EXPECT_NEAR(r.loss, ref["loss"].get<double>(), 2e-5);
 
   TempDir tmp;
-  train::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
+  models::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
   auto original = io::load_safetensors((kFixtures / dir / "model.safetensors").string());
   auto again = io::load_safetensors((tmp.dir / "again" / "model.safetensors").string());
   EXPECT_EQ(original.size(), again.size());
@@ -203,17 +211,17 @@ nlohmann::json expect_matches_reference(const std::string& dir, const nlohmann::
 }  // namespace
 
 TEST(Hf, ForeignDirectoryMatchesAnIndependentPyTorchForward) {
-  train::HfImport hf;
+  models::HfImport hf;
   expect_matches_reference("hf_tiny", reference(), hf);
-  EXPECT_EQ(hf.model->config().rope_theta, 500.0f);
+  EXPECT_EQ(llama_of(*hf.model).config().rope_theta, 500.0f);
 }
 
 TEST(Hf, GroupedQueryDirectoryMatchesAnIndependentPyTorchForward) {
   // 4 query heads over 2 key/value heads, computed by make_hf_fixture.py as transformers' repeat_kv does.
   std::ifstream in(kFixtures / "hf_reference_gqa.json");
-  train::HfImport hf;
+  models::HfImport hf;
   nlohmann::json exported = expect_matches_reference("hf_tiny_gqa", nlohmann::json::parse(in), hf);
-  EXPECT_EQ(hf.model->config().kv_heads(), 2);
+  EXPECT_EQ(llama_of(*hf.model).config().kv_heads(), 2);
   EXPECT_EQ(hf.model->parameter("layers.0.attn.k_proj.weight").value.shape(), (Shape{16, 32}));
   EXPECT_EQ(exported["num_key_value_heads"].get<int64_t>(), 2);
 }
@@ -260,7 +268,7 @@ TEST(Hf, UnsupportedOptionsAreNamed) {
   };
   auto message = [](const std::string& dir) -> std::string {
     try {
-      train::import_hf(dir);
+      models::import_hf(dir);
     } catch (const Error& e) {
       return e.what();
     }
@@ -287,7 +295,7 @@ TEST(Hf, UnsupportedOptionsAreNamed) {
   all.erase("lm_head.weight");
   io::write_safetensors((tied / "model.safetensors").string(), all);
   fs::copy_file(kFixtures / "hf_tiny" / "config.json", tied / "config.json");
-  auto t = train::import_hf(tied.string());
+  auto t = models::import_hf(tied.string());
   expect_bitwise(t.model->parameter("lm_head.weight").value, all.at("model.embed_tokens.weight"), "tied head");
   EXPECT_FALSE(t.notes.empty());
 }
@@ -306,7 +314,7 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
   llama::Config c = small_config();
   c.vocab_size = static_cast<int64_t>(tok.vocab_size());
   llama::TransformerLM model(c, 3);
-  train::export_hf(model, &tok, (tmp.dir / "hf").string());
+  models::export_hf(model, &tok, (tmp.dir / "hf").string());
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
     EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
   }
@@ -318,7 +326,7 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
   auto cfg = nlohmann::json::parse(cfg_in);
   EXPECT_EQ(cfg["eos_token_id"].get<int64_t>(), static_cast<int64_t>(*tok.special_token_id("<|endoftext|>")));
 
-  train::HfImport back = train::import_hf((tmp.dir / "hf").string());
+  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
   ASSERT_TRUE(back.tokenizer.has_value());
   const std::string probe = "a single man, naïve <|endoftext|> café";
   EXPECT_EQ(back.tokenizer->encode(probe), tok.encode(probe));
@@ -334,7 +342,7 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
 TEST(Hf, ImportsBf16AndShardedDirectories) {
   TempDir tmp;
   auto all = io::load_safetensors((kFixtures / "hf_tiny" / "model.safetensors").string());
-  train::HfImport ref = train::import_hf((kFixtures / "hf_tiny").string());
+  models::HfImport ref = models::import_hf((kFixtures / "hf_tiny").string());
 
   // BF16 weights are widened to F32: the result equals the F32 fixture rounded to BF16 and back.
   fs::create_directories(tmp.dir / "bf16");
@@ -345,11 +353,11 @@ TEST(Hf, ImportsBf16AndShardedDirectories) {
   }
   io::write_safetensors((tmp.dir / "bf16" / "model.safetensors").string(), bf16);
   fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "bf16" / "config.json");
-  train::HfImport b = train::import_hf((tmp.dir / "bf16").string());
+  models::HfImport b = models::import_hf((tmp.dir / "bf16").string());
   fs::create_directories(tmp.dir / "rounded");
   io::write_safetensors((tmp.dir / "rounded" / "model.safetensors").string(), rounded);
   fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "rounded" / "config.json");
-  train::HfImport r = train::import_hf((tmp.dir / "rounded").string());
+  models::HfImport r = models::import_hf((tmp.dir / "rounded").string());
   for (nn::Parameter* p : b.model->parameters()) {
     expect_bitwise(p->value, r.model->parameter(p->name).value, "bf16 " + p->name);
   }
@@ -367,7 +375,7 @@ TEST(Hf, ImportsBf16AndShardedDirectories) {
   io::write_safetensors((tmp.dir / "sharded" / "model-00002-of-00002.safetensors").string(), second);
   std::ofstream(tmp.dir / "sharded" / "model.safetensors.index.json") << index.dump();
   fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "sharded" / "config.json");
-  train::HfImport s = train::import_hf((tmp.dir / "sharded").string());
+  models::HfImport s = models::import_hf((tmp.dir / "sharded").string());
   for (nn::Parameter* p : ref.model->parameters()) {
     expect_bitwise(p->value, s.model->parameter(p->name).value, "sharded " + p->name);
   }

@@ -45,6 +45,7 @@ class Fixture {
   }
   bool has(const std::string& name) const { return json_.contains(name); }
   const nlohmann::json& raw(const std::string& name) const { return json_.at(name); }
+  const nlohmann::json& raw_all() const { return json_; }
   Tensor get(const std::string& name) const {
     if (!json_.contains(name)) throw std::runtime_error("fixture " + path_ + " has no '" + name + "'");
     const auto& j = json_.at(name);

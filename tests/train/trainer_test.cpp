@@ -131,7 +131,7 @@ TEST(Trainer, DataErrorsNameTheKey) {
     EXPECT_NE(std::string(e.what()).find("data.train"), std::string::npos) << e.what();
   }
   config = run.config(5);
-  config.model.vocab_size = 32;  // the data holds ids up to 60
+  config.model = config.model.with("vocab_size", 32);  // the data holds ids up to 60
   try {
     train::Trainer t(config, (run.dir / "run").string());
     FAIL();

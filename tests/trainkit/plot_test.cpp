@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "train/metrics.h"
-#include "train/plot.h"
+#include "report/plot.h"
 
 namespace fs = std::filesystem;
 using namespace loom::train;

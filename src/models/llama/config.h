@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "core/error.h"
@@ -40,6 +41,11 @@ struct Config {
     LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
     LOOM_CHECK(rope_theta > 0, "model.rope_theta must be positive, got ", rope_theta);
   }
+
+  // The config's `model` section ("arch": "llama" and every key above), and back. from_json reads a
+  // complete section (ModelConfig merges defaults first) and validates it.
+  nlohmann::json to_json() const;
+  static Config from_json(const nlohmann::json& model);
 
   // Parameter counts, from the shapes the model creates.
   int64_t embedding_params() const { return vocab_size * d_model; }

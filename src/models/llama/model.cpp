@@ -13,7 +13,8 @@ const Config& validated(const Config& c) {
 }  // namespace
 
 TransformerLM::TransformerLM(const Config& config, uint64_t seed)
-    : config_(validated(config)),
+    : models::LanguageModel(models::ModelConfig::from_json(validated(config).to_json())),
+      config_(config),
       token_embeddings("token_embeddings", config.vocab_size, config.d_model, RngKey::from_seed(seed)),
       ln_final("ln_final", config.d_model, config.norm_eps),
       lm_head("lm_head", config.d_model, config.vocab_size, RngKey::from_seed(seed)) {
@@ -28,6 +29,12 @@ TransformerLM::TransformerLM(const Config& config, uint64_t seed)
   }
   add_child(&ln_final);
   add_child(&lm_head);
+  token_embeddings.weight.group = nn::ParamGroup::Embedding;
+  lm_head.weight.group = nn::ParamGroup::LmHead;
+  for (auto& layer : layers) {
+    layer->attn.output_proj.weight.group = nn::ParamGroup::DenseOut;
+    layer->ffn.w2.weight.group = nn::ParamGroup::DenseOut;
+  }
   positions_cache_ = Tensor::empty({config.context_length}, DType::I32);
   for (int64_t t = 0; t < config.context_length; ++t) positions_cache_.data<int32_t>()[t] = static_cast<int32_t>(t);
 }
@@ -70,7 +77,19 @@ generate::KVCache TransformerLM::make_cache(int64_t batch) const {
   return generate::KVCache(config_.num_layers, batch, config_.kv_heads(), config_.context_length, config_.head_dim());
 }
 
-Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
+Tensor TransformerLM::logits(const Tensor& ids, const models::ForwardContext&) const { return forward(ids); }
+
+std::unique_ptr<models::DecodeCache> TransformerLM::make_decode_cache(int64_t batch) const {
+  return std::make_unique<generate::KVCache>(make_cache(batch));
+}
+
+Tensor TransformerLM::decode(const Tensor& ids, models::DecodeCache& cache) const {
+  auto* kv = dynamic_cast<generate::KVCache*>(&cache);
+  LOOM_CHECK(kv != nullptr, "TransformerLM::decode: the cache was not made by this model's make_decode_cache");
+  return forward_cached(ids, *kv);
+}
+
+Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext&) const {
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
@@ -85,14 +104,6 @@ void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
     }
   }
   lm_head.precision = precision;
-}
-
-void TransformerLM::load_parameter(const std::string& name, const Tensor& values) {
-  nn::Parameter& p = parameter(name);
-  LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),
-             " but the given values have shape ", values.shape());
-  Tensor v = values.dtype() == p.value.dtype() ? values : values.to(p.value.dtype());
-  p.value.copy_from(v);
 }
 
 }  // namespace loom::llama

@@ -9,12 +9,14 @@
 #include <memory>
 #include <vector>
 
+#include "generate/kv_cache.h"
 #include "models/llama/config.h"
+#include "models/model.h"
 #include "nn/layers.h"
 
 namespace loom::llama {
 
-class TransformerLM : public nn::Module {
+class TransformerLM : public models::LanguageModel {
  public:
   // Draws every parameter from RngKey::from_seed(seed).fold_in(name).
   TransformerLM(const Config& config, uint64_t seed);
@@ -29,16 +31,17 @@ class TransformerLM : public nn::Module {
   Tensor forward_cached(const Tensor& ids, generate::KVCache& cache) const;
   // A cache sized for this model: capacity context_length.
   generate::KVCache make_cache(int64_t batch) const;
-  // Mean next-token cross-entropy of forward(ids) against targets i32 [B, T], through
-  // ops::linear_cross_entropy: the [B, T, V] logits and their gradient are never materialised.
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;
+
+  // models::LanguageModel. The Llama has no dropout: ctx changes nothing.
+  Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
+  // Mean next-token cross-entropy through ops::linear_cross_entropy: the [B, T, V] logits and their
+  // gradient are never materialised.
+  Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
+  std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
+  Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  void set_matmul_precision(ops::MatmulPrecision precision) override;
 
   const Config& config() const { return config_; }
-  // The arithmetic of every linear layer's GEMMs (f32, or bf16 mixed precision with f32 weights).
-  void set_matmul_precision(ops::MatmulPrecision precision);
-
-  // Copies `values` into the parameter of that name (shape must match), e.g. to load weights.
-  void load_parameter(const std::string& name, const Tensor& values);
 
   Config config_;
   nn::Embedding token_embeddings;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace loom::train {
+namespace loom::report {
 
 struct Series {
   std::string label;
@@ -36,4 +36,4 @@ std::string render_svg(const Chart& chart);
 // and <out_dir>/lr.svg (learning rate against step); out_dir defaults to run_dir. Returns the paths.
 std::vector<std::string> plot_run(const std::string& run_dir, const std::string& out_dir = "");
 
-}  // namespace loom::train
+}  // namespace loom::report

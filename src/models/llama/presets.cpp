@@ -1,19 +1,10 @@
-// The built-in presets, compiled in so that `--config tiny` works from any directory.
-// Generated from configs/*.json by tools/embed_presets.sh; tests/trainkit/config_test.cpp fails if a
-// copy here differs from its file, so edit the JSON file and rerun the script.
-#include <string>
-#include <vector>
+// The built-in presets of the llama family, compiled in so that `--config NAME` works from any
+// directory. Generated from configs/*.json by tools/embed_presets.sh; tests/trainkit/config_test.cpp
+// fails if a copy here differs from its file, so edit the JSON file and rerun the script.
+#include "models/llama/family.h"
 
-#include "core/error.h"
-#include "train/config.h"
-
-namespace loom::train {
+namespace loom::llama {
 namespace {
-
-struct Preset {
-  const char* name;
-  const char* text;
-};
 constexpr const char* kCs336Tinystories = R"json({
   "description": "CS336 assignment 1's TinyStories model: 4 layers, d_model 512, 16 heads, d_ff 1344, 327,680,000 training tokens.",
   "model": {
@@ -80,6 +71,8 @@ constexpr const char* kCs336Tinystories = R"json({
   }
 }
 )json";
+}  // namespace
+namespace {
 constexpr const char* kDefault = R"json({
   "description": "The default run: a small Llama-style model on Jane Austen's novels, a few minutes on 2 cores.",
   "model": {
@@ -146,6 +139,8 @@ constexpr const char* kDefault = R"json({
   }
 }
 )json";
+}  // namespace
+namespace {
 constexpr const char* kTiny = R"json({
   "description": "Tiny model for smoke tests and CI: tens of steps per second on 2 cores.",
   "model": {
@@ -212,27 +207,14 @@ constexpr const char* kTiny = R"json({
   }
 }
 )json";
-constexpr Preset kPresets[] = {
-    {"cs336-tinystories", kCs336Tinystories},
-    {"default", kDefault},
-    {"tiny", kTiny},
-};
-
 }  // namespace
 
-std::vector<std::string> preset_names() {
-  std::vector<std::string> names;
-  for (const auto& p : kPresets) names.emplace_back(p.name);
-  return names;
+std::vector<models::Preset> presets() {
+  return {
+      {"cs336-tinystories", kCs336Tinystories},
+      {"default", kDefault},
+      {"tiny", kTiny},
+  };
 }
 
-const char* preset_text(const std::string& name) {
-  for (const auto& p : kPresets) {
-    if (name == p.name) return p.text;
-  }
-  std::string known;
-  for (const auto& p : kPresets) known += (known.empty() ? "" : ", ") + std::string(p.name);
-  LOOM_FAIL("config: no preset named \"", name, "\" and no such file (presets: ", known, ")");
-}
-
-}  // namespace loom::train
+}  // namespace loom::llama

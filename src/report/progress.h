@@ -10,7 +10,10 @@
 
 #include "train/metrics.h"
 
-namespace loom::train {
+namespace loom::report {
+
+using train::TrainEvent;
+using train::ValEvent;
 
 enum class ProgressMode { Bar, Lines, None };
 // "auto" picks Bar when `out` is a terminal (isatty), Lines otherwise; "bar", "lines", "none" force.
@@ -59,4 +62,4 @@ class Progress {
   std::optional<double> last_val_;
 };
 
-}  // namespace loom::train
+}  // namespace loom::report

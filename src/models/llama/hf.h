@@ -1,5 +1,5 @@
-// Hugging Face Llama directories: export a loom model so that transformers loads it as LlamaForCausalLM,
-// and import such a directory (loom's, or one loom did not write) back into a loom model.
+// Hugging Face Llama directories: export a loom Llama so that transformers loads it as
+// LlamaForCausalLM, and import such a directory (loom's, or one loom did not write) back.
 //
 // Names (loom -> HF):
 //   token_embeddings.weight               model.embed_tokens.weight
@@ -16,21 +16,22 @@
 // same permutation. This is the inverse of the permute() in transformers'
 // models/llama/convert_llama_weights_to_hf.py (Meta's interleaved checkpoints -> HF).
 //
-// Supported on import: model_type "llama", hidden_act silu, no attention or MLP biases, no rope_scaling,
-// num_key_value_heads == num_attention_heads (loom has no grouped-query attention), head_dim =
-// hidden_size / num_attention_heads; tied embeddings are untied (lm_head = a copy of embed_tokens);
-// weights in model.safetensors or shards named by model.safetensors.index.json, as F32, BF16 or F16
-// (converted to F32). Anything else is an error naming the option.
+// Supported on import: model_type "llama", hidden_act silu, no attention or MLP biases, no rope scaling,
+// grouped-query attention (num_key_value_heads dividing num_attention_heads), head_dim =
+// hidden_size / num_attention_heads; RoPE θ from `rope_theta` (transformers 4) or
+// `rope_parameters.rope_theta` (transformers 5); tied embeddings are untied (lm_head = a copy of
+// embed_tokens); weights in model.safetensors or shards named by model.safetensors.index.json, as F32,
+// BF16 or F16 (converted to F32). Anything else that changes the model is an error naming the option.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <vector>
 
+#include "models/family.h"
 #include "models/llama/model.h"
-#include "tokenizer/tokenizer.h"
 
-namespace loom::train {
+namespace loom::llama {
 
 // w: [H*D, C] rows in loom's interleaved order per head -> HF's rotate-half order, and back.
 Tensor interleaved_to_rotate_half(const Tensor& w, int64_t num_heads);
@@ -41,18 +42,13 @@ Tensor rotate_half_to_interleaved(const Tensor& w, int64_t num_heads);
 std::string hf_parameter_name(const std::string& loom_name);
 std::optional<std::string> loom_parameter_name(const std::string& hf_name);
 
+// The loom config of an HF config.json (`path` names it in errors).
+Config config_from_hf(const nlohmann::json& hf_config, const std::string& path);
+
 // Writes config.json, model.safetensors (F32, HF names, q/k permuted), generation_config.json, and
-// with a tokenizer, tokenizer.json and tokenizer_config.json, into out_dir (created).
-void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* tok, const std::string& out_dir);
-
-struct HfImport {
-  std::unique_ptr<llama::TransformerLM> model;
-  std::optional<tokenizer::Tokenizer> tokenizer;
-  std::vector<std::string> notes;  // what was adapted or left out (tied head untied, tokenizer unreadable)
-};
+// with a tokenizer, tokenizer.json and tokenizer_config.json, into out_dir (which exists).
+void export_hf(const models::LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir);
 // Reads an HF Llama directory (see the supported options above).
-HfImport import_hf(const std::string& dir);
-// Whether `path` is a directory with an HF config.json.
-bool is_hf_dir(const std::string& path);
+models::HfImport import_hf(const std::string& dir, const nlohmann::json& hf_config);
 
-}  // namespace loom::train
+}  // namespace loom::llama

@@ -1,15 +1,18 @@
-#include "train/benchmark.h"
+#include "report/benchmark.h"
 
 #include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/peak.h"
 #include "core/parallel.h"
-#include "models/llama/model.h"
-#include "train/flops.h"
+#include "models/model.h"
+#include "models/stats.h"
 #include "train/optimizer.h"
 
-namespace loom::train {
+using loom::train::AdamW;
+using loom::train::AdamWOptions;
+
+namespace loom::report {
 
 std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
@@ -18,23 +21,23 @@ std::string TrainBenchResult::to_json() const {
   return j.dump();
 }
 
-TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOptions& options) {
-  config.validate();
+TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBenchOptions& options) {
   LOOM_CHECK(options.batch_size > 0, "bench: batch size must be positive, got ", options.batch_size);
   LOOM_CHECK(options.steps > 0, "bench: steps must be positive, got ", options.steps);
   if (options.threads > 0) set_num_threads(options.threads);
   const int threads = num_threads();
 
-  llama::TransformerLM model(config, options.seed);
+  std::unique_ptr<models::LanguageModel> built = config.build(options.seed);
+  models::LanguageModel& model = *built;
   if (options.bf16) model.set_matmul_precision(ops::MatmulPrecision::BF16);
   AdamW optimizer(model.parameters(), AdamWOptions{.lr = 1e-3f, .weight_decay = 0.1f});
-  const int64_t B = options.batch_size, T = config.context_length;
+  const int64_t B = options.batch_size, T = config.context_length();
   // Synthetic tokens: targets are the next token of a random stream, so the loss can fall.
   Tensor stream = Tensor::empty({B * (T + 1)}, DType::I32);
   RngKey key = RngKey::from_seed(options.seed).fold_in("bench-data");
   for (int64_t i = 0; i < stream.numel(); ++i) {
     stream.data<int32_t>()[i] = static_cast<int32_t>(random_bits(key, static_cast<uint64_t>(i)) %
-                                                     static_cast<uint32_t>(config.vocab_size));
+                                                     static_cast<uint32_t>(config.vocab_size()));
   }
   Tensor ids = Tensor::empty({B, T}, DType::I32), targets = Tensor::empty({B, T}, DType::I32);
   for (int64_t b = 0; b < B; ++b) {
@@ -49,7 +52,7 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
     optimizer.zero_grad();
     Tensor loss = model.loss(ids, targets);
     loss.backward();
-    clip_grad_norm(gradients_of(model.parameters()), 1.0);
+    train::clip_grad_norm(train::gradients_of(model.parameters()), 1.0);
     optimizer.step();
     loss_value = loss.item();
   };
@@ -61,8 +64,9 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
   TrainBenchResult r;
   r.threads = threads;
   r.precision = options.bf16 ? "bf16" : "f32";
-  r.params = config.total_params();
-  r.flops_per_token = palm_train_flops_per_token(config);
+  const models::ModelStats stats = config.stats();
+  r.params = stats.total_params;
+  r.flops_per_token = stats.palm_flops_per_token();
   r.ms_per_step = seconds * 1e3 / static_cast<double>(options.steps);
   r.tokens_per_s = static_cast<double>(B * T * options.steps) / seconds;
   r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;
@@ -72,4 +76,4 @@ TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOption
   return r;
 }
 
-}  // namespace loom::train
+}  // namespace loom::report

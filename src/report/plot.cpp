@@ -1,4 +1,4 @@
-#include "train/plot.h"
+#include "report/plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,8 @@
 #include "core/error.h"
 #include "train/metrics.h"
 
-namespace loom::train {
+namespace loom::report {
+using namespace loom::train;  // metrics events
 namespace fs = std::filesystem;
 
 namespace {
@@ -250,4 +251,4 @@ std::vector<std::string> plot_run(const std::string& run_dir, const std::string&
   return written;
 }
 
-}  // namespace loom::train
+}  // namespace loom::report

@@ -1,16 +1,16 @@
 // `loom bench`: full training steps on synthetic tokens, and the FMA peak MFU is measured against.
 //
 // FLOPs per token follow PaLM (Chowdhery et al. 2022, appendix B): 6N + 12·L·d·T, with N the
-// parameters that take part in matrix multiplies (all but the token-embedding table: the untied
-// lm_head counts) and the second term the attention scores and values, counted for the full T×T square.
+// parameters that take part in matrix multiplies (all but lookup tables; the head counts, tied or not)
+// and the second term the attention scores and values, counted for the full T×T square (models/stats.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "models/llama/config.h"
+#include "models/model_config.h"
 
-namespace loom::train {
+namespace loom::report {
 
 struct TrainBenchOptions {
   int64_t batch_size = 8;
@@ -35,6 +35,6 @@ struct TrainBenchResult {
   std::string to_json() const;
 };
 
-TrainBenchResult bench_train(const llama::Config& config, const TrainBenchOptions& options);
+TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBenchOptions& options);
 
-}  // namespace loom::train
+}  // namespace loom::report

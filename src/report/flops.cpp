@@ -1,4 +1,4 @@
-#include "train/flops.h"
+#include "report/flops.h"
 
 #include <cstdio>
 #include <fstream>
@@ -7,38 +7,9 @@
 #include <thread>
 
 #include "train/config.h"
-#include "train/progress.h"
+#include "report/progress.h"
 
-namespace loom::train {
-
-ChinchillaForward chinchilla_forward(const llama::Config& c, int ffn_matrices) {
-  const double T = static_cast<double>(c.context_length), V = static_cast<double>(c.vocab_size);
-  const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.num_heads);
-  const double HD = H * static_cast<double>(c.head_dim()), F = static_cast<double>(c.d_ff);
-  const double KVD = static_cast<double>(c.kv_heads() * c.head_dim());  // width of k and of v
-  ChinchillaForward f;
-  f.embeddings = 2 * T * V * d;
-  f.attention_qkv = 2 * T * d * (HD + 2 * KVD);
-  f.attention_logits = 2 * T * T * HD;
-  f.attention_softmax = 3 * H * T * T;
-  f.attention_reduce = 2 * T * T * HD;
-  f.attention_project = 2 * T * HD * d;
-  f.dense = 2 * T * (ffn_matrices * d * F);
-  f.logits = 2 * T * d * V;
-  return f;
-}
-
-double chinchilla_train_flops_per_token(const llama::Config& c, int ffn_matrices) {
-  return 3 * chinchilla_forward(c, ffn_matrices).total(c.num_layers) / static_cast<double>(c.context_length);
-}
-
-double palm_train_flops_per_token(const llama::Config& c) {
-  return 6.0 * static_cast<double>(c.non_embedding_params()) +
-         12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.d_model) *
-             static_cast<double>(c.context_length);
-}
-
-double chinchilla_optimal_tokens(int64_t params) { return 20.0 * static_cast<double>(params); }
+namespace loom::report {
 
 double estimate_cpu_peak_flops(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -67,18 +38,17 @@ double estimate_cpu_peak_flops(int threads) {
   return threads * mhz * 1e6 * per_cycle;
 }
 
-FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens_per_s,
-                         std::optional<double> peak_flops) {
+FlopsReport flops_report(const train::TrainConfig& config, std::optional<double> tokens_per_s,
+                         std::optional<double> peak_flops, std::optional<int64_t> tokens) {
   FlopsReport r;
-  r.model = config.model;
-  r.total_params = config.model.total_params();
-  r.non_embedding_params = config.model.non_embedding_params();
-  r.palm_per_token = palm_train_flops_per_token(config.model);
-  r.chinchilla_terms = chinchilla_forward(config.model);
-  r.chinchilla_per_token = chinchilla_train_flops_per_token(config.model);
-  r.chinchilla_optimal_tokens = chinchilla_optimal_tokens(r.total_params);
-  r.run_tokens = config.training.max_steps * config.tokens_per_step();
+  r.arch = config.model.arch();
+  r.stats = config.model.stats();
+  r.palm_per_token = r.stats.palm_flops_per_token();
+  r.chinchilla_per_token = r.stats.chinchilla_flops_per_token();
+  r.chinchilla_optimal_tokens = models::chinchilla_optimal_tokens(r.stats.total_params);
+  r.run_tokens = tokens ? *tokens : config.training.max_steps * config.tokens_per_step();
   r.run_flops = static_cast<double>(r.run_tokens) * r.palm_per_token;
+  r.run_flops_chinchilla = models::chinchilla_train_flops_exact(r.stats, r.run_tokens);
   r.peak_flops = peak_flops                          ? *peak_flops
                  : config.logging.peak_flops > 0 ? config.logging.peak_flops
                                                  : estimate_cpu_peak_flops(static_cast<int>(config.training.threads));
@@ -89,6 +59,16 @@ FlopsReport flops_report(const TrainConfig& config, std::optional<double> tokens
     r.chinchilla_optimal_seconds = r.chinchilla_optimal_tokens / *tokens_per_s;
   }
   return r;
+}
+
+std::string with_commas(const std::string& digits) {
+  std::string out;
+  const size_t n = digits.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0 && (n - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 namespace {
@@ -111,29 +91,33 @@ std::string sci(double v) {
 }  // namespace
 
 std::string format_flops_report(const FlopsReport& r) {
-  const auto& m = r.model;
+  const models::ModelStats& m = r.stats;
   const double L = static_cast<double>(m.num_layers), T = static_cast<double>(m.context_length);
   std::ostringstream o;
-  o << "model: vocab_size=" << m.vocab_size << " context_length=" << m.context_length << " d_model=" << m.d_model
-    << " num_layers=" << m.num_layers << " num_heads=" << m.num_heads << " num_kv_heads=" << m.kv_heads()
-    << " d_ff=" << m.d_ff << "\n";
-  o << "parameters: " << r.total_params << " total (" << si(static_cast<double>(r.total_params)) << "), "
-    << r.non_embedding_params << " non-embedding (" << si(static_cast<double>(r.non_embedding_params)) << ")\n";
+  o << "model: " << r.arch << " " << m.description << "\n";
+  o << "parameters: " << with_commas(std::to_string(m.total_params)) << " total ("
+    << si(static_cast<double>(m.total_params)) << "), " << with_commas(std::to_string(m.matmul_params))
+    << " in matrix multiplies (" << si(static_cast<double>(m.matmul_params)) << ")\n";
   o << "training FLOPs per token:\n";
-  o << "  6N + 12*L*d*T (PaLM, N non-embedding): " << sci(r.palm_per_token) << "  (6N "
-    << sci(6.0 * static_cast<double>(r.non_embedding_params)) << " + attention "
-    << sci(12.0 * L * static_cast<double>(m.d_model) * T) << ")\n";
-  const auto& c = r.chinchilla_terms;
-  o << "  Chinchilla appendix F (3 x forward):   " << sci(r.chinchilla_per_token)
-    << "  (dense block counted with SwiGLU's 3 matrices)\n";
+  o << "  6N + 12*L*d*T (PaLM, N in matmuls):  " << sci(r.palm_per_token) << "  (6N "
+    << sci(6.0 * static_cast<double>(m.matmul_params)) << " + attention "
+    << sci(12.0 * L * static_cast<double>(m.attention_width) * T) << ")\n";
+  const auto& c = m.chinchilla;
+  o << "  Chinchilla appendix F (3 x forward): " << sci(r.chinchilla_per_token) << "  (" << m.chinchilla_note
+    << ")\n";
   o << "    forward per token: embeddings " << sci(c.embeddings / T) << ", attention " << sci(L * c.attention() / T)
     << ", dense " << sci(L * c.dense / T) << ", logits " << sci(c.logits / T) << "\n";
-  o << "Chinchilla-optimal tokens (20 per parameter): " << si(r.chinchilla_optimal_tokens) << "\n";
+  o << "decoding cache: " << m.kv_cache_floats_per_token << " numbers per token (all layers)\n";
+  o << "Chinchilla-optimal tokens (20 per parameter): "
+    << with_commas(std::to_string(static_cast<int64_t>(r.chinchilla_optimal_tokens))) << " ("
+    << si(r.chinchilla_optimal_tokens) << ")\n";
   char ratio[32];
   std::snprintf(ratio, sizeof(ratio), "%.3g",
                 r.chinchilla_optimal_tokens > 0 ? static_cast<double>(r.run_tokens) / r.chinchilla_optimal_tokens : 0);
-  o << "this run: " << si(static_cast<double>(r.run_tokens)) << " tokens (" << ratio << " x Chinchilla-optimal), "
-    << sci(r.run_flops) << " FLOPs (6N + attention)\n";
+  o << "this run: " << with_commas(std::to_string(r.run_tokens)) << " tokens (" << ratio
+    << " x Chinchilla-optimal)\n";
+  o << "  training FLOPs, Chinchilla appendix F: " << with_commas(r.run_flops_chinchilla) << "\n";
+  o << "  training FLOPs, 6N + attention:        " << sci(r.run_flops) << "\n";
   if (r.tokens_per_s) {
     o << "at " << si(*r.tokens_per_s) << " tokens/s: this run " << format_duration(*r.run_seconds)
       << ", Chinchilla-optimal " << format_duration(*r.chinchilla_optimal_seconds) << "; "
@@ -148,8 +132,11 @@ std::string format_flops_report(const FlopsReport& r) {
 }
 
 nlohmann::json to_json(const FlopsReport& r) {
-  nlohmann::json j{{"total_params", r.total_params},
-                   {"non_embedding_params", r.non_embedding_params},
+  nlohmann::json j{{"arch", r.arch},
+                   {"total_params", r.stats.total_params},
+                   {"matmul_params", r.stats.matmul_params},
+                   {"kv_cache_floats_per_token", r.stats.kv_cache_floats_per_token},
+                   {"run_flops_chinchilla", r.run_flops_chinchilla},
                    {"palm_flops_per_token", r.palm_per_token},
                    {"chinchilla_flops_per_token", r.chinchilla_per_token},
                    {"chinchilla_optimal_tokens", r.chinchilla_optimal_tokens},
@@ -165,4 +152,4 @@ nlohmann::json to_json(const FlopsReport& r) {
   return j;
 }
 
-}  // namespace loom::train
+}  // namespace loom::report

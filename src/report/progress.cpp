@@ -1,4 +1,4 @@
-#include "train/progress.h"
+#include "report/progress.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace loom::train {
+namespace loom::report {
 
 ProgressMode progress_mode_from_name(const std::string& setting, std::FILE* out) {
   if (setting == "bar") return ProgressMode::Bar;
@@ -150,4 +150,4 @@ void Progress::draw_bar() {
   bar_visible_ = true;
 }
 
-}  // namespace loom::train
+}  // namespace loom::report

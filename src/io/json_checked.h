@@ -1,0 +1,19 @@
+// Merging user JSON into defaults, key by key and type by type: what config files and model sections
+// are checked with. An unknown key lists the valid ones; a wrong type names the key and the value:
+//   config: unknown key model.d_modle (model has: arch, vocab_size, context_length, ...)
+//   config: optimizer.lr must be a number, got "abc"
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace loom::io {
+
+// Merges `overlay` into `base`, which holds every allowed key with a default of the right type
+// (objects are merged recursively). `prefix` is the dotted path of `base` in messages ("" for the top).
+void merge_checked(nlohmann::json& base, const nlohmann::json& overlay, const std::string& prefix);
+
+// A JSON value for an error message: its dump, cut to `max_chars` with "..." (a value can be megabytes).
+std::string quote_json(const nlohmann::json& value, size_t max_chars = 80);
+
+}  // namespace loom::io

@@ -1,0 +1,60 @@
+// A model family's registration: how to check, build, count and convert models of one `arch`.
+//
+// Each family defines one Family in src/models/<family>/family.cpp; src/models/registry.cpp lists them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "models/stats.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom::models {
+
+// What a Hugging Face import produced.
+struct HfImport {
+  std::unique_ptr<LanguageModel> model;
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  std::vector<std::string> notes;  // what was adapted or left out
+};
+
+// A built-in training config (the JSON text of configs/<name>.json, compiled in).
+struct Preset {
+  const char* name;
+  const char* text;
+};
+
+struct Family {
+  std::string arch;     // model.arch: "llama", "gpt2"
+  std::string summary;  // one line for listings
+
+  // Every key of the model section with its default value, "arch" included. Config files are checked
+  // against it key by key and type by type.
+  nlohmann::json defaults;
+  // Checks a complete model section; throws loom::Error naming "model.<key>" and the value.
+  std::function<void(const nlohmann::json& model)> validate;
+  std::function<std::unique_ptr<LanguageModel>(const ModelConfig& config, uint64_t seed)> build;
+  std::function<ModelStats(const nlohmann::json& model)> stats;
+
+  // Hugging Face: the config.json model_type this family reads, and the converters.
+  std::string hf_model_type;
+  std::function<void(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir)> export_hf;
+  std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf;
+
+  // Built-in presets of this family (generated from configs/*.json by tools/embed_presets.sh).
+  std::vector<Preset> presets;
+};
+
+// The registered families, in registration order.
+const std::vector<const Family*>& families();
+// The family of `arch`; throws naming it and the known families.
+const Family& family(const std::string& arch);
+// The family whose hf_model_type is `model_type`, if any.
+const Family* family_for_hf(const std::string& model_type);
+
+}  // namespace loom::models

@@ -1,0 +1,172 @@
+#include "models/gpt2/model.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "ops/activation.h"
+#include "ops/elementwise.h"
+#include "ops/loss.h"
+
+namespace loom::gpt2 {
+
+namespace {
+
+constexpr float kInitStd = 0.02f;
+
+const Config& validated(const Config& c) {
+  c.validate();
+  return c;
+}
+
+// The residual output projections' std: 0.02 / sqrt(2 * layers) (GPT-2 paper, section 2.3).
+nn::Init residual_init(const Config& c) {
+  return nn::Init::normal(kInitStd / std::sqrt(2.0f * static_cast<float>(c.num_layers)));
+}
+
+nn::AttentionOptions attention_options(const Config& c) {
+  nn::AttentionOptions o;
+  o.qkv_bias = c.qkv_bias;
+  o.output_bias = c.output_proj_bias;
+  o.init = nn::Init::normal(kInitStd);
+  o.output_init = residual_init(c);
+  return o;
+}
+
+Tensor dropout_at(const Tensor& x, float p, const models::ForwardContext& ctx, RngKey site) {
+  if (!ctx.training || p == 0) return x;
+  return ops::dropout(x, p, site, /*training=*/true);
+}
+
+}  // namespace
+
+Mlp::Mlp(const std::string& name, const Config& c, RngKey key)
+    : fc(nn::join(name, "fc"), c.d_model, c.ffn_dim(), key, nn::Init::normal(kInitStd), /*bias=*/true),
+      proj(nn::join(name, "proj"), c.ffn_dim(), c.d_model, key, residual_init(c), /*bias=*/true) {
+  proj.weight.group = nn::ParamGroup::DenseOut;
+  add_child(&fc);
+  add_child(&proj);
+}
+
+Tensor Mlp::forward(const Tensor& x) const {
+  return proj.forward(ops::gelu(fc.forward(x), ops::GeluApproximation::Tanh));
+}
+
+Block::Block(const std::string& name, const Config& c, RngKey key)
+    : ln1(nn::join(name, "ln1"), c.d_model, c.norm_eps),
+      attn(nn::join(name, "attn"), c.d_model, c.num_heads, key, attention_options(c)),
+      ln2(nn::join(name, "ln2"), c.d_model, c.norm_eps),
+      mlp(nn::join(name, "mlp"), c, key) {
+  add_child(&ln1);
+  add_child(&attn);
+  add_child(&ln2);
+  add_child(&mlp);
+}
+
+Tensor Block::forward(const Tensor& x, const models::ForwardContext& ctx, int64_t layer, float p) const {
+  const RngKey key = ctx.dropout_key.fold_in(static_cast<uint64_t>(layer));
+  nn::AttentionDropout attn_dropout;
+  if (ctx.training) attn_dropout = {p, key.fold_in("attn_probs")};
+  Tensor h = ops::add(x, dropout_at(attn.forward(ln1.forward(x), Tensor(), attn_dropout), p, ctx,
+                                    key.fold_in("attn_out")));
+  return ops::add(h, dropout_at(mlp.forward(ln2.forward(h)), p, ctx, key.fold_in("mlp_out")));
+}
+
+Tensor Block::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const {
+  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
+  return ops::add(h, mlp.forward(ln2.forward(h)));
+}
+
+GPT2::GPT2(const Config& config, uint64_t seed)
+    : models::LanguageModel(models::ModelConfig::from_json(validated(config).to_json())),
+      config_(config),
+      token_embeddings("token_embeddings", config.vocab_size, config.d_model, RngKey::from_seed(seed),
+                       nn::Init::normal(kInitStd), nn::ParamGroup::Embedding),
+      position_embeddings("position_embeddings", config.context_length, config.d_model, RngKey::from_seed(seed),
+                          nn::Init::normal(kInitStd), nn::ParamGroup::Position),
+      ln_final("ln_final", config.d_model, config.norm_eps) {
+  const RngKey key = RngKey::from_seed(seed);
+  add_child(&token_embeddings);
+  add_child(&position_embeddings);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    layers.push_back(std::make_unique<Block>("layers." + std::to_string(i), config, key));
+    add_child(layers.back().get());
+  }
+  add_child(&ln_final);
+  if (!config.tie_embeddings) {
+    lm_head = std::make_unique<nn::Linear>("lm_head", config.d_model, config.vocab_size, key,
+                                           nn::Init::normal(kInitStd), /*bias=*/false);
+    lm_head->weight.group = nn::ParamGroup::LmHead;
+    add_child(lm_head.get());
+  }
+}
+
+const Tensor& GPT2::head_weight() const {
+  return lm_head ? lm_head->weight.value : token_embeddings.weight.value;
+}
+
+Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContext& ctx) const {
+  check_dtype(ids, DType::I32, "GPT2", "ids");
+  check_ndim(ids, 2, "GPT2", "ids");
+  const int64_t B = ids.size(0), t = ids.size(1);
+  LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "GPT2: positions ", start, "..", start + t - 1,
+             " pass the context_length ", config_.context_length, " (GPT-2's positions are learned up to it)");
+  // Position ids [B, t]: one lookup gives [B, t, C], so the sum needs no broadcast and the backward of
+  // the position table sums over the batch in the embedding's fixed order.
+  Tensor positions = Tensor::empty({B, t}, DType::I32);
+  int32_t* p = positions.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < t; ++i) p[b * t + i] = static_cast<int32_t>(start + i);
+  }
+  Tensor x = ops::add(token_embeddings.forward(ids), position_embeddings.forward(positions));
+  return dropout_at(x, config_.dropout, ctx, ctx.dropout_key.fold_in("embeddings"));
+}
+
+Tensor GPT2::hidden(const Tensor& ids, const models::ForwardContext& ctx) const {
+  Tensor x = embed(ids, 0, ctx);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(x, ctx, static_cast<int64_t>(i), config_.dropout);
+  return ln_final.forward(x);
+}
+
+Tensor GPT2::logits(const Tensor& ids, const models::ForwardContext& ctx) const {
+  return ops::linear(hidden(ids, ctx), head_weight(), Tensor(), ops::WeightLayout::OutIn, head_precision);
+}
+
+Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
+  LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "GPT2::loss: targets ", targets.describe(),
+             " do not match ids ", ids.describe());
+  // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist. A
+  // tied head's gradient adds to the embedding's through the shared leaf.
+  return ops::linear_cross_entropy(hidden(ids, ctx), head_weight(), targets, -100, head_precision);
+}
+
+std::unique_ptr<models::DecodeCache> GPT2::make_decode_cache(int64_t batch) const {
+  return std::make_unique<generate::KVCache>(config_.num_layers, batch, config_.num_heads, config_.context_length,
+                                             config_.head_dim());
+}
+
+Tensor GPT2::decode(const Tensor& ids, models::DecodeCache& cache_base) const {
+  auto* cache = dynamic_cast<generate::KVCache*>(&cache_base);
+  LOOM_CHECK(cache != nullptr, "GPT2::decode: the cache was not made by this model's make_decode_cache");
+  autograd::NoGradGuard no_grad;
+  const int64_t start = cache->length();
+  Tensor x = embed(ids, start, {});
+  const int64_t t = ids.size(1);
+  Tensor positions = Tensor::empty({t}, DType::I32);  // unused without RoPE, passed for the interface
+  for (int64_t i = 0; i < t; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(start + i);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, positions, *cache, static_cast<int64_t>(i));
+  cache->advance(t);
+  return ops::linear(ln_final.forward(x), head_weight(), Tensor(), ops::WeightLayout::OutIn, head_precision);
+}
+
+void GPT2::set_matmul_precision(ops::MatmulPrecision precision) {
+  for (auto& layer : layers) {
+    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
+                          &layer->mlp.fc, &layer->mlp.proj}) {
+      l->precision = precision;
+    }
+  }
+  if (lm_head) lm_head->precision = precision;
+  head_precision = precision;
+}
+
+}  // namespace loom::gpt2

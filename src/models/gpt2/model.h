@@ -1,0 +1,78 @@
+// The GPT-2 language model (models/gpt2/config.h has the architecture).
+//
+// Legend: B batch, T sequence, C d_model, F d_ff, V vocab.
+// Parameter names (Linear weights [out, in]):
+//   token_embeddings.weight [V, C], position_embeddings.weight [context_length, C]
+//   layers.{i}.ln1.{weight,bias}, layers.{i}.ln2.{weight,bias}                      [C]
+//   layers.{i}.attn.{q,k,v}_proj.weight [C, C] (+ .bias [C] with qkv_bias)
+//   layers.{i}.attn.output_proj.weight [C, C] (+ .bias [C] with output_proj_bias)
+//   layers.{i}.mlp.fc.{weight [F, C], bias [F]}, layers.{i}.mlp.proj.{weight [C, F], bias [C]}
+//   ln_final.{weight,bias}, lm_head.weight [V, C] (absent when tied)
+// Initialisation (GPT-2 / nanoGPT): every matrix and embedding normal(0, 0.02), the two residual output
+// projections (attn.output_proj, mlp.proj) normal(0, 0.02 / sqrt(2 * num_layers)), biases zero,
+// LayerNorm gains one.
+// Dropout (training only) at the sites of the GPT-2 code: after the embeddings' sum, on the attention
+// probabilities, and on each residual branch before its add; the mask of a site is drawn from
+// ctx.dropout_key folded with the layer and the site's name, so it depends on nothing else.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "generate/kv_cache.h"
+#include "models/gpt2/config.h"
+#include "models/model.h"
+#include "nn/layers.h"
+
+namespace loom::gpt2 {
+
+// fc -> GELU (tanh) -> proj, with biases.
+class Mlp : public nn::Module {
+ public:
+  Mlp(const std::string& name, const Config& c, RngKey key);
+  Tensor forward(const Tensor& x) const;  // x: [..., C]
+  nn::Linear fc, proj;
+};
+
+// x + drop(attn(ln1(x))), then + drop(mlp(ln2(.))).
+class Block : public nn::Module {
+ public:
+  Block(const std::string& name, const Config& c, RngKey key);
+  Tensor forward(const Tensor& x, const models::ForwardContext& ctx, int64_t layer, float dropout) const;
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  nn::LayerNorm ln1;
+  nn::MultiHeadSelfAttention attn;
+  nn::LayerNorm ln2;
+  Mlp mlp;
+};
+
+class GPT2 : public models::LanguageModel {
+ public:
+  GPT2(const Config& config, uint64_t seed);
+
+  // The final hidden states ln_final(...) [B, T, C].
+  Tensor hidden(const Tensor& ids, const models::ForwardContext& ctx = {}) const;
+  // The head's weight [V, C]: lm_head, or the token embedding when tied.
+  const Tensor& head_weight() const;
+
+  Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
+  Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
+  std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
+  Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  void set_matmul_precision(ops::MatmulPrecision precision) override;
+
+  const Config& config() const { return config_; }
+
+  Config config_;
+  nn::Embedding token_embeddings, position_embeddings;
+  std::vector<std::unique_ptr<Block>> layers;
+  nn::LayerNorm ln_final;
+  std::unique_ptr<nn::Linear> lm_head;  // null when tied
+  ops::MatmulPrecision head_precision = ops::MatmulPrecision::F32;
+
+ private:
+  // x = drop(wte[ids] + wpe[positions]): [B, t, C] for positions start..start+t-1.
+  Tensor embed(const Tensor& ids, int64_t start, const models::ForwardContext& ctx) const;
+};
+
+}  // namespace loom::gpt2

@@ -1,0 +1,19 @@
+#include "models/model.h"
+
+namespace loom::models {
+
+void LanguageModel::load_parameter(const std::string& name, const Tensor& values) {
+  nn::Parameter& p = parameter(name);
+  LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),
+             " but the given values have shape ", values.shape());
+  Tensor v = values.dtype() == p.value.dtype() ? values : values.to(p.value.dtype());
+  p.value.copy_from(v);
+}
+
+int64_t LanguageModel::num_parameters() {
+  int64_t n = 0;
+  for (nn::Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+}  // namespace loom::models

@@ -1,0 +1,73 @@
+// The model interface: what the trainer, checkpoints, evaluation, generation, benchmarks, the CLI and
+// Python know about a model, whatever its family (llama, gpt2, ...).
+//
+// A family lives in src/models/<family>/ and implements LanguageModel plus a Family record (family.h)
+// that builds it from the `model` section of a config. Nothing outside a family's folder names its
+// classes; the one line that registers it is in src/models/registry.cpp.
+//
+// Legend: B batch, T sequence, V vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "models/decode_cache.h"
+#include "models/model_config.h"
+#include "models/stats.h"
+#include "nn/parameter.h"
+#include "ops/matmul.h"
+
+namespace loom::models {
+
+// What one forward pass is for. Dropout is on only when training; its masks are drawn from
+// dropout_key, which the trainer derives from (seed, step, micro-batch), and each site folds in its
+// layer and name, so masks do not depend on threads and repeat exactly after a resume.
+struct ForwardContext {
+  bool training = false;
+  RngKey dropout_key;
+
+  static ForwardContext train(RngKey key) { return {true, key}; }
+};
+
+class LanguageModel : public nn::Module {
+ public:
+  explicit LanguageModel(ModelConfig config) : model_config_(std::move(config)) {}
+
+  // The `model` section this model was built from (family, shapes, options).
+  const ModelConfig& model_config() const { return model_config_; }
+  const std::string& arch() const { return model_config_.arch(); }
+  int64_t vocab_size() const { return model_config_.vocab_size(); }
+  int64_t context_length() const { return model_config_.context_length(); }
+
+  // ids: i32 [B, T], T <= context_length. Returns logits [B, T, V].
+  virtual Tensor logits(const Tensor& ids, const ForwardContext& ctx = {}) const = 0;
+  // Mean next-token cross-entropy of the logits of `ids` against targets i32 [B, T]; differentiable.
+  virtual Tensor loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx = {}) const = 0;
+
+  // Incremental decoding, no autodiff: ids [B, t] follow the cache's contents; returns their logits
+  // [B, t, V] and appends them to the cache.
+  virtual std::unique_ptr<DecodeCache> make_decode_cache(int64_t batch) const = 0;
+  virtual Tensor decode(const Tensor& ids, DecodeCache& cache) const = 0;
+
+  // The arithmetic of the model's GEMMs (f32, or bf16 operands with f32 accumulation and weights).
+  virtual void set_matmul_precision(ops::MatmulPrecision precision) = 0;
+
+  // Copies `values` into the parameter of that name; its shape must match (dtype is converted).
+  void load_parameter(const std::string& name, const Tensor& values);
+  // Total number of parameter elements.
+  int64_t num_parameters();
+
+  // Backward writes the parameters' gradients: callers that may compute gradients of one model from
+  // several threads (the Python module releases the GIL) hold this lock for forward + backward.
+  std::mutex& backward_mutex() const { return backward_mutex_; }
+
+ private:
+  ModelConfig model_config_;
+  mutable std::mutex backward_mutex_;
+};
+
+}  // namespace loom::models

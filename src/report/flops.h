@@ -1,0 +1,54 @@
+// `loom flops`: parameters, training FLOPs per token, the Chinchilla-optimal token count, and time
+// estimates, for any family (the formulas per family: models/stats.h and Family::stats).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+#include "models/stats.h"
+
+namespace loom::train {
+struct TrainConfig;
+}
+
+namespace loom::report {
+
+// Model FLOPs utilisation: achieved FLOP/s over the peak.
+inline double mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
+  return peak_flops > 0 ? flops_per_token * tokens_per_s / peak_flops : 0.0;
+}
+
+// A rough fp32 peak for `threads` cores of this CPU: cores × clock × FLOPs/cycle, with 64 FLOPs/cycle
+// for AVX-512 (two 16-lane FMA units), 32 for AVX2+FMA, 8 otherwise; the clock is /proc/cpuinfo's
+// "cpu MHz" (2 GHz if absent). An estimate for MFU, not a measurement: set logging.peak_flops to override.
+double estimate_cpu_peak_flops(int threads);
+
+struct FlopsReport {
+  std::string arch;
+  models::ModelStats stats;
+  double palm_per_token = 0;
+  double chinchilla_per_token = 0;
+  double chinchilla_optimal_tokens = 0;
+  int64_t run_tokens = 0;          // --tokens, or max_steps × tokens_per_step
+  double run_flops = 0;            // run_tokens × palm_per_token
+  std::string run_flops_chinchilla;  // exact integer: 3 × forward per sequence × run_tokens / T
+  std::optional<double> tokens_per_s;
+  std::optional<double> run_seconds;                 // run_tokens / tokens_per_s
+  std::optional<double> chinchilla_optimal_seconds;  // optimal tokens / tokens_per_s
+  double peak_flops = 0;                              // logging.peak_flops, or the CPU estimate
+  std::optional<double> mfu;                          // at tokens_per_s, PaLM FLOPs over peak_flops
+};
+
+// peak_flops: the MFU denominator; when absent, logging.peak_flops or else estimate_cpu_peak_flops.
+// tokens: the run's training tokens; when absent, max_steps × tokens_per_step.
+FlopsReport flops_report(const train::TrainConfig& config, std::optional<double> tokens_per_s = std::nullopt,
+                         std::optional<double> peak_flops = std::nullopt, std::optional<int64_t> tokens = std::nullopt);
+std::string format_flops_report(const FlopsReport& r);
+nlohmann::json to_json(const FlopsReport& r);
+
+// 1234567 -> "1,234,567".
+std::string with_commas(const std::string& digits);
+
+}  // namespace loom::report

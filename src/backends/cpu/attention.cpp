@@ -289,7 +289,8 @@ struct DropoutRule {
 // One row of a probability block, query i of head n, keys [j0, j0 + cols): dst[j] = keep(n, i, j0 + j) ?
 // src[j] * scale : 0 (src == dst allowed). j0 is a multiple of kBlockK and rows start 64-aligned in the
 // stream (attention_dropout_counter), so the draws are whole Philox tiles starting at the row's first key.
-void drop_row(const AttentionProblem& p, const DropoutRule& rule, int64_t n, int64_t i, int64_t j0, int64_t cols,
+// Out of line: inlined, its Philox rounds bloat the heads' hot loops, which the p == 0 path also runs.
+[[gnu::noinline]] void drop_row(const AttentionProblem& p, const DropoutRule& rule, int64_t n, int64_t i, int64_t j0, int64_t cols,
               const float* src, float* dst, float scale) {
   static_assert(kBlockK % 64 == 0, "key blocks must start on a 64-word Philox tile");
   alignas(64) uint32_t bits[64];

@@ -6,6 +6,8 @@
 // useful work): forward = 2 matmuls x 2*T*T*D / 2 = 2*B*H*T^2*D; backward = 4 matmuls = 4*B*H*T^2*D
 // (the recomputation of the scores in the backward is not counted). fwd+bwd = 6*B*H*T^2*D = 1.61 GFLOP
 // at the model shape. Threads: OMP_NUM_THREADS (or all cores).
+// flash_dropout/*: the fused op with dropout p = 0.1 on the probabilities (GPT-2's attn_pdrop), same FLOP
+// count (the Philox draws are not counted), so its GFLOP/s against flash/* is the cost of the mask.
 //
 //   OMP_NUM_THREADS=2 ./build/bench/loom_bench_attention
 #include <benchmark/benchmark.h>
@@ -38,7 +40,7 @@ double causal_flops(int64_t b, int64_t t, int64_t h, int64_t d, bool backward) {
   return backward ? 3.0 * fwd : fwd;
 }
 
-template <bool kFused, bool kBackward>
+template <bool kFused, bool kBackward, bool kDropout = false>
 void BM_CausalSelfAttention(benchmark::State& state) {
   const int64_t t = state.range(0), d = state.range(1), c = kH * d;
   Tensor q = randn({kB, t, c}, 1), k = randn({kB, t, c}, 2), v = randn({kB, t, c}, 3);
@@ -51,9 +53,10 @@ void BM_CausalSelfAttention(benchmark::State& state) {
     k.set_requires_grad();
     v.set_requires_grad();
   }
+  const ops::AttentionDropout dropout{kDropout ? 0.1f : 0.0f, RngKey::from_seed(5)};
   for (auto _ : state) {
-    Tensor y = kFused ? ops::causal_self_attention(q, k, v, kH, rope)
-                      : ops::causal_self_attention_reference(q, k, v, kH, rope);
+    Tensor y = kFused ? ops::causal_self_attention(q, k, v, kH, rope, 0, dropout)
+                      : ops::causal_self_attention_reference(q, k, v, kH, rope, 0, dropout);
     if (kBackward) {
       autograd::backward(y, dy);
       q.set_grad(Tensor());
@@ -120,6 +123,16 @@ BENCHMARK(BM_CausalSelfAttention<true, true>)
     ->Args({kT, kD})
     ->Args({kT, 64})
     ->Args({1024, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<true, false, true>)
+    ->Name("flash_dropout/forward")
+    ->Args({kT, kD})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CausalSelfAttention<true, true, true>)
+    ->Name("flash_dropout/forward_backward")
+    ->Args({kT, kD})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_CausalSelfAttention<false, false>)

@@ -3,19 +3,23 @@
 //   scaled_dot_product_attention: no mask -> flash kernels (causal or not); a mask -> the naive masked
 //     kernels (the mask is already Tq x Tk, so materialising the scores costs no extra order of memory).
 //   causal_self_attention: flash kernels reading heads in place from [B, T, H*D] (row stride H*D),
-//     with RoPE fused into the packing of q and k.
+//     with RoPE fused into the packing of q and k, and dropout on the probabilities fused too.
 #include "ops/attention.h"
 
-#include <tuple>
-
 #include <cmath>
+#include <limits>
+#include <tuple>
 
 #include "backends/backend.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/rope.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
 #include "ops/rope.h"
+#include "ops/shape.h"
+#include "ops/softmax.h"
 
 namespace loom::ops {
 namespace {
@@ -32,6 +36,11 @@ struct RopeState {
   int64_t batch_stride = 0;
   bool interleaved = true;
 };
+
+void check_dropout(const AttentionDropout& dropout, const char* op) {
+  LOOM_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": attention dropout p must be in [0, 1), got p=",
+             dropout.p);
+}
 
 cpu::RopeTables RopeState::tables() const {
   cpu::RopeTables t;
@@ -143,12 +152,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                             const std::optional<RopeOptions>& rope, int num_kv_heads) {
+                             const std::optional<RopeOptions>& rope, int num_kv_heads,
+                             const AttentionDropout& dropout) {
   const char* op = "causal_self_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
   check_float(v, op, "v");
   require_cpu(op, {&q, &k, &v});
+  check_dropout(dropout, op);
   LOOM_CHECK(q.ndim() == 3, op, ": q must be [B, T, H*D], got ", q.shape());
   const int64_t b = q.size(0), t = q.size(1), c = q.size(2);
   LOOM_CHECK(num_heads > 0 && c % num_heads == 0, op, ": num_heads=", num_heads, " does not divide the width ",
@@ -190,6 +201,8 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.kv_group = num_heads / num_kv_heads;
   p.q = p.out = {t * c, d, c};
   p.k = p.v = {t * ckv, d, ckv};
+  p.dropout_p = dropout.p;
+  p.dropout_key = dropout.key;
 
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
   Tensor lse = Tensor::empty({b * num_heads, t}, DType::F32, q.device());
@@ -268,9 +281,41 @@ Tensor causal_mask(int64_t t) {
   return m;
 }
 
+namespace {
+
+// softmax(q k^T * scale, causal) o Z, times v, from basic ops, with Z = keep/(1-p) drawn element by
+// element with random_uniform at the counter causal_self_attention documents.
+//   qh: [B, H, T, D]; kh, vh: [B, Hkv, T, D]. Returns [B, H, T, D].
+Tensor attention_with_dropout(const Tensor& qh, const Tensor& kh, const Tensor& vh, const AttentionDropout& dropout) {
+  const int64_t b = qh.size(0), h = qh.size(1), t = qh.size(2), d = qh.size(3), hkv = kh.size(1), g = h / hkv;
+  // The query heads of a k/v group are consecutive, so [B, H, T, D] is [B, Hkv, G*T, D] and one batched
+  // matmul against [B, Hkv, T, D] serves grouped-query attention without repeating k and v.
+  Tensor scores = matmul(reshape(qh, {b, hkv, g * t, d}), kh, false, true);  // [B, Hkv, G*T, T]
+  scores = reshape(scale(scores, 1.0f / std::sqrt(static_cast<float>(d))), {b, h, t, t});
+  Tensor future = Tensor::zeros({b, h, t, t});  // -inf where key j > query i
+  Tensor keep = Tensor::empty({b, h, t, t});     // Z: keep / (1 - p)
+  const int64_t t64 = (t + 63) / 64 * 64;
+  const float keep_scale = 1.0f / (1.0f - dropout.p);
+  for (int64_t n = 0; n < b * h; ++n)
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j) {
+        const int64_t e = (n * t + i) * t + j;
+        if (j > i) future.data<float>()[e] = -std::numeric_limits<float>::infinity();
+        const uint64_t counter = static_cast<uint64_t>((n * t + i) * t64 + j);  // ((b*H + h)*T + i)*T64 + j
+        keep.data<float>()[e] = random_uniform(dropout.key, counter) < dropout.p ? 0.0f : keep_scale;
+      }
+  Tensor probs = mul(softmax(add(scores, future)), keep);                        // [B, H, T, T]
+  Tensor out = matmul(reshape(probs, {b, hkv, g * t, t}), vh);                   // [B, Hkv, G*T, D]
+  return reshape(out, {b, h, t, d});
+}
+
+}  // namespace
+
 Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                                       const std::optional<RopeOptions>& rope, int num_kv_heads) {
+                                       const std::optional<RopeOptions>& rope, int num_kv_heads,
+                                       const AttentionDropout& dropout) {
   LOOM_CHECK(q.ndim() == 3, "causal_self_attention_reference: q must be [B, T, H*D], got ", q.shape());
+  check_dropout(dropout, "causal_self_attention_reference");
   if (num_kv_heads == 0) num_kv_heads = num_heads;
   Tensor qh = split_heads(q, num_heads), kh = split_heads(k, num_kv_heads), vh = split_heads(v, num_kv_heads);
   if (rope.has_value()) {
@@ -289,6 +334,7 @@ Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const T
     qh = ops::rope(qh, over_heads(num_heads), rope->theta, rope->style);
     kh = ops::rope(kh, over_heads(num_kv_heads), rope->theta, rope->style);
   }
+  if (dropout.p > 0.0f) return merge_heads(attention_with_dropout(qh, kh, vh, dropout));
   Tensor o = scaled_dot_product_attention(qh, kh, vh, causal_mask(q.size(1)), /*causal=*/false);
   return merge_heads(o);
 }

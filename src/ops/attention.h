@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/rope.h"
 
@@ -32,13 +33,30 @@ struct RopeOptions {
   RopeCache cache;  // optional: angles gathered from here instead of computed
 };
 
+// Dropout on the attention probabilities (GPT-2's attn_pdrop), as PyTorch's
+// F.dropout(softmax(scores), p) (inverted dropout), for causal_self_attention:
+//   out_i = sum_j keep(b, h, i, j) * P_ij / (1 - p) * v_j,
+// P the ordinary causal softmax (its normaliser computed without dropout), and
+//   keep(b, h, i, j) = !(random_uniform(key, ((b*H + h)*T + i)*T64 + j) < p),   T64 = T rounded up to 64
+// (h the query head; rows padded to 64 draws so that the kernels draw whole Philox tiles). The mask
+// depends on the key and (b, h, i, j) only: the same for any thread count, and redrawn in the backward,
+// so nothing of size [T, T] is stored. p = 0 is no dropout (evaluation); in training, use a fresh key
+// per step and layer, e.g. key.fold_in(step).fold_in(layer).
+struct AttentionDropout {
+  float p = 0.0f;  // in [0, 1)
+  RngKey key;
+};
+
 // The core of multi-head causal self-attention on projected activations, fused:
 //   q, k, v: [B, T, H*D] (what the q/k/v projections produce); splits heads, applies RoPE to q and k
 //   when `rope` is given, attends causally (flash-style), and merges heads. Returns [B, T, H*D].
 //   num_kv_heads: grouped-query attention, k and v [B, T, Hkv*D] with Hkv dividing H (query head h
 //   reads k/v head h / (H / Hkv)); 0 means Hkv = H.
+//   dropout: on the attention probabilities (see AttentionDropout); p = 0 (the default) runs exactly
+//   the kernels and gives exactly the bits of a call without it.
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                             const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0);
+                             const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0,
+                             const AttentionDropout& dropout = {});
 
 // ---- helpers and the composite reference (MLX-style fallback and test oracle) --------------------
 
@@ -52,7 +70,11 @@ Tensor causal_mask(int64_t t);
 // causal_self_attention composed from basic ops: split_heads, rope on q and k, masked
 // scaled_dot_product_attention with causal_mask(T), merge_heads. Same contract and results (up to
 // rounding) as the fused op, but materialises [T, T] scores per head: the reference, not the fast path.
+// With dropout (p > 0) the attention itself is spelled out instead: scores = q k^T * scale (matmul),
+// -inf above the diagonal, softmax, times the [B, H, T, T] tensor keep/(1-p) drawn with random_uniform
+// at the indices above, matmul with v; autodiff gives its backward.
 Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
-                                       const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0);
+                                       const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0,
+                                       const AttentionDropout& dropout = {});
 
 }  // namespace loom::ops

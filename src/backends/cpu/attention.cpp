@@ -14,6 +14,12 @@
 //     last visible key is skipped rather than computed and masked.
 //   * The backward recomputes P blockwise from the saved logsumexp and accumulates dQ, dK and dV for a
 //     head in that head's thread, in a fixed order: bitwise deterministic for any thread count.
+//   * Dropout on the probabilities (Dao et al., "FlashAttention", 2022, Algorithms 2 and 4): the forward
+//     accumulates the row sum l from the undropped exponentials, then zeroes the dropped ones before
+//     P V, and folds 1/(1-p) into the final 1/l. The backward redraws the same keep mask per block
+//     (drop_row) and, with Z = keep/(1-p):  dV += (Z o P)^T dO;  dS = P o (Z o dP~ - D_i) =
+//     (Z o P) o dP~ - P D_i, where dP~ = dO V^T and D_i = dO_i . O_i with O the dropped output.
+//     Without dropout (p = 0) none of this runs: the same instructions, the same bits as before.
 #include "backends/cpu/attention.h"
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/philox.h"
 #include "backends/cpu/rope.h"
 #include "backends/cpu/softmax.h"
 #include "core/allocator.h"
@@ -37,7 +44,7 @@ namespace {
 using simd::f32x16;
 
 constexpr int64_t kBlockQ = 32;  // query rows per block
-constexpr int64_t kBlockK = 128;  // keys per block (a multiple of 16)
+constexpr int64_t kBlockK = 128;  // keys per block (a multiple of 64: see drop_row)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -268,6 +275,33 @@ void mask_scores(const AttentionProblem& p, float* s, int64_t ld, int64_t i0, in
   }
 }
 
+// ---- dropout on the probabilities ----------------------------------------------------------------
+
+// What the kernels need to apply p.dropout_p; keep = (random bits >> 8) >= threshold, the exact integer
+// form of !(random_uniform < p) (philox.h).
+struct DropoutRule {
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;  // 1 / (1 - p)
+  explicit DropoutRule(const AttentionProblem& p)
+      : threshold(philox::drop_threshold(p.dropout_p)), keep_scale(1.0f / (1.0f - p.dropout_p)) {}
+};
+
+// One row of a probability block, query i of head n, keys [j0, j0 + cols): dst[j] = keep(n, i, j0 + j) ?
+// src[j] * scale : 0 (src == dst allowed). j0 is a multiple of kBlockK and rows start 64-aligned in the
+// stream (attention_dropout_counter), so the draws are whole Philox tiles starting at the row's first key.
+// Out of line: inlined, its Philox rounds bloat the heads' hot loops, which the p == 0 path also runs.
+[[gnu::noinline]] void drop_row(const AttentionProblem& p, const DropoutRule& rule, int64_t n, int64_t i, int64_t j0, int64_t cols,
+              const float* src, float* dst, float scale) {
+  static_assert(kBlockK % 64 == 0, "key blocks must start on a 64-word Philox tile");
+  alignas(64) uint32_t bits[64];
+  const uint64_t first = attention_dropout_counter(p, n, i, j0);
+  for (int64_t t = 0; t < cols; t += 64) {
+    philox::philox_tile((first + static_cast<uint64_t>(t)) / 4, p.dropout_key.k0, p.dropout_key.k1, bits);
+    const int64_t m = std::min<int64_t>(64, cols - t);
+    for (int64_t j = 0; j < m; ++j) dst[t + j] = (bits[j] >> 8) >= rule.threshold ? src[t + j] * scale : 0.0f;
+  }
+}
+
 // ---- flash forward -------------------------------------------------------------------------------
 
 struct ForwardScratch {
@@ -286,6 +320,8 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
   const int64_t b = n / p.heads_per_batch, h = n % p.heads_per_batch, hk = h / p.kv_group;
   const int64_t dp = dims.dp, dvp = dims.dvp;
   const int64_t nk = key_end(p, row_begin, row_end - row_begin);  // keys any of these rows can see
+  const bool dropout = p.dropout_p > 0.0f;
+  const DropoutRule rule(p);
   pack_keys(p, dims, k, b, hk, nk, w.kt.get(), w.krows.get());
   float* vp = w.vp.get();
   pack_rows(vp, dvp, round16(nk), v, p.v, nk, p.dv, nullptr, b, hk);
@@ -325,7 +361,10 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
           simd::store(sr + j, e);
           vs += e;
         }
-        w.l[r] = w.l[r] * alpha + simd::reduce_sum(vs);
+        w.l[r] = w.l[r] * alpha + simd::reduce_sum(vs);  // the normaliser: before dropout
+        // Dropped probabilities leave P V; 1/(1-p) is applied with 1/l at the end. Keys past the row's
+        // visible ones are already exact zeros.
+        if (dropout) drop_row(p, rule, n, i0 + r, j0, visible_columns(p, i0 + r, j0, wp), sr, sr, 1.0f);
         if (alpha != 1.0f) {
           float* orow = o + r * dvp;
           for (int64_t x = 0; x < dvp; ++x) orow[x] *= alpha;
@@ -341,7 +380,8 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
       if (i0 + r + kPrefetchRows < p.tq) prefetch_row_for_write(row_of(out, p.out, b, h, i0 + r + kPrefetchRows), p.dv);
       float* dst = row_of(out, p.out, b, h, i0 + r);
       const float l = w.l[r];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      if (dropout) inv *= rule.keep_scale;
       for (int64_t x = 0; x < p.dv; ++x) dst[x] = o[r * dvp + x] * inv;
       lse[n * p.tq + i0 + r] = l > 0.0f ? w.m[r] + std::log2(l) : kInf;
     }
@@ -352,13 +392,14 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
 
 struct BackwardScratch {
   Buffer qc, kp, kt, vrows, vt, dop, dq, dk, dv, s, dpm, tmp;
+  Buffer zp;  // Z o P for a block, with dropout only
   std::vector<float> di;
   BackwardScratch(const AttentionProblem& p, const Dims& d)
       : qc(make_buffer(p.tq * d.dp)), kp(make_buffer(d.tkp * d.dp)), kt(make_buffer(d.dp * d.tkp)),
         vrows(make_buffer(d.tkp * d.dvp)), vt(make_buffer(d.dvp * d.tkp)), dop(make_buffer(p.tq * d.dvp)), dq(make_buffer(p.tq * d.dp)),
         dk(make_buffer(d.tkp * d.dp)), dv(make_buffer(d.tkp * d.dvp)), s(make_buffer(kBlockQ * kBlockK)),
         dpm(make_buffer(kBlockQ * kBlockK)), tmp(make_buffer(std::max(d.dp, d.dvp))),
-        di(static_cast<size_t>(p.tq)) {}
+        zp(make_buffer(p.dropout_p > 0.0f ? kBlockQ * kBlockK : 0)), di(static_cast<size_t>(p.tq)) {}
 };
 
 // Query head n. The first head of a k/v group packs k and v and zeroes the dk/dv accumulators; every head
@@ -370,6 +411,8 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
   const bool first_of_group = h % p.kv_group == 0, last_of_group = h % p.kv_group == p.kv_group - 1;
   const int64_t dp = dims.dp, dvp = dims.dvp, tkp = dims.tkp;
   const RopeTables* rope = p.rope.cos != nullptr ? &p.rope : nullptr;
+  const bool dropout = p.dropout_p > 0.0f;
+  const DropoutRule rule(p);
 
   float* vt = w.vt.get();
   if (first_of_group) {
@@ -387,7 +430,7 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
     const float* g = row_of(dout, p.out, b, h, i);
     const float* o = row_of(out, p.out, b, h, i);
     load_row(dop + i * dvp, dvp, g, p.dv, nullptr, b, i);
-    float d = 0.0f;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
+    float d = 0.0f;  // D_i = dO_i . O_i = sum_j P_ij dP_ij (O and dP~ with dropout: sum_j Z_ij P_ij dP~_ij)
     for (int64_t c = 0; c < p.dv; ++c) d += g[c] * o[c];
     w.di[static_cast<size_t>(i)] = d;
   }
@@ -415,9 +458,22 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
         const f32x16 lv = simd::splat(lse[n * p.tq + i0 + r]);
         for (int64_t j = 0; j < wp; j += 16) simd::store(sr + j, simd::exp2(simd::load(sr + j) - lv));
       }
-      // dV[j0.., Dvp] += P^T dO
-      gemm<true>(w.dv.get() + j0 * dvp, dvp, s, 1, kBlockK, dop + i0 * dvp, dvp, wp, dvp, rows);
+      // The probabilities that reached the output: P, or Z o P (zero past each row's visible keys: the
+      // dV product below reads all wp columns).
+      const float* pv = s;
+      if (dropout) {
+        float* zp = w.zp.get();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t vis = visible_columns(p, i0 + r, j0, wp);
+          drop_row(p, rule, n, i0 + r, j0, vis, s + r * kBlockK, zp + r * kBlockK, rule.keep_scale);
+          std::fill(zp + r * kBlockK + vis, zp + r * kBlockK + wp, 0.0f);
+        }
+        pv = zp;
+      }
+      // dV[j0.., Dvp] += P^T dO  (Z o P with dropout)
+      gemm<true>(w.dv.get() + j0 * dvp, dvp, pv, 1, kBlockK, dop + i0 * dvp, dvp, wp, dvp, rows);
       // dP = dO V^T, then dS = P (dP - D_i); zero beyond each tile's columns (dK reads all wp).
+      // With dropout dP is dP~ (the gradient of Z o P) and dS = (Z o P) dP~ - P D_i.
       for_each_row_tile(p, i0, rows, j0, wp, [&](int64_t r0, int64_t mr, int64_t cols) {
         gemm<false>(dpm + r0 * kBlockK, kBlockK, dop + (i0 + r0) * dvp, dvp, 1, vt + j0, tkp, mr, cols, dvp);
       });
@@ -428,8 +484,14 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
           float* pr = s + r * kBlockK;
           float* dr = dpm + r * kBlockK;
           const f32x16 dv_i = simd::splat(w.di[static_cast<size_t>(i0 + r)]);
-          for (int64_t j = 0; j < cols; j += 16)
-            simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - dv_i));
+          if (dropout) {
+            const float* zr = pv + r * kBlockK;
+            for (int64_t j = 0; j < cols; j += 16)
+              simd::store(dr + j, simd::load(zr + j) * simd::load(dr + j) - simd::load(pr + j) * dv_i);
+          } else {
+            for (int64_t j = 0; j < cols; j += 16)
+              simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - dv_i));
+          }
           std::fill(dr + cols, dr + wp, 0.0f);
         }
       }
@@ -512,6 +574,7 @@ void naive_probabilities(const AttentionProblem& p, const bool* mask_head, const
 
 void flash_attention_forward(const AttentionProblem& p, const float* q, const float* k, const float* v,
                              float* out, float* lse) {
+  LOOM_ASSERT(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "flash attention: dropout p=", p.dropout_p);
   if (p.heads() == 0 || p.tq == 0) return;
   const Dims dims(p);
   // Work items are (head, span of query blocks). With few heads (e.g. one long sequence) the query
@@ -535,6 +598,7 @@ void flash_attention_forward(const AttentionProblem& p, const float* q, const fl
 void flash_attention_backward(const AttentionProblem& p, const float* q, const float* k, const float* v,
                               const float* out, const float* dout, const float* lse, float* dq, float* dk,
                               float* dv) {
+  LOOM_ASSERT(p.dropout_p >= 0.0f && p.dropout_p < 1.0f, "flash attention: dropout p=", p.dropout_p);
   if (p.heads() == 0) return;
   const Dims dims(p);
   // One work item per k/v head: the query heads of a group run in order on one thread, accumulating dk/dv.
@@ -549,6 +613,7 @@ void flash_attention_backward(const AttentionProblem& p, const float* q, const f
 void masked_attention_forward(const AttentionProblem& p, const bool* mask, int64_t mask_head_stride,
                               const float* q, const float* k, const float* v, float* out, float* lse) {
   LOOM_ASSERT(p.rope.cos == nullptr, "masked attention takes no fused RoPE");
+  LOOM_ASSERT(p.dropout_p == 0.0f, "masked attention takes no dropout");
   parallel_for(0, p.heads(), head_grain(p), [&](int64_t nb, int64_t ne) {
     std::vector<double> score(static_cast<size_t>(p.tk)), acc(static_cast<size_t>(p.dv));
     for (int64_t n = nb; n < ne; ++n) {
@@ -588,6 +653,7 @@ void masked_attention_backward(const AttentionProblem& p, const bool* mask, int6
                                const float* q, const float* k, const float* v, const float* dout,
                                const float* lse, float* dq, float* dk, float* dv) {
   LOOM_ASSERT(p.rope.cos == nullptr, "masked attention takes no fused RoPE");
+  LOOM_ASSERT(p.dropout_p == 0.0f, "masked attention takes no dropout");
   // One work item per k/v head; its query heads run in order, accumulating dk/dv (see the flash backward).
   parallel_for(0, p.kv_heads(), kv_head_grain(p), [&](int64_t gb, int64_t ge) {
     std::vector<double> prob(static_cast<size_t>(p.tk)), ds(static_cast<size_t>(p.tk));

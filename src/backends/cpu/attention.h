@@ -17,9 +17,16 @@
 // bitwise identical whatever the thread count (dK/dV accumulate over query blocks, and with grouped-query
 // attention over the query heads of a group, inside one thread).
 // Rows whose mask/causal rule allows no key produce zeros, and zero gradients.
+//
+// Dropout on the probabilities (flash kernels only): see AttentionProblem::dropout_p. The keep mask is
+// drawn from the counter RNG at attention_dropout_counter(n, i, j), a function of the element alone, so
+// it does not depend on threads or block sizes, and the backward redraws exactly the forward's mask
+// instead of storing a [Tq, Tk] one.
 #pragma once
 
 #include <cstdint>
+
+#include "core/rng.h"
 
 namespace loom::cpu {
 
@@ -51,12 +58,28 @@ struct AttentionProblem {
   int64_t kv_group = 1;
   HeadLayout q, k, v, out;  // gradients use the layout of the tensor they belong to
   RopeTables rope;          // flash kernels only; cos == nullptr means no RoPE
+  // Inverted dropout on the probabilities, as F.dropout(softmax(S), p) (flash kernels only): out_i =
+  // sum_j Z_ij P_ij v_j with Z_ij = keep(n, i, j) / (1 - p), P the softmax normalised WITHOUT dropout,
+  // keep(n, i, j) = !(random_uniform(dropout_key, attention_dropout_counter(*this, n, i, j)) < p).
+  // 0 = no dropout: the kernels then take exactly the code path they take without it.
+  float dropout_p = 0.0f;
+  RngKey dropout_key;
+
   int64_t heads() const { return batches * heads_per_batch; }
   int64_t kv_heads() const { return heads() / kv_group; }
 };
 
-// out: rows of Dv per the out layout. lse: [N, Tq], the per-row log2-sum-exp2 of the scores scaled by
-// scale*log2(e) (+inf for a row that sees no key): an opaque residual for flash_attention_backward.
+// The dropout stream's counter for head n, query row i, key j: row-major over [N, Tq, Tk64], Tk64 = Tk
+// rounded up to a multiple of 64. The padding puts every row's first draw on a 64-word Philox tile
+// (philox.h), so the kernels draw whole tiles and none is wasted on a neighbouring row.
+inline uint64_t attention_dropout_counter(const AttentionProblem& p, int64_t n, int64_t i, int64_t j) {
+  const int64_t tk64 = (p.tk + 63) / 64 * 64;
+  return static_cast<uint64_t>(n * p.tq + i) * static_cast<uint64_t>(tk64) + static_cast<uint64_t>(j);
+}
+
+// out: rows of Dv per the out layout (with dropout, the dropped output: the backward needs that one).
+// lse: [N, Tq], the per-row log2-sum-exp2 of the scores scaled by scale*log2(e) (+inf for a row that sees
+// no key; never affected by dropout): an opaque residual for flash_attention_backward.
 void flash_attention_forward(const AttentionProblem& p, const float* q, const float* k, const float* v,
                              float* out, float* lse);
 // Overwrites dq, dk, dv (laid out like q, k, v).

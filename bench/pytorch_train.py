@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The PyTorch side of `loom bench train`: the same CS336 Llama-style model, the same training step
-(forward, backward, global-norm clip, AdamW) on synthetic tokens, timed the same way.
+"""The PyTorch side of `loom bench train`: the same model (the CS336 Llama-style model, or GPT-2), the
+same training step (forward, backward, global-norm clip, AdamW) on synthetic tokens, timed the same way.
 
     /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps 10 --threads 2
+    /usr/bin/python3 bench/pytorch_train.py --preset gpt2-small --context 256 --batch 4 --steps 5
 
 Prints one JSON line with tokens_per_s, ms_per_step, params and flops_per_token (PaLM: 6N + 12*L*d*T,
-N = all parameters but the token-embedding table), so the two lines compare directly.
+N = the parameters in matrix multiplies: all but lookup tables, the head counted even when tied), so
+the two lines compare directly. GPT-2 here is nanoGPT's: nn.Linear/nn.LayerNorm/F.gelu(tanh), the
+attention written out (PyTorch 1.13 has no fused CPU attention for training), tied head.
 """
 import argparse
 import json
@@ -19,7 +22,46 @@ import torch.nn.functional as F
 PRESETS = {
     "cs336-tinystories": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10000.0),
     "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=192, rope_theta=10000.0),
+    "gpt2-small": dict(arch="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12,
+                       d_ff=3072, qkv_bias=True, tie_embeddings=True),
 }
+
+
+class Gpt2Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["d_model"], c["d_ff"]
+        self.h = c["num_heads"]
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d, bias=c["qkv_bias"])
+        self.c_proj = nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        D = C // self.h
+        q, k, v = (t.view(B, T, self.h, D).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(C, dim=2))
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Gpt2(nn.Module):
+    def __init__(self, c, T):
+        super().__init__()
+        self.c = c
+        self.wte, self.wpe = nn.Embedding(c["vocab_size"], c["d_model"]), nn.Embedding(c["context_length"], c["d_model"])
+        self.h = nn.ModuleList(Gpt2Block(c) for _ in range(c["num_layers"]))
+        self.ln_f = nn.LayerNorm(c["d_model"])
+        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        x = self.wte(ids) + self.wpe(torch.arange(T))
+        for block in self.h:
+            x = block(x, self.mask[:T, :T])
+        return self.ln_f(x) @ self.wte.weight.t()  # tied head
 
 
 class RMSNorm(nn.Module):
@@ -87,6 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="cs336-tinystories", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--context", type=int, default=0, help="sequence length (default: the preset's context)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -94,10 +137,14 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    c = PRESETS[args.preset]
-    model = TransformerLM(c)
+    c = dict(PRESETS[args.preset])
+    T = args.context or c["context_length"]
+    gpt2 = c.get("arch") == "gpt2"
+    if not gpt2:
+        c["context_length"] = T
+    model = Gpt2(c, T) if gpt2 else TransformerLM(c)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    B, T, V = args.batch, c["context_length"], c["vocab_size"]
+    B, V = args.batch, c["vocab_size"]
     stream = torch.randint(0, V, (B, T + 1))
     x, y = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
 
@@ -117,7 +164,9 @@ def main():
         loss = step()
     seconds = time.perf_counter() - start
     params = sum(p.numel() for p in model.parameters())
-    n = params - V * c["d_model"]
+    n = params - V * c["d_model"]  # the Llama's token table; GPT-2: minus wte and wpe, plus the tied head
+    if gpt2:
+        n = params - c["context_length"] * c["d_model"]
     fpt = 6 * n + 12 * c["num_layers"] * c["d_model"] * T
     tps = B * T * args.steps / seconds
     print(json.dumps({"framework": f"pytorch {torch.__version__}", "tokens_per_s": tps,

@@ -25,15 +25,17 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
 
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
   static std::string preset = "tiny";
+  static std::vector<std::string> sets;
   static loom::report::TrainBenchOptions options;
   train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)");
+  train->add_option("--set", sets, "override a config key of the preset: --set model.context_length=256 (repeatable)");
   train->add_option("--batch", options.batch_size, "batch size");
   train->add_option("--steps", options.steps, "timed steps");
   train->add_option("--warmup", options.warmup_steps, "untimed steps first");
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
   train->callback([] {
-    loom::models::ModelConfig model = loom::train::TrainConfig::load(preset).model;
+    loom::models::ModelConfig model = loom::train::TrainConfig::load(preset, sets).model;
     auto r = loom::report::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });

@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "io/safetensors.h"
+#include "models/model.h"
 
 namespace {
 
@@ -38,6 +39,17 @@ void inspect(const std::string& path) {
     elements += t->numel();
   }
   std::printf("total: %llu elements in %zu tensors\n", elements, rows.size());
+
+  // A loom weights file says which model it holds: its family and what the family's formulas give.
+  auto config = h.metadata.find("loom.model_config");
+  if (config != h.metadata.end()) {
+    nlohmann::json j = nlohmann::json::parse(config->second, nullptr, /*allow_exceptions=*/false);
+    LOOM_CHECK(!j.is_discarded(), path, ": the metadata's loom.model_config is not valid JSON");
+    const loom::models::ModelStats s = loom::models::ModelConfig::from_json(j).stats();
+    std::printf("model: %s %s\n  %lld parameters, decoding cache %lld numbers per token (all layers)\n",
+                j.value("arch", "llama").c_str(), s.description.c_str(), static_cast<long long>(s.total_params),
+                static_cast<long long>(s.kv_cache_floats_per_token));
+  }
 }
 
 loom::cli::Register reg("inspect", "List the tensors and metadata of a safetensors file", [](CLI::App& cmd) {

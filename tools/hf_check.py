@@ -42,24 +42,30 @@ def main():
     ap.add_argument("--work", default="/tmp/loom_hf_check")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--num-kv-heads", type=int, default=0,
-                    help="train with grouped-query attention (model.num_kv_heads; 0 = num_heads)")
+                    help="train with grouped-query attention (model.num_kv_heads; 0 = num_heads; llama only)")
+    ap.add_argument("--config", default="tiny",
+                    help="the loom preset to train: tiny (a Llama, with its own BPE tokenizer) or gpt2-austen "
+                         "(GPT-2 with GPT-2's tokenizer, exported as GPT2LMHeadModel)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tok_dir, run_dir, hf_dir = (os.path.join(a.work, d) for d in ("data", "run", "hf"))
     if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
-        run([a.loom, "train", "--config", "tiny", "--out", run_dir,
-             "--set", f"data.corpus={a.corpus}", "--set", f"data.tokenizer={tok_dir}/tokenizer.json",
+        gpt2 = a.config.startswith("gpt2")
+        family = [] if gpt2 else ["--set", f"data.tokenizer={tok_dir}/tokenizer.json",
+                                  "--set", f"model.num_kv_heads={a.num_kv_heads}"]
+        run([a.loom, "train", "--config", a.config, "--out", run_dir,
+             "--set", f"data.corpus={a.corpus}",
              "--set", f"data.train={tok_dir}/train.bin", "--set", f"data.val={tok_dir}/val.bin",
              "--set", f"training.max_steps={a.steps}", "--set", "sample.num_samples=0",
-             "--set", "logging.progress=none", "--set", "logging.peak_flops=1e11",
-             "--set", f"model.num_kv_heads={a.num_kv_heads}"])
+             "--set", "logging.progress=none", "--set", "logging.peak_flops=1e11"] + family)
     run([a.loom, "export", "--run", run_dir, "--format", "hf", "--out", hf_dir])
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(hf_dir)
     lines = [f"transformers {transformers.__version__}, torch {torch.__version__}",
              f"loaded: {type(model).__name__}, {type(tok).__name__}, {sum(p.numel() for p in model.parameters())} parameters, "
-             f"{model.config.num_attention_heads} heads, {model.config.num_key_value_heads} key/value heads", ""]
+             f"{model.config.num_attention_heads} heads, "
+             f"{getattr(model.config, 'num_key_value_heads', model.config.num_attention_heads)} key/value heads", ""]
 
     # Tokenizer: same ids as loom's.
     texts = ["It is a truth universally acknowledged, that a single man in possession of a good fortune",

@@ -380,3 +380,37 @@ TEST(Hf, ImportsBf16AndShardedDirectories) {
     expect_bitwise(p->value, s.model->parameter(p->name).value, "sharded " + p->name);
   }
 }
+
+// transformers 5 writes RoPE's θ under rope_parameters.rope_theta (no top-level rope_theta): read it, and
+// refuse what changes the model but loom does not do (a scaled RoPE), never falling back to 10000.
+TEST(HfImport, ReadsTransformers5RopeParameters) {
+  TempDir tmp;
+  std::ifstream in(kFixtures / "hf_tiny" / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  ASSERT_TRUE(config.contains("rope_theta"));
+  const float theta = config["rope_theta"].get<float>();
+  ASSERT_NE(theta, 10000.0f);
+  auto variant = [&](const std::string& name, const nlohmann::json& c) {
+    fs::path d = tmp.dir / name;
+    fs::create_directories(d);
+    fs::copy_file(kFixtures / "hf_tiny" / "model.safetensors", d / "model.safetensors");
+    std::ofstream(d / "config.json") << c.dump();
+    return d.string();
+  };
+  nlohmann::json v5 = config;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", theta}};
+  models::HfImport a = models::import_hf(variant("v5", v5));
+  EXPECT_EQ(llama_of(*a.model).config().rope_theta, theta);
+  models::HfImport ref = models::import_hf((kFixtures / "hf_tiny").string());
+  Tensor ids = Tensor::from_vector<int32_t>({1, 4}, {1, 2, 3, 4});
+  expect_bitwise(a.model->logits(ids), ref.model->logits(ids), "logits");
+
+  nlohmann::json scaled = v5;
+  scaled["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", theta}, {"factor", 2.0}};
+  test::expect_error_mentions([&] { models::import_hf(variant("scaled", scaled)); }, {"rope_parameters.rope_type"});
+  nlohmann::json both = v5;
+  both["rope_theta"] = theta * 2;
+  test::expect_error_mentions([&] { models::import_hf(variant("both", both)); }, {"disagrees"});
+}

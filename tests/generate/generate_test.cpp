@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "generate/generate.h"
+#include "models/llama/model.h"
 #include "support/op_test.h"
 
 using namespace loom;

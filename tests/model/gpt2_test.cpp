@@ -88,6 +88,13 @@ TEST_P(Gpt2Fixture, FiveAdamWStepsMatchTorchOptimAdamW) {
     opt.step();
   }
   for (nn::Parameter* p : model->parameters()) {
+    if (p->name.ends_with("attn.k_proj.bias")) {
+      // Its gradient is zero up to rounding (it shifts a softmax row uniformly), and Adam divides the
+      // rounding noise by its own size: each side's update is +-lr of noise. Only the bound holds.
+      auto now = p->value.to_vector<float>(), init = fixture().get(v + ".init." + p->name).to_vector<float>();
+      for (size_t i = 0; i < now.size(); ++i) EXPECT_LE(std::fabs(now[i] - init[i]), 5 * 3e-3f + 1e-3f) << p->name;
+      continue;
+    }
     test::expect_close(p->value, fixture().get(v + ".adamw.final." + p->name), 1e-5f, 1e-4f, "after 5 steps: " + p->name);
   }
 }

@@ -5,6 +5,7 @@
 
 #include "support/op_test.h"
 #include "train/evaluate.h"
+#include "models/llama/model.h"
 
 using namespace loom;
 namespace fs = std::filesystem;

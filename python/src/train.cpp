@@ -234,7 +234,7 @@ void bind_train(nb::module_& m) {
       train::TrainSummary s = trainer.run(&stop);
       namespace fs = std::filesystem;
       train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
-      fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+      train::save_run_tokenizer(cfg, out);
       return s;
     });
     return summary_dict(summary);

@@ -48,9 +48,12 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   }
 
   double loss_value = 0;
+  // A training step as the trainer runs it: dropout (when the model has any) on, keyed by the step.
+  const RngKey dropout_key = RngKey::from_seed(options.seed).fold_in("dropout");
+  int64_t step_index = 0;
   auto step = [&] {
     optimizer.zero_grad();
-    Tensor loss = model.loss(ids, targets);
+    Tensor loss = model.loss(ids, targets, models::ForwardContext::train(dropout_key.fold_in(static_cast<uint64_t>(step_index++))));
     loss.backward();
     train::clip_grad_norm(train::gradients_of(model.parameters()), 1.0);
     optimizer.step();

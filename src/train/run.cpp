@@ -66,6 +66,15 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
   return made;
 }
 
+void save_run_tokenizer(const TrainConfig& config, const std::string& run_dir) {
+  const fs::path from(config.data.tokenizer), to = fs::path(run_dir) / "tokenizer.json";
+  if (fs::is_regular_file(from)) {
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+  } else if (fs::is_directory(from)) {
+    tokenizer::save_hf_json(tokenizer::load_tokenizer(from.string()), to.string());
+  }
+}
+
 void save_model_weights(const models::LanguageModel& model, const std::string& path) {
   io::NamedTensors tensors;
   for (nn::Parameter* p : const_cast<models::LanguageModel&>(model).parameters()) {

@@ -19,6 +19,11 @@ namespace loom::train {
 // thing it made, for the console.
 std::vector<std::string> ensure_training_data(const TrainConfig& config, bool progress = true);
 
+// Puts the run's tokenizer in <run_dir>/tokenizer.json: data.tokenizer copied byte for byte when it is
+// a tokenizer.json, converted when it is a vocab.json + merges.txt folder (GPT-2's own). Nothing when
+// data.tokenizer does not exist.
+void save_run_tokenizer(const TrainConfig& config, const std::string& run_dir);
+
 // Writes the model's parameters (with the model config in the safetensors metadata, key
 // "loom.model_config") atomically to `path`.
 void save_model_weights(const models::LanguageModel& model, const std::string& path);

@@ -240,7 +240,7 @@ std::string Trainer::save_checkpoint() {
   std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
-  apply_retention(run_dir_, config_.checkpoint.keep_last, keep);
+  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
   return path;
 }
 

@@ -1,11 +1,13 @@
 // `loom train`: with no arguments, the default job end to end (tokenizer, data, training, samples).
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/exit_codes.h"
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
@@ -99,16 +101,27 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     if (fs::exists(cfg.data.tokenizer)) {
       fs::copy_file(cfg.data.tokenizer, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
     }
+    if (summary.stopped_early) {
+      std::fprintf(stderr, "interrupted at step %lld of %lld (%lld skipped), %.0f tokens/s\nweights: %s/model.safetensors\n"
+                   "continue with: loom train --out %s --resume\n",
+                   static_cast<long long>(summary.steps_completed), static_cast<long long>(cfg.training.max_steps),
+                   static_cast<long long>(summary.steps_skipped), summary.tokens_per_s, out.c_str(), out.c_str());
+      run_dir.finish(loom::train::RunState::Interrupted, summary.steps_completed);
+      throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
+    }
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
                  static_cast<long long>(summary.steps_skipped), summary.tokens_per_s);
     if (summary.first_val_loss && summary.last_val_loss) {
       std::fprintf(stderr, ", validation loss %.4f -> %.4f", *summary.first_val_loss, *summary.last_val_loss);
     }
     std::fprintf(stderr, "\nweights: %s/model.safetensors\n", out.c_str());
-    run_dir.finish(summary.stopped_early ? loom::train::RunState::Interrupted : loom::train::RunState::Finished,
-                   summary.steps_completed);
-    if (cfg.sample.num_samples > 0 && !summary.stopped_early) {
+    run_dir.finish(loom::train::RunState::Finished, summary.steps_completed);
+    if (cfg.sample.num_samples > 0 && !stop.requested()) {
       print_samples(cfg, trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
+    }
+    if (stop.requested()) {  // after the last step: the training is complete, the samples are not
+      std::fprintf(stderr, "interrupted after training finished (samples skipped)\n");
+      throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
     }
   });
 });

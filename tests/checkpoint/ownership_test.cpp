@@ -1,4 +1,6 @@
-// What retention and checkpoint writes may delete: only what loom wrote, never the last valid checkpoint.
+// What retention and checkpoint writes may delete (only what loom wrote, never the last valid checkpoint),
+// and a stop in the middle of a validation pass (redone on resume, the run still bitwise the
+// uninterrupted one).
 #include <filesystem>
 #include <fstream>
 
@@ -115,4 +117,42 @@ TEST(CheckpointOwnership, RetentionNeverDeletesTheLastValidCheckpoint) {
   EXPECT_TRUE(train::apply_retention(run.string(), 2).empty());
   EXPECT_EQ(steps_of(run), (std::vector<int64_t>{10, 20, 30}));
   EXPECT_FALSE(train::checkpoint_problem((ck / "step_00000010").string()));
+}
+
+TEST(CheckpointOwnership, AStopDuringValidationIsRedoneOnResumeExactly) {
+  Corpus corpus;
+  const fs::path a = corpus.dir / "a", b = corpus.dir / "b";
+  train::Trainer whole(corpus.config(30, {"checkpoint.keep_last=0"}), a.string());
+  whole.run();
+  {
+    train::Trainer stopped(corpus.config(30, {"checkpoint.keep_last=0"}), b.string());
+    train::StopSignal stop;
+    stopped.after_backward = [&](int64_t step, std::vector<Tensor>&) {
+      if (step == 9) stop.request();  // during step 10, whose end is a validation: that pass is interrupted
+    };
+    auto summary = stopped.run(&stop);
+    EXPECT_TRUE(summary.stopped_early);
+    EXPECT_EQ(summary.steps_completed, 10);
+  }
+  std::ifstream in(b / "checkpoints" / "step_00000010" / "trainer_state.json");
+  EXPECT_EQ(nlohmann::json::parse(in)["val_pending"], true);
+  for (const auto& e : train::read_metrics((b / "metrics.jsonl").string())) {
+    EXPECT_FALSE(e.value("event", "") == "val" && e.value("step", 0) == 10) << "the interrupted pass logged a loss";
+  }
+  train::Trainer resumed(corpus.config(30, {"checkpoint.keep_last=0"}), b.string());
+  ASSERT_EQ(resumed.resume(), std::optional<int64_t>(10));
+  EXPECT_FALSE(resumed.run().stopped_early);
+  // Same metrics line for line (the step-10 validation included), same weights.
+  auto strip_speed = [](const fs::path& run) {
+    std::vector<nlohmann::json> out;
+    for (auto e : train::read_metrics((run / "metrics.jsonl").string())) {
+      e.erase("tokens_per_s");
+      e.erase("mfu");
+      out.push_back(e);
+    }
+    return out;
+  };
+  EXPECT_EQ(strip_speed(a), strip_speed(b));
+  EXPECT_EQ(read(a / "checkpoints" / "step_00000030" / "model.safetensors"),
+            read(b / "checkpoints" / "step_00000030" / "model.safetensors"));
 }

@@ -1,7 +1,7 @@
 // docs/guarantees.md through the real `loom` binary: a run directory is never overwritten or deleted
 // without --resume/--overwrite (train, resume, import, export), one writer at a time (a second one fails at
-// once naming the first's pid; kill -9 leaves no stale lock), and the exit statuses of the usage and user
-// errors.
+// once naming the first's pid; kill -9 leaves no stale lock), Ctrl-C and SIGTERM stop within a bounded time
+// with an honest summary and exit status, and the exit statuses of the usage and user errors.
 // Each test trains the tiny preset for a few steps on a synthetic corpus in its own temp directory.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -142,6 +142,17 @@ struct Fixture : loom::test::SyntheticCorpusDir {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::string state_of(const fs::path& run) { return nlohmann::json::parse(read(run / "run.json")).value("state", ""); }
+
+// The metrics without the timing fields, which differ from run to run.
+std::vector<nlohmann::json> curve(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  for (auto e : loom::train::read_metrics((run / "metrics.jsonl").string())) {
+    e.erase("tokens_per_s");
+    e.erase("mfu");
+    out.push_back(e);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -302,6 +313,81 @@ TEST(RunDirCli, OneWriterPerRunAndKillNineLeavesNoStaleLock) {
   EXPECT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "resuming from step " + std::to_string(newest))) << resumed.output;
   EXPECT_EQ(state_of(run), "finished");
+}
+
+TEST(RunDirCli, CtrlCDuringAHugeStepStopsAtOnceAndSaysSo) {
+  Fixture f;
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig == SIGINT ? "SIGINT" : "SIGTERM");
+    const fs::path run = f.dir / (sig == SIGINT ? "int" : "term");
+    // One step is a million micro-batches: without the checks between them it would take hours.
+    Process p = spawn(f.train_args(run, 5, {"--set", "training.grad_accum_steps=1000000", "--set", "logging.progress=lines"}),
+                      f.log(run.filename()));
+    ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // into step 1
+    ::kill(p.pid, sig);
+    const auto t0 = Clock::now();
+    std::optional<int> status = p.wait_for(std::chrono::seconds(30));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string log = read(p.log);
+    ASSERT_TRUE(status) << "still running 30 s after the signal: " << log;
+    EXPECT_EQ(*status, sig == SIGINT ? 130 : 143) << log;
+    EXPECT_LT(seconds, 10.0) << log;
+    EXPECT_TRUE(contains(log, "stopping after this step (step 1); press Ctrl-C again to abort")) << log;
+    EXPECT_TRUE(contains(log, "step 1 abandoned after")) << log;
+    EXPECT_TRUE(contains(log, "interrupted at step 0 of 5")) << log;
+    EXPECT_FALSE(contains(log, "done:")) << log;
+    EXPECT_EQ(state_of(run), "interrupted");
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000000" / "manifest.json")) << log;
+  }
+}
+
+TEST(RunDirCli, ASecondCtrlCAbortsAtOnce) {
+  Fixture f;
+  const fs::path run = f.dir / "run";
+  // Every checkpoint file waits 3 s (the crash test's hook), so a clean stop takes at least 12 s.
+  Process p = spawn(f.train_args(run, 1000, {"--set", "checkpoint.interval=1"}), f.log("run"),
+                    {{"LOOM_TEST_CHECKPOINT_PAUSE_MS", "3000"}});
+  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(p.pid, SIGINT);
+  ASSERT_TRUE(p.wait_for_output("press Ctrl-C again to abort", std::chrono::seconds(10))) << read(p.log);
+  ::kill(p.pid, SIGINT);
+  const auto t0 = Clock::now();
+  std::optional<int> status = p.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(status) << read(p.log);
+  EXPECT_EQ(*status, 130) << read(p.log);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0) << read(p.log);
+  EXPECT_TRUE(contains(read(p.log), "aborting")) << read(p.log);
+  // The lock went with the process (the run, killed inside its first checkpoint, has none to resume).
+  Result after = f.run(f.train_args(run, 2, {"--overwrite"}));
+  EXPECT_EQ(after.status, 0) << after.output;
+}
+
+TEST(RunDirCli, AStopInTheMiddleOfAnAccumulationResumesExactly) {
+  Fixture f;
+  const fs::path ref = f.dir / "ref", run = f.dir / "run";
+  const std::vector<std::string> extra = {"--set", "training.grad_accum_steps=200", "--set", "checkpoint.interval=100",
+                                          "--set", "eval.interval=0", "--set", "logging.progress=lines"};
+  Result whole = f.run(f.train_args(ref, 6, extra));
+  ASSERT_EQ(whole.status, 0) << whole.output;
+
+  Process p = spawn(f.train_args(run, 6, extra), f.log("stopped"));
+  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::kill(p.pid, SIGINT);
+  std::optional<int> status = p.wait_for(std::chrono::seconds(60));
+  ASSERT_TRUE(status) << read(p.log);
+  if (*status == 0 && contains(read(p.log), "done: 6 steps")) GTEST_SKIP() << "the run finished before the signal";
+  ASSERT_EQ(*status, 130) << read(p.log);
+  if (!contains(read(p.log), "abandoned")) std::printf("[ note     ] the signal landed between steps\n");
+
+  std::vector<std::string> resume = extra;
+  resume.push_back("--resume");
+  Result resumed = f.run(f.train_args(run, 6, resume));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(curve(ref), curve(run));
+  EXPECT_EQ(read(ref / "model.safetensors"), read(run / "model.safetensors"));
 }
 
 TEST(RunDirCli, ExitStatusesAndMessages) {

@@ -85,6 +85,9 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     val_pending_ = !loss.has_value();
     if (val_pending_) return;
     const double v = *loss;
+    LOOM_CHECK(std::isfinite(v), "train: the validation loss at step ", step_, " is ", v,
+               ": the model's outputs are not finite, so training stops here rather than go on with a broken "
+               "model (the checkpoints saved before this step are kept)");
     if (!first_val_loss_) first_val_loss_ = v;
     last_val_loss_ = v;
     last_val_step_ = step_;

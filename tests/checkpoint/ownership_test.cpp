@@ -1,6 +1,6 @@
 // What retention and checkpoint writes may delete (only what loom wrote, never the last valid checkpoint),
-// and a stop in the middle of a validation pass (redone on resume, the run still bitwise the
-// uninterrupted one).
+// and the stops that the Ctrl-C handling adds: in the middle of a validation pass (redone on resume, the
+// run still bitwise the uninterrupted one), and a non-finite validation loss (an error, not a number).
 #include <filesystem>
 #include <fstream>
 
@@ -155,4 +155,19 @@ TEST(CheckpointOwnership, AStopDuringValidationIsRedoneOnResumeExactly) {
   EXPECT_EQ(strip_speed(a), strip_speed(b));
   EXPECT_EQ(read(a / "checkpoints" / "step_00000030" / "model.safetensors"),
             read(b / "checkpoints" / "step_00000030" / "model.safetensors"));
+}
+
+TEST(CheckpointOwnership, ANonFiniteValidationLossIsAnError) {
+  Corpus corpus;
+  train::Trainer t(corpus.config(10), (corpus.dir / "run").string());
+  Tensor& w = t.model().parameters().front()->value;
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = std::nanf("");
+  try {
+    t.run();
+    ADD_FAILURE() << "expected a non-finite validation loss to stop the run";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("validation loss at step 0 is"), std::string::npos) << what;
+    EXPECT_NE(what.find("not finite"), std::string::npos) << what;
+  }
 }

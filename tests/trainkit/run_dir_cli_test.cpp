@@ -411,3 +411,53 @@ TEST(RunDirCli, ExitStatusesAndMessages) {
   EXPECT_TRUE(contains(fs_error.output, (f.dir / "a_file" / "run").string())) << fs_error.output;
   EXPECT_FALSE(contains(fs_error.output, "filesystem error")) << fs_error.output;
 }
+
+TEST(RunDirCli, EvalOfNonFiniteWeightsIsAnError) {
+  Fixture f;
+  const fs::path run = f.dir / "run";
+  ASSERT_EQ(f.run(f.train_args(run, 2)).status, 0);
+  const std::string weights = (run / "model.safetensors").string();
+  {
+    auto file = loom::io::SafetensorsFile::open(weights);
+    auto metadata = file.metadata();
+    std::map<std::string, loom::Tensor> tensors;
+    for (const auto& name : file.names()) {
+      loom::Tensor t = file.tensor(name).clone();
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = std::nanf("");
+      tensors.emplace(name, t);
+    }
+    loom::io::write_safetensors(weights + ".nan", tensors, metadata);
+  }
+  fs::rename(weights + ".nan", weights);
+  Result r = f.run({"eval", "--run", run.string(), "--data", (f.dir / "val.bin").string()});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "not finite")) << r.output;
+  EXPECT_FALSE(contains(r.output, "\"loss\"")) << r.output;
+}
+
+TEST(RunDirCli, GenerateChecksItsOptionsBeforePrinting) {
+  Fixture f;
+  // A tokenizer whose ids fit a 300-token model, and a run trained with it.
+  write(f.dir / "text.txt", "the quick brown fox jumps over the lazy dog. the dog sleeps.\n");
+  ASSERT_EQ(f.run({"tokenizer", "train", "--input", (f.dir / "text.txt").string(), "--vocab-size", "270", "--out",
+                   (f.dir / "tok.json").string()})
+                .status,
+            0);
+  const fs::path run = f.dir / "run";
+  Result trained = f.run(f.train_args(run, 2, {"--set", "model.vocab_size=300", "--set",
+                                               "data.tokenizer=\"" + (f.dir / "tok.json").string() + "\""}));
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  ASSERT_TRUE(fs::exists(run / "tokenizer.json"));
+  Result ok = f.run({"generate", "--run", run.string(), "--prompt", "the dog", "--max-new-tokens", "3"});
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--temperature", "-1"},
+                                              std::vector<std::string>{"--top-p", "0"},
+                                              std::vector<std::string>{"--max-new-tokens", "-5"}}) {
+    std::vector<std::string> args = {"generate", "--run", run.string(), "--prompt", "the dog"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    Result r = f.run(args);
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(r.stdout_only, "") << "nothing may be printed before the options are checked";
+    EXPECT_TRUE(contains(r.output, "error: generate: ")) << r.output;
+  }
+}

@@ -29,6 +29,13 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "generate: give --run DIR or --weights PATH");
+    // Every option is checked before anything is printed (the prompt is echoed first).
+    LOOM_CHECK(a.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got ", a.max_new_tokens);
+    try {
+      loom::generate::SamplingOptions{a.temperature, a.top_k, a.top_p}.validate();
+    } catch (const loom::Error& e) {
+      throw loom::Error(std::string("generate: ") + e.what());
+    }
     auto loaded = a.run.empty() ? loom::train::load_weights(a.weights) : loom::train::load_run(a.run);
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
     const auto& tok = *loaded.tokenizer;
@@ -39,6 +46,7 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     if (auto eot = tok.special_token_id("<|endoftext|>")) o.stop_token = static_cast<int32_t>(*eot);
     std::vector<int32_t> prompt;
     for (auto id : tok.encode(a.prompt)) prompt.push_back(static_cast<int32_t>(id));
+    LOOM_CHECK(!prompt.empty(), "generate: --prompt is empty (give at least one character to continue)");
     std::printf("%s", a.prompt.c_str());
     std::fflush(stdout);
     // Stream the text as it comes: print the bytes that form complete UTF-8 characters, hold back a

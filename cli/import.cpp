@@ -7,24 +7,33 @@
 #include "tokenizer/formats.h"
 #include "models/hf.h"
 #include "train/run.h"
+#include "train/run_dir.h"
 
 namespace {
 
 struct ImportArgs {
   std::string hf, out;
+  bool overwrite = false;
 };
 
 loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
   cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
   cmd.add_option("--out", a.out, "run directory to write")->required();
+  cmd.add_flag("--overwrite", a.overwrite, "replace the loom run in --out (files loom did not write stay)");
   cmd.callback([] {
+    // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (train/run_dir.h).
+    auto run_dir = loom::train::RunDir::claim(a.out, loom::train::RunKind::Import,
+                                              a.overwrite ? loom::train::ExistingRun::Overwrite
+                                                          : loom::train::ExistingRun::Refuse);
     auto hf = loom::models::import_hf(a.hf);
+    run_dir.start();
     for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::filesystem::create_directories(a.out);
     const auto weights = std::filesystem::path(a.out) / "model.safetensors";
     loom::train::save_model_weights(*hf.model, weights.string());
     if (hf.tokenizer) loom::tokenizer::save_hf_json(*hf.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
+    run_dir.finish(loom::train::RunState::Finished);
     std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
                  static_cast<long long>(hf.model->num_parameters()), hf.tokenizer ? " and tokenizer.json" : "");
   });

@@ -1,21 +1,41 @@
 // Entry point of the `loom` CLI: builds the subcommands that cli/*.cpp registered and runs one.
+// Exit statuses: cli/exit_codes.h.
 #include "cli/command.h"
+#include "cli/exit_codes.h"
 #include "core/error.h"
+#include "core/version.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <string>
 
 namespace loom::cli {
 std::vector<Command>& registry() {
   static std::vector<Command> commands;
   return commands;
 }
+
+namespace {
+// "/runs/x: cannot create directories: Permission denied" from libstdc++'s "filesystem error: cannot create
+// directories: Permission denied [/runs/x]": the path first, then what could not be done and why.
+std::string describe(const std::filesystem::filesystem_error& e) {
+  std::string what = e.what();
+  const std::string prefix = "filesystem error: ";
+  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  if (const size_t bracket = what.find(" ["); bracket != std::string::npos) what.erase(bracket);
+  std::string paths = e.path1().string();
+  if (!e.path2().empty()) paths += " -> " + e.path2().string();
+  return paths.empty() ? what : paths + ": " + what;
+}
+}  // namespace
 }  // namespace loom::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"loom: language models from scratch, in C++"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("loom ") + loom::kVersion);
   auto& commands = loom::cli::registry();
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -26,13 +46,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int status = app.exit(e);  // prints the help, the version, or what does not parse
+    return status == 0 ? loom::cli::kExitOk : loom::cli::kExitUsage;
+  } catch (const loom::cli::ExitStatus& e) {
+    return e.code;
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return loom::cli::kExitError;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "error: %s\n", loom::cli::describe(e).c_str());
+    return loom::cli::kExitError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return loom::cli::kExitError;
   }
-  return 0;
+  return loom::cli::kExitOk;
 }

@@ -1,15 +1,18 @@
 // `loom train`: with no arguments, the default job end to end (tokenizer, data, training, samples).
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/exit_codes.h"
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 namespace {
@@ -20,6 +23,7 @@ struct TrainArgs {
   std::string out;
   std::vector<std::string> sets;
   bool resume = false;
+  bool overwrite = false;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
@@ -46,14 +50,23 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
-  cmd.add_flag("--resume", args.resume,
-               "continue from the newest valid checkpoint in --out (its config.json is the config unless --config "
-               "is given; --set still applies)");
+  auto* resume_opt = cmd.add_flag("--resume", args.resume,
+                                  "continue from the newest valid checkpoint in --out (its config.json is the config "
+                                  "unless --config is given; --set still applies)");
+  cmd.add_flag("--overwrite", args.overwrite,
+               "replace the loom run in --out: its files and checkpoints are deleted (files loom did not write stay)")
+      ->excludes(resume_opt);
   cmd.callback([config_opt] {
     std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
+    // Refuses a directory that is not loom's, or an existing run without --resume/--overwrite, and locks it
+    // for the rest of the process (train/run_dir.h).
+    using loom::train::ExistingRun;
+    loom::train::RunDir run_dir = loom::train::RunDir::claim(
+        out, loom::train::RunKind::Train,
+        args.resume ? ExistingRun::Resume : args.overwrite ? ExistingRun::Overwrite : ExistingRun::Refuse);
     for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     loom::train::Trainer trainer(cfg, out);
     // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the
@@ -72,9 +85,12 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
         std::fprintf(stderr, "resuming from step %lld (%s)\n", static_cast<long long>(*step),
                      (fs::path(loom::train::checkpoints_dir(out)) / loom::train::checkpoint_name(*step)).c_str());
       } else {
-        std::fprintf(stderr, "no valid checkpoint in %s: starting from step 0\n",
-                     loom::train::checkpoints_dir(out).c_str());
+        run_dir.check_nothing_to_resume();  // only a new or empty directory may start from step 0
+        std::fprintf(stderr, "no checkpoint in %s (a new run): starting from step 0\n", out.c_str());
       }
+    }
+    if (auto removed = run_dir.start(); !removed.empty()) {
+      std::fprintf(stderr, "--overwrite: deleted %zu file(s) of the previous run in %s\n", removed.size(), out.c_str());
     }
     std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
                  static_cast<long long>(cfg.model.stats().total_params), static_cast<long long>(cfg.training.max_steps),
@@ -83,14 +99,27 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     auto summary = trainer.run(&stop);
     loom::train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
     loom::train::save_run_tokenizer(cfg, out);
+    if (summary.stopped_early) {
+      std::fprintf(stderr, "interrupted at step %lld of %lld (%lld skipped), %.0f tokens/s\nweights: %s/model.safetensors\n"
+                   "continue with: loom train --out %s --resume\n",
+                   static_cast<long long>(summary.steps_completed), static_cast<long long>(cfg.training.max_steps),
+                   static_cast<long long>(summary.steps_skipped), summary.tokens_per_s, out.c_str(), out.c_str());
+      run_dir.finish(loom::train::RunState::Interrupted, summary.steps_completed);
+      throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
+    }
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
                  static_cast<long long>(summary.steps_skipped), summary.tokens_per_s);
     if (summary.first_val_loss && summary.last_val_loss) {
       std::fprintf(stderr, ", validation loss %.4f -> %.4f", *summary.first_val_loss, *summary.last_val_loss);
     }
     std::fprintf(stderr, "\nweights: %s/model.safetensors\n", out.c_str());
-    if (cfg.sample.num_samples > 0 && !summary.stopped_early) {
+    run_dir.finish(loom::train::RunState::Finished, summary.steps_completed);
+    if (cfg.sample.num_samples > 0 && !stop.requested()) {
       print_samples(cfg, trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
+    }
+    if (stop.requested()) {  // after the last step: the training is complete, the samples are not
+      std::fprintf(stderr, "interrupted after training finished (samples skipped)\n");
+      throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
     }
   });
 });

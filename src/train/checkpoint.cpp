@@ -49,7 +49,78 @@ void write_text_durably(const std::string& path, const std::string& text) {
   io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
 }
 
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The names loom gives a checkpoint's files (Trainer::save_checkpoint), and their temporaries while
+// io::write_file_atomically writes them (".<name>.tmp.<n>"): all that a crashed writer can leave.
+bool is_loom_checkpoint_file_name(const std::string& name) {
+  static const std::set<std::string> known = {"model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                                              kManifest};
+  if (known.count(name)) return true;
+  const size_t tmp = name.rfind(".tmp.");
+  return name.size() > 1 && name[0] == '.' && tmp != std::string::npos && known.count(name.substr(1, tmp - 1)) &&
+         all_digits(std::string_view(name).substr(tmp + 5));
+}
+
+// A leftover of a crashed writer or deleter that loom may remove: named .tmp-step_<N>-<pid> or
+// .trash-step_<N>-<pid>, and holding nothing but a checkpoint loom wrote or files loom writes there.
+bool is_loom_leftover(const fs::directory_entry& entry) {
+  const std::string name = entry.path().filename().string();
+  std::string_view rest;
+  for (const char* prefix : {kTmpPrefix, kTrashPrefix}) {
+    if (name.rfind(prefix, 0) == 0) rest = std::string_view(name).substr(std::string_view(prefix).size());
+  }
+  const size_t dash = rest.rfind('-');
+  if (dash == std::string_view::npos || !step_of_name(std::string(rest.substr(0, dash))) ||
+      !all_digits(rest.substr(dash + 1))) {
+    return false;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(entry.symlink_status(ec))) return false;
+  if (checkpoint_written_by_loom(entry.path().string())) return true;
+  for (const auto& e : fs::directory_iterator(entry.path(), ec)) {
+    if (!fs::is_regular_file(e.symlink_status(ec)) || !is_loom_checkpoint_file_name(e.path().filename().string())) {
+      return false;
+    }
+  }
+  return !ec;
+}
+
+// Renames a step directory away (so its name never points at a half-deleted directory), then deletes it.
+void delete_step_dir(const fs::path& root, const CheckpointRef& c) {
+  const fs::path trash = root / str(kTrashPrefix, checkpoint_name(c.step), "-", ::getpid());
+  fs::remove_all(trash);
+  fs::rename(c.path, trash);
+  fs::remove_all(trash);
+}
+
 }  // namespace
+
+bool checkpoint_written_by_loom(const std::string& dir) {
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(dir, ec))) return false;
+    const fs::path manifest_path = fs::path(dir) / kManifest;
+    if (!fs::is_regular_file(fs::symlink_status(manifest_path, ec))) return false;
+    auto mapped = io::MappedFile::open(manifest_path.string());
+    json m = json::parse(reinterpret_cast<const char*>(mapped->data()),
+                         reinterpret_cast<const char*>(mapped->data()) + mapped->size(), nullptr, false);
+    if (m.is_discarded() || !m.is_object() || m.value("format", "") != "loom-checkpoint" || !m.contains("files") ||
+        !m["files"].is_object()) {
+      return false;
+    }
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (!fs::is_regular_file(entry.symlink_status())) return false;
+      if (name != kManifest && !m["files"].contains(name)) return false;  // a file loom did not put there
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 std::string checkpoint_name(int64_t step) {
   char buf[32];
@@ -119,13 +190,13 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const std
   const fs::path final_dir = root / checkpoint_name(step);
   fs::create_directories(root);
   if (fs::exists(final_dir)) {
-    if (!checkpoint_problem(final_dir.string())) return final_dir.string();  // already saved, and intact
-    // A damaged checkpoint of the same step: move it out of the way (rename, so the name never points at
-    // a half-deleted directory), then delete it.
-    const fs::path trash = root / str(kTrashPrefix, checkpoint_name(step), "-", ::getpid());
-    fs::remove_all(trash);
-    fs::rename(final_dir, trash);
-    fs::remove_all(trash);
+    auto problem = checkpoint_problem(final_dir.string());
+    if (!problem) return final_dir.string();  // already saved, and intact
+    LOOM_CHECK(checkpoint_written_by_loom(final_dir.string()), "checkpoint: cannot save step ", step, ": ",
+               final_dir.string(), " is there already and was not written by loom (", *problem,
+               "); loom does not replace files it did not write: move it out of ", root.string());
+    // A damaged checkpoint of the same step, written by loom: replace it.
+    delete_step_dir(root, {step, final_dir.string()});
   }
   const fs::path tmp = root / str(kTmpPrefix, checkpoint_name(step), "-", ::getpid());
   fs::remove_all(tmp);
@@ -147,32 +218,62 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const std
 }
 
 std::vector<int64_t> apply_retention(const std::string& run_dir, int64_t keep_last,
-                                     const std::vector<int64_t>& also_keep) {
+                                     const std::vector<int64_t>& also_keep, std::optional<int64_t> known_valid) {
   const fs::path root = checkpoints_dir(run_dir);
   std::vector<int64_t> deleted;
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return deleted;
   // Leftovers of crashed writers or deleters.
   for (const auto& entry : fs::directory_iterator(root)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(kTmpPrefix, 0) == 0 || name.rfind(kTrashPrefix, 0) == 0) fs::remove_all(entry.path());
+    if (is_loom_leftover(entry)) fs::remove_all(entry.path());
   }
   if (keep_last <= 0) return deleted;
-  auto all = list_checkpoints(run_dir);
+  std::vector<CheckpointRef> all;  // the ones loom wrote; any other step_<N> folder is not ours to count or delete
+  for (CheckpointRef& c : list_checkpoints(run_dir)) {
+    if (checkpoint_written_by_loom(c.path)) all.push_back(std::move(c));
+  }
   std::set<int64_t> keep(also_keep.begin(), also_keep.end());
   for (size_t i = all.size() > static_cast<size_t>(keep_last) ? all.size() - static_cast<size_t>(keep_last) : 0;
        i < all.size(); ++i) {
     keep.insert(all[i].step);
   }
+  // The newest valid checkpoint survives whatever else is kept: newer damaged ones must not push it out.
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->step == known_valid || !checkpoint_problem(it->path)) {
+      keep.insert(it->step);
+      break;
+    }
+  }
   for (const CheckpointRef& c : all) {
     if (keep.count(c.step)) continue;
-    const fs::path trash = root / str(kTrashPrefix, checkpoint_name(c.step), "-", ::getpid());
-    fs::remove_all(trash);
-    fs::rename(c.path, trash);
-    fs::remove_all(trash);
+    delete_step_dir(root, c);
     deleted.push_back(c.step);
   }
   if (!deleted.empty()) io::fsync_path(root.string());
+  return deleted;
+}
+
+std::vector<std::string> delete_checkpoints(const std::string& run_dir) {
+  const fs::path root = checkpoints_dir(run_dir);
+  std::vector<std::string> deleted;
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(root, ec))) return deleted;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (!is_loom_leftover(entry)) continue;
+    fs::remove_all(entry.path());
+    deleted.push_back((fs::path("checkpoints") / entry.path().filename()).string());
+  }
+  for (const CheckpointRef& c : list_checkpoints(run_dir)) {
+    if (!checkpoint_written_by_loom(c.path)) continue;
+    delete_step_dir(root, c);
+    deleted.push_back((fs::path("checkpoints") / fs::path(c.path).filename()).string());
+  }
+  if (fs::is_empty(root, ec)) {
+    fs::remove(root, ec);
+    io::fsync_path(run_dir);
+  } else if (!deleted.empty()) {
+    io::fsync_path(root.string());
+  }
   return deleted;
 }
 

@@ -52,18 +52,33 @@ struct CheckpointFile {
   std::function<void(const std::string& path)> write;
 };
 
+// Whether loom wrote the checkpoint directory: its manifest.json is loom's ("format": "loom-checkpoint")
+// and the directory holds exactly the files the manifest lists, plus the manifest (it may still be
+// damaged: see checkpoint_problem). Only such directories are ever deleted or replaced by loom.
+bool checkpoint_written_by_loom(const std::string& dir);
+
 // Writes the files into a temporary directory, then the manifest, fsyncs, and renames it to
 // <run_dir>/checkpoints/step_<N>. `before_file` (a test hook, may be empty) is called with each file name
 // before it is written. When a valid step_<N> already exists (a resumed run saving the step it started
-// from), nothing is written. Returns the checkpoint's path.
+// from), nothing is written; a damaged one that loom wrote is replaced; a step_<N> loom did not write is
+// an error. Returns the checkpoint's path.
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointFile>& files,
                              const std::function<void(const std::string& file)>& before_file = {});
 
 // Retention: keeps the newest `keep_last` checkpoints (all when 0) and `also_keep` (e.g. the best by
 // validation loss), deletes the others (each renamed away first, so a crash mid-delete leaves no
 // half-deleted step_<N>). Also removes temporary directories left by crashed writers. Returns the
-// deleted steps.
+// deleted steps. Only what loom wrote is deleted (checkpoint_written_by_loom; leftovers named and filled
+// as loom names and fills them); other step_<N> folders are left alone and not counted. The newest valid
+// checkpoint is always kept, even when newer damaged ones fill keep_last; `known_valid` names a step the
+// caller has just written and verified, which spares re-reading it.
 std::vector<int64_t> apply_retention(const std::string& run_dir, int64_t keep_last,
-                                     const std::vector<int64_t>& also_keep = {});
+                                     const std::vector<int64_t>& also_keep = {},
+                                     std::optional<int64_t> known_valid = std::nullopt);
+
+// Deletes every checkpoint loom wrote under <run_dir>/checkpoints and the leftovers of crashed writers,
+// then checkpoints/ itself when nothing else is in it (`loom train --overwrite`). Returns the deleted
+// paths, relative to run_dir.
+std::vector<std::string> delete_checkpoints(const std::string& run_dir);
 
 }  // namespace loom::train

@@ -43,6 +43,8 @@ EvalResult evaluate(const models::LanguageModel& model, const data::TokenFile& t
   r.windows = windows;
   r.tokens = windows * T;
   r.loss = total / static_cast<double>(r.tokens);
+  LOOM_CHECK(std::isfinite(r.loss), "eval: the loss over ", windows, " windows of ", tokens.path(), " is ", r.loss,
+             ": the model's outputs are not finite (its weights may hold NaN or Inf), so there is no loss to report");
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -22,6 +22,7 @@ struct EvalResult {
 };
 
 // context_length 0 means the model's; max_windows 0 means all; batch_size windows per forward pass.
+// A loss that is not finite (NaN or Inf weights) is an error, never a result.
 EvalResult evaluate(const models::LanguageModel& model, const data::TokenFile& tokens, int64_t context_length = 0,
                     int64_t max_windows = 0, int64_t batch_size = 8);
 

@@ -49,10 +49,15 @@ Trainer::Trainer(TrainConfig config, std::string run_dir) : config_(std::move(co
                                          static_cast<float>(o.weight_decay)});
 }
 
-double Trainer::validation_loss() {
+double Trainer::validation_loss() { return *validation_loss(nullptr); }
+
+std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
   autograd::NoGradGuard no_grad;
   double total = 0;
-  for (const data::Batch& b : data_->val) total += model_->loss(b.inputs, b.targets).item();
+  for (const data::Batch& b : data_->val) {
+    if (stop != nullptr && stop->requested()) return std::nullopt;  // thousands of batches must not delay a stop
+    total += model_->loss(b.inputs, b.targets).item();
+  }
   return data_->val.empty() ? 0.0 : total / static_cast<double>(data_->val.size());
 }
 
@@ -76,8 +81,16 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   auto params = model_->parameters();
 
   TrainSummary summary;
+  auto stop_requested = [&] { return stop != nullptr && stop->requested(); };
   auto validate_now = [&] {
-    double v = validation_loss();
+    if (stop != nullptr) stop->set_step(step_);
+    std::optional<double> loss = validation_loss(stop);
+    val_pending_ = !loss.has_value();
+    if (val_pending_) return;
+    const double v = *loss;
+    LOOM_CHECK(std::isfinite(v), "train: the validation loss at step ", step_, " is ", v,
+               ": the model's outputs are not finite, so training stops here rather than go on with a broken "
+               "model (the checkpoints saved before this step are kept)");
     if (!first_val_loss_) first_val_loss_ = v;
     last_val_loss_ = v;
     last_val_step_ = step_;
@@ -87,23 +100,38 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     metrics.val(e);
     progress.log_val(e);
   };
-  if (step_ == 0 && config_.eval.interval > 0) validate_now();  // the starting point of the val curve
+  // The starting point of the val curve, or a validation that an earlier stop interrupted.
+  if ((step_ == 0 && config_.eval.interval > 0) || val_pending_) validate_now();
+  bool interrupted = stop_requested(), saved = false;
 
   using Clock = std::chrono::steady_clock;
   const auto run_start = Clock::now();
   auto window_start = run_start;
   int64_t window_steps = 0, run_steps = 0;
-  while (step_ < tc.max_steps) {
+  while (!interrupted && step_ < tc.max_steps) {
+    if (stop != nullptr) stop->set_step(step_ + 1);
     const float lr = cosine_lr(step_, static_cast<float>(oc.lr), static_cast<float>(oc.min_lr),
                                config_.schedule.warmup_steps, config_.cosine_steps());
     optimizer_->zero_grad();
     double loss_sum = 0;
-    for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
+    const data::LoaderState loader_at_step_start = data_->train.state();
+    int64_t micro = 0;
+    for (; micro < tc.grad_accum_steps; ++micro) {
+      // A stop between micro-batches abandons the step: nothing is applied and the loader goes back to
+      // where the step began, so the run ends at the last completed step and a resume redoes this one.
+      if (micro > 0 && stop_requested()) break;
       data::Batch batch = data_->train.next();
       Tensor loss = model_->loss(batch.inputs, batch.targets, train_context(micro));
       loss_sum += loss.item();
       // Mean over micro-batches: each contributes 1/accum of the gradient.
       (tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss).backward();
+    }
+    if (micro < tc.grad_accum_steps) {
+      data_->train.restore(loader_at_step_start);
+      progress.note(str("step ", step_ + 1, " abandoned after ", micro, " of ", tc.grad_accum_steps,
+                        " micro-batches (not applied)"));
+      interrupted = true;
+      break;
     }
     const double loss_value = loss_sum / static_cast<double>(tc.grad_accum_steps);
     std::vector<Tensor> grads = gradients_of(params);
@@ -141,18 +169,22 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     }
     progress.update(step_);
     if (config_.eval.interval > 0 && (step_ % config_.eval.interval == 0 || step_ == tc.max_steps)) validate_now();
-    const bool stopping = stop != nullptr && stop->requested();
+    const bool stopping = stop_requested();
     const int64_t every = config_.checkpoint.interval;
-    if (every > 0 && (step_ % every == 0 || step_ == tc.max_steps || stopping)) {
+    saved = every > 0 && (step_ % every == 0 || step_ == tc.max_steps || stopping);  // of step_, if true
+    if (saved) {
       std::string path = save_checkpoint();
       if (stopping) progress.note(str("checkpoint: ", path));
     }
-    if (stopping) {
-      summary.stopped_early = step_ < tc.max_steps;
-      if (summary.stopped_early) progress.note(str("stopping after step ", step_, " (interrupted)"));
-      break;
-    }
+    interrupted = stopping;
   }
+  if (interrupted) {
+    // Stopped where no checkpoint of step_ was saved (mid-step, or before the first step): save one.
+    if (!saved && config_.checkpoint.interval > 0) progress.note(str("checkpoint: ", save_checkpoint()));
+    summary.stopped_early = step_ < tc.max_steps || val_pending_;
+    if (summary.stopped_early) progress.note(str("stopping after step ", step_, " (interrupted)"));
+  }
+  if (stop != nullptr) stop->set_step(-1);
   progress.finish();
   summary.first_val_loss = first_val_loss_;
   summary.last_val_loss = last_val_loss_;
@@ -212,6 +244,7 @@ nlohmann::json Trainer::state_json() const {
                                  : nlohmann::json();
   // The validation loss of exactly this checkpoint's weights, when validation ran at this step.
   j["val_loss"] = (last_val_loss_ && last_val_step_ == step_) ? nlohmann::json(*last_val_loss_) : nlohmann::json();
+  j["val_pending"] = val_pending_;
   j["best_checkpoint"] = best_checkpoint_step_
                              ? nlohmann::json{{"step", *best_checkpoint_step_}, {"val_loss", best_checkpoint_val_}}
                              : nlohmann::json();
@@ -248,7 +281,7 @@ std::string Trainer::save_checkpoint() {
   std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
-  apply_retention(run_dir_, config_.checkpoint.keep_last, keep);
+  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
   return path;
 }
 
@@ -320,6 +353,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       last_val_loss_ = s.at("last_val").at("val_loss").get<double>();
       last_val_step_ = s.at("last_val").at("step").get<int64_t>();
     }
+    val_pending_ = s.value("val_pending", false);  // absent in checkpoints from before it existed
     best_checkpoint_step_.reset();
     if (!s.at("best_checkpoint").is_null()) {
       best_checkpoint_step_ = s.at("best_checkpoint").at("step").get<int64_t>();

@@ -25,7 +25,7 @@ struct TrainSummary {
   double last_loss = 0;
   std::optional<double> first_val_loss, last_val_loss;
   double tokens_per_s = 0;        // over this run's steps
-  bool stopped_early = false;     // Ctrl-C / SIGTERM
+  bool stopped_early = false;     // Ctrl-C / SIGTERM before max_steps (or before the last validation)
 };
 
 class Trainer {
@@ -33,7 +33,10 @@ class Trainer {
   // Opens the data named by the config (checking sizes and vocabulary), builds the model and optimizer.
   Trainer(TrainConfig config, std::string run_dir);
 
-  // Trains from the current step to training.max_steps, or until `stop` is requested.
+  // Trains from the current step to training.max_steps, or until `stop` is requested. `stop` is looked at
+  // between micro-batches and between validation batches: a step interrupted before its last micro-batch
+  // is not applied (the run stops at the last completed step, which a resume continues from exactly as if
+  // uninterrupted), and a validation pass interrupted midway is redone first on resume.
   TrainSummary run(const StopSignal* stop = nullptr);
 
   // Test hook: called after backward() and before clipping, with the step and the gradients.
@@ -82,9 +85,13 @@ class Trainer {
   double best_checkpoint_val_ = 0;
   nlohmann::json last_train_event_;  // the last metrics line written, for trainer_state.json
 
+  bool val_pending_ = false;  // validation of the current step was interrupted: run it first on resume
+
   nlohmann::json state_json() const;
   // The forward context of micro-batch `micro` of the current step: dropout keyed by (seed, step, micro).
   models::ForwardContext train_context(int64_t micro) const;
+  // Mean validation loss, or nullopt when `stop` was requested before the last batch.
+  std::optional<double> validation_loss(const StopSignal* stop);
 };
 
 }  // namespace loom::train

@@ -361,7 +361,8 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
     return logged;
   };
 
-  // Ctrl-C first: the run finishes its step, saves a checkpoint of exactly that step, and exits cleanly.
+  // Ctrl-C first: the run stops at its last completed step, saves a checkpoint of exactly that step, and
+  // exits with 130 (interrupted by SIGINT).
   {
     pid_t pid = spawn(args_for(crash, true), tmp.dir / "crash.log", nullptr);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -370,7 +371,7 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
     }
     ::kill(pid, SIGINT);
     status = wait_exit(pid);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "Ctrl-C'd run failed, see " << tmp.dir / "crash.log";
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "Ctrl-C'd run failed, see " << tmp.dir / "crash.log";
     auto refs = train::list_checkpoints(crash.string());
     ASSERT_FALSE(refs.empty());
     EXPECT_EQ(refs.back().step, last_logged_step(crash)) << "Ctrl-C must save the step it stopped at";

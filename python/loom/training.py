@@ -37,16 +37,18 @@ def _parse_value(v: str):
         return v
 
 
-def train(config="default", out_dir=None, overrides: Mapping | Sequence[str] | None = None) -> dict:
+def train(config="default", out_dir=None, overrides: Mapping | Sequence[str] | None = None,
+          overwrite: bool = False) -> dict:
     """Trains as `loom train --config CONFIG --out OUT_DIR --set ...` does: prepares the tokenizer and
     token files the config names when missing, trains, and writes OUT_DIR/model.safetensors,
     config.json and tokenizer.json. Runs entirely in C++ with the GIL released; Ctrl-C stops cleanly
     after the current step. Returns the summary (steps_completed, steps_skipped, last_loss,
-    first_val_loss, last_val_loss, tokens_per_s, stopped_early) and run_dir."""
+    first_val_loss, last_val_loss, tokens_per_s, stopped_early) and run_dir. OUT_DIR must be new or
+    empty, or (with overwrite=True) one of loom's runs, as for `loom train` (docs/guarantees.md)."""
     cfg = resolve_config(config, overrides)
     if out_dir is None:
         name = "custom" if isinstance(config, Mapping) else os.path.splitext(os.path.basename(os.fspath(config)))[0]
         out_dir = os.path.join("runs", name)
-    summary = dict(_loom.train(json.dumps(cfg), os.fspath(out_dir)))
+    summary = dict(_loom.train(json.dumps(cfg), os.fspath(out_dir), bool(overwrite)))
     summary["run_dir"] = os.fspath(out_dir)
     return summary

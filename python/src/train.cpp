@@ -19,6 +19,7 @@
 #include "train/config.h"
 #include "train/optimizer.h"
 #include "train/run.h"
+#include "train/run_dir.h"
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 
@@ -223,22 +224,27 @@ void bind_train(nb::module_& m) {
                                      : train::TrainConfig::load(source, overrides);
     return cfg.to_json().dump();
   });
-  // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json. Ctrl-C stops
-  // cleanly after the current step (the weights are still saved).
-  m.def("train", [](const std::string& config_json, const std::string& out) {
+  // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json, under the same
+  // run-directory rules (train/run_dir.h: a new or empty directory, or one of loom's runs with overwrite;
+  // locked while training). Ctrl-C stops cleanly after the current step (the weights are still saved).
+  m.def("train", [](const std::string& config_json, const std::string& out, bool overwrite) {
     auto cfg = train::TrainConfig::from_json(nlohmann::json::parse(config_json));
     train::TrainSummary summary = without_gil([&] {
+      train::RunDir run_dir = train::RunDir::claim(
+          out, train::RunKind::Train, overwrite ? train::ExistingRun::Overwrite : train::ExistingRun::Refuse);
       train::ensure_training_data(cfg, cfg.logging.progress != "none");
       train::Trainer trainer(cfg, out);
+      run_dir.start();
       train::StopSignal stop;
       train::TrainSummary s = trainer.run(&stop);
       namespace fs = std::filesystem;
       train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
       train::save_run_tokenizer(cfg, out);
+      run_dir.finish(s.stopped_early ? train::RunState::Interrupted : train::RunState::Finished, s.steps_completed);
       return s;
     });
     return summary_dict(summary);
-  });
+  }, nb::arg("config_json"), nb::arg("out"), nb::arg("overwrite") = false);
 }
 
 }  // namespace loom::python

@@ -1,5 +1,6 @@
 """Training and generation from Python: a small config end to end, then the run loaded back."""
 
+import json
 import math
 import os
 import subprocess
@@ -82,3 +83,18 @@ def test_cli_trains_the_same_weights(run_dir, tmp_path):
     assert mine.keys() == theirs.keys()
     for k in mine:
         np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
+
+
+def test_train_refuses_a_finished_run_and_a_foreign_directory(run_dir, tmp_path):
+    """loom.train follows `loom train`'s run-directory rules: a finished run is not replaced unless
+    overwrite=True, and a directory loom did not write is never written into."""
+    path, _, overrides = run_dir
+    with pytest.raises(ValueError, match="overwrite"):
+        loom.train("tiny", path, overrides)
+    assert json.loads((path / "run.json").read_text())["state"] == "finished"
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError):
+        loom.train("tiny", foreign, overrides)
+    assert (foreign / "notes.txt").read_text() == "keep me"

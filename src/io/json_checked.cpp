@@ -1,6 +1,8 @@
 #include "io/json_checked.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -45,6 +47,12 @@ void set_checked(json& slot, const json& value, const std::string& path) {
 }
 
 }  // namespace
+
+double float_for_json(float f) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof(buf), f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
 
 std::string quote_json(const json& value, size_t max_chars) {
   std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);

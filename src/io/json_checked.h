@@ -13,6 +13,10 @@ namespace loom::io {
 // (objects are merged recursively). `prefix` is the dotted path of `base` in messages ("" for the top).
 void merge_checked(nlohmann::json& base, const nlohmann::json& overlay, const std::string& prefix);
 
+// A float as the double with the float's shortest decimal form, so a JSON file says 1e-05 and not
+// 9.99999974737875e-06; reading it back rounds to the same float.
+double float_for_json(float f);
+
 // A JSON value for an error message: its dump, cut to `max_chars` with "..." (a value can be megabytes).
 std::string quote_json(const nlohmann::json& value, size_t max_chars = 80);
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "models/model.h"
 #include "models/stats.h"
 #include "tokenizer/tokenizer.h"
@@ -49,6 +50,29 @@ struct Family {
   // Built-in presets of this family (generated from configs/*.json by tools/embed_presets.sh).
   std::vector<Preset> presets;
 };
+
+// A Family with what every family fills the same way from its Config type (Config{}.to_json() as the
+// defaults, Config::from_json to validate, with errors prefixed "config: ") and its model class (built
+// from Config and a seed). The family adds stats, HF and presets.
+template <typename Config, typename Model>
+Family family_of(std::string arch, std::string summary) {
+  Family f;
+  f.arch = std::move(arch);
+  f.summary = std::move(summary);
+  f.defaults = Config{}.to_json();
+  f.validate = [](const nlohmann::json& j) {
+    try {
+      Config::from_json(j);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      throw Error(what.rfind("config: ", 0) == 0 ? what : "config: " + what);
+    }
+  };
+  f.build = [](const ModelConfig& config, uint64_t seed) -> std::unique_ptr<LanguageModel> {
+    return std::make_unique<Model>(Config::from_json(config.json()), seed);
+  };
+  return f;
+}
 
 // The registered families, in registration order.
 const std::vector<const Family*>& families();

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "io/file.h"
+#include "io/json_checked.h"
 #include "tokenizer/formats.h"
 
 namespace loom::models {
@@ -75,11 +76,7 @@ void hf_write_json(const fs::path& path, const json& j) {
   io::write_file_atomically(path.string(), [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
 }
 
-json hf_float(float f) {
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof buf, f);
-  return json::parse(std::string(buf, r.ptr));
-}
+json hf_float(float f) { return json(io::float_for_json(f)); }
 
 std::vector<std::string> hf_weight_files(const std::string& dir) {
   const fs::path root(dir);

@@ -1,9 +1,9 @@
 #include "models/gpt2/family.h"
 
-#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
+
+#include "io/json_checked.h"
 
 #include "core/error.h"
 #include "models/gpt2/hf.h"
@@ -13,13 +13,6 @@ namespace loom::gpt2 {
 using nlohmann::json;
 
 namespace {
-
-// A float as the double with the float's shortest decimal form (config.json says 1e-05).
-double float_for_json(float f) {
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof(buf), f);
-  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
-}
 
 models::ModelStats stats_of(const json& j) {
   const Config c = Config::from_json(j);
@@ -44,21 +37,8 @@ models::ModelStats stats_of(const json& j) {
 }
 
 models::Family make_family() {
-  models::Family f;
-  f.arch = "gpt2";
-  f.summary = "GPT-2: LayerNorm, GELU MLP, learned positions, biases, dropout, tied or untied head";
-  f.defaults = Config{}.to_json();
-  f.validate = [](const json& j) {
-    try {
-      Config::from_json(j);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      throw Error(what.rfind("config: ", 0) == 0 ? what : "config: " + what);
-    }
-  };
-  f.build = [](const models::ModelConfig& config, uint64_t seed) -> std::unique_ptr<models::LanguageModel> {
-    return std::make_unique<GPT2>(Config::from_json(config.json()), seed);
-  };
+  models::Family f = models::family_of<Config, GPT2>(
+      "gpt2", "GPT-2: LayerNorm, GELU MLP, learned positions, biases, dropout, tied or untied head");
   f.stats = stats_of;
   f.hf_model_type = "gpt2";
   f.export_hf = export_hf;
@@ -102,11 +82,11 @@ json Config::to_json() const {
           {"num_layers", num_layers},
           {"num_heads", num_heads},
           {"d_ff", d_ff},
-          {"norm_eps", float_for_json(norm_eps)},
+          {"norm_eps", io::float_for_json(norm_eps)},
           {"qkv_bias", qkv_bias},
           {"output_proj_bias", output_proj_bias},
           {"tie_embeddings", tie_embeddings},
-          {"dropout", float_for_json(dropout)}};
+          {"dropout", io::float_for_json(dropout)}};
 }
 
 Config Config::from_json(const json& j) {

@@ -1,8 +1,8 @@
 #include "models/llama/family.h"
 
-#include <charconv>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
+
+#include "io/json_checked.h"
 
 #include "models/llama/hf.h"
 #include "models/llama/model.h"
@@ -11,14 +11,6 @@ namespace loom::llama {
 using nlohmann::json;
 
 namespace {
-
-// A float as the double with the float's shortest decimal form, so config.json says 1e-05 and not
-// 9.99999974737875e-06; reading it back rounds to the same float.
-double float_for_json(float f) {
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof(buf), f);
-  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
-}
 
 models::ModelStats stats_of(const json& j) {
   const Config c = Config::from_json(j);
@@ -40,21 +32,8 @@ models::ModelStats stats_of(const json& j) {
 }
 
 models::Family make_family() {
-  models::Family f;
-  f.arch = "llama";
-  f.summary = "Llama-style (CS336): RMSNorm, SwiGLU, RoPE, untied head, grouped-query attention";
-  f.defaults = Config{}.to_json();
-  f.validate = [](const json& j) {
-    try {
-      Config::from_json(j);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      throw Error(what.rfind("config: ", 0) == 0 ? what : "config: " + what);
-    }
-  };
-  f.build = [](const models::ModelConfig& config, uint64_t seed) -> std::unique_ptr<models::LanguageModel> {
-    return std::make_unique<TransformerLM>(Config::from_json(config.json()), seed);
-  };
+  models::Family f = models::family_of<Config, TransformerLM>(
+      "llama", "Llama-style (CS336): RMSNorm, SwiGLU, RoPE, untied head, grouped-query attention");
   f.stats = stats_of;
   f.hf_model_type = "llama";
   f.export_hf = export_hf;
@@ -74,8 +53,8 @@ json Config::to_json() const {
           {"num_heads", num_heads},
           {"num_kv_heads", num_kv_heads},
           {"d_ff", d_ff},
-          {"rope_theta", float_for_json(rope_theta)},
-          {"norm_eps", float_for_json(norm_eps)}};
+          {"rope_theta", io::float_for_json(rope_theta)},
+          {"norm_eps", io::float_for_json(norm_eps)}};
 }
 
 Config Config::from_json(const json& j) {

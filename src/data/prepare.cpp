@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include <unistd.h>
+
 #include "core/error.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
@@ -98,6 +100,10 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   bool last_was_eot = true;  // nothing to separate from before the first document
   uint64_t bytes_done = 0;
   auto last_report = std::chrono::steady_clock::now();
+  // On a terminal one line rewritten in place; into a file or pipe, one line per update.
+  const bool tty = ::isatty(::fileno(stderr)) != 0;
+  const char* const cr = tty ? "\r" : "";
+  const char* const nl = tty ? "" : "\n";
   for (const std::string& path : options.inputs) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(str("prepare: cannot open ", path, ": ", std::strerror(errno)));
@@ -114,8 +120,8 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
           writer.write(ids);
           last_was_eot = ids.back() == *eot;
           if (options.progress && std::chrono::steady_clock::now() - last_report > std::chrono::seconds(1)) {
-            std::fprintf(stderr, "\rprepare: %s: %llu tokens so far", path.c_str(),
-                         static_cast<unsigned long long>(writer.count()));
+            std::fprintf(stderr, "%sprepare: %s: %llu tokens so far%s", cr, path.c_str(),
+                         static_cast<unsigned long long>(writer.count()), nl);
             last_report = std::chrono::steady_clock::now();
           }
         },
@@ -123,11 +129,11 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
     if (in.bad()) throw IoError(str("prepare: error reading ", path));
     bytes_done += fs::file_size(path, ec);
     if (options.progress) {
-      std::fprintf(stderr, "\rprepare: %.1f MB -> %llu tokens", static_cast<double>(bytes_done) / 1e6,
-                   static_cast<unsigned long long>(writer.count()));
+      std::fprintf(stderr, "%sprepare: %.1f MB -> %llu tokens%s", cr, static_cast<double>(bytes_done) / 1e6,
+                   static_cast<unsigned long long>(writer.count()), nl);
     }
   }
-  if (options.progress) std::fprintf(stderr, "\n");
+  if (options.progress && tty) std::fprintf(stderr, "\n");
   writer.close();
   const uint64_t total = writer.count();
   LOOM_CHECK(total > 0, "prepare: the input is empty (", options.inputs.size(), " file(s) with no text)");

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "data/provenance.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
 
@@ -64,6 +65,19 @@ class TokenWriter {
   uint64_t count_ = 0;
 };
 
+// Re-preparing a folder with the tokenizer that made its token files is fine (other inputs, another
+// split); with another tokenizer it would replace a data set that runs may still point at.
+void refuse_other_tokenizers_tokens(const std::string& out_dir, const TokenizerIdentity& tok) {
+  const fs::path meta = fs::path(out_dir) / "meta.json";
+  std::error_code ec;
+  if (!fs::exists(meta, ec)) return;
+  const TokenProvenance recorded = read_provenance(meta.string());
+  LOOM_CHECK(made_by(tok, recorded), "prepare: ", meta.string(), " says the token files in ", out_dir,
+             " were made by the tokenizer ", recorded.tokenizer_path, " (vocab_size ", recorded.vocab_size,
+             "), not by --tokenizer ", tok.path, " (vocab_size ", tok.vocab_size,
+             "); preparing would replace them. Choose another --out, or delete ", out_dir, " first");
+}
+
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& options) {
@@ -86,6 +100,8 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   const int width = result.dtype == "uint16" ? 2 : 4;
   result.eot_id = *eot;
   result.tokenizer_hash = tokenizer::tokenizer_hash(options.tokenizer);
+  const TokenizerIdentity identity = identify_tokenizer(tok, options.tokenizer);
+  refuse_other_tokenizers_tokens(options.out_dir, identity);
 
   std::error_code ec;
   fs::create_directories(options.out_dir, ec);
@@ -165,6 +181,7 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   nlohmann::ordered_json meta = {{"dtype", result.dtype},
                                  {"vocab_size", result.vocab_size},
                                  {"tokenizer_hash", result.tokenizer_hash},
+                                 {"tokenizer_content_hash", identity.content_hash},
                                  {"train_tokens", result.train_tokens},
                                  {"val_tokens", result.val_tokens},
                                  {"eot_id", result.eot_id},

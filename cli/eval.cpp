@@ -5,6 +5,7 @@
 #include "core/autograd.h"
 #include "io/safetensors.h"
 #include "train/evaluate.h"
+#include "train/consistency.h"
 #include "train/run.h"
 
 namespace {
@@ -29,6 +30,9 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "eval: give --run DIR or --weights PATH");
     auto loaded = a.run.empty() ? loom::train::load_weights(a.weights) : loom::train::load_run(a.run);
     auto tokens = loom::data::TokenFile::open(a.data);
+    // Before any compute: the data was made by the run's tokenizer.
+    const std::string note = loom::train::check_eval_data(loaded, a.run.empty() ? a.weights : a.run, a.data);
+    if (!note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
     auto r = loom::train::evaluate(*loaded.model, tokens, a.context_length, a.max_windows);
     if (!a.logits_out.empty()) {
       const int64_t T = a.context_length > 0 ? a.context_length : loaded.model->context_length();

@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "tokenizer/formats.h"
 #include "models/hf.h"
+#include "data/provenance.h"
 #include "train/run.h"
 
 namespace {
@@ -20,6 +21,12 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
   cmd.add_option("--out", a.out, "run directory to write")->required();
   cmd.callback([] {
     auto hf = loom::models::import_hf(a.hf);
+    if (hf.tokenizer) {  // its ids must be rows of the model's embedding table
+      loom::data::TokenizerIdentity tok;
+      tok.path = a.hf + " (tokenizer)";
+      tok.vocab_size = static_cast<int64_t>(hf.tokenizer->vocab_size());
+      loom::data::check_tokenizer_fits_model(tok, hf.model->vocab_size(), a.hf + "/config.json");
+    }
     for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::filesystem::create_directories(a.out);
     const auto weights = std::filesystem::path(a.out) / "model.safetensors";

@@ -8,6 +8,8 @@
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
 #include "models/hf.h"
+#include "data/provenance.h"
+#include "train/consistency.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -49,6 +51,9 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
     made.push_back(str("trained a ", tok.vocab_size(), "-token BPE tokenizer on ", files.size(), " file(s) -> ",
                        d.tokenizer));
   }
+  // The tokenizer's ids must fit the model before minutes go into preparing tokens with it.
+  data::check_tokenizer_fits_model(data::identify_tokenizer(d.tokenizer), config.model.vocab_size(),
+                                   "config: model.vocab_size");
   const fs::path out_dir = fs::path(d.train).parent_path();
   LOOM_CHECK(fs::path(d.train).filename() == "train.bin" && fs::path(d.val).filename() == "val.bin" &&
                  fs::path(d.val).parent_path() == out_dir,
@@ -104,11 +109,19 @@ LoadedRun load_weights(const std::string& path) {
     models::HfImport hf = models::import_hf(path);
     run.model = std::move(hf.model);
     run.tokenizer = std::move(hf.tokenizer);
+    if (run.tokenizer) {  // where models::hf_read_tokenizer found it
+      run.tokenizer_path = fs::exists(fs::path(path) / "tokenizer.json") ? (fs::path(path) / "tokenizer.json").string() : path;
+    }
+    check_loaded_run(run, path);
     return run;
   }
   run.model = load_model_weights(path);
   fs::path tok = fs::path(path).parent_path() / "tokenizer.json";
-  if (fs::exists(tok)) run.tokenizer = tokenizer::load_tokenizer(tok.string());
+  if (fs::exists(tok)) {
+    run.tokenizer = tokenizer::load_tokenizer(tok.string());
+    run.tokenizer_path = tok.string();
+  }
+  check_loaded_run(run, path);
   return run;
 }
 

@@ -28,8 +28,10 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
 struct LoadedRun {
   std::unique_ptr<models::LanguageModel> model;
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
+  std::string tokenizer_path;                     // the file (or folder) it was read from
   std::optional<TrainConfig> config;              // when the run has config.json
 };
+// The tokenizer's vocabulary must fit the model's (train/consistency.h).
 // `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face
 // directory of a family loom reads (models/hf.h).
 LoadedRun load_run(const std::string& dir);

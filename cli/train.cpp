@@ -9,6 +9,7 @@
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
+#include "train/memory.h"
 #include "train/run.h"
 #include "train/trainer.h"
 
@@ -20,6 +21,7 @@ struct TrainArgs {
   std::string out;
   std::vector<std::string> sets;
   bool resume = false;
+  std::string max_memory;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
@@ -46,6 +48,8 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
+  cmd.add_option("--max-memory", args.max_memory,
+                 "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   cmd.add_flag("--resume", args.resume,
                "continue from the newest valid checkpoint in --out (its config.json is the config unless --config "
                "is given; --set still applies)");
@@ -54,8 +58,11 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
+    // Before any compute: the whole run's memory (train/memory.h).
+    const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
+    loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
     for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
-    loom::train::Trainer trainer(cfg, out);
+    loom::train::Trainer trainer(cfg, out, budget);
     // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the
     // window in which the crash test's kill -9 lands mid-checkpoint.
     if (const char* pause = std::getenv("LOOM_TEST_CHECKPOINT_PAUSE_MS")) {

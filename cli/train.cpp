@@ -9,6 +9,7 @@
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
+#include "train/config_file.h"
 #include "train/memory.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -44,7 +45,10 @@ void print_samples(const loom::train::TrainConfig& cfg, const loom::models::Lang
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
   static TrainArgs args;
-  cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file");
+  cmd.add_option("--config", args.config,
+                 "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file (its missing "
+                 "keys come from the preset its \"base\" key names, else \"default\"; relative paths resolve against "
+                 "the working directory)");
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
@@ -58,9 +62,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
-    // Before any compute: the whole run's memory (train/memory.h).
+    // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
     const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
     loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
+    for (const auto& line : loom::train::describe_data_paths(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     loom::train::Trainer trainer(cfg, out, budget);
     // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the

@@ -27,7 +27,8 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
   cmd.add_option("--logits-out", a.logits_out,
                  "also write the first window's inputs and logits to this safetensors file (ids [T], logits [T, V]), "
                  "for comparisons with other implementations");
-  cmd.add_option("--max-memory", a.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
+  cmd.add_option("--max-memory", a.max_memory,
+                 "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "eval: give --run DIR or --weights PATH");
     const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
@@ -36,7 +37,8 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
     const auto job = [](const loom::models::ModelConfig& m) {
       return loom::train::inference_memory(m, 8, a.context_length, a.logits_out.empty() ? 0 : m.context_length());
     };
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job) : loom::train::load_run(a.run, budget, job);
+    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job)
+                                : loom::train::load_run(a.run, budget, job);
     auto tokens = loom::data::TokenFile::open(a.data);
     // Before any compute: the data was made by the run's tokenizer.
     const std::string note = loom::train::check_eval_data(loaded, source, a.data);

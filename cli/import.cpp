@@ -20,7 +20,8 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
   static ImportArgs a;
   cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
   cmd.add_option("--out", a.out, "run directory to write")->required();
-  cmd.add_option("--max-memory", a.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
+  cmd.add_option("--max-memory", a.max_memory,
+                 "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     // Before anything is built: the model config.json describes must fit (sizes from the headers).
     loom::train::check_memory(loom::train::hf_import_memory(a.hf), loom::train::MemoryBudget::from_setting(a.max_memory),

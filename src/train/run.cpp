@@ -113,7 +113,8 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, cons
     run.model = std::move(hf.model);
     run.tokenizer = std::move(hf.tokenizer);
     if (run.tokenizer) {  // where models::hf_read_tokenizer found it
-      run.tokenizer_path = fs::exists(fs::path(path) / "tokenizer.json") ? (fs::path(path) / "tokenizer.json").string() : path;
+      const fs::path json_file = fs::path(path) / "tokenizer.json";
+      run.tokenizer_path = fs::exists(json_file) ? json_file.string() : path;
     }
     check_loaded_run(run, path);
     return run;

@@ -7,6 +7,7 @@
 #include "core/parallel.h"
 #include "report/benchmark.h"
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace {
 
@@ -34,8 +35,13 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
   train->add_option("--warmup", options.warmup_steps, "untimed steps first");
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
+  static std::string max_memory;
+  train->add_option("--max-memory", max_memory,
+                    "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   train->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(preset, sets).model;
+    loom::train::check_memory(loom::train::training_step_memory(model, options.batch_size, options.bf16, "--batch"),
+                              loom::train::MemoryBudget::from_setting(max_memory), "bench train");
     auto r = loom::report::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });

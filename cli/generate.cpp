@@ -4,12 +4,13 @@
 #include "cli/command.h"
 #include "generate/generate.h"
 #include "tokenizer/pretokenizer.h"
+#include "train/memory.h"
 #include "train/run.h"
 
 namespace {
 
 struct GenerateArgs {
-  std::string run, weights, prompt;
+  std::string run, weights, prompt, max_memory;
   int64_t max_new_tokens = 100;
   float temperature = 0.8f, top_p = 1.0f;
   int64_t top_k = 0;
@@ -27,6 +28,8 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
   cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
   cmd.add_option("--seed", a.seed, "sampling seed");
+  cmd.add_option("--max-memory", a.max_memory,
+                 "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "generate: give --run DIR or --weights PATH");
     // Every option is checked before anything is printed (the prompt is echoed first).
@@ -36,7 +39,12 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     } catch (const loom::Error& e) {
       throw loom::Error(std::string("generate: ") + e.what());
     }
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights) : loom::train::load_run(a.run);
+    const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
+    // The KV cache of the whole context, checked from the model's config before the model is built.
+    const auto job = [](const loom::models::ModelConfig& m) { return loom::train::generation_memory(m); };
+    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job)
+                                : loom::train::load_run(a.run, budget, job);
+    loom::train::check_memory(job(loaded.model->model_config()), budget, "generate");  // an HF import's model
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
     const auto& tok = *loaded.tokenizer;
     loom::generate::GenerateOptions o;

@@ -6,13 +6,15 @@
 #include "cli/command.h"
 #include "tokenizer/formats.h"
 #include "models/hf.h"
+#include "data/provenance.h"
+#include "train/memory.h"
 #include "train/run.h"
 #include "train/run_dir.h"
 
 namespace {
 
 struct ImportArgs {
-  std::string hf, out;
+  std::string hf, out, max_memory;
   bool overwrite = false;
 };
 
@@ -21,12 +23,23 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
   cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
   cmd.add_option("--out", a.out, "run directory to write")->required();
   cmd.add_flag("--overwrite", a.overwrite, "replace the loom run in --out (files loom did not write stay)");
+  cmd.add_option("--max-memory", a.max_memory,
+                 "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (train/run_dir.h).
     auto run_dir = loom::train::RunDir::claim(a.out, loom::train::RunKind::Import,
                                               a.overwrite ? loom::train::ExistingRun::Overwrite
                                                           : loom::train::ExistingRun::Refuse);
+    // Before anything is built: the model config.json describes must fit (sizes from the headers).
+    loom::train::check_memory(loom::train::hf_import_memory(a.hf), loom::train::MemoryBudget::from_setting(a.max_memory),
+                              "import " + a.hf);
     auto hf = loom::models::import_hf(a.hf);
+    if (hf.tokenizer) {  // its ids must be rows of the model's embedding table
+      loom::data::TokenizerIdentity tok;
+      tok.path = a.hf + " (tokenizer)";
+      tok.vocab_size = static_cast<int64_t>(hf.tokenizer->vocab_size());
+      loom::data::check_tokenizer_fits_model(tok, hf.model->vocab_size(), a.hf + "/config.json");
+    }
     run_dir.start();
     for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::filesystem::create_directories(a.out);

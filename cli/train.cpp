@@ -11,6 +11,8 @@
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
+#include "train/config_file.h"
+#include "train/memory.h"
 #include "train/run.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
@@ -24,6 +26,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   bool resume = false;
   bool overwrite = false;
+  std::string max_memory;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
@@ -46,10 +49,15 @@ void print_samples(const loom::train::TrainConfig& cfg, const loom::models::Lang
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
   static TrainArgs args;
-  cmd.add_option("--config", args.config, "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file");
+  cmd.add_option("--config", args.config,
+                 "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file (its missing "
+                 "keys come from the preset its \"base\" key names, else \"default\"; relative paths resolve against "
+                 "the working directory)");
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
+  cmd.add_option("--max-memory", args.max_memory,
+                 "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   auto* resume_opt = cmd.add_flag("--resume", args.resume,
                                   "continue from the newest valid checkpoint in --out (its config.json is the config "
                                   "unless --config is given; --set still applies)");
@@ -61,6 +69,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
+    // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
+    const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
+    loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
+    for (const auto& line : loom::train::describe_data_paths(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     // Refuses a directory that is not loom's, or an existing run without --resume/--overwrite, and locks it
     // for the rest of the process (train/run_dir.h).
     using loom::train::ExistingRun;
@@ -68,7 +80,7 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
         out, loom::train::RunKind::Train,
         args.resume ? ExistingRun::Resume : args.overwrite ? ExistingRun::Overwrite : ExistingRun::Refuse);
     for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
-    loom::train::Trainer trainer(cfg, out);
+    loom::train::Trainer trainer(cfg, out, budget);
     // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the
     // window in which the crash test's kill -9 lands mid-checkpoint.
     if (const char* pause = std::getenv("LOOM_TEST_CHECKPOINT_PAUSE_MS")) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: builds what changed, then runs every test suite through CTest.
+# The test command, on a fresh clone too: the setup when something is missing (tools/ensure_setup.sh),
+# then builds what changed and runs every test suite through CTest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tools/ensure_setup.sh --tests
 [ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 # The Python module is built in the same tree (build/python/loom), reusing the compiled library.
 cmake -S . -B build -DLOOM_BUILD_PYTHON=ON >/dev/null

@@ -11,7 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include <unistd.h>
+
 #include "core/error.h"
+#include "data/provenance.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,6 +65,19 @@ class TokenWriter {
   uint64_t count_ = 0;
 };
 
+// Re-preparing a folder with the tokenizer that made its token files is fine (other inputs, another
+// split); with another tokenizer it would replace a data set that runs may still point at.
+void refuse_other_tokenizers_tokens(const std::string& out_dir, const TokenizerIdentity& tok) {
+  const fs::path meta = fs::path(out_dir) / "meta.json";
+  std::error_code ec;
+  if (!fs::exists(meta, ec)) return;
+  const TokenProvenance recorded = read_provenance(meta.string());
+  LOOM_CHECK(made_by(tok, recorded), "prepare: ", meta.string(), " says the token files in ", out_dir,
+             " were made by the tokenizer ", recorded.tokenizer_path, " (vocab_size ", recorded.vocab_size,
+             "), not by --tokenizer ", tok.path, " (vocab_size ", tok.vocab_size,
+             "); preparing would replace them. Choose another --out, or delete ", out_dir, " first");
+}
+
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& options) {
@@ -84,6 +100,8 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   const int width = result.dtype == "uint16" ? 2 : 4;
   result.eot_id = *eot;
   result.tokenizer_hash = tokenizer::tokenizer_hash(options.tokenizer);
+  const TokenizerIdentity identity = identify_tokenizer(tok, options.tokenizer);
+  refuse_other_tokenizers_tokens(options.out_dir, identity);
 
   std::error_code ec;
   fs::create_directories(options.out_dir, ec);
@@ -98,6 +116,10 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   bool last_was_eot = true;  // nothing to separate from before the first document
   uint64_t bytes_done = 0;
   auto last_report = std::chrono::steady_clock::now();
+  // On a terminal one line rewritten in place; into a file or pipe, one line per update.
+  const bool tty = ::isatty(::fileno(stderr)) != 0;
+  const char* const cr = tty ? "\r" : "";
+  const char* const nl = tty ? "" : "\n";
   for (const std::string& path : options.inputs) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(str("prepare: cannot open ", path, ": ", std::strerror(errno)));
@@ -114,8 +136,8 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
           writer.write(ids);
           last_was_eot = ids.back() == *eot;
           if (options.progress && std::chrono::steady_clock::now() - last_report > std::chrono::seconds(1)) {
-            std::fprintf(stderr, "\rprepare: %s: %llu tokens so far", path.c_str(),
-                         static_cast<unsigned long long>(writer.count()));
+            std::fprintf(stderr, "%sprepare: %s: %llu tokens so far%s", cr, path.c_str(),
+                         static_cast<unsigned long long>(writer.count()), nl);
             last_report = std::chrono::steady_clock::now();
           }
         },
@@ -123,11 +145,11 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
     if (in.bad()) throw IoError(str("prepare: error reading ", path));
     bytes_done += fs::file_size(path, ec);
     if (options.progress) {
-      std::fprintf(stderr, "\rprepare: %.1f MB -> %llu tokens", static_cast<double>(bytes_done) / 1e6,
-                   static_cast<unsigned long long>(writer.count()));
+      std::fprintf(stderr, "%sprepare: %.1f MB -> %llu tokens%s", cr, static_cast<double>(bytes_done) / 1e6,
+                   static_cast<unsigned long long>(writer.count()), nl);
     }
   }
-  if (options.progress) std::fprintf(stderr, "\n");
+  if (options.progress && tty) std::fprintf(stderr, "\n");
   writer.close();
   const uint64_t total = writer.count();
   LOOM_CHECK(total > 0, "prepare: the input is empty (", options.inputs.size(), " file(s) with no text)");
@@ -159,6 +181,7 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   nlohmann::ordered_json meta = {{"dtype", result.dtype},
                                  {"vocab_size", result.vocab_size},
                                  {"tokenizer_hash", result.tokenizer_hash},
+                                 {"tokenizer_content_hash", identity.content_hash},
                                  {"train_tokens", result.train_tokens},
                                  {"val_tokens", result.val_tokens},
                                  {"eot_id", result.eot_id},

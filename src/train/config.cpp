@@ -11,6 +11,7 @@
 #include "io/file.h"
 #include "io/json_checked.h"
 #include "models/family.h"
+#include "train/config_file.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -240,7 +241,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
     if (!in) throw IoError(str("config: cannot open ", source));
     std::stringstream ss;
     ss << in.rdbuf();
-    j = parse_json_text(ss.str(), source);
+    j = layer_on_base(parse_json_text(ss.str(), source), source);  // missing keys from a preset (train/config_file.h)
   } else {
     j = parse_json_text(preset_text(source), "preset " + source);
   }

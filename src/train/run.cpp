@@ -8,6 +8,8 @@
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
 #include "models/hf.h"
+#include "data/provenance.h"
+#include "train/consistency.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -49,6 +51,9 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
     made.push_back(str("trained a ", tok.vocab_size(), "-token BPE tokenizer on ", files.size(), " file(s) -> ",
                        d.tokenizer));
   }
+  // The tokenizer's ids must fit the model before minutes go into preparing tokens with it.
+  data::check_tokenizer_fits_model(data::identify_tokenizer(d.tokenizer), config.model.vocab_size(),
+                                   "config: model.vocab_size");
   const fs::path out_dir = fs::path(d.train).parent_path();
   LOOM_CHECK(fs::path(d.train).filename() == "train.bin" && fs::path(d.val).filename() == "val.bin" &&
                  fs::path(d.val).parent_path() == out_dir,
@@ -83,7 +88,8 @@ void save_model_weights(const models::LanguageModel& model, const std::string& p
   io::write_safetensors(path, tensors, {{"loom.model_config", model.model_config().json().dump()}});
 }
 
-std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path) {
+std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path, const MemoryBudget& memory,
+                                                          const ModelJobMemory& job) {
   io::SafetensorsFile file = io::SafetensorsFile::open(path);
   auto it = file.metadata().find("loom.model_config");
   LOOM_CHECK(it != file.metadata().end(), path,
@@ -96,6 +102,7 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
   } catch (const Error& e) {
     LOOM_FAIL(path, ": the metadata's loom.model_config is not a model loom can build: ", e.what());
   }
+  check_memory(job(config), memory, str(path, " (its loom.model_config)"));
   auto model = config.build(0);
   for (nn::Parameter* p : model->parameters()) {
     LOOM_CHECK(file.contains(p->name), path, ": missing parameter '", p->name, "'");
@@ -106,27 +113,37 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
   return model;
 }
 
-LoadedRun load_weights(const std::string& path) {
+LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
   if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
+    check_memory(hf_import_memory(path), memory, str("import ", path));
     models::HfImport hf = models::import_hf(path);
     run.model = std::move(hf.model);
     run.tokenizer = std::move(hf.tokenizer);
+    if (run.tokenizer) {  // where models::hf_read_tokenizer found it
+      const fs::path json_file = fs::path(path) / "tokenizer.json";
+      run.tokenizer_path = fs::exists(json_file) ? json_file.string() : path;
+    }
+    check_loaded_run(run, path);
     return run;
   }
-  run.model = load_model_weights(path);
+  run.model = load_model_weights(path, memory, job);
   fs::path tok = fs::path(path).parent_path() / "tokenizer.json";
-  if (fs::exists(tok)) run.tokenizer = tokenizer::load_tokenizer(tok.string());
+  if (fs::exists(tok)) {
+    run.tokenizer = tokenizer::load_tokenizer(tok.string());
+    run.tokenizer_path = tok.string();
+  }
+  check_loaded_run(run, path);
   return run;
 }
 
-LoadedRun load_run(const std::string& dir) {
+LoadedRun load_run(const std::string& dir, const MemoryBudget& memory, const ModelJobMemory& job) {
   LOOM_CHECK(fs::is_directory(dir), "run directory \"", dir, "\" does not exist");
   fs::path weights = fs::path(dir) / "model.safetensors";
-  if (models::is_hf_dir(dir)) return load_weights(dir);
+  if (models::is_hf_dir(dir)) return load_weights(dir, memory, job);
   LOOM_CHECK(fs::exists(weights), "run directory \"", dir, "\" has no model.safetensors (has training finished?)");
-  LoadedRun run = load_weights(weights.string());
+  LoadedRun run = load_weights(weights.string(), memory, job);
   fs::path config = fs::path(dir) / "config.json";
   if (fs::exists(config)) run.config = TrainConfig::load(config.string());
   return run;

@@ -12,6 +12,7 @@
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace loom::train {
 
@@ -28,18 +29,27 @@ void save_run_tokenizer(const TrainConfig& config, const std::string& run_dir);
 // "loom.model_config") atomically to `path`.
 void save_model_weights(const models::LanguageModel& model, const std::string& path);
 // Reads weights written by save_model_weights: the config from the metadata, every parameter by name.
-std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path);
+// The model the metadata describes, and what the caller will do with it (`job`), are held to `memory`
+// before the model is built (train/memory.h).
+std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path,
+                                                          const MemoryBudget& memory = MemoryBudget::of_machine(),
+                                                          const ModelJobMemory& job = model_memory);
 
 struct LoadedRun {
   std::unique_ptr<models::LanguageModel> model;
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
+  std::string tokenizer_path;                     // the file (or folder) it was read from
   std::optional<TrainConfig> config;              // when the run has config.json
 };
 // `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face
 // directory of a family loom reads (models/hf.h).
-LoadedRun load_run(const std::string& dir);
+// The tokenizer's vocabulary must fit the model's (train/consistency.h); the model and `job` must fit
+// `memory` (a Hugging Face directory: its import, train/memory.h hf_import_memory).
+LoadedRun load_run(const std::string& dir, const MemoryBudget& memory = MemoryBudget::of_machine(),
+                   const ModelJobMemory& job = model_memory);
 // `path` is a weights file (a tokenizer.json beside it is loaded too), or a Hugging Face directory
 // (models/hf.h).
-LoadedRun load_weights(const std::string& path);
+LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = MemoryBudget::of_machine(),
+                       const ModelJobMemory& job = model_memory);
 
 }  // namespace loom::train

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "train/consistency.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -23,12 +24,15 @@ RunData open_run_data(const TrainConfig& c) {
                       "); `loom prepare` writes one"));
   }
   data::TokenMeta meta = data::read_token_meta(meta_path.string());
+  check_training_tokenizer(c, meta_path.string());  // before any compute (train/consistency.h)
   LOOM_CHECK(meta.vocab_size == 0 || meta.vocab_size <= c.model.vocab_size(), "config: model.vocab_size=",
              c.model.vocab_size(), " is smaller than the tokenizer's vocabulary (", meta_path.string(),
              " says vocab_size=", meta.vocab_size, ")");
   data::TokenFile train = open_checked(c.data.train, "data.train", meta.dtype);
   std::optional<data::TokenFile> val;
   if (c.eval.interval > 0) val = open_checked(c.data.val, "data.val", meta.dtype);
+  check_training_tokens(c, train, "data.train");
+  if (val) check_training_tokens(c, *val, "data.val");
   c.check_data_size(train.size(), val ? val->size() : 0);
 
   RngKey root = RngKey::from_seed(c.training.seed);

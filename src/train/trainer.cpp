@@ -30,8 +30,10 @@ struct Trainer::Data {
   std::vector<data::Batch> val;
 };
 
-Trainer::Trainer(TrainConfig config, std::string run_dir) : config_(std::move(config)), run_dir_(std::move(run_dir)) {
+Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory)
+    : config_(std::move(config)), run_dir_(std::move(run_dir)) {
   config_.validate();
+  check_memory(training_memory(config_), memory, "train");
   if (config_.training.threads > 0) set_num_threads(static_cast<int>(config_.training.threads));
   // The loaders, with the data checks that name config keys (src/train/run_data.h); validation uses a
   // fixed set of batches drawn once.

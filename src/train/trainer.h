@@ -14,6 +14,7 @@
 
 #include "models/model.h"
 #include "train/config.h"
+#include "train/memory.h"
 #include "train/optimizer.h"
 #include "train/stop_signal.h"
 
@@ -31,7 +32,8 @@ struct TrainSummary {
 class Trainer {
  public:
   // Opens the data named by the config (checking sizes and vocabulary), builds the model and optimizer.
-  Trainer(TrainConfig config, std::string run_dir);
+  // Refuses (loom::Error) a config whose memory estimate exceeds `memory` before allocating (train/memory.h).
+  Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory = MemoryBudget::of_machine());
 
   // Trains from the current step to training.max_steps, or until `stop` is requested. `stop` is looked at
   // between micro-batches and between validation batches: a step interrupted before its last micro-batch

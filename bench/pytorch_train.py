@@ -55,6 +55,11 @@ class Gpt2(nn.Module):
         self.h = nn.ModuleList(Gpt2Block(c) for _ in range(c["num_layers"]))
         self.ln_f = nn.LayerNorm(c["d_model"])
         self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
+        for name, p in self.named_parameters():  # GPT-2's init (as loom's): N(0, 0.02), biases 0
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02 / (math.sqrt(2 * c["num_layers"]) if name.endswith("proj.weight") else 1))
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
 
     def forward(self, ids):
         T = ids.shape[1]

@@ -15,8 +15,8 @@ seconds="${1:-60}"
 shift || true
 out=build-fuzz
 bin="$out/safetensors_fuzz"
-sources=(fuzz/safetensors_fuzz.cpp src/io/safetensors_format.cpp)
-headers=(src/io/safetensors_format.h src/core/error.h)
+sources=(fuzz/safetensors_fuzz.cpp src/io/safetensors_format.cpp src/io/json.cpp)
+headers=(src/io/safetensors_format.h src/io/json.h src/core/error.h)
 CXX="${FUZZ_CXX:-clang++}"
 mkdir -p "$out/corpus" "$out/artifacts"
 

@@ -15,6 +15,7 @@
 #include "convert.h"
 #include "core/autograd.h"
 #include "data/batch.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "train/config.h"
 #include "train/optimizer.h"
@@ -219,14 +220,14 @@ void bind_train(nb::module_& m) {
   // The resolved configuration, as JSON text, from a preset name or JSON file plus "key=value" overrides,
   // or from JSON text (is_json) checked against the defaults.
   m.def("resolve_config", [](const std::string& source, bool is_json, std::vector<std::string> overrides) {
-    train::TrainConfig cfg = is_json ? train::TrainConfig::from_json(nlohmann::json::parse(source))
+    train::TrainConfig cfg = is_json ? train::TrainConfig::from_json(io::parse_json(source, "config"))
                                      : train::TrainConfig::load(source, overrides);
     return cfg.to_json().dump();
   });
   // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json. Ctrl-C stops
   // cleanly after the current step (the weights are still saved).
   m.def("train", [](const std::string& config_json, const std::string& out) {
-    auto cfg = train::TrainConfig::from_json(nlohmann::json::parse(config_json));
+    auto cfg = train::TrainConfig::from_json(io::parse_json(config_json, "config"));
     train::TrainSummary summary = without_gil([&] {
       train::ensure_training_data(cfg, cfg.logging.progress != "none");
       train::Trainer trainer(cfg, out);

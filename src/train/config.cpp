@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/file.h"
+#include "io/json.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -25,26 +26,26 @@ std::string join_keys(const json& obj) {
 // Copies `value` into `slot` if it has the kind of the default already there; throws naming `path`.
 void set_checked(json& slot, const json& value, const std::string& path) {
   if (slot.is_boolean()) {
-    LOOM_CHECK(value.is_boolean(), "config: ", path, " must be true or false, got ", value.dump());
+    LOOM_CHECK(value.is_boolean(), "config: ", path, " must be true or false, got ", io::brief_json(value));
     slot = value;
   } else if (slot.is_number_unsigned()) {
     bool integral = value.is_number_integer() ||
                     (value.is_number_float() && std::isfinite(value.get<double>()) &&
                      std::floor(value.get<double>()) == value.get<double>());
     LOOM_CHECK(integral && value.get<double>() >= 0, "config: ", path, " must be a non-negative integer, got ",
-               value.dump());
+               io::brief_json(value));
     slot = value.is_number_float() ? json(static_cast<uint64_t>(value.get<double>())) : json(value.get<uint64_t>());
   } else if (slot.is_number_integer()) {
     bool integral = value.is_number_integer() ||
                     (value.is_number_float() && std::isfinite(value.get<double>()) &&
                      std::floor(value.get<double>()) == value.get<double>() && std::fabs(value.get<double>()) < 9e18);
-    LOOM_CHECK(integral, "config: ", path, " must be an integer, got ", value.dump());
+    LOOM_CHECK(integral, "config: ", path, " must be an integer, got ", io::brief_json(value));
     slot = value.is_number_float() ? json(static_cast<int64_t>(value.get<double>())) : json(value.get<int64_t>());
   } else if (slot.is_number()) {
-    LOOM_CHECK(value.is_number(), "config: ", path, " must be a number, got ", value.dump());
+    LOOM_CHECK(value.is_number(), "config: ", path, " must be a number, got ", io::brief_json(value));
     slot = value.get<double>();
   } else if (slot.is_string()) {
-    LOOM_CHECK(value.is_string(), "config: ", path, " must be a string, got ", value.dump());
+    LOOM_CHECK(value.is_string(), "config: ", path, " must be a string, got ", io::brief_json(value));
     slot = value;
   } else {
     LOOM_ASSERT(false, "config default for ", path, " has an unexpected JSON type");
@@ -54,12 +55,12 @@ void set_checked(json& slot, const json& value, const std::string& path) {
 // Merges `overlay` into `base`, which holds every allowed key with a value of its type.
 void merge_checked(json& base, const json& overlay, const std::string& prefix) {
   LOOM_CHECK(overlay.is_object(), "config: ", prefix.empty() ? "the configuration" : prefix,
-             " must be a JSON object, got ", overlay.dump());
+             " must be a JSON object, got ", io::brief_json(overlay));
   for (auto it = overlay.begin(); it != overlay.end(); ++it) {
     std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
     if (!base.contains(it.key())) {
-      LOOM_FAIL("config: unknown key ", path, " (", prefix.empty() ? "the top level" : prefix, " has: ",
-                join_keys(base), ")");
+      LOOM_FAIL("config: unknown key ", io::brief_text(path), " (", prefix.empty() ? "the top level" : prefix,
+                " has: ", join_keys(base), ")");
     }
     json& slot = base[it.key()];
     if (slot.is_object()) {
@@ -71,11 +72,7 @@ void merge_checked(json& base, const json& overlay, const std::string& prefix) {
 }
 
 json parse_json_text(const std::string& text, const std::string& where) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    LOOM_FAIL("config: ", where, " is not valid JSON: ", e.what());
-  }
+  return io::parse_json(text, "config: " + where);
 }
 
 // Applies one "a.b=value" override to the merged JSON.
@@ -126,11 +123,11 @@ double float_for_json(float f) {
 
 std::pair<std::string, json> parse_override(const std::string& assignment) {
   auto eq = assignment.find('=');
-  LOOM_CHECK(eq != std::string::npos && eq > 0, "config: --set expects section.key=value, got \"", assignment,
-             "\"");
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "config: --set expects section.key=value, got \"",
+             io::brief_text(assignment), "\"");
   std::string path = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = io::try_parse_json(text);
   if (value.is_discarded()) value = text;  // not JSON: a plain string
   return {path, value};
 }
@@ -303,11 +300,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   json j;
   bool looks_like_path = source.find('/') != std::string::npos || source.ends_with(".json");
   if (looks_like_path || fs::is_regular_file(source)) {
-    std::ifstream in(source);
-    if (!in) throw IoError(str("config: cannot open ", source));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    j = parse_json_text(ss.str(), source);
+    j = io::read_json_file(source, "config");
   } else {
     j = parse_json_text(preset_text(source), "preset " + source);
   }

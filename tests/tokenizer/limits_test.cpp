@@ -1,0 +1,87 @@
+// The tokenizer readers and encoder on hostile input: JSON nested past io/json.h's limit, fields of the
+// wrong type, huge keys quoted in messages.
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "test_util.h"
+
+using namespace loom;
+using namespace loom::tokenizer;
+using namespace loom::tokenizer::testing;
+
+namespace {
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
+
+const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST(TokenizerLimits, DeepTokenizerJsonIsRefusedQuickly) {
+  // An added token's id nested ~70,000 deep used to overflow the stack in the message's dump().
+  for (const std::string& text :
+       {"{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"added_tokens\":[{\"id\":" + kDeep + "}]}",
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[" + kDeep + "]}}", kDeep}) {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_HAS(error_of([&] { tokenizer_from_hf_json(text, "deep.json"); }),
+               "deep.json nests JSON arrays/objects more than 64 levels deep");
+    EXPECT_LT(seconds_since(start), 1.0);
+  }
+  EXPECT_HAS(error_of([&] { tokenizer_from_gpt2_files("{\"a\":" + kDeep + "}", "", "vocab.json"); }),
+             "vocab.json nests JSON arrays/objects more than 64 levels deep");
+}
+
+TEST(TokenizerLimits, FieldsOfTheWrongTypeAreErrorsNamingThem) {
+  // nlohmann's value() threw its own type_error here, which is no loom::Error (fuzz/tokenizer_json_fuzz).
+  const std::string base = R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})";
+  auto with = [&](const std::string& extra) { return base.substr(0, base.size() - 1) + ", " + extra + "}"; };
+  EXPECT_HAS(error_of([] { tokenizer_from_hf_json(R"({"model": {"type": 1, "vocab": {}, "merges": []}})", "t.json"); }),
+             "t.json: model.type must be a string, got 1");
+  const std::string prefix_space = with(R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": "no"})");
+  EXPECT_HAS(error_of([&] { tokenizer_from_hf_json(prefix_space, "t.json"); }),
+             "t.json: pre_tokenizer.add_prefix_space must be true or false, got \"no\"");
+  const std::string no_regex = with(R"("pre_tokenizer": {"type": "ByteLevel", "use_regex": 0})");
+  EXPECT_HAS(error_of([&] { tokenizer_from_hf_json(no_regex, "t.json"); }),
+             "t.json: pre_tokenizer.use_regex must be true or false, got 0");
+  EXPECT_HAS(error_of([&] { tokenizer_from_hf_json(with(R"("decoder": {"type": ["ByteLevel"]})"), "t.json"); }),
+             "t.json: decoder.type must be a string");
+}
+
+TEST(TokenizerLimits, MessagesQuoteAShortPrefix) {
+  Tokenizer tok = small_tokenizer(300);
+  auto j = nlohmann::json::parse(to_hf_json(tok));
+  const std::string long_key(1 << 20, 'q');
+  j["model"]["vocab"][long_key] = -1;
+  std::string msg = error_of([&] { tokenizer_from_hf_json(j.dump(), "t.json"); });
+  EXPECT_HAS(msg, "t.json: vocabulary entry \"qqqq");
+  EXPECT_LT(msg.size(), 300u);
+
+  j = nlohmann::json::parse(to_hf_json(tok));
+  j["model"]["merges"][0] = nlohmann::json::array({std::string(1 << 20, 'm')});
+  msg = error_of([&] { tokenizer_from_hf_json(j.dump(), "t.json"); });
+  EXPECT_HAS(msg, "t.json: merge 0 is [\"mmmm");
+  EXPECT_LT(msg.size(), 300u);
+
+  // A parse error after a megabyte-long unterminated string.
+  msg = error_of([&] { tokenizer_from_hf_json("{\"model\": \"" + std::string(1 << 20, 'u'), "t.json"); });
+  EXPECT_HAS(msg, "t.json is not valid JSON");
+  EXPECT_LT(msg.size(), 400u);
+  msg = error_of([&] { tokenizer_from_gpt2_files("{\"" + std::string(1 << 20, 'u'), "", "vocab.json"); });
+  EXPECT_HAS(msg, "vocab.json: not valid JSON");
+  EXPECT_LT(msg.size(), 400u);
+}

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace loom::data {
 
@@ -73,7 +74,7 @@ void to_json(nlohmann::json& j, const LoaderState& s) {
 void from_json(const nlohmann::json& j, LoaderState& s) {
   LOOM_CHECK(j.is_object() && j.contains("batches") && j["batches"].is_number_unsigned() &&
                  j.contains("position") && j["position"].is_number_integer(),
-             "loader state must be {\"batches\": uint, \"position\": int}, got ", j.dump());
+             "loader state must be {\"batches\": uint, \"position\": int}, got ", io::brief_json(j));
   s.batches = j["batches"].get<uint64_t>();
   s.position = j["position"].get<int64_t>();
 }

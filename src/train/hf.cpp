@@ -9,6 +9,7 @@
 #include <set>
 
 #include "io/file.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 
@@ -96,7 +97,7 @@ Tensor read_as_f32(const io::SafetensorsFile& file, const std::string& name) {
 }
 
 json read_json_file(const fs::path& path) {
-  json j = json::parse(tokenizer::read_file(path.string()), nullptr, false);
+  json j = io::try_parse_json(tokenizer::read_file(path.string()));
   LOOM_CHECK(!j.is_discarded() && j.is_object(), path.string(), " is not a JSON object");
   return j;
 }
@@ -117,7 +118,7 @@ llama::Config config_from_hf(const json& c, const std::string& path) {
   if (act != "silu" && act != "swish") unsupported(str("hidden_act \"", act, "\""));
   if (c.value("attention_bias", false)) unsupported("attention_bias = true");
   if (c.value("mlp_bias", false)) unsupported("mlp_bias = true");
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) unsupported(str("rope_scaling ", c["rope_scaling"].dump()));
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) unsupported(str("rope_scaling ", io::brief_json(c["rope_scaling"])));
   try {
     llama::Config m;
     m.vocab_size = c.at("vocab_size").get<int64_t>();
@@ -276,7 +277,7 @@ void export_hf(const llama::TransformerLM& model, const tokenizer::Tokenizer* to
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec) || !fs::exists(fs::path(path) / "config.json", ec)) return false;
-  json j = json::parse(tokenizer::read_file((fs::path(path) / "config.json").string()), nullptr, false);
+  json j = io::try_parse_json(tokenizer::read_file((fs::path(path) / "config.json").string()));
   return j.is_object() && (j.contains("model_type") || j.contains("architectures"));
 }
 

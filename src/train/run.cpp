@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/prepare.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
@@ -105,8 +106,7 @@ std::unique_ptr<llama::TransformerLM> load_model_weights(const std::string& path
   auto it = file.metadata().find("loom.model_config");
   LOOM_CHECK(it != file.metadata().end(), path,
              ": no \"loom.model_config\" in the metadata (not written by loom's save_model_weights)");
-  nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  LOOM_CHECK(!j.is_discarded(), path, ": the metadata's loom.model_config is not valid JSON");
+  nlohmann::json j = io::parse_json(it->second, path + ": the metadata's loom.model_config");
   auto model = std::make_unique<llama::TransformerLM>(model_config_from_json(j, path), 0);
   for (nn::Parameter* p : model->parameters()) {
     LOOM_CHECK(file.contains(p->name), path, ": missing parameter '", p->name, "'");

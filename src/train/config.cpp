@@ -29,9 +29,10 @@ void set_checked(json& slot, const json& value, const std::string& path) {
     LOOM_CHECK(value.is_boolean(), "config: ", path, " must be true or false, got ", io::brief_json(value));
     slot = value;
   } else if (slot.is_number_unsigned()) {
+    // Below 2^64: converting a larger double to uint64_t is undefined behaviour.
     bool integral = value.is_number_integer() ||
                     (value.is_number_float() && std::isfinite(value.get<double>()) &&
-                     std::floor(value.get<double>()) == value.get<double>());
+                     std::floor(value.get<double>()) == value.get<double>() && value.get<double>() < 0x1p64);
     LOOM_CHECK(integral && value.get<double>() >= 0, "config: ", path, " must be a non-negative integer, got ",
                io::brief_json(value));
     slot = value.is_number_float() ? json(static_cast<uint64_t>(value.get<double>())) : json(value.get<uint64_t>());

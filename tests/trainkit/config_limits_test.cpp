@@ -1,4 +1,5 @@
-// The config reader on hostile input: JSON nested past io/json.h's limit, huge values in messages.
+// The config reader on hostile input: JSON nested past io/json.h's limit, huge values in messages,
+// numbers past what a key's type holds.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -82,4 +83,14 @@ TEST(ConfigLimits, MessagesQuoteAShortPrefixOfTheValue) {
   const std::string unknown = error_of([] { TrainConfig::from_json(json{{std::string(1 << 20, 'k'), 1}}); });
   EXPECT_HAS(unknown, "config: unknown key kkkk");
   EXPECT_LT(unknown.size(), 400u);
+}
+
+TEST(ConfigLimits, UnsignedKeysRefuseNumbersPast2To64) {
+  // training.seed is a uint64: 1e30 used to be converted anyway (undefined behaviour: any seed at all).
+  EXPECT_HAS(error_of([] { TrainConfig::from_json(json::parse(R"({"training": {"seed": 1e30}})")); }),
+             "config: training.seed must be a non-negative integer, got 1e+30");
+  const json two_to_64 = json::parse(R"({"training": {"seed": 18446744073709551616.0}})");
+  EXPECT_HAS(error_of([&] { TrainConfig::from_json(two_to_64); }), "training.seed must be a non-negative integer");
+  EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"training": {"seed": 1e19}})")).training.seed,
+            10000000000000000000ull);
 }

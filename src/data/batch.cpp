@@ -7,14 +7,6 @@
 
 namespace loom::data {
 
-const char* sampling_name(Sampling s) { return s == Sampling::Random ? "random" : "sequential"; }
-
-Sampling sampling_from_name(const std::string& name) {
-  if (name == "random") return Sampling::Random;
-  if (name == "sequential") return Sampling::Sequential;
-  LOOM_FAIL("sampling must be \"random\" or \"sequential\", got \"", name, "\"");
-}
-
 uint64_t uniform_below(RngKey key, uint64_t index, uint64_t range) {
   LOOM_ASSERT(range >= 1, "uniform_below needs a non-empty range");
   // Accept x < limit, the largest multiple of range that fits in 2^64; then x % range is uniform.

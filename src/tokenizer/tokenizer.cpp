@@ -8,6 +8,7 @@
 
 
 #include "core/error.h"
+#include "core/thread_count.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/chunk_pipeline.h"
 
@@ -306,8 +307,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
 
 void Tokenizer::encode_stream(const ReadFn& read, const TokenSink& sink, const EncodeOptions& options) const {
   LOOM_CHECK(options.chunk_bytes >= 64, "encode: chunk_bytes must be at least 64, got ", options.chunk_bytes);
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = resolve_thread_count(options.threads, "encode: threads");
   std::vector<std::unique_ptr<Scratch>> scratch(static_cast<size_t>(threads));
   for (auto& s : scratch) s = std::make_unique<Scratch>(*pre_);
   TextChunker chunker(read, specials_, *pre_, options.chunk_bytes);

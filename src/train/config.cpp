@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/thread_count.h"
 #include "io/file.h"
 #include "io/json.h"
 
@@ -266,7 +267,8 @@ void TrainConfig::validate() const {
   check_positive(training.max_steps, "training.max_steps");
   check_positive(training.batch_size, "training.batch_size");
   check_positive(training.grad_accum_steps, "training.grad_accum_steps");
-  check_non_negative(training.threads, "training.threads");
+  LOOM_CHECK(training.threads >= 0 && training.threads <= kMaxThreads, "config: training.threads must be in [0, ",
+             kMaxThreads, "] (0: every core), got ", training.threads);
 
   check_non_negative(eval.interval, "eval.interval");
   check_positive(eval.batches, "eval.batches");

@@ -1,5 +1,5 @@
 // The tokenizer readers and encoder on hostile input: JSON nested past io/json.h's limit, fields of the
-// wrong type, huge keys quoted in messages.
+// wrong type, huge keys quoted in messages, thread counts past kMaxThreads.
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -84,4 +84,33 @@ TEST(TokenizerLimits, MessagesQuoteAShortPrefix) {
   msg = error_of([&] { tokenizer_from_gpt2_files("{\"" + std::string(1 << 20, 'u'), "", "vocab.json"); });
   EXPECT_HAS(msg, "vocab.json: not valid JSON");
   EXPECT_LT(msg.size(), 400u);
+}
+
+TEST(TokenizerLimits, ThreadCountsAreBounded) {
+  // threads=100000 aborted the process: a std::thread that failed to start left the others joinable.
+  Tokenizer tok = small_tokenizer(300);
+  for (int threads : {100000, 1025, -1}) {
+    EncodeOptions o;
+    o.threads = threads;
+    EXPECT_HAS(error_of([&] { tok.encode("hello world", o); }),
+               "encode: threads must be in [0, 1024] (0: every core), got " + std::to_string(threads));
+    TrainOptions t;
+    t.vocab_size = 300;
+    t.threads = threads;
+    EXPECT_HAS(error_of([&] { train_bpe_on_text("hello world hello world", t); }),
+               "train: threads must be in [0, 1024] (0: every core), got " + std::to_string(threads));
+  }
+  EncodeOptions o;
+  o.threads = 0;
+  EXPECT_EQ(tok.encode("hello world", o), tok.encode("hello world"));
+}
+
+TEST(TokenizerLimits, CliRefusesTooManyThreads) {
+  TempDir dir;
+  save_hf_json(small_tokenizer(300), dir / "tok.json");
+  write_text(dir / "in.txt", "hello world");
+  RunResult r = run_cli({"tokenizer", "encode", "--tokenizer", dir / "tok.json", "--input", dir / "in.txt",
+                         "--threads", "100000"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_HAS(r.err, "threads must be in [0, 1024]");
 }

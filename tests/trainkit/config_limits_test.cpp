@@ -1,5 +1,5 @@
 // The config reader on hostile input: JSON nested past io/json.h's limit, huge values in messages,
-// numbers past what a key's type holds.
+// numbers past what a key's type holds, thread counts past kMaxThreads.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -93,4 +93,11 @@ TEST(ConfigLimits, UnsignedKeysRefuseNumbersPast2To64) {
   EXPECT_HAS(error_of([&] { TrainConfig::from_json(two_to_64); }), "training.seed must be a non-negative integer");
   EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"training": {"seed": 1e19}})")).training.seed,
             10000000000000000000ull);
+}
+
+TEST(ConfigLimits, ThreadsAreBounded) {
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"training.threads=100000"}); }),
+             "config: training.threads must be in [0, 1024] (0: every core), got 100000");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"training.threads=-1"}); }), "got -1");
+  EXPECT_EQ(TrainConfig::load("tiny", {"training.threads=1024"}).training.threads, 1024);
 }

@@ -2,7 +2,8 @@
 //
 // The optimizer works on numpy arrays the caller owns: each step wraps them (no copy) as the values and
 // gradients of placeholder parameters and runs train::AdamW, so the update is the trainer's own kernel
-// and the arrays change in place.
+// and the arrays change in place. One optimizer may be used from several Python threads: its calls take
+// turns (a mutex), since a step runs with the GIL released.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -10,6 +11,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "convert.h"
@@ -34,6 +36,14 @@ class PyAdamW {
   // params: float32 arrays updated in place (cast without conversion: a converted copy would be
   // updated instead of the caller's array); grads: same shapes, or None to leave that parameter alone.
   void step(nb::list params, nb::list grads, float lr) {
+    auto lock = lock_without_gil();
+    // The wrappers go when the step ends, thrown or not: the arrays they point into may go after.
+    struct DropWrappers {
+      std::vector<std::unique_ptr<nn::Parameter>>& slots;
+      ~DropWrappers() {
+        for (auto& slot : slots) slot->value = Tensor();
+      }
+    } drop{slots_};
     LOOM_CHECK(params.size() == grads.size(), "AdamW.step: ", params.size(), " parameters but ", grads.size(),
                " gradients");
     LOOM_CHECK(!opt_ || params.size() == slots_.size(), "AdamW.step: this optimizer holds state for ",
@@ -69,10 +79,10 @@ class PyAdamW {
       touched_[i] = true;
     }
     without_gil([&] { opt_->step(lr); });
-    for (auto& slot : slots_) slot->value = Tensor();  // drop the wrappers before the arrays may go
   }
 
   nb::dict state() {
+    auto lock = lock_without_gil();
     nb::dict d;
     d["step"] = opt_ ? opt_->step_count() : 0;
     nb::list m, v;
@@ -87,6 +97,7 @@ class PyAdamW {
 
   // Moments by position (None: that parameter has had no update yet).
   void load_state(int64_t step, nb::list exp_avg, nb::list exp_avg_sq) {
+    auto lock = lock_without_gil();
     LOOM_CHECK(step >= 0, "AdamW.load_state_dict: step must be >= 0, got ", step);
     LOOM_CHECK(exp_avg.size() == exp_avg_sq.size(), "AdamW.load_state_dict: ", exp_avg.size(), " exp_avg but ",
                exp_avg_sq.size(), " exp_avg_sq");
@@ -135,6 +146,19 @@ class PyAdamW {
     touched_.assign(values.size(), false);
   }
 
+  // Calls take turns. A step releases the GIL while it computes, so the lock is taken with the GIL
+  // released too: a thread waiting for it while holding the GIL would keep the thread that holds it
+  // from ever finishing its step.
+  std::unique_lock<std::mutex> lock_without_gil() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      nb::gil_scoped_release release;
+      lock.lock();
+    }
+    return lock;
+  }
+
+  std::mutex mu_;
   train::AdamWOptions options_;
   std::vector<std::unique_ptr<nn::Parameter>> slots_;
   std::unique_ptr<train::AdamW> opt_;

@@ -167,7 +167,8 @@ void bind_models(nb::module_& m) {
             o.sampling = {temperature, top_k, top_p};
             o.seed = seed;
             o.stop_token = stop_token;
-            return without_gil([&] { return generate::generate(self, prompt, o); });
+            InterruptCheck interrupted;  // Ctrl-C ends a long generation with KeyboardInterrupt
+            return without_gil([&] { return generate::generate(self, prompt, o, [&](int32_t) { interrupted(); }); });
           },
           nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
           nb::arg("seed"), nb::arg("stop_token"));

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_count.h"
+#include "generate/generate.h"
 #include "io/file.h"
 #include "io/json.h"
 
@@ -282,7 +283,9 @@ void TrainConfig::validate() const {
   check_non_negative(logging.peak_flops, "logging.peak_flops");
 
   check_non_negative(sample.num_samples, "sample.num_samples");
-  check_non_negative(sample.max_new_tokens, "sample.max_new_tokens");
+  LOOM_CHECK(sample.max_new_tokens >= 0 && sample.max_new_tokens <= generate::kMaxNewTokens,
+             "config: sample.max_new_tokens must be in [0, ", generate::kMaxNewTokens, "], got ",
+             sample.max_new_tokens);
   check_non_negative(sample.temperature, "sample.temperature");
   check_non_negative(sample.top_k, "sample.top_k");
   LOOM_CHECK(sample.top_p > 0 && sample.top_p <= 1, "config: sample.top_p must be in (0, 1], got ", sample.top_p);

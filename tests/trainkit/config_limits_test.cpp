@@ -101,3 +101,10 @@ TEST(ConfigLimits, ThreadsAreBounded) {
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"training.threads=-1"}); }), "got -1");
   EXPECT_EQ(TrainConfig::load("tiny", {"training.threads=1024"}).training.threads, 1024);
 }
+
+TEST(ConfigLimits, SampleMaxNewTokensIsBounded) {
+  // Checked with the config, not when the samples are drawn after hours of training.
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"sample.max_new_tokens=1000001"}); }),
+             "config: sample.max_new_tokens must be in [0, 1000000], got 1000001");
+  EXPECT_EQ(TrainConfig::load("tiny", {"sample.max_new_tokens=1000000"}).sample.max_new_tokens, 1000000);
+}

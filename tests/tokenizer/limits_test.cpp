@@ -114,3 +114,16 @@ TEST(TokenizerLimits, CliRefusesTooManyThreads) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_HAS(r.err, "threads must be in [0, 1024]");
 }
+
+TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {
+  Tokenizer tok = small_tokenizer(300);
+  std::vector<std::string> vocab = tok.vocab();
+  vocab.push_back(std::string(1 << 20, 'w'));
+  vocab.push_back(std::string(1 << 20, 'w'));  // the same bytes twice
+  std::string msg = error_of([&] { Tokenizer(vocab, tok.merges(), {}); });
+  EXPECT_HAS(msg, "are the same bytes \"wwww");
+  EXPECT_LT(msg.size(), 300u);
+  msg = error_of([&] { Tokenizer(tok.vocab(), tok.merges(), {std::string(1 << 20, 's')}); });
+  EXPECT_HAS(msg, "tokenizer: special token \"ssss");
+  EXPECT_LT(msg.size(), 300u);
+}

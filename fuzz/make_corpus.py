@@ -73,6 +73,9 @@ def tokenizer_seeds():
     hf = {"model": {"type": "BPE", "vocab": {b2u[b]: b for b in range(256)}, "merges": []},
           "added_tokens": [{"id": 0, "content": "<|endoftext|>"}]}
     write(d, "minimal_hf.json", json.dumps(hf, ensure_ascii=False))
+    # One id far past the number of entries: the reader once sized its table by it (43 GB).
+    hf["model"]["vocab"]["zz"] = 1344444440
+    write(d, "id_past_the_entries.json", json.dumps(hf, ensure_ascii=False))
     write(d, "deep_added_tokens.json", '{"model": {"type": "BPE", "vocab": {}, "merges": []}, "added_tokens": [{"id": '
           + nested_arrays(3000) + "}]}")
     write(d, "deep_merges.json", '{"model": {"type": "BPE", "vocab": {}, "merges": [' + nested_objects(1500) + "]}}")

@@ -58,13 +58,17 @@ using io::brief_text;
 // text rather than byte-level text. Hash maps and vectors only: GPT-2's 50k entries load in ~10 ms.
 struct VocabBuilder {
   std::string source;
+  // How many entries the file lists: ids must be contiguous from 0 (build() checks), so a larger id is
+  // an error, found before by_id is resized to it (an id of 2^30 in a 9 KB file once asked for 34 GB;
+  // fuzz/tokenizer_json_fuzz.cpp found it).
+  uint64_t entries = 0;
   std::vector<std::string> by_id;
   std::vector<bool> present;
   std::unordered_map<std::string, uint32_t> id_of_key;
 
   void add(const std::string& key, uint64_t id, bool raw) {
-    LOOM_CHECK(id < (uint64_t{1} << 31), source, ": vocabulary entry \"", brief_text(key), "\" has id ", id,
-               ", too large");
+    LOOM_CHECK(id < entries, source, ": vocabulary entry \"", brief_text(key), "\" has id ", id,
+               ", but the file lists only ", entries, " tokens, so ids must be below ", entries);
     std::string bytes;
     if (raw) {
       bytes = key;
@@ -200,7 +204,8 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
                ": pre_tokenizer.use_regex=false is not supported (GPT-2 splits with its regex)");
   }
 
-  VocabBuilder vb{source, {}, {}, {}};
+  const bool has_added = j.contains("added_tokens") && j["added_tokens"].is_array();
+  VocabBuilder vb{source, model["vocab"].size() + (has_added ? j["added_tokens"].size() : 0), {}, {}, {}};
   std::vector<std::string> specials;
   std::map<uint64_t, std::string> added;
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
@@ -253,7 +258,7 @@ Tokenizer tokenizer_from_gpt2_files(std::string_view vocab_json, std::string_vie
   const bool ok = json::sax_parse(vocab_json, &sax);
   LOOM_CHECK(ok && sax.error_.empty(), source, ": ", sax.error_.empty() ? "not valid JSON" : sax.error_);
   LOOM_CHECK(sax.depth_ == 0 && !sax.entries.empty(), source, ": vocab.json must be a JSON object of token -> id");
-  VocabBuilder vb{source, {}, {}, {}};
+  VocabBuilder vb{source, sax.entries.size(), {}, {}, {}};
   vb.id_of_key.reserve(sax.entries.size());
   std::vector<std::string> specials;
   for (auto& [key, id] : sax.entries) {

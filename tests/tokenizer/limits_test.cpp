@@ -127,3 +127,22 @@ TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {
   EXPECT_HAS(msg, "tokenizer: special token \"ssss");
   EXPECT_LT(msg.size(), 300u);
 }
+
+TEST(TokenizerLimits, AnIdPastTheNumberOfEntriesIsRefusedBeforeAllocating) {
+  // One entry with id 1,344,444,440 in a 9 KB file made the reader resize its table to that many
+  // strings (43 GB; fuzz/tokenizer_json_fuzz.cpp found it). Ids must be contiguous, so an id at or past
+  // the number of entries the file lists is an error found first.
+  Tokenizer tok = small_tokenizer(300);
+  auto j = nlohmann::json::parse(to_hf_json(tok));
+  const size_t listed = j["model"]["vocab"].size() + j["added_tokens"].size();
+  j["model"]["vocab"]["zzz"] = 1'344'444'440;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_HAS(error_of([&] { tokenizer_from_hf_json(j.dump(), "t.json"); }),
+             "t.json: vocabulary entry \"zzz\" has id 1344444440, but the file lists only " +
+                 std::to_string(listed + 1) + " tokens");
+  EXPECT_LT(seconds_since(start), 1.0);
+  const std::string vocab = to_gpt2_vocab_json(tok);
+  const std::string big_id = vocab.substr(0, vocab.rfind('}')) + ", \"zzz\": 2000000000}";
+  EXPECT_HAS(error_of([&] { tokenizer_from_gpt2_files(big_id, "", "vocab.json"); }),
+             "vocab.json: vocabulary entry \"zzz\" has id 2000000000, but the file lists only");
+}

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "models/model.h"
 
@@ -43,8 +44,7 @@ void inspect(const std::string& path) {
   // A loom weights file says which model it holds: its family and what the family's formulas give.
   auto config = h.metadata.find("loom.model_config");
   if (config != h.metadata.end()) {
-    nlohmann::json j = nlohmann::json::parse(config->second, nullptr, /*allow_exceptions=*/false);
-    LOOM_CHECK(!j.is_discarded(), path, ": the metadata's loom.model_config is not valid JSON");
+    nlohmann::json j = loom::io::parse_json(config->second, path + ": the metadata's loom.model_config");
     const loom::models::ModelStats s = loom::models::ModelConfig::from_json(j).stats();
     std::printf("model: %s %s\n  %lld parameters, decoding cache %lld numbers per token (all layers)\n",
                 j.value("arch", "llama").c_str(), s.description.c_str(), static_cast<long long>(s.total_params),

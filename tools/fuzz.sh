@@ -1,50 +1,93 @@
 #!/usr/bin/env bash
-# Fuzzes the safetensors reader (fuzz/safetensors_fuzz.cpp) with libFuzzer, ASan and UBSan, for a bounded
-# time, seeded with the committed corpus (tests/safetensors/corpus). Exits non-zero on any finding; the
-# input that triggered it is left in build-fuzz/artifacts/ (replay: build-fuzz/safetensors_fuzz FILE).
+# Fuzzes loom's readers of untrusted files with libFuzzer, ASan and UBSan, for a bounded total time split
+# evenly between the targets, each seeded with its committed corpus:
+#   safetensors     fuzz/safetensors_fuzz.cpp     safetensors headers   tests/safetensors/corpus
+#   config          fuzz/config_fuzz.cpp          training configs      configs/, fuzz/corpus/config
+#   tokenizer_json  fuzz/tokenizer_json_fuzz.cpp  tokenizer.json and    fuzz/corpus/tokenizer_json
+#                                                 vocab.json
+# Exits non-zero if any target finds something; the input that triggered it is left in
+# build-fuzz/<target>/artifacts/ (replay: build-fuzz/<target>/<target>_fuzz FILE).
 #
-#   tools/fuzz.sh            # 60 seconds
+#   tools/fuzz.sh            # 60 seconds in all (20 per target)
 #   tools/fuzz.sh 600        # longer
-#   tools/fuzz.sh 60 -jobs=2 -workers=2   # extra arguments go to libFuzzer
+#   FUZZ_TARGETS=config tools/fuzz.sh 60          # one target only
+#   tools/fuzz.sh 60 -jobs=2 -workers=2           # extra arguments go to libFuzzer
 #
-# Needs clang++ and libFuzzer's runtime (Debian: clang, libclang-rt-14-dev; tools/setup.sh installs both).
-# Builds only the code under test, into its own directory (build-fuzz/), so it never touches build/.
+# Needs clang++ and libFuzzer's runtime (Debian: clang, libclang-rt-14-dev; tools/setup.sh installs both)
+# and libpcre2-8 (the tokenizer's regex). Builds only the code under test, into its own directory
+# (build-fuzz/), so it never touches build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
-out=build-fuzz
-bin="$out/safetensors_fuzz"
-sources=(fuzz/safetensors_fuzz.cpp src/io/safetensors_format.cpp)
-headers=(src/io/safetensors_format.h src/core/error.h)
+targets=(${FUZZ_TARGETS:-safetensors config tokenizer_json})
 CXX="${FUZZ_CXX:-clang++}"
-mkdir -p "$out/corpus" "$out/artifacts"
 
-stale=0
-[ -x "$bin" ] || stale=1
-for f in "${sources[@]}" "${headers[@]}" tools/fuzz.sh; do
-  [ "$stale" = 1 ] || [ "$f" -nt "$bin" ] && stale=1
-done
-if [ "$stale" = 1 ]; then
+# The sources each target compiles (its own file first), its seed directories, dictionary and input size.
+sources_of() {
+  case "$1" in
+    safetensors) echo fuzz/safetensors_fuzz.cpp src/io/safetensors_format.cpp src/io/json.cpp ;;
+    config) echo fuzz/config_fuzz.cpp src/train/config.cpp src/train/presets.cpp src/io/json.cpp src/io/file.cpp ;;
+    tokenizer_json)
+      echo fuzz/tokenizer_json_fuzz.cpp src/tokenizer/formats.cpp src/tokenizer/tokenizer.cpp \
+        src/tokenizer/pretokenizer.cpp src/tokenizer/byte_level.cpp src/tokenizer/sha256.cpp src/io/json.cpp ;;
+    *) echo "fuzz.sh: unknown target $1" >&2; exit 2 ;;
+  esac
+}
+libs_of() { [ "$1" = tokenizer_json ] && echo -lpcre2-8 -lpthread || true; }
+corpora_of() {
+  case "$1" in
+    safetensors) echo tests/safetensors/corpus/valid tests/safetensors/corpus/malformed ;;
+    config) echo configs fuzz/corpus/config ;;
+    tokenizer_json) echo fuzz/corpus/tokenizer_json ;;
+  esac
+}
+max_len_of() { [ "$1" = tokenizer_json ] && echo 16384 || echo 4096; }
+
+build() {
+  local t="$1" out="build-fuzz/$1" bin="build-fuzz/$1/$1_fuzz"
+  local sources=($(sources_of "$t"))
+  mkdir -p "$out/corpus" "$out/artifacts"
+  # Stale when any source, any header under src/ or this script is newer than the binary.
+  if [ -x "$bin" ] && [ ! tools/fuzz.sh -nt "$bin" ] &&
+     [ -z "$(find "${sources[@]}" -newer "$bin"; find src -name '*.h' -newer "$bin")" ]; then
+    return 0
+  fi
   echo "fuzz.sh: building $bin"
   # -fno-sanitize-recover: a UBSan report must stop the run, or libFuzzer would not count it.
-  # -gline-tables-only: symbolized stack traces at a third of -g's compile time (about 20 s on 2 cores,
-  # the two files compiled in parallel).
-  flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer
-         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
-  objects=()
-  pids=()
+  # -gline-tables-only: symbolized stack traces at a third of -g's compile time. Two compiles at a time.
+  local flags=(-std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer
+               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
+  local objects=() pids=() src obj
   for src in "${sources[@]}"; do
     obj="$out/$(basename "$src" .cpp).o"
     objects+=("$obj")
     "$CXX" "${flags[@]}" -c "$src" -o "$obj" &
     pids+=($!)
+    if [ "${#pids[@]}" -ge 2 ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  "$CXX" "${flags[@]}" "${objects[@]}" -o "$bin"
-fi
+  "$CXX" "${flags[@]}" "${objects[@]}" $(libs_of "$t") -o "$bin"
+}
 
-# The first directory collects new inputs; the committed corpus only seeds the run.
-"$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
-  -dict=fuzz/safetensors.dict -artifact_prefix="$out/artifacts/" \
-  "$@" "$out/corpus" tests/safetensors/corpus/valid tests/safetensors/corpus/malformed
+for t in "${targets[@]}"; do build "$t"; done
+
+per_target=$(( seconds / ${#targets[@]} ))
+[ "$per_target" -ge 5 ] || per_target=5
+failed=()
+for t in "${targets[@]}"; do
+  out="build-fuzz/$t"
+  dict=()
+  [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
+  echo "fuzz.sh: $t for ${per_target}s"
+  # The first directory collects new inputs; the committed corpus only seeds the run.
+  if ! "$out/${t}_fuzz" -max_total_time="$per_target" -timeout=10 -rss_limit_mb=2048 -max_len="$(max_len_of "$t")" \
+       -print_final_stats=1 "${dict[@]}" -artifact_prefix="$out/artifacts/" \
+       "$@" "$out/corpus" $(corpora_of "$t"); then
+    failed+=("$t")
+  fi
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz.sh: findings in: ${failed[*]} (inputs in build-fuzz/<target>/artifacts/)" >&2
+  exit 1
+fi

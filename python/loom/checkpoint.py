@@ -18,20 +18,32 @@ import numpy as np
 from . import _loom
 
 
+# The numpy dtypes safetensors stores, by numpy's name: each is written as itself (never narrowed: an
+# int64 past 2^31 once came back wrapped, written as int32) and read back as itself.
+_STORABLE = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+             "float32", "float64", "complex64")
+
+
 def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
-    """Writes name -> array (float32, int32, uint16 or bool; other floats become float32, other ints
-    int32) atomically, with string metadata."""
+    """Writes name -> array atomically, with string metadata. Every array keeps its dtype: bool, int8 to
+    int64, uint8 to uint64, float16, float32, float64 or complex64 (stored little-endian, as the format
+    says). Other dtypes (complex128, longdouble, strings, objects, dates) are a ValueError: safetensors
+    has no such type, and converting silently would change the values."""
     out = {}
     for name, a in tensors.items():
         a = np.asarray(a)
-        if a.dtype not in (np.float32, np.int32, np.uint16, np.bool_):
-            a = a.astype(np.float32 if a.dtype.kind == "f" else np.int32)
-        out[name] = np.ascontiguousarray(a)
+        if a.dtype.name not in _STORABLE or a.dtype.kind not in "biufc":
+            raise ValueError(f"save_safetensors: '{name}' has dtype {a.dtype}, which safetensors cannot store "
+                             f"(it stores {', '.join(_STORABLE)}); convert it first")
+        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not np.little_endian):
+            a = a.astype(a.dtype.newbyteorder("<"))
+        out[name] = a if a.flags.c_contiguous else a.copy(order="C")  # ascontiguousarray makes 0-d arrays 1-d
     _loom.save_safetensors(os.fspath(path), out, {str(k): str(v) for k, v in (metadata or {}).items()})
 
 
 def load_safetensors(path) -> tuple[dict, dict]:
-    """(name -> array, metadata) of a safetensors file."""
+    """(name -> array, metadata) of a safetensors file, each array of its stored dtype (BF16 comes back
+    as float32, as numpy has no bfloat16; the 4-, 6- and 8-bit float types are a ValueError)."""
     tensors, meta = _loom.load_safetensors(os.fspath(path))
     return dict(tensors), dict(meta)
 

@@ -9,6 +9,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <chrono>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -82,6 +83,23 @@ auto without_gil(Fn&& fn) {
   nb::gil_scoped_release release;
   return fn();
 }
+
+// For long C++ loops that run without the GIL (generation): call it often; about every 50 ms it takes
+// the GIL and runs Python's signal handlers, so Ctrl-C raises KeyboardInterrupt in the caller instead
+// of waiting for the loop to end. Any exception a handler raised is thrown as nb::python_error.
+class InterruptCheck {
+ public:
+  void operator()() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::milliseconds(50)) return;
+    last_ = now;
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
 
 void bind_ops(nb::module_& m);
 void bind_models(nb::module_& m);

@@ -12,6 +12,7 @@
 #include "convert.h"
 #include "core/autograd.h"
 #include "generate/generate.h"
+#include "io/json.h"
 #include "models/llama/model.h"
 #include "models/model_config.h"
 #include "train/run.h"
@@ -146,7 +147,8 @@ void bind_models(nb::module_& m) {
             o.sampling = {temperature, top_k, top_p};
             o.seed = seed;
             o.stop_token = stop_token;
-            return without_gil([&] { return generate::generate(self, prompt, o); });
+            InterruptCheck interrupted;  // Ctrl-C ends a long generation with KeyboardInterrupt
+            return without_gil([&] { return generate::generate(self, prompt, o, [&](int32_t) { interrupted(); }); });
           },
           nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"),
           nb::arg("seed"), nb::arg("stop_token"));
@@ -173,9 +175,7 @@ void bind_models(nb::module_& m) {
   // Any family, from a model section as JSON text ({"arch": "gpt2", ...}; missing keys take the family's
   // defaults).
   m.def("build_model", [](const std::string& config_json, uint64_t seed) {
-    nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
-    LOOM_CHECK(!j.is_discarded(), "build_model: the config is not valid JSON");
-    models::ModelConfig config = models::ModelConfig::from_json(j);
+    models::ModelConfig config = models::ModelConfig::from_json(io::parse_json(config_json, "build_model config"));
     return without_gil([&] { return config.build(seed); });
   });
 

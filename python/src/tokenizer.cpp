@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "convert.h"
+#include "core/thread_count.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/train.h"
@@ -128,12 +129,13 @@ void bind_tokenizer(nb::module_& m) {
       .def("with_special_tokens", &with_special_tokens)
       // threads=1 encodes on the calling thread and starts none; 0 takes every core.
       .def("encode",
-           [](const Tokenizer& t, std::string_view text, int threads) {
-             LOOM_CHECK(threads >= 0, "encode: threads must be >= 0, got ", threads);
+           [](const Tokenizer& t, std::string_view text, int64_t threads) {
+             // Checked here, before narrowing to int; the library checks the same bound.
+             resolve_thread_count(threads, "encode: threads");
              std::vector<TokenId> ids = without_gil([&] {
                if (threads == 1) return t.encode(text);
                tokenizer::EncodeOptions o;
-               o.threads = threads;
+               o.threads = static_cast<int>(threads);
                return t.encode(text, o);
              });
              return ids_to_numpy(std::move(ids));
@@ -159,11 +161,12 @@ void bind_tokenizer(nb::module_& m) {
                                                 vocab_path + " + " + merges_path);
   });
   m.def("train_bpe", [](std::vector<std::string> files, size_t vocab_size, std::vector<std::string> specials,
-                        int threads) {
+                        int64_t threads) {
+    resolve_thread_count(threads, "train: threads");  // before narrowing to int
     tokenizer::TrainOptions o;
     o.vocab_size = vocab_size;
     o.special_tokens = std::move(specials);
-    o.threads = threads;
+    o.threads = static_cast<int>(threads);
     return without_gil([&] { return tokenizer::train_bpe(files, o); });
   });
 }

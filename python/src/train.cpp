@@ -2,19 +2,25 @@
 //
 // The optimizer works on numpy arrays the caller owns: each step wraps them (no copy) as the values and
 // gradients of placeholder parameters and runs train::AdamW, so the update is the trainer's own kernel
-// and the arrays change in place.
+// and the arrays change in place. One optimizer may be used from several Python threads: its calls take
+// turns (a mutex), since a step runs with the GIL released.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "convert.h"
 #include "core/autograd.h"
 #include "data/batch.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "train/config.h"
 #include "train/optimizer.h"
@@ -34,6 +40,14 @@ class PyAdamW {
   // params: float32 arrays updated in place (cast without conversion: a converted copy would be
   // updated instead of the caller's array); grads: same shapes, or None to leave that parameter alone.
   void step(nb::list params, nb::list grads, float lr) {
+    auto lock = lock_without_gil();
+    // The wrappers go when the step ends, thrown or not: the arrays they point into may go after.
+    struct DropWrappers {
+      std::vector<std::unique_ptr<nn::Parameter>>& slots;
+      ~DropWrappers() {
+        for (auto& slot : slots) slot->value = Tensor();
+      }
+    } drop{slots_};
     LOOM_CHECK(params.size() == grads.size(), "AdamW.step: ", params.size(), " parameters but ", grads.size(),
                " gradients");
     LOOM_CHECK(!opt_ || params.size() == slots_.size(), "AdamW.step: this optimizer holds state for ",
@@ -69,10 +83,10 @@ class PyAdamW {
       touched_[i] = true;
     }
     without_gil([&] { opt_->step(lr); });
-    for (auto& slot : slots_) slot->value = Tensor();  // drop the wrappers before the arrays may go
   }
 
   nb::dict state() {
+    auto lock = lock_without_gil();
     nb::dict d;
     d["step"] = opt_ ? opt_->step_count() : 0;
     nb::list m, v;
@@ -87,6 +101,7 @@ class PyAdamW {
 
   // Moments by position (None: that parameter has had no update yet).
   void load_state(int64_t step, nb::list exp_avg, nb::list exp_avg_sq) {
+    auto lock = lock_without_gil();
     LOOM_CHECK(step >= 0, "AdamW.load_state_dict: step must be >= 0, got ", step);
     LOOM_CHECK(exp_avg.size() == exp_avg_sq.size(), "AdamW.load_state_dict: ", exp_avg.size(), " exp_avg but ",
                exp_avg_sq.size(), " exp_avg_sq");
@@ -135,11 +150,112 @@ class PyAdamW {
     touched_.assign(values.size(), false);
   }
 
+  // Calls take turns. A step releases the GIL while it computes, so the lock is taken with the GIL
+  // released too: a thread waiting for it while holding the GIL would keep the thread that holds it
+  // from ever finishing its step.
+  std::unique_lock<std::mutex> lock_without_gil() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      nb::gil_scoped_release release;
+      lock.lock();
+    }
+    return lock;
+  }
+
+  std::mutex mu_;
   train::AdamWOptions options_;
   std::vector<std::unique_ptr<nn::Parameter>> slots_;
   std::unique_ptr<train::AdamW> opt_;
   std::vector<bool> touched_;  // whether parameter i has been updated (has meaningful moments)
 };
+
+// Any C-contiguous CPU array, read only: save_safetensors takes its bytes as they are.
+using AnyArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+
+// The safetensors dtype of a DLPack dtype, where safetensors has one.
+std::optional<io::SafetensorsDtype> safetensors_dtype_of(nb::dlpack::dtype d) {
+  using io::SafetensorsDtype;
+  using Code = nb::dlpack::dtype_code;
+  if (d.lanes != 1) return std::nullopt;
+  switch (static_cast<Code>(d.code)) {
+    case Code::Bool: return d.bits == 8 ? std::optional(SafetensorsDtype::BOOL) : std::nullopt;
+    case Code::Int:
+      switch (d.bits) {
+        case 8: return SafetensorsDtype::I8;
+        case 16: return SafetensorsDtype::I16;
+        case 32: return SafetensorsDtype::I32;
+        case 64: return SafetensorsDtype::I64;
+      }
+      return std::nullopt;
+    case Code::UInt:
+      switch (d.bits) {
+        case 8: return SafetensorsDtype::U8;
+        case 16: return SafetensorsDtype::U16;
+        case 32: return SafetensorsDtype::U32;
+        case 64: return SafetensorsDtype::U64;
+      }
+      return std::nullopt;
+    case Code::Float:
+      switch (d.bits) {
+        case 16: return SafetensorsDtype::F16;
+        case 32: return SafetensorsDtype::F32;
+        case 64: return SafetensorsDtype::F64;
+      }
+      return std::nullopt;
+    case Code::Bfloat: return d.bits == 16 ? std::optional(SafetensorsDtype::BF16) : std::nullopt;
+    case Code::Complex: return d.bits == 64 ? std::optional(SafetensorsDtype::C64) : std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
+// The DLPack dtype numpy reads for a safetensors dtype, where numpy has one.
+std::optional<nb::dlpack::dtype> numpy_dtype_of(io::SafetensorsDtype d) {
+  using io::SafetensorsDtype;
+  using Code = nb::dlpack::dtype_code;
+  auto of = [](Code code, int bits) {
+    return nb::dlpack::dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
+  };
+  switch (d) {
+    case SafetensorsDtype::BOOL: return of(Code::Bool, 8);
+    case SafetensorsDtype::I8: return of(Code::Int, 8);
+    case SafetensorsDtype::I16: return of(Code::Int, 16);
+    case SafetensorsDtype::I32: return of(Code::Int, 32);
+    case SafetensorsDtype::I64: return of(Code::Int, 64);
+    case SafetensorsDtype::U8: return of(Code::UInt, 8);
+    case SafetensorsDtype::U16: return of(Code::UInt, 16);
+    case SafetensorsDtype::U32: return of(Code::UInt, 32);
+    case SafetensorsDtype::U64: return of(Code::UInt, 64);
+    case SafetensorsDtype::F16: return of(Code::Float, 16);
+    case SafetensorsDtype::F32: return of(Code::Float, 32);
+    case SafetensorsDtype::F64: return of(Code::Float, 64);
+    case SafetensorsDtype::C64: return of(Code::Complex, 64);
+    default: return std::nullopt;  // BF16 (converted by the caller) and the 4-, 6- and 8-bit floats
+  }
+}
+
+// A copy of tensor `name` as a numpy array of its own dtype.
+nb::object array_of(const io::SafetensorsFile& file, const std::string& name) {
+  const io::SafetensorsTensorInfo& info = file.info(name);
+  if (info.dtype == io::SafetensorsDtype::BF16) return to_numpy_copy(file.tensor(name).to(DType::F32));
+  const auto dtype = numpy_dtype_of(info.dtype);
+  LOOM_CHECK(dtype.has_value(), file.path(), ": tensor ", io::quote_name(name), " has dtype ",
+             io::safetensors_dtype_name(info.dtype), ", which numpy has no dtype for");
+  LOOM_CHECK(info.shape.size() <= 32, file.path(), ": tensor ", io::quote_name(name), " has ", info.shape.size(),
+             " dimensions; numpy arrays have at most 32");
+  std::span<const uint8_t> bytes = file.bytes(name);
+  if (info.dtype == io::SafetensorsDtype::BOOL) {  // numpy's bool, like C++'s, is 0 or 1 and nothing else
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      LOOM_CHECK(bytes[i] <= 1, file.path(), ": tensor ", io::quote_name(name), " is BOOL but element ", i,
+                 " is byte ", int(bytes[i]), ", not 0 or 1");
+    }
+  }
+  // operator new's storage is aligned for any dtype; one byte at least, so an empty array has a pointer.
+  auto* copy = new std::vector<uint8_t>(std::max<size_t>(bytes.size(), 1));
+  std::copy(bytes.begin(), bytes.end(), copy->begin());
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  std::vector<size_t> shape(info.shape.begin(), info.shape.end());
+  return nb::cast(nb::ndarray<nb::numpy>(copy->data(), shape.size(), shape.data(), owner, nullptr, *dtype));
+}
 
 nb::dict summary_dict(const train::TrainSummary& s) {
   nb::dict d;
@@ -194,33 +310,41 @@ void bind_train(nb::module_& m) {
     return starts;
   });
 
-  // name -> array (float32, int32, uint16 or bool), with string metadata. No implicit conversion:
-  // an int32 array must stay int32, not match the float32 overload first.
+  // name -> array of any dtype safetensors stores (bool, int8..int64, uint8..uint64, float16/32/64,
+  // complex64; bfloat16 from libraries that export it), written byte for byte, with string metadata.
+  // No conversion happens here: python/loom/checkpoint.py makes the arrays contiguous and little-endian
+  // and refuses other dtypes with their numpy names.
   m.def("save_safetensors", [](const std::string& path, nb::dict tensors, std::map<std::string, std::string> meta) {
-    io::NamedTensors named;
+    std::vector<AnyArray> keep;  // the arrays stay referenced while their bytes are written
+    keep.reserve(tensors.size());
+    std::vector<io::SafetensorsEntry> entries;
     for (auto [k, v] : tensors) {
       std::string name = nb::cast<std::string>(k);
-      Tensor t;
-      if (In<float> f; nb::try_cast(v, f, false)) t = to_tensor(f);
-      else if (In<int32_t> i; nb::try_cast(v, i, false)) t = to_tensor(i);
-      else if (In<uint16_t> u; nb::try_cast(v, u, false)) t = to_tensor(u);
-      else if (In<bool> b; nb::try_cast(v, b, false)) t = to_tensor(b);
-      else LOOM_FAIL("save_safetensors: '", name, "' is not a float32, int32, uint16 or bool array");
-      named.emplace_back(name, t);
+      AnyArray a;
+      LOOM_CHECK(nb::try_cast(v, a, false), "save_safetensors: '", name,
+                 "' is not a C-contiguous array in CPU memory");
+      auto dtype = safetensors_dtype_of(a.dtype());
+      LOOM_CHECK(dtype.has_value(), "save_safetensors: '", name, "' has a dtype (DLPack code ",
+                 int(a.dtype().code), ", ", int(a.dtype().bits), " bits) that safetensors cannot store");
+      std::vector<uint64_t> shape(a.ndim());
+      for (size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
+      keep.push_back(a);
+      entries.push_back({std::move(name), *dtype, std::move(shape), a.data(), a.nbytes()});
     }
-    without_gil([&] { io::write_safetensors(path, named, meta); });
+    without_gil([&] { io::write_safetensors(path, entries, meta); });
   });
+  // name -> a numpy array of the stored dtype (BF16 comes out as float32: numpy has no bfloat16).
   m.def("load_safetensors", [](const std::string& path) {
     auto file = without_gil([&] { return io::SafetensorsFile::open(path); });
     nb::dict tensors;
-    for (const auto& name : file.names()) tensors[name.c_str()] = to_numpy_copy(file.tensor(name));
+    for (const auto& name : file.names()) tensors[name.c_str()] = array_of(file, name);
     return nb::make_tuple(tensors, file.metadata());
   });
 
   // The resolved configuration, as JSON text, from a preset name or JSON file plus "key=value" overrides,
   // or from JSON text (is_json) checked against the defaults.
   m.def("resolve_config", [](const std::string& source, bool is_json, std::vector<std::string> overrides) {
-    train::TrainConfig cfg = is_json ? train::TrainConfig::from_json(nlohmann::json::parse(source))
+    train::TrainConfig cfg = is_json ? train::TrainConfig::from_json(io::parse_json(source, "config"))
                                      : train::TrainConfig::load(source, overrides);
     return cfg.to_json().dump();
   });
@@ -228,7 +352,7 @@ void bind_train(nb::module_& m) {
   // run-directory rules (train/run_dir.h: a new or empty directory, or one of loom's runs with overwrite;
   // locked while training). Ctrl-C stops cleanly after the current step (the weights are still saved).
   m.def("train", [](const std::string& config_json, const std::string& out, bool overwrite) {
-    auto cfg = train::TrainConfig::from_json(nlohmann::json::parse(config_json));
+    auto cfg = train::TrainConfig::from_json(io::parse_json(config_json, "config"));
     train::TrainSummary summary = without_gil([&] {
       train::RunDir run_dir = train::RunDir::claim(
           out, train::RunKind::Train, overwrite ? train::ExistingRun::Overwrite : train::ExistingRun::Refuse);

@@ -1,6 +1,7 @@
 #include "core/parallel.h"
 
 #include "core/error.h"
+#include "core/thread_count.h"
 
 namespace loom {
 namespace {
@@ -10,7 +11,7 @@ int g_threads = 0;  // 0: not set, use OpenMP's default
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
 
 void set_num_threads(int n) {
-  LOOM_CHECK(n >= 1, "thread count must be >= 1, got ", n);
+  LOOM_CHECK(n >= 1 && n <= kMaxThreads, "thread count must be in [1, ", kMaxThreads, "], got ", n);
   g_threads = n;
   omp_set_num_threads(n);
 }

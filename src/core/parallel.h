@@ -16,7 +16,7 @@ namespace loom {
 
 // Number of threads kernels use. Defaults to OMP_NUM_THREADS / the core count.
 int num_threads();
-void set_num_threads(int n);
+void set_num_threads(int n);  // n in [1, kMaxThreads] (core/thread_count.h)
 
 // Calls fn(chunk_begin, chunk_end) over [begin, end) in chunks of about `grain` items.
 template <typename Fn>

@@ -3,16 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace loom::data {
-
-const char* sampling_name(Sampling s) { return s == Sampling::Random ? "random" : "sequential"; }
-
-Sampling sampling_from_name(const std::string& name) {
-  if (name == "random") return Sampling::Random;
-  if (name == "sequential") return Sampling::Sequential;
-  LOOM_FAIL("sampling must be \"random\" or \"sequential\", got \"", name, "\"");
-}
 
 uint64_t uniform_below(RngKey key, uint64_t index, uint64_t range) {
   LOOM_ASSERT(range >= 1, "uniform_below needs a non-empty range");
@@ -73,7 +66,7 @@ void to_json(nlohmann::json& j, const LoaderState& s) {
 void from_json(const nlohmann::json& j, LoaderState& s) {
   LOOM_CHECK(j.is_object() && j.contains("batches") && j["batches"].is_number_unsigned() &&
                  j.contains("position") && j["position"].is_number_integer(),
-             "loader state must be {\"batches\": uint, \"position\": int}, got ", j.dump());
+             "loader state must be {\"batches\": uint, \"position\": int}, got ", io::brief_json(j));
   s.batches = j["batches"].get<uint64_t>();
   s.position = j["position"].get<int64_t>();
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/token_file.h"
@@ -23,8 +24,13 @@
 namespace loom::data {
 
 enum class Sampling : uint8_t { Random, Sequential };
-const char* sampling_name(Sampling s);  // "random" / "sequential"
-Sampling sampling_from_name(const std::string& name);
+// Inline, so that the config reader (train/config.cpp) and its fuzz target need no tensor code.
+inline const char* sampling_name(Sampling s) { return s == Sampling::Random ? "random" : "sequential"; }
+inline Sampling sampling_from_name(const std::string& name) {
+  if (name == "random") return Sampling::Random;
+  if (name == "sequential") return Sampling::Sequential;
+  LOOM_FAIL("sampling must be \"random\" or \"sequential\", got \"", name, "\"");
+}
 
 struct Batch {
   Tensor inputs;   // i32 [B, T]

@@ -1,4 +1,5 @@
 #include "data/provenance.h"
+#include "io/json.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -43,7 +44,7 @@ TokenizerIdentity identify_tokenizer(const std::string& path) {
 
 TokenProvenance read_provenance(const std::string& meta_path) {
   const std::string text = tokenizer::read_file(meta_path);
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = io::try_parse_json(text);
   LOOM_CHECK(!j.is_discarded() && j.is_object(), "token meta: ", meta_path, " must hold a JSON object");
   TokenProvenance p;
   p.meta_path = meta_path;

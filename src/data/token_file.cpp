@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 
 static_assert(std::endian::native == std::endian::little,
               "token files are little-endian and read in place; a big-endian host needs a byte swap here");
@@ -28,14 +29,7 @@ TokenDType token_dtype_from_name(const std::string& name) {
 }
 
 TokenMeta read_token_meta(const std::string& meta_path) {
-  std::ifstream in(meta_path);
-  if (!in) throw IoError(str("token meta: cannot open ", meta_path));
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL("token meta: ", meta_path, " is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = io::read_json_file(meta_path, "token meta");
   LOOM_CHECK(j.is_object(), "token meta: ", meta_path, " must hold a JSON object");
   LOOM_CHECK(j.contains("dtype") && j["dtype"].is_string(), "token meta: ", meta_path,
              " needs a string \"dtype\" (\"uint16\" or \"uint32\")");
@@ -43,7 +37,7 @@ TokenMeta read_token_meta(const std::string& meta_path) {
   meta.dtype = token_dtype_from_name(j["dtype"].get<std::string>());
   if (j.contains("vocab_size")) {
     LOOM_CHECK(j["vocab_size"].is_number_integer() && j["vocab_size"].get<int64_t>() > 0, "token meta: ",
-               meta_path, ": vocab_size must be a positive integer, got ", j["vocab_size"].dump());
+               meta_path, ": vocab_size must be a positive integer, got ", io::brief_json(j["vocab_size"]));
     meta.vocab_size = j["vocab_size"].get<int64_t>();
   }
   if (j.contains("eot_id") && j["eot_id"].is_number_integer()) meta.eot_id = j["eot_id"].get<int64_t>();

@@ -8,7 +8,8 @@ std::vector<int32_t> generate(const models::LanguageModel& model, const std::vec
                               const GenerateOptions& options, const std::function<void(int32_t)>& on_token) {
   options.sampling.validate();
   LOOM_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
-  LOOM_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", options.max_new_tokens);
+  LOOM_CHECK(options.max_new_tokens >= 0 && options.max_new_tokens <= kMaxNewTokens,
+             "generate: max_new_tokens must be in [0, ", kMaxNewTokens, "], got ", options.max_new_tokens);
   const int64_t V = model.vocab_size(), ctx = model.context_length();
   for (int32_t id : prompt) {
     LOOM_CHECK(id >= 0 && id < V, "generate: prompt token ", id, " is outside the vocabulary [0, ", V, ")");

@@ -9,8 +9,12 @@
 
 namespace loom::generate {
 
+// A bound on max_new_tokens: a million tokens is hours of decoding on a CPU, so anything larger is a
+// typo (or an unchecked value from a script), refused up front instead of running until killed.
+inline constexpr int64_t kMaxNewTokens = 1'000'000;
+
 struct GenerateOptions {
-  int64_t max_new_tokens = 100;
+  int64_t max_new_tokens = 100;  // in [0, kMaxNewTokens]
   SamplingOptions sampling;
   uint64_t seed = 0;
   int32_t stop_token = -1;  // stop after emitting this id (e.g. <|endoftext|>); -1: never

@@ -17,7 +17,4 @@ void merge_checked(nlohmann::json& base, const nlohmann::json& overlay, const st
 // 9.99999974737875e-06; reading it back rounds to the same float.
 double float_for_json(float f);
 
-// A JSON value for an error message: its dump, cut to `max_chars` with "..." (a value can be megabytes).
-std::string quote_json(const nlohmann::json& value, size_t max_chars = 80);
-
 }  // namespace loom::io

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace loom::io {
 namespace {
@@ -50,12 +51,8 @@ std::string hex_byte(uint8_t b) {
   return std::string("0x") + digits[b >> 4] + digits[b & 15];
 }
 
-// A JSON value for an error message, cut short.
-std::string brief(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
+// A JSON value for an error message, cut short (without serializing the rest of it).
+std::string brief(const json& v) { return brief_json(v, 57); }
 
 std::string offsets_string(uint64_t begin, uint64_t end) {
   return str("[", begin, ", ", end, "]");
@@ -101,7 +98,7 @@ json parse_json_rejecting_duplicates(const uint8_t* text, size_t n) {
   try {
     return json::parse(text, text + n, callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::exception& e) {
-    LOOM_FAIL("header is not valid JSON: ", e.what());
+    LOOM_FAIL("header is not valid JSON: ", brief_parse_error(e.what()));
   }
 }
 
@@ -301,6 +298,9 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size) {
     LOOM_FAIL("header contains a NUL byte at header offset ", static_cast<const uint8_t*>(nul) - text);
   }
   LOOM_CHECK(text[0] == '{', "header must start with '{', but its first byte is ", hex_byte(text[0]));
+  // A real header nests 3 deep; one nested 70,000 deep used to overflow the stack in brief()'s dump().
+  check_json_limits(std::string_view(reinterpret_cast<const char*>(text), n), "header",
+                    JsonLimits{.max_depth = 64, .max_bytes = kSafetensorsMaxHeaderBytes});
 
   const json root = parse_json_rejecting_duplicates(text, n);
   LOOM_CHECK(root.is_object(), "header must be a JSON object, got ", root.type_name());

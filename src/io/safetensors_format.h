@@ -11,7 +11,9 @@
 //   * the header is valid UTF-8 (overlongs, surrogates and code points past U+10FFFF are invalid), has
 //     no NUL byte (nlohmann stops at NUL, serde_json does not), starts with '{' (the reference's
 //     planned InvalidHeaderStart rule; it also rules out a BOM, which nlohmann skips and serde rejects);
-//   * the header is one JSON object, possibly followed by whitespace (the writer pads with spaces);
+//   * the header is one JSON object, possibly followed by whitespace (the writer pads with spaces),
+//     nested at most 64 deep (stricter: serde_json stops at 128; a real header nests 3 deep, and
+//     loom's limit is the one every JSON reader shares, io/json.h);
 //   * no duplicate keys at any level (stricter: serde_json and nlohmann keep the last duplicate);
 //   * each tensor entry has exactly the fields dtype, shape, data_offsets (stricter: the reference
 //     ignores unknown fields), a known dtype, non-negative integer dims and offsets;

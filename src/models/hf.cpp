@@ -1,4 +1,5 @@
 #include "models/hf.h"
+#include "io/json.h"
 
 #include <charconv>
 #include <cstring>
@@ -66,7 +67,7 @@ Tensor hf_read_as_f32(const io::SafetensorsFile& file, const std::string& name) 
 }
 
 json hf_read_json(const fs::path& path) {
-  json j = json::parse(tokenizer::read_file(path.string()), nullptr, false);
+  json j = io::try_parse_json(tokenizer::read_file(path.string()));
   LOOM_CHECK(!j.is_discarded() && j.is_object(), path.string(), " is not a JSON object");
   return j;
 }
@@ -173,7 +174,7 @@ void hf_read_tokenizer(const std::string& dir, HfImport& out) {
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec) || !fs::exists(fs::path(path) / "config.json", ec)) return false;
-  json j = json::parse(tokenizer::read_file((fs::path(path) / "config.json").string()), nullptr, false);
+  json j = io::try_parse_json(tokenizer::read_file((fs::path(path) / "config.json").string()));
   return j.is_object() && (j.contains("model_type") || j.contains("architectures"));
 }
 

@@ -1,6 +1,7 @@
 #include "models/model_config.h"
 
 #include "core/error.h"
+#include "io/json.h"
 #include "io/json_checked.h"
 #include "models/family.h"
 #include "models/model.h"
@@ -10,10 +11,10 @@ namespace loom::models {
 ModelConfig::ModelConfig() : ModelConfig(from_json(nlohmann::json::object())) {}
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
-  LOOM_CHECK(j.is_object(), "config: model must be a JSON object, got ", io::quote_json(j));
+  LOOM_CHECK(j.is_object(), "config: model must be a JSON object, got ", io::brief_json(j));
   std::string arch = "llama";
   if (j.contains("arch")) {
-    LOOM_CHECK(j["arch"].is_string(), "config: model.arch must be a string, got ", io::quote_json(j["arch"]));
+    LOOM_CHECK(j["arch"].is_string(), "config: model.arch must be a string, got ", io::brief_json(j["arch"]));
     arch = j["arch"].get<std::string>();
   }
   const Family& fam = models::family(arch);

@@ -11,9 +11,11 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "tokenizer/pretokenizer.h"
 
 namespace loom::tokenizer {
@@ -59,7 +61,6 @@ void run_chunk_pipeline(TextChunker& chunker, int threads, Work&& work, Consume&
     }
   };
   std::vector<std::thread> workers;
-  for (int i = 0; i < threads; ++i) workers.emplace_back(worker_loop, i);
   auto stop = [&] {
     {
       std::lock_guard lock(mu);
@@ -69,6 +70,17 @@ void run_chunk_pipeline(TextChunker& chunker, int threads, Work&& work, Consume&
     job_ready.notify_all();
     for (auto& w : workers) w.join();
   };
+  // A thread the system refuses (a process or container thread limit) must not leave the started
+  // ones joinable: destroying a joinable std::thread calls std::terminate.
+  for (int i = 0; i < threads; ++i) {
+    try {
+      workers.emplace_back(worker_loop, i);
+    } catch (const std::system_error& e) {
+      stop();
+      LOOM_FAIL("could not start worker thread ", i + 1, " of ", threads, " (", e.what(),
+                "); ask for fewer threads");
+    }
+  }
   try {
     const uint64_t max_in_flight = static_cast<uint64_t>(threads) * 2;
     uint64_t next_seq = 0, consumed = 0;

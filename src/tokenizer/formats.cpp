@@ -6,10 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <type_traits>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/sha256.h"
 
@@ -49,30 +51,30 @@ void write_file(const std::string& path, std::string_view data) {
 
 namespace {
 
-json parse_json(std::string_view text, const std::string& source) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    LOOM_FAIL(source, ": not valid JSON (", e.what(), ")");
-  }
-}
+using io::brief_json;
+using io::brief_text;
 
 // Builds the vocabulary from (text key -> id) entries, where `raw` says a key is a special token's own
 // text rather than byte-level text. Hash maps and vectors only: GPT-2's 50k entries load in ~10 ms.
 struct VocabBuilder {
   std::string source;
+  // How many entries the file lists: ids must be contiguous from 0 (build() checks), so a larger id is
+  // an error, found before by_id is resized to it (an id of 2^30 in a 9 KB file once asked for 34 GB;
+  // fuzz/tokenizer_json_fuzz.cpp found it).
+  uint64_t entries = 0;
   std::vector<std::string> by_id;
   std::vector<bool> present;
   std::unordered_map<std::string, uint32_t> id_of_key;
 
   void add(const std::string& key, uint64_t id, bool raw) {
-    LOOM_CHECK(id < (uint64_t{1} << 31), source, ": vocabulary entry \"", key, "\" has id ", id, ", too large");
+    LOOM_CHECK(id < entries, source, ": vocabulary entry \"", brief_text(key), "\" has id ", id,
+               ", but the file lists only ", entries, " tokens, so ids must be below ", entries);
     std::string bytes;
     if (raw) {
       bytes = key;
     } else {
       auto decoded = byte_level_to_bytes(key);
-      LOOM_CHECK(decoded.has_value(), source, ": vocabulary entry \"", key,
+      LOOM_CHECK(decoded.has_value(), source, ": vocabulary entry \"", brief_text(key),
                  "\" is not byte-level text (and is not an added/special token)");
       bytes = std::move(*decoded);
     }
@@ -81,7 +83,7 @@ struct VocabBuilder {
       present.resize(id + 1, false);
     }
     LOOM_CHECK(!present[id] || by_id[id] == bytes, source, ": id ", id, " is given to both \"",
-               bytes_to_byte_level(by_id[id]), "\" and \"", key, "\"");
+               brief_text(bytes_to_byte_level(by_id[id])), "\" and \"", brief_text(key), "\"");
     by_id[id] = std::move(bytes);
     present[id] = true;
     id_of_key.emplace(key, static_cast<uint32_t>(id));
@@ -89,7 +91,8 @@ struct VocabBuilder {
 
   void add_json(const std::string& key, const json& id_value, bool raw) {
     LOOM_CHECK(id_value.is_number_unsigned() || (id_value.is_number_integer() && id_value.get<int64_t>() >= 0),
-               source, ": vocabulary entry \"", key, "\" has id ", id_value.dump(), ", not a non-negative integer");
+               source, ": vocabulary entry \"", brief_text(key), "\" has id ", brief_json(id_value),
+               ", not a non-negative integer");
     add(key, id_value.get<uint64_t>(), raw);
   }
 
@@ -104,7 +107,8 @@ struct VocabBuilder {
 
   TokenId lookup(const std::string& key, size_t line) const {
     auto it = id_of_key.find(key);
-    LOOM_CHECK(it != id_of_key.end(), source, ": merge ", line, " names \"", key, "\", which is not in the vocabulary");
+    LOOM_CHECK(it != id_of_key.end(), source, ": merge ", line, " names \"", brief_text(key),
+               "\", which is not in the vocabulary");
     return static_cast<TokenId>(it->second);
   }
 };
@@ -121,7 +125,7 @@ struct FlatVocabSax : nlohmann::json_sax<json> {
   bool null() override { return fail("null where a token id was expected"); }
   bool boolean(bool) override { return fail("a boolean where a token id was expected"); }
   bool number_integer(number_integer_t v) override {
-    if (depth_ != 1 || v < 0) return fail(str("token \"", key_, "\" has id ", v));
+    if (depth_ != 1 || v < 0) return fail(str("token \"", brief_text(key_), "\" has id ", v));
     entries.emplace_back(std::move(key_), static_cast<uint64_t>(v));
     return true;
   }
@@ -130,8 +134,10 @@ struct FlatVocabSax : nlohmann::json_sax<json> {
     entries.emplace_back(std::move(key_), v);
     return true;
   }
-  bool number_float(number_float_t, const string_t&) override { return fail(str("token \"", key_, "\" has a fractional id")); }
-  bool string(string_t&) override { return fail(str("token \"", key_, "\" has a string id")); }
+  bool number_float(number_float_t, const string_t&) override {
+    return fail(str("token \"", brief_text(key_), "\" has a fractional id"));
+  }
+  bool string(string_t&) override { return fail(str("token \"", brief_text(key_), "\" has a string id")); }
   bool binary(binary_t&) override { return fail("binary value"); }
   bool start_object(std::size_t) override { return ++depth_ == 1 || fail("expected a flat object of token -> id"); }
   bool key(string_t& k) override {
@@ -145,7 +151,7 @@ struct FlatVocabSax : nlohmann::json_sax<json> {
   bool start_array(std::size_t) override { return fail("vocab.json must be a JSON object of token -> id"); }
   bool end_array() override { return true; }
   bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
-    return fail(str("not valid JSON (", e.what(), ")"));
+    return fail(str("not valid JSON (", io::brief_parse_error(e.what()), ")"));
   }
 };
 
@@ -153,26 +159,38 @@ std::pair<std::string, std::string> split_merge_line(std::string_view line, cons
   const size_t space = line.find(' ');
   LOOM_CHECK(space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
                  line.find(' ', space + 1) == std::string_view::npos,
-             source, ": merge ", index, " is \"", line, "\", expected two tokens separated by one space");
+             source, ": merge ", index, " is \"", brief_text(line), "\", expected two tokens separated by one space");
   return {std::string(line.substr(0, space)), std::string(line.substr(space + 1))};
+}
+
+// obj[field] as a T (std::string or bool), or `fallback` when absent or null. nlohmann's value() would
+// throw its own type_error for a value of another type (found by fuzz/tokenizer_json_fuzz.cpp).
+template <typename T>
+T field_or(const json& obj, const char* field, T fallback, const std::string& source, const char* where) {
+  if (!obj.contains(field) || obj[field].is_null()) return fallback;
+  const json& v = obj[field];
+  constexpr bool is_string = std::is_same_v<T, std::string>;
+  LOOM_CHECK(is_string ? v.is_string() : v.is_boolean(), source, ": ", where, ".", field, " must be ",
+             is_string ? "a string" : "true or false", ", got ", brief_json(v));
+  return v.get<T>();
 }
 
 void check_type(const json& j, const char* field, const char* expected, const std::string& source) {
   if (!j.contains(field) || j[field].is_null()) return;
   const json& v = j[field];
-  LOOM_CHECK(v.is_object() && v.value("type", "") == expected, source, ": ", field, " must be ", expected,
-             " (a byte-level BPE tokenizer), got ", v.dump().substr(0, 200));
+  LOOM_CHECK(v.is_object() && field_or<std::string>(v, "type", "", source, field) == expected, source, ": ", field,
+             " must be ", expected, " (a byte-level BPE tokenizer), got ", brief_json(v));
 }
 
 }  // namespace
 
 Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& source) {
-  json j = parse_json(json_text, source);
+  json j = io::parse_json(json_text, source, io::kTokenizerJsonLimits);
   LOOM_CHECK(j.is_object(), source, ": expected a JSON object at the top");
   LOOM_CHECK(j.contains("model") && j["model"].is_object(), source, ": no \"model\" object");
   const json& model = j["model"];
-  LOOM_CHECK(model.value("type", "BPE") == "BPE", source, ": model type is \"", model.value("type", ""),
-             "\", only BPE is supported");
+  const std::string type = field_or<std::string>(model, "type", "BPE", source, "model");
+  LOOM_CHECK(type == "BPE", source, ": model type is \"", brief_text(type), "\", only BPE is supported");
   LOOM_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model has no \"vocab\" object");
   LOOM_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model has no \"merges\" array");
   LOOM_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), source,
@@ -180,20 +198,21 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
   check_type(j, "pre_tokenizer", "ByteLevel", source);
   check_type(j, "decoder", "ByteLevel", source);
   if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
-    LOOM_CHECK(!j["pre_tokenizer"].value("add_prefix_space", false), source,
+    LOOM_CHECK(!field_or(j["pre_tokenizer"], "add_prefix_space", false, source, "pre_tokenizer"), source,
                ": pre_tokenizer.add_prefix_space=true is not supported (GPT-2 does not add a prefix space)");
-    LOOM_CHECK(j["pre_tokenizer"].value("use_regex", true), source,
+    LOOM_CHECK(field_or(j["pre_tokenizer"], "use_regex", true, source, "pre_tokenizer"), source,
                ": pre_tokenizer.use_regex=false is not supported (GPT-2 splits with its regex)");
   }
 
-  VocabBuilder vb{source, {}, {}, {}};
+  const bool has_added = j.contains("added_tokens") && j["added_tokens"].is_array();
+  VocabBuilder vb{source, model["vocab"].size() + (has_added ? j["added_tokens"].size() : 0), {}, {}, {}};
   std::vector<std::string> specials;
   std::map<uint64_t, std::string> added;
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     LOOM_CHECK(j["added_tokens"].is_array(), source, ": added_tokens is not an array");
     for (const json& t : j["added_tokens"]) {
       LOOM_CHECK(t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string(), source,
-                 ": an added token lacks \"id\" or \"content\": ", t.dump().substr(0, 200));
+                 ": an added token lacks \"id\" or \"content\": ", brief_json(t));
       const std::string content = t["content"].get<std::string>();
       vb.add_json(content, t["id"], /*raw=*/true);
       added[t["id"].get<uint64_t>()] = content;
@@ -202,7 +221,7 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
     }
   }
   for (auto& [key, id] : model["vocab"].items()) {
-    LOOM_CHECK(id.is_number_integer(), source, ": vocabulary entry \"", key, "\" has id ", id.dump());
+    LOOM_CHECK(id.is_number_integer(), source, ": vocabulary entry \"", brief_text(key), "\" has id ", brief_json(id));
     auto a = added.find(id.get<uint64_t>());
     if (a != added.end()) {
       vb.id_of_key.emplace(key, a->first);  // listed in both places, as HF writes them
@@ -221,7 +240,7 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
       parts = split_merge_line(jm[i].get<std::string>(), source, i);
     } else {
       LOOM_CHECK(jm[i].is_array() && jm[i].size() == 2 && jm[i][0].is_string() && jm[i][1].is_string(), source,
-                 ": merge ", i, " is ", jm[i].dump().substr(0, 200), ", expected \"a b\" or [\"a\", \"b\"]");
+                 ": merge ", i, " is ", brief_json(jm[i]), ", expected \"a b\" or [\"a\", \"b\"]");
       parts = {jm[i][0].get<std::string>(), jm[i][1].get<std::string>()};
     }
     merges.emplace_back(vb.lookup(parts.first, i), vb.lookup(parts.second, i));
@@ -234,11 +253,12 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
 }
 
 Tokenizer tokenizer_from_gpt2_files(std::string_view vocab_json, std::string_view merges_txt, const std::string& source) {
+  io::check_json_limits(vocab_json, source, io::kTokenizerJsonLimits);
   FlatVocabSax sax;
   const bool ok = json::sax_parse(vocab_json, &sax);
   LOOM_CHECK(ok && sax.error_.empty(), source, ": ", sax.error_.empty() ? "not valid JSON" : sax.error_);
   LOOM_CHECK(sax.depth_ == 0 && !sax.entries.empty(), source, ": vocab.json must be a JSON object of token -> id");
-  VocabBuilder vb{source, {}, {}, {}};
+  VocabBuilder vb{source, sax.entries.size(), {}, {}, {}};
   vb.id_of_key.reserve(sax.entries.size());
   std::vector<std::string> specials;
   for (auto& [key, id] : sax.entries) {

@@ -8,6 +8,8 @@
 
 
 #include "core/error.h"
+#include "core/thread_count.h"
+#include "io/json.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/chunk_pipeline.h"
 
@@ -95,7 +97,7 @@ Tokenizer::Tokenizer(std::vector<std::string> vocab, std::vector<std::pair<Token
     LOOM_CHECK(!vocab_[id].empty(), "tokenizer: token ", id, " is empty");
     auto [it, inserted] = ids_.emplace(vocab_[id], static_cast<TokenId>(id));
     LOOM_CHECK(inserted, "tokenizer: tokens ", it->second, " and ", id, " are the same bytes \"",
-               bytes_to_byte_level(vocab_[id]), "\"");
+               io::brief_text(bytes_to_byte_level(vocab_[id])), "\"");
   }
   for (int b = 0; b < 256; ++b) {
     auto it = ids_.find(std::string(1, static_cast<char>(b)));
@@ -109,8 +111,9 @@ Tokenizer::Tokenizer(std::vector<std::string> vocab, std::vector<std::pair<Token
     LOOM_CHECK(a < vocab_.size() && b < vocab_.size(), "tokenizer: merge ", rank, " refers to token ",
                std::max(a, b), " but the vocabulary has ", vocab_.size(), " tokens");
     auto it = ids_.find(vocab_[a] + vocab_[b]);
-    LOOM_CHECK(it != ids_.end(), "tokenizer: merge ", rank, " (\"", bytes_to_byte_level(vocab_[a]), "\" \"",
-               bytes_to_byte_level(vocab_[b]), "\") makes a token that is not in the vocabulary");
+    LOOM_CHECK(it != ids_.end(), "tokenizer: merge ", rank, " (\"", io::brief_text(bytes_to_byte_level(vocab_[a])),
+               "\" \"", io::brief_text(bytes_to_byte_level(vocab_[b])),
+               "\") makes a token that is not in the vocabulary");
     // A repeated merge can never apply (the first one already took the pair); keep the first.
     merge_table_->insert(a, b, static_cast<uint32_t>(rank), it->second);
   }
@@ -125,7 +128,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 void Tokenizer::add_special_token(const std::string& text) {
   auto id = token_id(text);
-  LOOM_CHECK(id.has_value(), "tokenizer: special token \"", text, "\" is not in the vocabulary");
+  LOOM_CHECK(id.has_value(), "tokenizer: special token \"", io::brief_text(text), "\" is not in the vocabulary");
   if (is_special_[*id]) return;
   is_special_[*id] = true;
   special_tokens_.push_back(text);
@@ -306,8 +309,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
 
 void Tokenizer::encode_stream(const ReadFn& read, const TokenSink& sink, const EncodeOptions& options) const {
   LOOM_CHECK(options.chunk_bytes >= 64, "encode: chunk_bytes must be at least 64, got ", options.chunk_bytes);
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = resolve_thread_count(options.threads, "encode: threads");
   std::vector<std::unique_ptr<Scratch>> scratch(static_cast<size_t>(threads));
   for (auto& s : scratch) s = std::make_unique<Scratch>(*pre_);
   TextChunker chunker(read, specials_, *pre_, options.chunk_bytes);

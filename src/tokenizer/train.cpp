@@ -11,6 +11,7 @@
 
 
 #include "core/error.h"
+#include "core/thread_count.h"
 #include "tokenizer/chunk_pipeline.h"
 
 namespace loom::tokenizer {
@@ -31,9 +32,7 @@ void validate(const TrainOptions& options) {
              options.special_tokens.size(), " special tokens = ", minimum);
 }
 
-int resolve_threads(int threads) {
-  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int resolve_threads(int threads) { return resolve_thread_count(threads, "train: threads"); }
 
 }  // namespace
 

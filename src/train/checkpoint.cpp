@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "tokenizer/sha256.h"
 
 namespace loom::train {
@@ -105,8 +106,7 @@ bool checkpoint_written_by_loom(const std::string& dir) {
     const fs::path manifest_path = fs::path(dir) / kManifest;
     if (!fs::is_regular_file(fs::symlink_status(manifest_path, ec))) return false;
     auto mapped = io::MappedFile::open(manifest_path.string());
-    json m = json::parse(reinterpret_cast<const char*>(mapped->data()),
-                         reinterpret_cast<const char*>(mapped->data()) + mapped->size(), nullptr, false);
+    json m = io::try_parse_json(std::string_view(reinterpret_cast<const char*>(mapped->data()), mapped->size()));
     if (m.is_discarded() || !m.is_object() || m.value("format", "") != "loom-checkpoint" || !m.contains("files") ||
         !m["files"].is_object()) {
       return false;
@@ -148,8 +148,7 @@ std::optional<std::string> checkpoint_problem(const std::string& dir) {
     const fs::path manifest_path = fs::path(dir) / kManifest;
     if (!fs::exists(manifest_path)) return str("no ", kManifest, " (the checkpoint was not finished)");
     auto mapped = io::MappedFile::open(manifest_path.string());
-    json m = json::parse(reinterpret_cast<const char*>(mapped->data()),
-                         reinterpret_cast<const char*>(mapped->data()) + mapped->size(), nullptr, false);
+    json m = io::try_parse_json(std::string_view(reinterpret_cast<const char*>(mapped->data()), mapped->size()));
     if (m.is_discarded() || !m.is_object()) return str(kManifest, " is not valid JSON");
     if (!m.contains("step") || !m["step"].is_number_integer()) return str(kManifest, " has no integer \"step\"");
     auto named = step_of_name(fs::path(dir).filename().string());

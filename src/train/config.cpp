@@ -8,10 +8,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/thread_count.h"
+#include "generate/generate.h"
 #include "io/file.h"
 #include "io/json_checked.h"
 #include "models/family.h"
 #include "train/config_file.h"
+#include "io/json.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -21,11 +24,7 @@ using io::merge_checked;
 namespace {
 
 json parse_json_text(const std::string& text, const std::string& where) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    LOOM_FAIL("config: ", where, " is not valid JSON: ", e.what());
-  }
+  return io::parse_json(text, "config: " + where);
 }
 
 // Applies one "a.b=value" override to the merged JSON.
@@ -81,11 +80,11 @@ std::string requested_arch(const json& j, const std::vector<std::string>& overri
 
 std::pair<std::string, json> parse_override(const std::string& assignment) {
   auto eq = assignment.find('=');
-  LOOM_CHECK(eq != std::string::npos && eq > 0, "config: --set expects section.key=value, got \"", assignment,
-             "\"");
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "config: --set expects section.key=value, got \"",
+             io::brief_text(assignment), "\"");
   std::string path = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = io::try_parse_json(text);
   if (value.is_discarded()) value = text;  // not JSON: a plain string
   return {path, value};
 }
@@ -202,7 +201,8 @@ void TrainConfig::validate() const {
   check_positive(training.max_steps, "training.max_steps");
   check_positive(training.batch_size, "training.batch_size");
   check_positive(training.grad_accum_steps, "training.grad_accum_steps");
-  check_non_negative(training.threads, "training.threads");
+  LOOM_CHECK(training.threads >= 0 && training.threads <= kMaxThreads, "config: training.threads must be in [0, ",
+             kMaxThreads, "] (0: every core), got ", training.threads);
 
   check_non_negative(eval.interval, "eval.interval");
   check_positive(eval.batches, "eval.batches");
@@ -216,7 +216,9 @@ void TrainConfig::validate() const {
   check_non_negative(logging.peak_flops, "logging.peak_flops");
 
   check_non_negative(sample.num_samples, "sample.num_samples");
-  check_non_negative(sample.max_new_tokens, "sample.max_new_tokens");
+  LOOM_CHECK(sample.max_new_tokens >= 0 && sample.max_new_tokens <= generate::kMaxNewTokens,
+             "config: sample.max_new_tokens must be in [0, ", generate::kMaxNewTokens, "], got ",
+             sample.max_new_tokens);
   check_non_negative(sample.temperature, "sample.temperature");
   check_non_negative(sample.top_k, "sample.top_k");
   LOOM_CHECK(sample.top_p > 0 && sample.top_p <= 1, "config: sample.top_p must be in (0, 1], got ", sample.top_p);
@@ -237,11 +239,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   json j;
   bool looks_like_path = source.find('/') != std::string::npos || source.ends_with(".json");
   if (looks_like_path || fs::is_regular_file(source)) {
-    std::ifstream in(source);
-    if (!in) throw IoError(str("config: cannot open ", source));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    j = layer_on_base(parse_json_text(ss.str(), source), source);  // missing keys from a preset (train/config_file.h)
+    j = layer_on_base(io::read_json_file(source, "config"), source);  // missing keys from a preset (train/config_file.h)
   } else {
     j = parse_json_text(preset_text(source), "preset " + source);
   }

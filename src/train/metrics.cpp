@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -73,10 +74,10 @@ std::vector<json> read_metrics(const std::string& path) {
   std::vector<json> events;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    json j = io::try_parse_json(lines[i]);
     if (j.is_discarded() || !j.is_object()) {
       if (i + 1 == lines.size()) break;  // a last line cut short by a killed run
-      LOOM_FAIL("metrics: ", path, " line ", i + 1, " is not a JSON object: ", lines[i].substr(0, 80));
+      LOOM_FAIL("metrics: ", path, " line ", i + 1, " is not a JSON object: ", io::brief_text(lines[i]));
     }
     events.push_back(std::move(j));
   }

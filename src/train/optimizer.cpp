@@ -29,6 +29,21 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, AdamWOptions options)
 }
 
 void AdamW::step(float lr) {
+  // Every check before anything changes: a step that throws must neither count nor update half the
+  // parameters (the Python binding once counted steps that failed).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i]->value;
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const std::string& name = params_[i]->name;
+    LOOM_CHECK(p.defined(), "AdamW: parameter '", name, "' has a gradient but no value");
+    require_cpu("AdamW", {&p, &g, &m_[i], &v_[i]});
+    LOOM_CHECK(p.dtype() == DType::F32 && g.dtype() == DType::F32, "AdamW: parameter '", name, "' is ", p.dtype(),
+               " with a ", g.dtype(), " gradient; AdamW updates f32 parameters with f32 gradients");
+    LOOM_CHECK(g.numel() == p.numel() && m_[i].numel() == p.numel() && v_[i].numel() == p.numel(),
+               "AdamW: parameter '", name, "' has shape ", p.shape(), " but its gradient has ", g.shape(),
+               " and its moments ", m_[i].shape());
+  }
   ++step_;
   // In double, as PyTorch computes these Python scalars.
   const double bc1 = 1.0 - std::pow(static_cast<double>(options_.beta1), static_cast<double>(step_));
@@ -37,7 +52,6 @@ void AdamW::step(float lr) {
     Tensor& p = params_[i]->value;
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    require_cpu("AdamW", {&p, &g});
     cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
                       options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2);
   }

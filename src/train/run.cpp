@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/prepare.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
@@ -94,8 +95,7 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
   auto it = file.metadata().find("loom.model_config");
   LOOM_CHECK(it != file.metadata().end(), path,
              ": no \"loom.model_config\" in the metadata (not written by loom's save_model_weights)");
-  nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  LOOM_CHECK(!j.is_discarded(), path, ": the metadata's loom.model_config is not valid JSON");
+  nlohmann::json j = io::parse_json(it->second, path + ": the metadata's loom.model_config");
   models::ModelConfig config;
   try {
     config = models::ModelConfig::from_json(j);

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "train/checkpoint.h"
 
 namespace loom::train {
@@ -227,8 +228,7 @@ std::optional<RunMarker> read_run_marker(const std::string& dir) {
   const std::string source = path.string();
   LOOM_CHECK(fs::is_regular_file(fs::symlink_status(path, ec)), source, " is not a regular file, so not loom's run marker");
   auto mapped = io::MappedFile::open(source);
-  json j = json::parse(reinterpret_cast<const char*>(mapped->data()),
-                       reinterpret_cast<const char*>(mapped->data()) + mapped->size(), nullptr, false);
+  json j = io::try_parse_json(std::string_view(reinterpret_cast<const char*>(mapped->data()), mapped->size()));
   LOOM_CHECK(!j.is_discarded() && j.is_object() && j.value("format", "") == "loom-run", source,
              " is not loom's run marker (no \"format\": \"loom-run\")");
   try {

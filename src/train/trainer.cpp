@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "data/batch.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "ops/elementwise.h"
 #include "tokenizer/formats.h"
@@ -290,7 +291,7 @@ std::string Trainer::save_checkpoint() {
 void Trainer::load_checkpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
-  nlohmann::json s = nlohmann::json::parse(tokenizer::read_file(state_path), nullptr, false);
+  nlohmann::json s = io::try_parse_json(tokenizer::read_file(state_path));
   LOOM_CHECK(!s.is_discarded() && s.is_object(), state_path, " is not valid JSON");
   try {
     const nlohmann::json saved = identity_of(s.at("config")), ours = identity_of(config_.to_json());

@@ -61,6 +61,23 @@ TEST(Generate, GreedyIsDeterministicAndEqualsArgmaxOfTheFullForward) {
   }
 }
 
+TEST(Generate, MaxNewTokensIsBoundedUpFront) {
+  // 2^40 tokens used to be accepted, and ran until the process was killed.
+  llama::TransformerLM model(small_config(), 5);
+  generate::GenerateOptions o;
+  for (int64_t n : {generate::kMaxNewTokens + 1, int64_t{1} << 40, int64_t{-1}}) {
+    o.max_new_tokens = n;
+    try {
+      generate::generate(model, {1, 2, 3}, o);
+      ADD_FAILURE() << "max_new_tokens=" << n << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("generate: max_new_tokens must be in [0, 1000000], got " + std::to_string(n)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Sampler, FrequenciesFollowTemperatureTopKAndTopP) {
   const float logits[4] = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
   auto freq = [&](generate::SamplingOptions o) {

@@ -222,6 +222,12 @@ def make_malformed():
     js("not_json", '{"a":', b"", "header is not valid JSON")
     js("trailing_garbage_json", "{} x", b"", "header is not valid JSON")
     js("comment_json", '{/* c */}', b"", "header is not valid JSON")
+    # Nesting past io/json.h's limit of 64 (the reference's serde_json stops at 128). ~70,000 levels once
+    # overflowed the stack; these stay small enough to seed the fuzzer (its inputs are at most 4096 bytes).
+    js("deep_nesting", '{"a":{"dtype":"U8","shape":' + "[" * 200 + "]" * 200 + ',"data_offsets":[0,0]}}', b"",
+       "header nests JSON arrays/objects more than 64 levels deep (at byte offset 89)")
+    js("deep_metadata", '{"__metadata__":{"x":' + '{"y":' * 200 + '"z"' + "}" * 200 + "}}", b"",
+       "header nests JSON arrays/objects more than 64 levels deep")
     obj("entry_not_object", {"a": [1, 2]}, b"", "tensor 'a': header entry is [1,2], but must be an object")
     obj("missing_shape", {"a": {"dtype": "U8", "data_offsets": [0, 1]}}, b"\x00", "tensor 'a': missing field 'shape'")
     obj("unknown_field", {"a": dict(entry("U8", [1], 0, 1), extra=1)}, b"\x00", "tensor 'a': unknown field 'extra'")

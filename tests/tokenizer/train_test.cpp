@@ -164,7 +164,7 @@ TEST(Formats, MergesAsStringsOrPairsAndWithoutVersionLine) {
 
 TEST(Formats, MalformedFilesGiveClearErrors) {
   Tokenizer tok = small_tokenizer(400);
-  EXPECT_NE(error_of([] { tokenizer_from_hf_json("{not json", "bad.json"); }).find("bad.json: not valid JSON"),
+  EXPECT_NE(error_of([] { tokenizer_from_hf_json("{not json", "bad.json"); }).find("bad.json is not valid JSON"),
             std::string::npos);
   EXPECT_NE(error_of([] { tokenizer_from_hf_json("{}", "t.json"); }).find("no \"model\""), std::string::npos);
   auto j = nlohmann::json::parse(to_hf_json(tok));

@@ -57,6 +57,26 @@ TEST(AdamW, InvalidOptionsNameTheKey) {
   }
 }
 
+TEST(AdamW, AStepThatFailsIsNotCountedAndChangesNothing) {
+  // The second parameter's gradient is BF16: the step is refused before the first parameter moves, and
+  // the step count (which sets the bias correction of every later step) stays where it was.
+  nn::Parameter a{"a", Tensor::from_vector<float>({2}, {1.0f, -2.0f}), Shape{2}, {}};
+  nn::Parameter b{"b", Tensor::from_vector<float>({2}, {3.0f, 4.0f}), Shape{2}, {}};
+  train::AdamW opt({&a, &b}, {.lr = 0.1f});
+  a.value.set_grad(Tensor::from_vector<float>({2}, {0.5f, -0.25f}));
+  b.value.set_grad(Tensor::from_vector<float>({2}, {1.0f, 1.0f}).to(DType::BF16));
+  try {
+    opt.step();
+    FAIL() << "a BF16 gradient was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AdamW: parameter 'b' is f32 with a bf16 gradient"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(opt.step_count(), 0);
+  EXPECT_EQ(a.value.to_vector<float>(), (std::vector<float>{1.0f, -2.0f}));
+  EXPECT_EQ(opt.exp_avg(0).to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+}
+
 TEST(ClipGradNorm, SkipsMissingAndLeavesSmallGradientsAlone) {
   Tensor a = Tensor::from_vector<float>({2}, {3.0f, 4.0f});
   std::vector<Tensor> grads{a, Tensor()};

@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "models/hf.h"
 
@@ -56,20 +57,20 @@ Config config_from_hf(const json& c, const std::string& path) {
   if (act != "silu" && act != "swish") unsupported(str("hidden_act \"", act, "\""));
   if (c.value("attention_bias", false)) unsupported("attention_bias = true");
   if (c.value("mlp_bias", false)) unsupported("mlp_bias = true");
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) unsupported(str("rope_scaling ", c["rope_scaling"].dump()));
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) unsupported(str("rope_scaling ", io::brief_json(c["rope_scaling"])));
   // transformers 5 keeps RoPE's settings in rope_parameters: {"rope_type": "default", "rope_theta": ...}.
   std::optional<float> theta;
   if (c.contains("rope_parameters") && !c["rope_parameters"].is_null()) {
     const json& rp = c["rope_parameters"];
-    if (!rp.is_object()) unsupported(str("rope_parameters ", rp.dump()));
+    if (!rp.is_object()) unsupported(str("rope_parameters ", io::brief_json(rp)));
     for (const auto& [key, value] : rp.items()) {
       if (key == "rope_theta") {
-        if (!value.is_number()) unsupported(str("rope_parameters.rope_theta ", value.dump()));
+        if (!value.is_number()) unsupported(str("rope_parameters.rope_theta ", io::brief_json(value)));
         theta = value.get<float>();
       } else if (key == "rope_type") {
-        if (!value.is_string() || value.get<std::string>() != "default") unsupported(str("rope_parameters.rope_type ", value.dump()));
+        if (!value.is_string() || value.get<std::string>() != "default") unsupported(str("rope_parameters.rope_type ", io::brief_json(value)));
       } else {
-        unsupported(str("rope_parameters.", key, " = ", value.dump()));
+        unsupported(str("rope_parameters.", key, " = ", io::brief_json(value)));
       }
     }
   }

@@ -1,0 +1,29 @@
+// The one bound on every `threads=` argument: the CLI's --threads, a config's training.threads, the
+// Python module's threads=, the tokenizer's EncodeOptions and TrainOptions. Header-only and free of
+// OpenMP, so that code which only starts std::threads (the tokenizer) does not pull in parallel.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <thread>
+
+#include "core/error.h"
+
+namespace loom {
+
+// Far above any machine loom runs on, yet low enough that a typo (threads=100000) is an error naming
+// the value, not a std::thread that fails to start and aborts the process (a joinable std::thread
+// destroyed during unwinding calls std::terminate), nor an OpenMP team of 100,000 threads.
+inline constexpr int64_t kMaxThreads = 1024;
+
+// `requested` checked to be in [0, kMaxThreads], with 0 (every core) resolved to the core count.
+// `what` names the argument in the error: "encode: threads".
+inline int resolve_thread_count(int64_t requested, std::string_view what) {
+  LOOM_CHECK(requested >= 0 && requested <= kMaxThreads, what, " must be in [0, ", kMaxThreads,
+             "] (0: every core), got ", requested);
+  if (requested > 0) return static_cast<int>(requested);
+  return static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxThreads));
+}
+
+}  // namespace loom

@@ -1,0 +1,110 @@
+// The config reader on hostile input: JSON nested past io/json.h's limit, huge values in messages,
+// numbers past what a key's type holds, thread counts past kMaxThreads.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+#include "io/json.h"
+#include "train/config.h"
+
+namespace fs = std::filesystem;
+using loom::train::TrainConfig;
+using nlohmann::json;
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const loom::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
+
+const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
+
+class ConfigFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = fs::temp_directory_path() / ("loom_config_limits_" + std::to_string(::getpid()) + ".json");
+  }
+  void TearDown() override { fs::remove(path_); }
+  std::string write(const std::string& text) {
+    std::ofstream(path_) << text;
+    return path_.string();
+  }
+  fs::path path_;
+};
+
+}  // namespace
+
+TEST_F(ConfigFile, DeepJsonIsRefusedQuicklyNamingTheFile) {
+  // ~70,000 levels used to overflow the stack in the error message's dump() (`loom train` segfaulted).
+  for (const std::string& text : {"{\"model\": " + kDeep + "}", kDeep, "{\"model\": {\"d_model\": " + kDeep + "}}"}) {
+    const std::string path = write(text);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string msg = error_of([&] { TrainConfig::load(path); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+    EXPECT_HAS(msg, "config: " + path + " nests JSON arrays/objects more than 64 levels deep");
+  }
+}
+
+TEST_F(ConfigFile, AnOversizedFileIsRefused) {
+  const std::string path = write("{\"description\": \"" + std::string(17 << 20, 'x') + "\"}");
+  EXPECT_HAS(error_of([&] { TrainConfig::load(path); }), "bytes, over loom's limit of 16777216 bytes");
+}
+
+TEST(ConfigLimits, DeepOverrideValuesAreStringsNotCrashes) {
+  // Not JSON within the limits: the text is taken as a plain string, then refused by the key's type.
+  const std::string msg = error_of([] { TrainConfig::load("tiny", {"model.d_model=" + kDeep}); });
+  EXPECT_HAS(msg, "config: model.d_model must be an integer, got \"[[[[");
+  EXPECT_LT(msg.size(), 200u);
+}
+
+TEST(ConfigLimits, MessagesQuoteAShortPrefixOfTheValue) {
+  json big = json::array();
+  for (int i = 0; i < 100000; ++i) big.push_back(i);
+  for (const json& value : {big, json(std::string(1 << 20, 'v')), json{{"k", big}}}) {
+    const std::string msg = error_of([&] { TrainConfig::from_json(json{{"model", {{"d_model", value}}}}); });
+    EXPECT_HAS(msg, "config: model.d_model must be an integer, got ");
+    EXPECT_LT(msg.size(), 160u) << msg.substr(0, 300);
+  }
+  // The whole configuration of the wrong kind, and an unknown key as long as a book.
+  EXPECT_LT(error_of([&] { TrainConfig::from_json(big); }).size(), 160u);
+  const std::string unknown = error_of([] { TrainConfig::from_json(json{{std::string(1 << 20, 'k'), 1}}); });
+  EXPECT_HAS(unknown, "config: unknown key kkkk");
+  EXPECT_LT(unknown.size(), 400u);
+}
+
+TEST(ConfigLimits, UnsignedKeysRefuseNumbersPast2To64) {
+  // training.seed is a uint64: 1e30 used to be converted anyway (undefined behaviour: any seed at all).
+  EXPECT_HAS(error_of([] { TrainConfig::from_json(json::parse(R"({"training": {"seed": 1e30}})")); }),
+             "config: training.seed must be a non-negative integer, got 1e+30");
+  const json two_to_64 = json::parse(R"({"training": {"seed": 18446744073709551616.0}})");
+  EXPECT_HAS(error_of([&] { TrainConfig::from_json(two_to_64); }), "training.seed must be a non-negative integer");
+  EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"training": {"seed": 1e19}})")).training.seed,
+            10000000000000000000ull);
+}
+
+TEST(ConfigLimits, ThreadsAreBounded) {
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"training.threads=100000"}); }),
+             "config: training.threads must be in [0, 1024] (0: every core), got 100000");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"training.threads=-1"}); }), "got -1");
+  EXPECT_EQ(TrainConfig::load("tiny", {"training.threads=1024"}).training.threads, 1024);
+}
+
+TEST(ConfigLimits, SampleMaxNewTokensIsBounded) {
+  // Checked with the config, not when the samples are drawn after hours of training.
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"sample.max_new_tokens=1000001"}); }),
+             "config: sample.max_new_tokens must be in [0, 1000000], got 1000001");
+  EXPECT_EQ(TrainConfig::load("tiny", {"sample.max_new_tokens=1000000"}).sample.max_new_tokens, 1000000);
+}

@@ -1,5 +1,7 @@
 #include "tokenizer/train.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +20,13 @@ namespace loom::tokenizer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How a progress update starts and ends: on a terminal one line rewritten in place ("\r", ""); into a
+// file or pipe one line per update ("", "\n").
+std::pair<const char*, const char*> progress_line_ends() {
+  return ::isatty(::fileno(stderr)) != 0 ? std::pair<const char*, const char*>{"\r", ""}
+                                         : std::pair<const char*, const char*>{"", "\n"};
+}
 
 void validate(const TrainOptions& options) {
   std::set<std::string> seen;
@@ -58,6 +67,7 @@ PreTokenCounts count_pretokens(const ReadFn& read, const std::vector<std::string
     }
   };
   auto last_report = Clock::now();
+  const auto [cr, nl] = progress_line_ends();
   run_chunk_pipeline<int>(
       chunker, threads,
       [&](const std::string& text, int worker) {
@@ -66,11 +76,11 @@ PreTokenCounts count_pretokens(const ReadFn& read, const std::vector<std::string
       },
       [&](int) {
         if (progress && Clock::now() - last_report > std::chrono::seconds(1)) {
-          std::fprintf(stderr, "\rtrain: pre-tokenized %.1f MB", static_cast<double>(chunker.bytes_read()) / 1e6);
+          std::fprintf(stderr, "%strain: pre-tokenized %.1f MB%s", cr, static_cast<double>(chunker.bytes_read()) / 1e6, nl);
           last_report = Clock::now();
         }
       });
-  if (progress) std::fprintf(stderr, "\rtrain: pre-tokenized %.1f MB\n", static_cast<double>(chunker.bytes_read()) / 1e6);
+  if (progress) std::fprintf(stderr, "%strain: pre-tokenized %.1f MB\n", cr, static_cast<double>(chunker.bytes_read()) / 1e6);
   // Sums do not depend on which thread counted what.
   PreTokenCounts total = std::move(partial[0]);
   for (size_t t = 1; t < partial.size(); ++t) {
@@ -205,13 +215,14 @@ Tokenizer train_bpe_from_counts(const PreTokenCounts& counts, const TrainOptions
       if (ps.count > 0) heap.push({ps.count, static_cast<TokenId>(k >> 32), static_cast<TokenId>(k & 0xFFFFFFFFu)});
     }
     if (options.progress && Clock::now() - last_report > std::chrono::seconds(1)) {
-      std::fprintf(stderr, "\rtrain: %zu / %zu merges", merges.size(), target_merges);
+      std::fprintf(stderr, "%strain: %zu / %zu merges%s", progress_line_ends().first, merges.size(), target_merges,
+                   progress_line_ends().second);
       last_report = Clock::now();
     }
   }
   if (options.progress) {
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-    std::fprintf(stderr, "\rtrain: %zu / %zu merges in %.2f s%s\n", merges.size(), target_merges, secs,
+    std::fprintf(stderr, "%strain: %zu / %zu merges in %.2f s%s\n", progress_line_ends().first, merges.size(), target_merges, secs,
                  merges.size() < target_merges ? " (no pairs left: the vocabulary is smaller than asked)" : "");
   }
   return Tokenizer(std::move(vocab), std::move(merges), options.special_tokens);

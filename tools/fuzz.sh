@@ -27,14 +27,24 @@ CXX="${FUZZ_CXX:-clang++}"
 sources_of() {
   case "$1" in
     safetensors) echo fuzz/safetensors_fuzz.cpp src/io/safetensors_format.cpp src/io/json.cpp ;;
-    config) echo fuzz/config_fuzz.cpp src/train/config.cpp src/train/presets.cpp src/io/json.cpp src/io/file.cpp ;;
+    config)
+      echo fuzz/config_fuzz.cpp src/train/config.cpp src/train/config_file.cpp src/io/json.cpp \
+        src/io/json_checked.cpp src/models/model_config.cpp src/models/llama/family.cpp src/models/gpt2/family.cpp ;;
     tokenizer_json)
       echo fuzz/tokenizer_json_fuzz.cpp src/tokenizer/formats.cpp src/tokenizer/tokenizer.cpp \
         src/tokenizer/pretokenizer.cpp src/tokenizer/byte_level.cpp src/tokenizer/sha256.cpp src/io/json.cpp ;;
     *) echo "fuzz.sh: unknown target $1" >&2; exit 2 ;;
   esac
 }
-libs_of() { [ "$1" = tokenizer_json ] && echo -lpcre2-8 -lpthread || true; }
+# The config reader reaches the model families' registry (their defaults, validation and presets); what
+# the families need beyond the instrumented sources (modules, kernels, HF) comes from the regular build's
+# library, uninstrumented (tools/test.sh builds it first).
+libs_of() {
+  case "$1" in
+    tokenizer_json) echo -lpcre2-8 -lpthread ;;
+    config) echo build/libloom.a -ldnnl -lgomp -lpcre2-8 -lz -lpthread ;;
+  esac
+}
 corpora_of() {
   case "$1" in
     safetensors) echo tests/safetensors/corpus/valid tests/safetensors/corpus/malformed ;;
@@ -60,7 +70,7 @@ build() {
                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
   local objects=() pids=() src obj
   for src in "${sources[@]}"; do
-    obj="$out/$(basename "$src" .cpp).o"
+    obj="$out/$(echo "${src%.cpp}" | tr / _).o"  # by path: two families both have a family.cpp
     objects+=("$obj")
     "$CXX" "${flags[@]}" -c "$src" -o "$obj" &
     pids+=($!)

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/json.h"
+#include "support/op_test.h"
 
 namespace fs = std::filesystem;
 using loom::io::brief_json;
@@ -19,14 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using loom::test::error_of;
 
 std::string nested(size_t depth, char open = '[', char close = ']') {
   return std::string(depth, open) + std::string(depth, close);

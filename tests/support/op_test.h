@@ -135,6 +135,16 @@ inline void gradcheck(const std::function<Tensor(const TensorList&)>& f, const T
   }
 }
 
+// The message of the loom::Error `fn` throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Asserts that `fn` throws loom::Error whose message contains every one of `parts`.
 template <typename Fn>
 void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/json.h"
+#include "support/op_test.h"
 #include "train/config.h"
 
 namespace fs = std::filesystem;
@@ -19,14 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using loom::test::error_of;
 
 #define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
 

@@ -13,30 +13,14 @@
 #include <fstream>
 #include <string>
 
+#include "support/cli.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int status;          // exit status, or -1 when killed by a signal
-  std::string output;  // stdout and stderr
-  double seconds;
-};
-
-CliRun run(const std::string& args) {
-  const std::string cmd = std::string(LOOM_CLI) + " " + args + " 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  CliRun r{-1, "", 0};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
+using loom::test::CliRun;
+CliRun run(const std::string& args) { return loom::test::run_cli(args); }
 
 const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
 

@@ -1,31 +1,14 @@
 // `loom inspect`: runs the CLI on a good and a bad file.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "support/cli.h"
 
 namespace {
 
-struct CliRun {
-  int status;
-  std::string output;  // stdout and stderr
-};
-
-CliRun run(const std::string& args) {
-  const std::string cmd = std::string(LOOM_CLI) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  CliRun r{-1, ""};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using loom::test::CliRun;
+CliRun run(const std::string& args) { return loom::test::run_cli(args); }
 
 const std::string kCorpus = std::string(LOOM_TEST_DIR) + "/corpus";
 

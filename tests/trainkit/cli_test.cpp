@@ -9,35 +9,23 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "support/cli.h"
 #include "train/metrics.h"
+
+using Result = loom::test::CliRun;
+using loom::test::run_cli;
 
 namespace fs = std::filesystem;
 
-namespace {
-struct Result {
-  int status;
-  std::string output;
-};
-Result run(const std::string& args) {
-  std::string cmd = std::string(LOOM_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-}  // namespace
 
 TEST(Cli, FlopsPrintsJsonForAPresetWithOverrides) {
-  Result r = run("flops --config tiny --set model.num_layers=3 --tokens-per-s 1000 --json");
+  Result r = run_cli("flops --config tiny --set model.num_layers=3 --tokens-per-s 1000 --json");
   ASSERT_EQ(r.status, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
   // tiny with 3 layers: 512*64 embedding + 3*(4*64*64 + 3*64*192 + 128) + 64 + 512*64 lm_head.
   EXPECT_EQ(j["total_params"], 32768 + 3 * (16384 + 36864 + 128) + 64 + 32768);
   EXPECT_EQ(j["tokens_per_s"], 1000.0);
-  Result bad = run("flops --config tiny --set optimizer.lr=abc");
+  Result bad = run_cli("flops --config tiny --set optimizer.lr=abc");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("error: config: optimizer.lr must be a number, got \"abc\""), std::string::npos)
       << bad.output;
@@ -51,22 +39,22 @@ TEST(Cli, PlotWritesSvgsAndFlopsReadsTheRunsThroughput) {
     for (int s = 1; s <= 5; ++s) w.train({s, 5.0 - s * 0.5, 1e-3, 1, 100.0 * s, 0});
     w.val({5, 3.0});
   }
-  Result r = run("plot " + dir.string());
+  Result r = run_cli("plot " + dir.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir / "loss.svg"));
   EXPECT_TRUE(fs::exists(dir / "lr.svg"));
   // Median of 200..500 after dropping the first interval: 400 (upper median of 4).
-  Result f = run("flops --config tiny --run " + dir.string() + " --json");
+  Result f = run_cli("flops --config tiny --run " + dir.string() + " --json");
   ASSERT_EQ(f.status, 0) << f.output;
   EXPECT_EQ(nlohmann::json::parse(f.output)["tokens_per_s"], 400.0);
   fs::remove_all(dir);
-  Result missing = run("plot " + dir.string());
+  Result missing = run_cli("plot " + dir.string());
   EXPECT_EQ(missing.status, 1);
   EXPECT_NE(missing.output.find("metrics.jsonl"), std::string::npos) << missing.output;
 }
 
 TEST(Cli, CorpusExplainsWhereToGetThePackage) {
-  Result r = run("corpus austen --rdata /nonexistent/dir --out /tmp/unused");
+  Result r = run_cli("corpus austen --rdata /nonexistent/dir --out /tmp/unused");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("tools/get_corpus.sh"), std::string::npos) << r.output;
 }

@@ -12,27 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "support/cli.h"
+
+using Result = loom::test::CliRun;
+using loom::test::run_cli;
+
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Result {
-  int status;
-  std::string output;
-};
-
-Result run(const std::string& args, bool with_stderr = true) {
-  std::string cmd = std::string(LOOM_CLI) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
-}  // namespace
 
 TEST(Gpt2Cli, TrainGenerateEvalExportAndTheExportAgain) {
   const fs::path vocab = fs::path(LOOM_SOURCE_DIR) / "data" / "gpt2";
@@ -50,7 +36,7 @@ TEST(Gpt2Cli, TrainGenerateEvalExportAndTheExportAgain) {
     std::ofstream(tmp / "corpus" / "emma.txt") << text;
   }
   const std::string run_dir = (tmp / "run").string(), data = (tmp / "tok").string();
-  Result train = run("train --config gpt2-austen --out " + run_dir + " --set data.corpus=" + (tmp / "corpus").string() +
+  Result train = run_cli("train --config gpt2-austen --out " + run_dir + " --set data.corpus=" + (tmp / "corpus").string() +
                      " --set data.tokenizer=" + vocab.string() + " --set data.train=" + data + "/train.bin" +
                      " --set data.val=" + data + "/val.bin --set model.context_length=32 --set model.d_model=32" +
                      " --set model.num_layers=1 --set model.num_heads=2 --set training.max_steps=20" +
@@ -62,25 +48,25 @@ TEST(Gpt2Cli, TrainGenerateEvalExportAndTheExportAgain) {
   EXPECT_TRUE(fs::exists(tmp / "run" / "tokenizer.json"));  // converted from vocab.json + merges.txt
 
   const std::string smoke = " --prompt \"Every effort moves you\" --max-new-tokens 20 --temperature 0";
-  Result text = run("generate --run " + run_dir + smoke, /*with_stderr=*/false);
+  Result text = run_cli("generate --run " + run_dir + smoke, /*with_stderr=*/false);
   ASSERT_EQ(text.status, 0) << text.output;
   EXPECT_EQ(text.output.rfind("Every effort moves you", 0), 0u) << text.output;
   EXPECT_GT(text.output.size(), std::string("Every effort moves you\n").size());
 
-  Result eval = run("eval --run " + run_dir + " --data " + data + "/val.bin", /*with_stderr=*/false);
+  Result eval = run_cli("eval --run " + run_dir + " --data " + data + "/val.bin", /*with_stderr=*/false);
   ASSERT_EQ(eval.status, 0) << eval.output;
   const double loss = nlohmann::json::parse(eval.output)["loss"].get<double>();
   EXPECT_LT(loss, std::log(50257.0));
 
   const std::string hf = (tmp / "hf").string();
-  Result exported = run("export --run " + run_dir + " --format hf --out " + hf);
+  Result exported = run_cli("export --run " + run_dir + " --format hf --out " + hf);
   ASSERT_EQ(exported.status, 0) << exported.output;
   for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json"}) {
     EXPECT_TRUE(fs::exists(tmp / "hf" / f)) << f;
   }
-  Result again = run("generate --weights " + hf + smoke, /*with_stderr=*/false);
+  Result again = run_cli("generate --weights " + hf + smoke, /*with_stderr=*/false);
   EXPECT_EQ(again.output, text.output) << "greedy text through the exported GPT2LMHeadModel directory";
-  Result eval_hf = run("eval --weights " + hf + " --data " + data + "/val.bin", /*with_stderr=*/false);
+  Result eval_hf = run_cli("eval --weights " + hf + " --data " + data + "/val.bin", /*with_stderr=*/false);
   ASSERT_EQ(eval_hf.status, 0) << eval_hf.output;
   EXPECT_NEAR(nlohmann::json::parse(eval_hf.output)["loss"].get<double>(), loss, 1e-6);
   fs::remove_all(tmp);

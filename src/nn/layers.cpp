@@ -13,8 +13,11 @@
 namespace loom::nn {
 
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key)
-    : Linear(name, in_features, out_features, key,
-             Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features))), false) {}
+    : Linear(name, in_features, out_features, key, default_init(in_features, out_features), false) {}
+
+Init Linear::default_init(int64_t in_features, int64_t out_features) {
+  return Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in_features + out_features)));
+}
 
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key, const Init& init,
                bool with_bias)
@@ -95,7 +98,7 @@ int64_t checked_kv_heads(const std::string& name, int64_t num_heads, int64_t num
 namespace {
 // Linear's default init (CS336's truncated normal) unless the family gives one.
 Init linear_init(const std::optional<Init>& init, int64_t in, int64_t out) {
-  return init ? *init : Init::truncated_normal(std::sqrt(2.0f / static_cast<float>(in + out)));
+  return init ? *init : Linear::default_init(in, out);
 }
 }  // namespace
 

@@ -22,6 +22,8 @@ class Linear : public Module {
  public:
   Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key);
   Linear(const std::string& name, int64_t in_features, int64_t out_features, RngKey key, const Init& init, bool bias);
+  // CS336's init: truncated normal, std sqrt(2/(in+out)), cut at +-3 std.
+  static Init default_init(int64_t in_features, int64_t out_features);
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
   Parameter& weight;
   Parameter* bias = nullptr;  // absent without a bias

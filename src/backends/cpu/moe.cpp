@@ -12,6 +12,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/simd_math.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -25,11 +26,20 @@ using simd::store;
 // so one heavily loaded expert does not leave the other threads idle.
 constexpr int64_t kWeightGradBlock = 128;
 
-// An uninitialised buffer (std::vector would zero megabytes that are about to be overwritten).
+// A buffer from the caching allocator (core/allocator.h): uninitialised, and after the first step the
+// same sizes come back from its free lists, so no step pays page faults for megabytes of scratch.
 template <typename U>
-std::unique_ptr<U[]> scratch(int64_t n) {
-  return std::unique_ptr<U[]>(new U[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-}
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(int64_t n)
+      : storage_(std::make_unique<Storage>(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(U), Device::cpu())) {}
+  U* get() const { return storage_ ? static_cast<U*>(storage_->data()) : nullptr; }
+  explicit operator bool() const { return storage_ != nullptr; }
+
+ private:
+  std::unique_ptr<Storage> storage_;
+};
 
 // Runs fn(i) for i in [0, n) as independent tasks, dynamically spread over num_threads() threads.
 // Always inside a parallel region when more than one thread is configured, so every GEMM a task calls
@@ -74,6 +84,13 @@ template <typename S, typename D>
 inline void copy_row(D* dst, const S* src, int64_t C) {
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) store(dst, c, load(src, c));
+}
+
+// a[i] = silu(h1[i]) * h3[i], rounded to the operand type.
+template <typename T>
+void swiglu_rows(T* a, const float* h1, const float* h3, int64_t n) {
+#pragma omp simd simdlen(16)
+  for (int64_t i = 0; i < n; ++i) store(a, i, h1[i] * simd::sigmoid(h1[i]) * h3[i]);
 }
 
 inline float sigmoid_exact(float v) { return 1.0f / (1.0f + std::exp(-v)); }
@@ -187,7 +204,7 @@ void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, c
                          const T* w2, int64_t C, int64_t F, float* y, float* h1, float* h3) {
   const int64_t N = d.N, K = d.K;
   // yp: [P,C] each slot's expert output, in row order; the combine below reads it token by token.
-  auto yp = scratch<float>(N * K * C);
+  Scratch<float> yp(N * K * C);
   run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
     const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
     const int64_t rows = tile.end - tile.begin, e = tile.expert;
@@ -201,8 +218,7 @@ void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, c
     }
     tile_gemm(false, true, rows, F, C, xt, C, w1 + e * F * C, C, 0.0f, h1t, F);  // h1 = x w1[e]^T
     tile_gemm(false, true, rows, F, C, xt, C, w3 + e * F * C, C, 0.0f, h3t, F);  // h3 = x w3[e]^T
-#pragma omp simd simdlen(16)
-    for (int64_t i = 0; i < rows * F; ++i) store(at, i, h1t[i] * simd::sigmoid(h1t[i]) * h3t[i]);
+    swiglu_rows(at, h1t, h3t, rows * F);
     tile_gemm(false, true, rows, C, F, at, F, w2 + e * C * F, F, 0.0f, yp.get() + tile.begin * C, C);
   });
   // Combine: each token sums its K slots in k order (no scatter-add races, no order to depend on).
@@ -241,12 +257,13 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
   const int64_t N = d.N, K = d.K, E = d.E, P = N * K;
   const bool want_w13 = dw1 != nullptr || dw3 != nullptr;
   // Row-ordered buffers the weight gradients reduce over (only those some gradient needs).
-  auto xp = want_w13 ? scratch<T>(P * C) : nullptr;     // [P,C] gathered x
-  auto dyp = dw2 != nullptr ? scratch<T>(P * C) : nullptr;  // [P,C] gathered dy (before the gate)
-  auto dh1 = want_w13 ? scratch<T>(P * F) : nullptr;    // [P,F]
-  auto dh3 = want_w13 ? scratch<T>(P * F) : nullptr;    // [P,F]
-  auto ga = dw2 != nullptr ? scratch<T>(P * F) : nullptr;  // [P,F] g * a
-  auto dxp = dx != nullptr ? scratch<float>(P * C) : nullptr;  // [P,C]
+  auto maybe = [](bool wanted, int64_t n) { return wanted ? Scratch<T>(n) : Scratch<T>(); };
+  const Scratch<T> xp = maybe(want_w13, P * C);       // [P,C] gathered x
+  const Scratch<T> dyp = maybe(dw2 != nullptr, P * C);  // [P,C] gathered dy (before the gate)
+  const Scratch<T> dh1 = maybe(want_w13, P * F);      // [P,F]
+  const Scratch<T> dh3 = maybe(want_w13, P * F);      // [P,F]
+  const Scratch<T> ga = maybe(dw2 != nullptr, P * F);   // [P,F] g * a
+  const Scratch<float> dxp = dx != nullptr ? Scratch<float>(P * C) : Scratch<float>();  // [P,C]
 
   run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
     const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
@@ -271,19 +288,30 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
       T* pd3 = dh3t + r * F;
       T* pga = ga ? ga.get() + (b + r) * F : nullptr;
       float dot = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : dot)
-      for (int64_t f = 0; f < F; ++f) {
-        const float s = simd::sigmoid(ph1[f]);
-        const float silu = ph1[f] * s;
-        const float a = silu * ph3[f];
-        dot += pda[f] * a;
-        const float da = g * pda[f];
-        store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
-        store(pd3, f, da * silu);
-      }
+      // One pass per row; the variant without g*a (no dw2 wanted) is a separate loop so that neither
+      // carries a branch.
       if (pga != nullptr) {
-#pragma omp simd simdlen(16)
-        for (int64_t f = 0; f < F; ++f) store(pga, f, g * ph1[f] * simd::sigmoid(ph1[f]) * ph3[f]);
+#pragma omp simd simdlen(16) reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float s = simd::sigmoid(ph1[f]);
+          const float silu = ph1[f] * s;
+          const float a = silu * ph3[f];
+          dot += pda[f] * a;
+          const float da = g * pda[f];
+          store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
+          store(pd3, f, da * silu);
+          store(pga, f, g * a);
+        }
+      } else {
+#pragma omp simd simdlen(16) reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float s = simd::sigmoid(ph1[f]);
+          const float silu = ph1[f] * s;
+          dot += pda[f] * (silu * ph3[f]);
+          const float da = g * pda[f];
+          store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
+          store(pd3, f, da * silu);
+        }
       }
       if (dgates != nullptr) dgates[slot] = dot;
     }

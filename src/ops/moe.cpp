@@ -218,4 +218,30 @@ Tensor moe_sequence_balance_loss(const MoeRouting& routing, int64_t batch, int64
   return loss;
 }
 
+// ---- aux-loss-free bias update -------------------------------------------------------------------
+
+void moe_update_bias_(Tensor& bias, const Tensor& expert_load, float gamma) {
+  const char* op = "moe_update_bias_";
+  LOOM_CHECK(bias.defined() && expert_load.defined(), op, ": bias and expert_load must be defined");
+  check_dtype(bias, DType::F32, op, "bias");
+  check_dtype(expert_load, DType::I32, op, "expert_load");
+  LOOM_CHECK(bias.ndim() == 1 && expert_load.shape() == bias.shape(), op, ": bias has shape ", bias.shape(),
+             " but expert_load has shape ", expert_load.shape(), " (both [E])");
+  LOOM_CHECK(std::isfinite(gamma) && gamma >= 0.0f, op, ": gamma must be finite and >= 0, got ", gamma);
+  require_cpu(op, {&bias, &expert_load});
+  const int64_t E = bias.size(0);
+  const int32_t* load = expert_load.data<int32_t>();
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    LOOM_CHECK(load[e] >= 0, op, ": expert_load[", e, "] = ", load[e], " is negative");
+    total += load[e];
+  }
+  float* b = bias.data<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    // sign(mean - load[e]) = sign(total - E * load[e]), in integers.
+    const int64_t diff = total - E * static_cast<int64_t>(load[e]);
+    b[e] += diff > 0 ? gamma : diff < 0 ? -gamma : 0.0f;
+  }
+}
+
 }  // namespace loom::ops

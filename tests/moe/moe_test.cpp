@@ -363,6 +363,19 @@ TEST(MoeLayer, MatchesPyTorch) {
   for (size_t i = 0; i < in.size(); ++i) test::expect_close(in[i].grad(), fx.get(grads[i]), 2e-5f, 1e-4f, grads[i]);
 }
 
+TEST(MoeUpdateBias, MovesTowardTheMeanLoad) {
+  // Loads 6, 2, 4, 4 (mean 4): the overloaded expert goes down, the underloaded up, the two at the mean
+  // stay, as the seed's bias + gamma * sign(mean - load).
+  Tensor bias = Tensor::from_vector<float>({4}, {0.5f, -0.25f, 0.0f, 1.0f});
+  ops::moe_update_bias_(bias, ints({4}, {6, 2, 4, 4}), 1e-3f);
+  EXPECT_EQ(bias.to_vector<float>(), (std::vector<float>{0.5f - 1e-3f, -0.25f + 1e-3f, 0.0f, 1.0f}));
+  test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({3}, {1, 2, 3}), 1e-3f); },
+                              {"bias has shape [4]", "expert_load has shape [3]"});
+  test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({4}, {1, -2, 3, 0}), 1e-3f); },
+                              {"expert_load[1] = -2"});
+  test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({4}, {1, 2, 3, 0}), -1.0f); }, {"gamma", "-1"});
+}
+
 // ---- errors --------------------------------------------------------------------------------------
 
 TEST(MoeErrors, RouteRefusesBadArguments) {

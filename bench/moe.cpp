@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -44,10 +45,10 @@ Tensor leaf(Tensor t) {
 
 ops::MatmulPrecision precision_of(int64_t arg) { return arg == 0 ? ops::MatmulPrecision::F32 : ops::MatmulPrecision::BF16; }
 
-ops::MoeRouting make_routing(bool skewed) {
+ops::MoeRouting make_routing(bool skewed, uint64_t seed = 1) {
   autograd::NoGradGuard no_grad;
-  Tensor x = randn({kN, kC}, 1);
-  Tensor logits = ops::linear(x, randn({kE, kC}, 2, 0.02f));
+  Tensor x = randn({kN, kC}, seed);
+  Tensor logits = ops::linear(x, randn({kE, kC}, seed + 1000, 0.02f));
   if (skewed) {
     float* p = logits.data<float>();
     for (int64_t n = 0; n < kN; ++n)
@@ -72,6 +73,27 @@ void BM_MoeExperts(benchmark::State& state) {  // args: precision (0 f32, 1 bf16
   const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
   state.counters["min_load%"] = 100.0 * *lo / (kN * kK);
   state.counters["max_load%"] = 100.0 * *hi / (kN * kK);
+  state.SetItemsProcessed(state.iterations() * kN);
+}
+
+// A new routing every iteration, as in training: the per-expert token counts (so the tile tails, so
+// the GEMM shapes) change from step to step. The first sight of a tail size creates a oneDNN
+// primitive; this measures what that costs while the cache fills (fixed 40 iterations, fresh process).
+void BM_MoeExpertsNewRoutingEachStep(benchmark::State& state) {
+  std::vector<ops::MoeRouting> routings;
+  for (int i = 0; i < 40; ++i) routings.push_back(make_routing(false, 100 + static_cast<uint64_t>(i)));
+  Tensor x = leaf(randn({kN, kC}, 3));
+  Tensor w1 = leaf(randn({kE, kF, kC}, 4, 0.02f)), w3 = leaf(randn({kE, kF, kC}, 5, 0.02f));
+  Tensor w2 = leaf(randn({kE, kC, kF}, 6, 0.02f));
+  Tensor dy = randn({kN, kC}, 7);
+  size_t step = 0;
+  for (auto _ : state) {
+    const ops::MoeRouting& r = routings[step++ % routings.size()];
+    Tensor gates = leaf(r.gates.detach().clone());
+    Tensor y = ops::moe_experts(x, r.expert_index, gates, w1, w3, w2);
+    autograd::backward(y, dy);
+    for (Tensor* t : {&x, &w1, &w3, &w2}) t->set_grad(Tensor());
+  }
   state.SetItemsProcessed(state.iterations() * kN);
 }
 
@@ -106,6 +128,7 @@ void BM_MoeRoute(benchmark::State& state) {  // routing fwd + bwd on [N, E] logi
 }  // namespace
 
 BENCHMARK(BM_MoeExperts)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"bf16", "skewed"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MoeExpertsNewRoutingEachStep)->Iterations(40)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DenseSwiGLU)->Arg(0)->Arg(1)->ArgNames({"bf16"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MoeRoute)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

@@ -13,6 +13,7 @@
 #include "ops/moe.h"
 
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "backends/backend.h"
@@ -85,10 +86,10 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
                      const Tensor dg = grad_as(dgates, DType::F32), da = grad_as(daffinity, DType::F32);
                      if (dtype == DType::F32) {
                        cpu::moe_route_backward(dlogits.data<float>(), dg.data<float>(), da.data<float>(), affinity.data<float>(),
-                                               index.data<int32_t>(), nullptr, N, E, top_k, route_scale);
+                                               index.data<int32_t>(), N, E, top_k, route_scale);
                      } else {
                        cpu::moe_route_backward(dlogits.data<bf16>(), dg.data<float>(), da.data<float>(), affinity.data<float>(),
-                                               index.data<int32_t>(), nullptr, N, E, top_k, route_scale);
+                                               index.data<int32_t>(), N, E, top_k, route_scale);
                      }
                      return TensorList{dlogits};
                    });
@@ -126,6 +127,9 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
   LOOM_CHECK(w3.shape() == w1.shape(), op, ": w3 has shape ", w3.shape(), " but w1 has shape ", w1.shape());
   LOOM_CHECK(w2.shape() == Shape({E, C, F}), op, ": w2 has shape ", w2.shape(), " but expected [E, C, F] = [",
              E, ", ", C, ", ", F, "] from w1 ", w1.shape());
+  // The dispatch indexes slots with int32 (half the memory of int64 for the permutation arrays).
+  LOOM_CHECK(N * K <= std::numeric_limits<int32_t>::max(), op, ": N=", N, " tokens * K=", K,
+             " slots exceed the int32 slot index; split the batch");
   for (const Tensor* t : {&expert_index, &gates, &w1, &w3, &w2}) check_same_device(x, *t, op);
   require_cpu(op, {&x, &expert_index, &gates, &w1, &w3, &w2});
   check_expert_index(expert_index, E, op);

@@ -79,7 +79,7 @@ U* thread_buffer(int64_t n) {
   return buffer.data();
 }
 
-// Copies row `src_row` of src [*, C] into row `dst_row` of dst, converting to the operand type.
+// Copies one row of C values, converting to the destination's type (f32 -> bf16 rounds to nearest even).
 template <typename S, typename D>
 inline void copy_row(D* dst, const S* src, int64_t C) {
 #pragma omp simd
@@ -137,9 +137,7 @@ void moe_route_forward(const T* logits, const float* bias, int64_t N, int64_t E,
 
 template <typename T>
 void moe_route_backward(T* dlogits, const float* dgates, const float* daffinity, const float* affinity,
-                        const int32_t* index, const float* gates, int64_t N, int64_t E, int64_t K,
-                        float route_scale) {
-  (void)gates;
+                        const int32_t* index, int64_t N, int64_t E, int64_t K, float route_scale) {
   parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
     std::vector<float> ds(static_cast<size_t>(E));
     for (int64_t n = n0; n < n1; ++n) {
@@ -165,9 +163,9 @@ template void moe_route_forward<float>(const float*, const float*, int64_t, int6
 template void moe_route_forward<bf16>(const bf16*, const float*, int64_t, int64_t, int64_t, float, int32_t*,
                                       float*, float*, int32_t*);
 template void moe_route_backward<float>(float*, const float*, const float*, const float*, const int32_t*,
-                                        const float*, int64_t, int64_t, int64_t, float);
+                                        int64_t, int64_t, int64_t, float);
 template void moe_route_backward<bf16>(bf16*, const float*, const float*, const float*, const int32_t*,
-                                       const float*, int64_t, int64_t, int64_t, float);
+                                       int64_t, int64_t, int64_t, float);
 
 // ---- dispatch ------------------------------------------------------------------------------------
 

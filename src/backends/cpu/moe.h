@@ -44,12 +44,12 @@ template <typename T>
 void moe_route_forward(const T* logits, const float* bias, int64_t N, int64_t E, int64_t K, float route_scale,
                        int32_t* index, float* gates, float* affinity, int32_t* load);
 
-// dlogits[n,e] = s(1-s) * (daffinity[n,e] + [e chosen] * route_scale/S * (dgates[n,k] - sum_k' dgates[n,k'] *
-// gates[n,k'] / route_scale)), s = affinity[n,e], S = sum of the chosen affinities. Overwrites dlogits.
+// dlogits[n,e] = s(1-s) * (daffinity[n,e] + [e chosen] * route_scale/S * (dgates[n,k] - sum_k' dgates[n,k']
+// * s[n,k'] / S)), s = affinity, S = sum of the chosen affinities. Overwrites dlogits; a null dgates or
+// daffinity counts as zeros.
 template <typename T>
 void moe_route_backward(T* dlogits, const float* dgates, const float* daffinity, const float* affinity,
-                        const int32_t* index, const float* gates, int64_t N, int64_t E, int64_t K,
-                        float route_scale);
+                        const int32_t* index, int64_t N, int64_t E, int64_t K, float route_scale);
 
 // ---- dispatch ------------------------------------------------------------------------------------
 

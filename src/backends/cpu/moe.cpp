@@ -243,7 +243,7 @@ void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, c
 //
 // Per row p (slot s = token n, choice k, expert e), with a = silu(h1) * h3 and dy_n the token's gradient:
 //   dau   = dy_n w2[e]                     [F]   (the gradient of a before the gate: computed once)
-//   dgate = <dau, a>                        (= <dy_n, w2[e] a>: the expert output is never stored)
+//   dgate = <dau, a>                        (= <dy_n, w2[e] a>: the expert outputs are not kept for backward)
 //   dh1   = g dau * h3 * silu'(h1),  dh3 = g dau * silu(h1)
 //   dxp   = dh1 w1[e] + dh3 w3[e]           [C]   -> dx_n = sum_k dxp(slot n,k)
 //   dw1[e] = sum_p dh1_p^T x_n,  dw3[e] likewise,  dw2[e] = sum_p dy_n^T (g a_p)

@@ -45,7 +45,9 @@ Tensor leaf(Tensor t) {
   return t;
 }
 
-ops::MatmulPrecision precision_of(int64_t arg) { return arg == 0 ? ops::MatmulPrecision::F32 : ops::MatmulPrecision::BF16; }
+ops::MatmulPrecision precision_of(int64_t arg) {
+  return arg == 0 ? ops::MatmulPrecision::F32 : ops::MatmulPrecision::BF16;
+}
 
 ops::MoeRouting make_routing(bool skewed, uint64_t seed = 1) {
   autograd::NoGradGuard no_grad;
@@ -107,7 +109,8 @@ void BM_DenseSwiGLU(benchmark::State& state) {  // args: precision; hidden K*F
   Tensor dy = randn({kN, kC}, 7);
   const auto out_in = ops::WeightLayout::OutIn;
   for (auto _ : state) {
-    Tensor h = ops::swiglu(ops::linear(x, w1, Tensor(), out_in, precision), ops::linear(x, w3, Tensor(), out_in, precision));
+    Tensor h =
+        ops::swiglu(ops::linear(x, w1, Tensor(), out_in, precision), ops::linear(x, w3, Tensor(), out_in, precision));
     Tensor y = ops::linear(h, w2, Tensor(), out_in, precision);
     autograd::backward(y, dy);
     for (Tensor* t : {&x, &w1, &w3, &w2}) t->set_grad(Tensor());
@@ -129,8 +132,23 @@ void BM_MoeRoute(benchmark::State& state) {  // routing fwd + bwd on [N, E] logi
 
 }  // namespace
 
-BENCHMARK(BM_MoeExperts)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"bf16", "skewed"})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
-BENCHMARK(BM_MoeExpertsNewRoutingEachStep)->Iterations(40)->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
-BENCHMARK(BM_DenseSwiGLU)->Arg(0)->Arg(1)->ArgNames({"bf16"})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
+BENCHMARK(BM_MoeExperts)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"bf16", "skewed"})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+BENCHMARK(BM_MoeExpertsNewRoutingEachStep)
+    ->Iterations(40)
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+BENCHMARK(BM_DenseSwiGLU)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgNames({"bf16"})
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
 BENCHMARK(BM_MoeRoute)->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime()->UseRealTime();
 BENCHMARK_MAIN();

@@ -52,8 +52,8 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
   LOOM_CHECK(E >= 1, "moe_route: logits has E=0 experts (shape ", logits.shape(), ")");
   LOOM_CHECK(bias.defined(), "moe_route: bias is undefined (pass zeros for no bias)");
   check_dtype(bias, DType::F32, "moe_route", "bias");
-  LOOM_CHECK(bias.ndim() == 1 && bias.size(0) == E, "moe_route: bias has shape ", bias.shape(),
-             " but logits has E=", E, " experts");
+  LOOM_CHECK(bias.ndim() == 1 && bias.size(0) == E, "moe_route: bias has shape ", bias.shape(), " but logits has E=", E,
+             " experts");
   LOOM_CHECK(top_k >= 1 && top_k <= E, "moe_route: top_k=", top_k, " must be in [1, E] with E=", E, " experts");
   LOOM_CHECK(std::isfinite(route_scale) && route_scale > 0.0f, "moe_route: route_scale must be finite and > 0, got ",
              route_scale);
@@ -76,30 +76,32 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
     cpu::moe_route_forward(logits.data<bf16>(), pb, N, E, top_k, route_scale, r.expert_index.data<int32_t>(),
                            r.gates.data<float>(), r.affinity.data<float>(), r.expert_load.data<int32_t>());
   }
+  auto backward = [affinity = r.affinity.detach(), index = r.expert_index, dtype = logits.dtype(), N, E, top_k,
+                   route_scale](const autograd::BackwardContext& ctx) {
+    // A missing output gradient arrives as zeros; the kernel reads both in f32.
+    const Tensor dg = grad_as(ctx.grad_output(0), DType::F32);  // [N,K]
+    const Tensor da = grad_as(ctx.grad_output(1), DType::F32);  // [N,E]
+    Tensor dlogits = Tensor::empty(Shape{N, E}, dtype, affinity.device());
+    auto run = [&](auto* out) {
+      cpu::moe_route_backward(out, dg.data<float>(), da.data<float>(), affinity.data<float>(),
+                              index.data<int32_t>(), N, E, top_k, route_scale);
+    };
+    if (dtype == DType::F32) {
+      run(dlogits.data<float>());
+    } else {
+      run(dlogits.data<bf16>());
+    }
+    return TensorList{dlogits};
+  };
   // The bias is not an input: it selects, and selection has no gradient.
-  autograd::record("moe_route", {logits}, {r.gates, r.affinity},
-                   [affinity = r.affinity.detach(), index = r.expert_index, dtype = logits.dtype(), N, E, top_k,
-                    route_scale](const autograd::BackwardContext& ctx) {
-                     const Tensor& dgates = ctx.grad_output(0);     // [N,K]
-                     const Tensor& daffinity = ctx.grad_output(1);  // [N,E]
-                     Tensor dlogits = Tensor::empty(Shape{N, E}, dtype, affinity.device());
-                     const Tensor dg = grad_as(dgates, DType::F32), da = grad_as(daffinity, DType::F32);
-                     if (dtype == DType::F32) {
-                       cpu::moe_route_backward(dlogits.data<float>(), dg.data<float>(), da.data<float>(), affinity.data<float>(),
-                                               index.data<int32_t>(), N, E, top_k, route_scale);
-                     } else {
-                       cpu::moe_route_backward(dlogits.data<bf16>(), dg.data<float>(), da.data<float>(), affinity.data<float>(),
-                                               index.data<int32_t>(), N, E, top_k, route_scale);
-                     }
-                     return TensorList{dlogits};
-                   });
+  autograd::record("moe_route", {logits}, {r.gates, r.affinity}, backward);
   return r;
 }
 
 // ---- routed experts ------------------------------------------------------------------------------
 
-Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& gates, const Tensor& w1,
-                   const Tensor& w3, const Tensor& w2, MatmulPrecision precision) {
+Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& gates, const Tensor& w1, const Tensor& w3,
+                   const Tensor& w2, MatmulPrecision precision) {
   const char* op = "moe_experts";
   check_float(x, op, "x");
   LOOM_CHECK(x.ndim() == 2, op, ": x must be [N, C], got ", x.describe());
@@ -125,8 +127,8 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
   LOOM_CHECK(w1.size(2) == C, op, ": w1 has shape ", w1.shape(), " but x has C=", C, " (expected [E, F, C])");
   LOOM_CHECK(E >= 1 && F >= 1 && C >= 1, op, ": empty expert dimensions: x ", x.shape(), ", w1 ", w1.shape());
   LOOM_CHECK(w3.shape() == w1.shape(), op, ": w3 has shape ", w3.shape(), " but w1 has shape ", w1.shape());
-  LOOM_CHECK(w2.shape() == Shape({E, C, F}), op, ": w2 has shape ", w2.shape(), " but expected [E, C, F] = [",
-             E, ", ", C, ", ", F, "] from w1 ", w1.shape());
+  LOOM_CHECK(w2.shape() == Shape({E, C, F}), op, ": w2 has shape ", w2.shape(), " but expected [E, C, F] = [", E, ", ",
+             C, ", ", F, "] from w1 ", w1.shape());
   // The dispatch indexes slots with int32 (half the memory of int64 for the permutation arrays).
   LOOM_CHECK(N * K <= std::numeric_limits<int32_t>::max(), op, ": N=", N, " tokens * K=", K,
              " slots exceed the int32 slot index; split the batch");
@@ -153,34 +155,32 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
     cpu::moe_experts_forward(*dispatch, xo.data<bf16>(), gates.data<float>(), w1o.data<bf16>(), w3o.data<bf16>(),
                              w2o.data<bf16>(), C, F, y.data<float>(), ph1, ph3);
   } else {
-    cpu::moe_experts_forward(*dispatch, xo.data<float>(), gates.data<float>(), w1o.data<float>(),
-                             w3o.data<float>(), w2o.data<float>(), C, F, y.data<float>(), ph1, ph3);
+    cpu::moe_experts_forward(*dispatch, xo.data<float>(), gates.data<float>(), w1o.data<float>(), w3o.data<float>(),
+                             w2o.data<float>(), C, F, y.data<float>(), ph1, ph3);
   }
   if (x.dtype() == DType::BF16) return y.to(DType::BF16);  // not recorded (checked above)
 
-  autograd::record(op, {x, gates, w1, w3, w2}, {y},
-                   [xo, gates, w1o, w3o, w2o, dispatch, h1, h3, bf16_ops, N, K, C, F,
-                    E](const autograd::BackwardContext& ctx) {
-                     const Tensor& dy = ctx.grad_output(0);  // [N,C] f32
-                     auto grad = [&](int i, const Shape& shape) {
-                       return ctx.needs_input_grad(i) ? Tensor::empty(shape, DType::F32, dy.device()) : Tensor();
-                     };
-                     Tensor dx = grad(0, Shape{N, C}), dgates = grad(1, Shape{N, K});
-                     Tensor dw1 = grad(2, Shape{E, F, C}), dw3 = grad(3, Shape{E, F, C}), dw2 = grad(4, Shape{E, C, F});
-                     auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-                     if (bf16_ops) {
-                       cpu::moe_experts_backward(*dispatch, dy.data<float>(), xo.data<bf16>(), gates.data<float>(),
-                                                 w1o.data<bf16>(), w3o.data<bf16>(), w2o.data<bf16>(),
-                                                 h1.data<float>(), h3.data<float>(), C, F, ptr(dx), ptr(dgates),
-                                                 ptr(dw1), ptr(dw3), ptr(dw2));
-                     } else {
-                       cpu::moe_experts_backward(*dispatch, dy.data<float>(), xo.data<float>(), gates.data<float>(),
-                                                 w1o.data<float>(), w3o.data<float>(), w2o.data<float>(),
-                                                 h1.data<float>(), h3.data<float>(), C, F, ptr(dx), ptr(dgates),
-                                                 ptr(dw1), ptr(dw3), ptr(dw2));
-                     }
-                     return TensorList{dx, dgates, dw1, dw3, dw2};
-                   });
+  autograd::record(
+      op, {x, gates, w1, w3, w2}, {y},
+      [xo, gates, w1o, w3o, w2o, dispatch, h1, h3, bf16_ops, N, K, C, F, E](const autograd::BackwardContext& ctx) {
+        const Tensor& dy = ctx.grad_output(0);  // [N,C] f32
+        auto grad = [&](int i, const Shape& shape) {
+          return ctx.needs_input_grad(i) ? Tensor::empty(shape, DType::F32, dy.device()) : Tensor();
+        };
+        Tensor dx = grad(0, Shape{N, C}), dgates = grad(1, Shape{N, K});
+        Tensor dw1 = grad(2, Shape{E, F, C}), dw3 = grad(3, Shape{E, F, C}), dw2 = grad(4, Shape{E, C, F});
+        auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+        if (bf16_ops) {
+          cpu::moe_experts_backward(*dispatch, dy.data<float>(), xo.data<bf16>(), gates.data<float>(), w1o.data<bf16>(),
+                                    w3o.data<bf16>(), w2o.data<bf16>(), h1.data<float>(), h3.data<float>(), C, F,
+                                    ptr(dx), ptr(dgates), ptr(dw1), ptr(dw3), ptr(dw2));
+        } else {
+          cpu::moe_experts_backward(*dispatch, dy.data<float>(), xo.data<float>(), gates.data<float>(),
+                                    w1o.data<float>(), w3o.data<float>(), w2o.data<float>(), h1.data<float>(),
+                                    h3.data<float>(), C, F, ptr(dx), ptr(dgates), ptr(dw1), ptr(dw3), ptr(dw2));
+        }
+        return TensorList{dx, dgates, dw1, dw3, dw2};
+      });
   return y;
 }
 
@@ -190,8 +190,8 @@ Tensor moe_sequence_balance_loss(const MoeRouting& routing, int64_t batch, int64
   const char* op = "moe_sequence_balance_loss";
   const Tensor& affinity = routing.affinity;
   const Tensor& index = routing.expert_index;
-  LOOM_CHECK(affinity.defined() && index.defined(), op, ": routing.affinity and routing.expert_index must be "
-             "defined (a MoeRouting from moe_route)");
+  LOOM_CHECK(affinity.defined() && index.defined(), op,
+             ": routing.affinity and routing.expert_index must be defined (a MoeRouting from moe_route)");
   check_dtype(affinity, DType::F32, op, "routing.affinity");
   check_dtype(index, DType::I32, op, "routing.expert_index");
   LOOM_CHECK(affinity.ndim() == 2 && index.ndim() == 2 && index.size(0) == affinity.size(0), op,
@@ -200,8 +200,8 @@ Tensor moe_sequence_balance_loss(const MoeRouting& routing, int64_t batch, int64
   const int64_t N = affinity.size(0), E = affinity.size(1), K = index.size(1);
   LOOM_CHECK(E >= 1 && K >= 1 && K <= E, op, ": K=", K, " experts per token with E=", E, " experts");
   LOOM_CHECK(batch >= 1 && seq >= 1, op, ": batch=", batch, " and seq=", seq, " must both be >= 1");
-  LOOM_CHECK(batch * seq == N, op, ": batch=", batch, " * seq=", seq, " = ", batch * seq,
-             " but the routing has N=", N, " tokens");
+  LOOM_CHECK(batch * seq == N, op, ": batch=", batch, " * seq=", seq, " = ", batch * seq, " but the routing has N=", N,
+             " tokens");
   LOOM_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
   check_same_device(affinity, index, op);
   require_cpu(op, {&affinity, &index});
@@ -209,8 +209,8 @@ Tensor moe_sequence_balance_loss(const MoeRouting& routing, int64_t batch, int64
 
   Tensor f = Tensor::empty(Shape{batch, E}, DType::F32, affinity.device());
   Tensor loss = Tensor::empty(Shape{}, DType::F32, affinity.device());
-  loss.data<float>()[0] = cpu::moe_balance_loss_forward(affinity.data<float>(), index.data<int32_t>(), batch, seq,
-                                                        E, K, alpha, f.data<float>());
+  loss.data<float>()[0] = cpu::moe_balance_loss_forward(affinity.data<float>(), index.data<int32_t>(), batch, seq, E, K,
+                                                        alpha, f.data<float>());
   // Only the affinities are an input: f counts choices, which have no gradient.
   autograd::record(op, {affinity}, {loss}, [affinity, f, batch, seq, E, alpha](const autograd::BackwardContext& ctx) {
     const float dloss = ctx.grad_output(0).item();

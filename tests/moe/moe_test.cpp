@@ -74,7 +74,8 @@ Tensor separated_logits(int64_t N, int64_t E, uint64_t seed) {
     const float* row = u.data<float>() + n * E;
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] < row[b]; });
     for (int64_t r = 0; r < E; ++r)
-      v[static_cast<size_t>(n * E + order[static_cast<size_t>(r)])] = -2.0f + 4.0f * static_cast<float>(r) / static_cast<float>(E - 1);
+      v[static_cast<size_t>(n * E + order[static_cast<size_t>(r)])] =
+          -2.0f + 4.0f * static_cast<float>(r) / static_cast<float>(E - 1);
   }
   return Tensor::from_vector<float>({N, E}, v);
 }
@@ -85,8 +86,11 @@ struct ExpertInputs {
 
 ExpertInputs expert_inputs(int64_t N, int64_t C, int64_t F, int64_t E, int64_t K, uint64_t seed,
                            const std::vector<int>& unused = {}) {
-  return {test::randn({N, C}, seed), random_index(N, K, E, seed + 1, unused), positive_gates(N, K, seed + 2),
-          test::randn({E, F, C}, seed + 3, 0.3f), test::randn({E, F, C}, seed + 4, 0.3f),
+  return {test::randn({N, C}, seed),
+          random_index(N, K, E, seed + 1, unused),
+          positive_gates(N, K, seed + 2),
+          test::randn({E, F, C}, seed + 3, 0.3f),
+          test::randn({E, F, C}, seed + 4, 0.3f),
           test::randn({E, C, F}, seed + 5, 0.3f)};
 }
 
@@ -172,7 +176,8 @@ TEST(MoeRoute, Bf16LogitsAreRoutedInF32) {
 TEST(MoeExperts, MatchesPyTorch) {
   const auto fx = fixture();
   TensorList in;
-  for (const char* name : {"x", "gates", "w1", "w3", "w2"}) in.push_back(test::param(fx.get(std::string("experts.") + name)));
+  for (const char* name : {"x", "gates", "w1", "w3", "w2"})
+    in.push_back(test::param(fx.get(std::string("experts.") + name)));
   Tensor index = fx.get("experts.index");
   Tensor y = ops::moe_experts(in[0], index, in[1], in[2], in[3], in[4]);
   test::expect_close(y, fx.get("experts.y"), 2e-5f, 1e-4f, "y");
@@ -204,8 +209,8 @@ TEST(MoeExperts, FiniteDifferences) {
   ExpertInputs in = expert_inputs(N, C, F, E, K, 41);
   TensorList leaves = {test::param(in.x), test::param(in.gates), test::param(in.w1), test::param(in.w3),
                        test::param(in.w2)};
-  test::gradcheck([&](const TensorList& t) { return ops::moe_experts(t[0], in.index, t[1], t[2], t[3], t[4]); },
-                  leaves, 1e-2f, 2e-3f, 2e-2f);
+  test::gradcheck([&](const TensorList& t) { return ops::moe_experts(t[0], in.index, t[1], t[2], t[3], t[4]); }, leaves,
+                  1e-2f, 2e-3f, 2e-2f);
 }
 
 TEST(MoeExperts, AllTokensOnOneExpert) {
@@ -285,14 +290,17 @@ TEST(MoeExperts, EachGradientAloneMatchesTheFullBackward) {
   for (auto precision : {ops::MatmulPrecision::F32, ops::MatmulPrecision::BF16}) {
     auto run = [&](int only) {  // only = -1: every input requires grad
       TensorList l;
-      for (int i = 0; i < 5; ++i) l.push_back(only < 0 || only == i ? test::param(values[static_cast<size_t>(i)]) : values[static_cast<size_t>(i)]);
+      for (int i = 0; i < 5; ++i)
+        l.push_back(only < 0 || only == i ? test::param(values[static_cast<size_t>(i)])
+                                          : values[static_cast<size_t>(i)]);
       autograd::backward(ops::moe_experts(l[0], in.index, l[1], l[2], l[3], l[4], precision), dy);
       return l;
     };
     const TensorList full = run(-1);
     for (int i = 0; i < 5; ++i) {
       const TensorList alone = run(i);
-      expect_bitwise(alone[static_cast<size_t>(i)].grad(), full[static_cast<size_t>(i)].grad(), "gradient " + std::to_string(i));
+      expect_bitwise(alone[static_cast<size_t>(i)].grad(), full[static_cast<size_t>(i)].grad(),
+                     "gradient " + std::to_string(i));
     }
   }
 }
@@ -334,8 +342,8 @@ TEST(MoeExperts, Bf16WithinTolerance) {
   }
   // Tensors already in bf16 (inference): the same GEMMs, the result in bf16.
   autograd::NoGradGuard no_grad;
-  Tensor yb = ops::moe_experts(in.x.to(DType::BF16), in.index, in.gates, in.w1.to(DType::BF16),
-                               in.w3.to(DType::BF16), in.w2.to(DType::BF16));
+  Tensor yb = ops::moe_experts(in.x.to(DType::BF16), in.index, in.gates, in.w1.to(DType::BF16), in.w3.to(DType::BF16),
+                               in.w2.to(DType::BF16));
   EXPECT_EQ(yb.dtype(), DType::BF16);
   Tensor y_mixed = ops::moe_experts(in.x.to(DType::BF16).to(DType::F32), in.index, in.gates,
                                     in.w1.to(DType::BF16).to(DType::F32), in.w3.to(DType::BF16).to(DType::F32),
@@ -373,7 +381,8 @@ TEST(MoeBalanceLoss, EvenRoutingWithUniformAffinitiesGivesAlpha) {
   std::vector<float> l(static_cast<size_t>(B * T * E), 0.3f);
   ops::MoeRouting r = ops::moe_route(Tensor::from_vector<float>({B * T, E}, l), Tensor::zeros({E}), K, 1.0f);
   std::vector<int32_t> idx;
-  for (int64_t n = 0; n < B * T; ++n) idx.insert(idx.end(), {static_cast<int32_t>((2 * n) % E), static_cast<int32_t>((2 * n + 1) % E)});
+  for (int64_t n = 0; n < B * T; ++n)
+    idx.insert(idx.end(), {static_cast<int32_t>((2 * n) % E), static_cast<int32_t>((2 * n + 1) % E)});
   r.expert_index = ints({B * T, K}, idx);
   EXPECT_NEAR(ops::moe_sequence_balance_loss(r, B, T, 0.25f).item(), 0.25f, 1e-7f);
 }
@@ -382,9 +391,10 @@ TEST(MoeLayer, MatchesPyTorch) {
   const auto fx = fixture();
   auto shape = fx.get("layer.shape").to_vector<int32_t>();  // B, T, K
   TensorList in;
-  for (const char* name : {"x", "router", "w1", "w3", "w2"}) in.push_back(test::param(fx.get(std::string("layer.") + name)));
-  ops::MoeRouting r = ops::moe_route(ops::linear(in[0], in[1]), fx.get("layer.bias"), shape[2],
-                                     fx.get("layer.route_scale").item());
+  for (const char* name : {"x", "router", "w1", "w3", "w2"})
+    in.push_back(test::param(fx.get(std::string("layer.") + name)));
+  ops::MoeRouting r =
+      ops::moe_route(ops::linear(in[0], in[1]), fx.get("layer.bias"), shape[2], fx.get("layer.route_scale").item());
   expect_equal_ints(r.expert_index, fx.get("layer.index"), "index");
   Tensor y = ops::moe_experts(in[0], r.expert_index, r.gates, in[2], in[3], in[4]);
   Tensor loss = ops::moe_sequence_balance_loss(r, shape[0], shape[1], fx.get("layer.alpha").item());
@@ -401,10 +411,16 @@ TEST(MoeUpdateBias, MovesTowardTheMeanLoad) {
   Tensor bias = Tensor::from_vector<float>({4}, {0.5f, -0.25f, 0.0f, 1.0f});
   ops::moe_update_bias_(bias, ints({4}, {6, 2, 4, 4}), 1e-3f);
   EXPECT_EQ(bias.to_vector<float>(), (std::vector<float>{0.5f - 1e-3f, -0.25f + 1e-3f, 0.0f, 1.0f}));
-  test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({3}, {1, 2, 3}), 1e-3f); },
-                              {"bias has shape [4]", "expert_load has shape [3]"});
-  test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({4}, {1, -2, 3, 0}), 1e-3f); },
-                              {"expert_load[1] = -2"});
+  test::expect_error_mentions(
+      [&] {
+        ops::moe_update_bias_(bias, ints({3}, {1, 2, 3}), 1e-3f);
+      },
+      {"bias has shape [4]", "expert_load has shape [3]"});
+  test::expect_error_mentions(
+      [&] {
+        ops::moe_update_bias_(bias, ints({4}, {1, -2, 3, 0}), 1e-3f);
+      },
+      {"expert_load[1] = -2"});
   test::expect_error_mentions([&] { ops::moe_update_bias_(bias, ints({4}, {1, 2, 3, 0}), -1.0f); }, {"gamma", "-1"});
 }
 
@@ -419,11 +435,17 @@ TEST(MoeErrors, RouteRefusesBadArguments) {
   test::expect_error_mentions([&] { ops::moe_route(logits, Tensor(), 2, 1.0f); }, {"bias is undefined"});
   test::expect_error_mentions([&] { ops::moe_route(logits, bias.to(DType::BF16), 2, 1.0f); }, {"bias", "bf16"});
   test::expect_error_mentions([&] { ops::moe_route(test::randn({12}, 1), bias, 2, 1.0f); }, {"[N, E]", "[12]"});
-  test::expect_error_mentions([&] { ops::moe_route(ints({3, 4}, std::vector<int32_t>(12)), bias, 2, 1.0f); },
-                              {"logits", "i32"});
+  test::expect_error_mentions(
+      [&] {
+        ops::moe_route(ints({3, 4}, std::vector<int32_t>(12)), bias, 2, 1.0f);
+      },
+      {"logits", "i32"});
   test::expect_error_mentions([&] { ops::moe_route(logits, bias, 2, 0.0f); }, {"route_scale", "0"});
-  test::expect_error_mentions([&] { ops::moe_route(logits, Tensor::from_vector<float>({4}, {0, std::nanf(""), 0, 0}), 2, 1.0f); },
-                              {"bias[1]", "nan"});
+  test::expect_error_mentions(
+      [&] {
+        ops::moe_route(logits, Tensor::from_vector<float>({4}, {0, std::nanf(""), 0, 0}), 2, 1.0f);
+      },
+      {"bias[1]", "nan"});
 }
 
 TEST(MoeErrors, ExpertsRefuseBadArguments) {
@@ -438,31 +460,53 @@ TEST(MoeErrors, ExpertsRefuseBadArguments) {
   test::expect_error_mentions([&] { call(in.x, bad, in.gates, in.w1, in.w3, in.w2); }, {"expert_index[3, 1] = -1"});
   test::expect_error_mentions([&] { call(in.x, in.index.to(DType::F32), in.gates, in.w1, in.w3, in.w2); },
                               {"expert_index", "i32"});
-  test::expect_error_mentions([&] { call(in.x, ints({4, 2}, std::vector<int32_t>(8)), in.gates, in.w1, in.w3, in.w2); },
-                              {"expert_index has shape [4, 2]", "N=5"});
-  test::expect_error_mentions([&] { call(in.x, in.index, test::randn({5, 3}, 3), in.w1, in.w3, in.w2); },
-                              {"gates has shape [5, 3]", "[5, 2]"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, ints({4, 2}, std::vector<int32_t>(8)), in.gates, in.w1, in.w3, in.w2);
+      },
+      {"expert_index has shape [4, 2]", "N=5"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, in.index, test::randn({5, 3}, 3), in.w1, in.w3, in.w2);
+      },
+      {"gates has shape [5, 3]", "[5, 2]"});
   test::expect_error_mentions([&] { call(in.x, in.index, in.gates.to(DType::BF16), in.w1, in.w3, in.w2); },
                               {"gates", "bf16"});
-  test::expect_error_mentions([&] { call(test::randn({5, 7}, 3), in.index, in.gates, in.w1, in.w3, in.w2); },
-                              {"w1 has shape [3, 4, 6]", "C=7"});
+  test::expect_error_mentions(
+      [&] {
+        call(test::randn({5, 7}, 3), in.index, in.gates, in.w1, in.w3, in.w2);
+      },
+      {"w1 has shape [3, 4, 6]", "C=7"});
   test::expect_error_mentions([&] { call(test::randn({30}, 3), in.index, in.gates, in.w1, in.w3, in.w2); },
                               {"x must be [N, C]"});
-  test::expect_error_mentions([&] { call(in.x, in.index, in.gates, in.w1, test::randn({3, 5, 6}, 3), in.w2); },
-                              {"w3 has shape [3, 5, 6]", "[3, 4, 6]"});
-  test::expect_error_mentions([&] { call(in.x, in.index, in.gates, in.w1, in.w3, test::randn({3, 4, 6}, 3)); },
-                              {"w2 has shape [3, 4, 6]", "[3, 6, 4]"});
-  test::expect_error_mentions([&] { call(in.x, in.index, in.gates, test::randn({3, 4}, 3), in.w3, in.w2); },
-                              {"w1 must be 3-D"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, in.index, in.gates, in.w1, test::randn({3, 5, 6}, 3), in.w2);
+      },
+      {"w3 has shape [3, 5, 6]", "[3, 4, 6]"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, in.index, in.gates, in.w1, in.w3, test::randn({3, 4, 6}, 3));
+      },
+      {"w2 has shape [3, 4, 6]", "[3, 6, 4]"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, in.index, in.gates, test::randn({3, 4}, 3), in.w3, in.w2);
+      },
+      {"w1 must be 3-D"});
   test::expect_error_mentions([&] { call(in.x, in.index, in.gates, in.w1.to(DType::BF16), in.w3, in.w2); },
                               {"w1 is bf16", "x is f32"});
-  test::expect_error_mentions([&] { call(in.x, ints({5, 2}, std::vector<int32_t>(10)), in.gates, in.w1, in.w3, in.w2.to(DType::I32)); },
-                              {"w2 must be f32 or bf16", "i32"});
+  test::expect_error_mentions(
+      [&] {
+        call(in.x, ints({5, 2}, std::vector<int32_t>(10)), in.gates, in.w1, in.w3, in.w2.to(DType::I32));
+      },
+      {"w2 must be f32 or bf16", "i32"});
   // Recording through bf16 tensors is refused (MatmulPrecision::BF16 on f32 tensors is the training path).
   Tensor xb = in.x.to(DType::BF16);
   xb.set_requires_grad();
-  test::expect_error_mentions([&] { call(xb, in.index, in.gates, in.w1.to(DType::BF16), in.w3.to(DType::BF16), in.w2.to(DType::BF16)); },
-                              {"backward through bf16"});
+  test::expect_error_mentions(
+      [&] { call(xb, in.index, in.gates, in.w1.to(DType::BF16), in.w3.to(DType::BF16), in.w2.to(DType::BF16)); },
+      {"backward through bf16"});
 }
 
 TEST(MoeErrors, BalanceLossRefusesBadArguments) {

@@ -151,21 +151,22 @@ void moe_route_backward(T* dlogits, const float* dgates, const float* daffinity,
         for (int64_t k = 0; k < K; ++k) weighted += dgates[n * K + k] * s[index[n * K + k]];
         weighted /= sum;
         const float scale = route_scale / sum;
-        for (int64_t k = 0; k < K; ++k) ds[static_cast<size_t>(index[n * K + k])] += scale * (dgates[n * K + k] - weighted);
+        for (int64_t k = 0; k < K; ++k)
+          ds[static_cast<size_t>(index[n * K + k])] += scale * (dgates[n * K + k] - weighted);
       }
       for (int64_t e = 0; e < E; ++e) store(dlogits, n * E + e, ds[static_cast<size_t>(e)] * s[e] * (1.0f - s[e]));
     }
   });
 }
 
-template void moe_route_forward<float>(const float*, const float*, int64_t, int64_t, int64_t, float, int32_t*,
-                                       float*, float*, int32_t*);
-template void moe_route_forward<bf16>(const bf16*, const float*, int64_t, int64_t, int64_t, float, int32_t*,
-                                      float*, float*, int32_t*);
-template void moe_route_backward<float>(float*, const float*, const float*, const float*, const int32_t*,
-                                        int64_t, int64_t, int64_t, float);
-template void moe_route_backward<bf16>(bf16*, const float*, const float*, const float*, const int32_t*,
-                                       int64_t, int64_t, int64_t, float);
+template void moe_route_forward<float>(const float*, const float*, int64_t, int64_t, int64_t, float, int32_t*, float*,
+                                       float*, int32_t*);
+template void moe_route_forward<bf16>(const bf16*, const float*, int64_t, int64_t, int64_t, float, int32_t*, float*,
+                                      float*, int32_t*);
+template void moe_route_backward<float>(float*, const float*, const float*, const float*, const int32_t*, int64_t,
+                                        int64_t, int64_t, float);
+template void moe_route_backward<bf16>(bf16*, const float*, const float*, const float*, const int32_t*, int64_t,
+                                       int64_t, int64_t, float);
 
 // ---- dispatch ------------------------------------------------------------------------------------
 
@@ -198,8 +199,8 @@ MoeDispatch moe_dispatch(const int32_t* expert_index, int64_t N, int64_t K, int6
 // ---- routed experts: forward ---------------------------------------------------------------------
 
 template <typename T>
-void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, const T* w1, const T* w3,
-                         const T* w2, int64_t C, int64_t F, float* y, float* h1, float* h3) {
+void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, const T* w1, const T* w3, const T* w2,
+                         int64_t C, int64_t F, float* y, float* h1, float* h3) {
   const int64_t N = d.N, K = d.K;
   // yp: [P,C] each slot's expert output, in row order; the combine below reads it token by token.
   Scratch<float> yp(N * K * C);
@@ -250,16 +251,16 @@ void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, c
 
 template <typename T>
 void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, const float* gates, const T* w1,
-                          const T* w3, const T* w2, const float* h1, const float* h3, int64_t C, int64_t F,
-                          float* dx, float* dgates, float* dw1, float* dw3, float* dw2) {
+                          const T* w3, const T* w2, const float* h1, const float* h3, int64_t C, int64_t F, float* dx,
+                          float* dgates, float* dw1, float* dw3, float* dw2) {
   const int64_t N = d.N, K = d.K, E = d.E, P = N * K;
   const bool want_w13 = dw1 != nullptr || dw3 != nullptr;
   // Row-ordered buffers the weight gradients reduce over (only those some gradient needs).
   auto maybe = [](bool wanted, int64_t n) { return wanted ? Scratch<T>(n) : Scratch<T>(); };
-  const Scratch<T> xp = maybe(want_w13, P * C);       // [P,C] gathered x
+  const Scratch<T> xp = maybe(want_w13, P * C);         // [P,C] gathered x
   const Scratch<T> dyp = maybe(dw2 != nullptr, P * C);  // [P,C] gathered dy (before the gate)
-  const Scratch<T> dh1 = maybe(want_w13, P * F);      // [P,F]
-  const Scratch<T> dh3 = maybe(want_w13, P * F);      // [P,F]
+  const Scratch<T> dh1 = maybe(want_w13, P * F);        // [P,F]
+  const Scratch<T> dh3 = maybe(want_w13, P * F);        // [P,F]
   const Scratch<T> ga = maybe(dw2 != nullptr, P * F);   // [P,F] g * a
   const Scratch<float> dxp = dx != nullptr ? Scratch<float>(P * C) : Scratch<float>();  // [P,C]
 
@@ -376,20 +377,20 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
   }
 }
 
-template void moe_experts_forward<float>(const MoeDispatch&, const float*, const float*, const float*,
-                                         const float*, const float*, int64_t, int64_t, float*, float*, float*);
+template void moe_experts_forward<float>(const MoeDispatch&, const float*, const float*, const float*, const float*,
+                                         const float*, int64_t, int64_t, float*, float*, float*);
 template void moe_experts_forward<bf16>(const MoeDispatch&, const bf16*, const float*, const bf16*, const bf16*,
                                         const bf16*, int64_t, int64_t, float*, float*, float*);
-template void moe_experts_backward<float>(const MoeDispatch&, const float*, const float*, const float*,
-                                          const float*, const float*, const float*, const float*, const float*,
-                                          int64_t, int64_t, float*, float*, float*, float*, float*);
+template void moe_experts_backward<float>(const MoeDispatch&, const float*, const float*, const float*, const float*,
+                                          const float*, const float*, const float*, const float*, int64_t, int64_t,
+                                          float*, float*, float*, float*, float*);
 template void moe_experts_backward<bf16>(const MoeDispatch&, const float*, const bf16*, const float*, const bf16*,
-                                         const bf16*, const bf16*, const float*, const float*, int64_t, int64_t,
-                                         float*, float*, float*, float*, float*);
+                                         const bf16*, const bf16*, const float*, const float*, int64_t, int64_t, float*,
+                                         float*, float*, float*, float*);
 
-void moe_experts_forward_reference(const float* x, const int32_t* expert_index, const float* gates,
-                                   const float* w1, const float* w3, const float* w2, int64_t N, int64_t C,
-                                   int64_t F, int64_t E, int64_t K, float* y) {
+void moe_experts_forward_reference(const float* x, const int32_t* expert_index, const float* gates, const float* w1,
+                                   const float* w3, const float* w2, int64_t N, int64_t C, int64_t F, int64_t E,
+                                   int64_t K, float* y) {
   std::vector<double> gate_of(static_cast<size_t>(E)), a(static_cast<size_t>(F)), acc(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
     std::fill(gate_of.begin(), gate_of.end(), 0.0);
@@ -416,8 +417,8 @@ void moe_experts_forward_reference(const float* x, const int32_t* expert_index, 
 
 // ---- sequence-wise balance loss ------------------------------------------------------------------
 
-float moe_balance_loss_forward(const float* affinity, const int32_t* index, int64_t B, int64_t T, int64_t E,
-                               int64_t K, float alpha, float* f) {
+float moe_balance_loss_forward(const float* affinity, const int32_t* index, int64_t B, int64_t T, int64_t E, int64_t K,
+                               float alpha, float* f) {
   std::vector<double> per_seq(static_cast<size_t>(B));
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     std::vector<double> p(static_cast<size_t>(E));

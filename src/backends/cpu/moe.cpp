@@ -1,0 +1,468 @@
+// CPU kernels for the mixture-of-experts ops. Legend, layout and the determinism argument: see moe.h.
+#include "backends/cpu/moe.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "backends/cpu/gemm.h"
+#include "backends/cpu/simd_math.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace loom::cpu {
+namespace {
+
+using simd::load;
+using simd::store;
+
+// Rows of output per weight-gradient task (dw1/dw3 split F, dw2 splits C): more tasks than experts,
+// so one heavily loaded expert does not leave the other threads idle.
+constexpr int64_t kWeightGradBlock = 128;
+
+// A buffer from the caching allocator (core/allocator.h): uninitialised, and after the first step the
+// same sizes come back from its free lists, so no step pays page faults for megabytes of scratch.
+template <typename U>
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(int64_t n)
+      : storage_(std::make_unique<Storage>(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(U), Device::cpu())) {}
+  U* get() const { return storage_ ? static_cast<U*>(storage_->data()) : nullptr; }
+  explicit operator bool() const { return storage_ != nullptr; }
+
+ private:
+  std::unique_ptr<Storage> storage_;
+};
+
+// Runs fn(i) for i in [0, n) as independent tasks, dynamically spread over num_threads() threads.
+// Always inside a parallel region when more than one thread is configured, so every GEMM a task calls
+// runs single-threaded (gemm.h) and its result cannot depend on the thread count. The first exception
+// a task throws is rethrown here (an exception must not leave an OpenMP region).
+template <typename Fn>
+void run_tasks(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads())
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      fn(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+// A per-thread buffer of at least n elements, reused across calls (no allocation per tile).
+template <typename U, int Slot>
+U* thread_buffer(int64_t n) {
+  thread_local std::vector<U> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
+// Copies one row of C values, converting to the destination's type (f32 -> bf16 rounds to nearest even).
+template <typename S, typename D>
+inline void copy_row(D* dst, const S* src, int64_t C) {
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) store(dst, c, load(src, c));
+}
+
+// a[i] = silu(h1[i]) * h3[i], rounded to the operand type.
+template <typename T>
+void swiglu_rows(T* a, const float* h1, const float* h3, int64_t n) {
+#pragma omp simd simdlen(16)
+  for (int64_t i = 0; i < n; ++i) store(a, i, h1[i] * simd::sigmoid(h1[i]) * h3[i]);
+}
+
+inline float sigmoid_exact(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+// a ranks before b: larger, or a number where b is NaN (ties are left to the caller's index order).
+inline bool ranks_before(float a, float b) { return a > b || (std::isnan(b) && !std::isnan(a)); }
+
+}  // namespace
+
+// ---- routing -------------------------------------------------------------------------------------
+
+template <typename T>
+void moe_route_forward(const T* logits, const float* bias, int64_t N, int64_t E, int64_t K, float route_scale,
+                       int32_t* index, float* gates, float* affinity, int32_t* load_out) {
+  parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    std::vector<float> score(static_cast<size_t>(E));
+    std::vector<char> taken(static_cast<size_t>(E));
+    for (int64_t n = n0; n < n1; ++n) {
+      float* s = affinity + n * E;
+      for (int64_t e = 0; e < E; ++e) {
+        s[e] = sigmoid_exact(load(logits, n * E + e));
+        score[static_cast<size_t>(e)] = s[e] + bias[e];
+        taken[static_cast<size_t>(e)] = 0;
+      }
+      // K passes of "the best not yet taken": scanning upward and replacing only on a strictly better
+      // score leaves a tie with the lower index. K and E are small (4 of 16 in dsv3-mini).
+      float sum = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          if (taken[static_cast<size_t>(e)]) continue;
+          if (best < 0 || ranks_before(score[static_cast<size_t>(e)], score[static_cast<size_t>(best)])) best = e;
+        }
+        taken[static_cast<size_t>(best)] = 1;
+        index[n * K + k] = static_cast<int32_t>(best);
+        sum += s[best];
+      }
+      for (int64_t k = 0; k < K; ++k) gates[n * K + k] = s[index[n * K + k]] / sum * route_scale;
+    }
+  });
+  for (int64_t e = 0; e < E; ++e) load_out[e] = 0;
+  for (int64_t i = 0; i < N * K; ++i) ++load_out[index[i]];
+}
+
+template <typename T>
+void moe_route_backward(T* dlogits, const float* dgates, const float* daffinity, const float* affinity,
+                        const int32_t* index, int64_t N, int64_t E, int64_t K, float route_scale) {
+  parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    std::vector<float> ds(static_cast<size_t>(E));
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* s = affinity + n * E;
+      for (int64_t e = 0; e < E; ++e) ds[static_cast<size_t>(e)] = daffinity ? daffinity[n * E + e] : 0.0f;
+      if (dgates != nullptr) {
+        // g_k = rs * s_k / S  =>  dS/ds_j contributions: ds_j += rs/S * (dg_j - sum_k dg_k s_k / S).
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; ++k) sum += s[index[n * K + k]];
+        float weighted = 0.0f;
+        for (int64_t k = 0; k < K; ++k) weighted += dgates[n * K + k] * s[index[n * K + k]];
+        weighted /= sum;
+        const float scale = route_scale / sum;
+        for (int64_t k = 0; k < K; ++k)
+          ds[static_cast<size_t>(index[n * K + k])] += scale * (dgates[n * K + k] - weighted);
+      }
+      for (int64_t e = 0; e < E; ++e) store(dlogits, n * E + e, ds[static_cast<size_t>(e)] * s[e] * (1.0f - s[e]));
+    }
+  });
+}
+
+template void moe_route_forward<float>(const float*, const float*, int64_t, int64_t, int64_t, float, int32_t*, float*,
+                                       float*, int32_t*);
+template void moe_route_forward<bf16>(const bf16*, const float*, int64_t, int64_t, int64_t, float, int32_t*, float*,
+                                      float*, int32_t*);
+template void moe_route_backward<float>(float*, const float*, const float*, const float*, const int32_t*, int64_t,
+                                        int64_t, int64_t, float);
+template void moe_route_backward<bf16>(bf16*, const float*, const float*, const float*, const int32_t*, int64_t,
+                                       int64_t, int64_t, float);
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+MoeDispatch moe_dispatch(const int32_t* expert_index, int64_t N, int64_t K, int64_t E) {
+  MoeDispatch d;
+  d.N = N;
+  d.K = K;
+  d.E = E;
+  const int64_t P = N * K;
+  d.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t s = 0; s < P; ++s) ++d.offsets[static_cast<size_t>(expert_index[s]) + 1];
+  for (int64_t e = 0; e < E; ++e) d.offsets[static_cast<size_t>(e + 1)] += d.offsets[static_cast<size_t>(e)];
+  // Stable counting sort: slots in increasing order land at increasing rows of their expert's run.
+  std::vector<int64_t> next(d.offsets.begin(), d.offsets.end() - 1);
+  d.slot_of_row.resize(static_cast<size_t>(P));
+  d.row_of_slot.resize(static_cast<size_t>(P));
+  for (int64_t s = 0; s < P; ++s) {
+    const int64_t row = next[static_cast<size_t>(expert_index[s])]++;
+    d.slot_of_row[static_cast<size_t>(row)] = static_cast<int32_t>(s);
+    d.row_of_slot[static_cast<size_t>(s)] = static_cast<int32_t>(row);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t b = d.offsets[static_cast<size_t>(e)]; b < d.offsets[static_cast<size_t>(e + 1)]; b += kMoeRowTile) {
+      d.tiles.push_back({static_cast<int32_t>(e), b, std::min(b + kMoeRowTile, d.offsets[static_cast<size_t>(e + 1)])});
+    }
+  }
+  return d;
+}
+
+// ---- routed experts: forward ---------------------------------------------------------------------
+
+template <typename T>
+void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, const T* w1, const T* w3, const T* w2,
+                         int64_t C, int64_t F, float* y, float* h1, float* h3) {
+  const int64_t N = d.N, K = d.K;
+  // yp: [P,C] each slot's expert output, in row order; the combine below reads it token by token.
+  Scratch<float> yp(N * K * C);
+  run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
+    const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
+    const int64_t rows = tile.end - tile.begin, e = tile.expert;
+    T* xt = thread_buffer<T, 0>(kMoeRowTile * C);  // [rows,C] the tile's tokens
+    T* at = thread_buffer<T, 1>(kMoeRowTile * F);  // [rows,F] silu(h1) * h3, the w2 GEMM's operand
+    float* h1t = h1 != nullptr ? h1 + tile.begin * F : thread_buffer<float, 2>(kMoeRowTile * F);
+    float* h3t = h3 != nullptr ? h3 + tile.begin * F : thread_buffer<float, 3>(kMoeRowTile * F);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = d.slot_of_row[static_cast<size_t>(tile.begin + r)] / K;
+      std::memcpy(xt + r * C, x + token * C, static_cast<size_t>(C) * sizeof(T));
+    }
+    tile_gemm(false, true, rows, F, C, xt, C, w1 + e * F * C, C, 0.0f, h1t, F);  // h1 = x w1[e]^T
+    tile_gemm(false, true, rows, F, C, xt, C, w3 + e * F * C, C, 0.0f, h3t, F);  // h3 = x w3[e]^T
+    swiglu_rows(at, h1t, h3t, rows * F);
+    tile_gemm(false, true, rows, C, F, at, F, w2 + e * C * F, F, 0.0f, yp.get() + tile.begin * C, C);
+  });
+  // Combine: each token sums its K slots in k order (no scatter-add races, no order to depend on).
+  parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* yn = y + n * C;
+      for (int64_t k = 0; k < K; ++k) {
+        const float g = gates[n * K + k];
+        const float* src = yp.get() + static_cast<int64_t>(d.row_of_slot[static_cast<size_t>(n * K + k)]) * C;
+        if (k == 0) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) yn[c] = g * src[c];
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) yn[c] += g * src[c];
+        }
+      }
+      if (K == 0) std::fill(yn, yn + C, 0.0f);
+    }
+  });
+}
+
+// ---- routed experts: backward --------------------------------------------------------------------
+//
+// Per row p (slot s = token n, choice k, expert e), with a = silu(h1) * h3 and dy_n the token's gradient:
+//   dau   = dy_n w2[e]                     [F]   (the gradient of a before the gate: computed once)
+//   dgate = <dau, a>                        (= <dy_n, w2[e] a>: the expert outputs are not kept for backward)
+//   dh1   = g dau * h3 * silu'(h1),  dh3 = g dau * silu(h1)
+//   dxp   = dh1 w1[e] + dh3 w3[e]           [C]   -> dx_n = sum_k dxp(slot n,k)
+//   dw1[e] = sum_p dh1_p^T x_n,  dw3[e] likewise,  dw2[e] = sum_p dy_n^T (g a_p)
+
+template <typename T>
+void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, const float* gates, const T* w1,
+                          const T* w3, const T* w2, const float* h1, const float* h3, int64_t C, int64_t F, float* dx,
+                          float* dgates, float* dw1, float* dw3, float* dw2) {
+  const int64_t N = d.N, K = d.K, E = d.E, P = N * K;
+  const bool want_w13 = dw1 != nullptr || dw3 != nullptr;
+  // Row-ordered buffers the weight gradients reduce over (only those some gradient needs).
+  auto maybe = [](bool wanted, int64_t n) { return wanted ? Scratch<T>(n) : Scratch<T>(); };
+  const Scratch<T> xp = maybe(want_w13, P * C);         // [P,C] gathered x
+  const Scratch<T> dyp = maybe(dw2 != nullptr, P * C);  // [P,C] gathered dy (before the gate)
+  const Scratch<T> dh1 = maybe(want_w13, P * F);        // [P,F]
+  const Scratch<T> dh3 = maybe(want_w13, P * F);        // [P,F]
+  const Scratch<T> ga = maybe(dw2 != nullptr, P * F);   // [P,F] g * a
+  const Scratch<float> dxp = dx != nullptr ? Scratch<float>(P * C) : Scratch<float>();  // [P,C]
+
+  run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
+    const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
+    const int64_t rows = tile.end - tile.begin, e = tile.expert, b = tile.begin;
+    T* dyt = dyp ? dyp.get() + b * C : thread_buffer<T, 0>(kMoeRowTile * C);
+    T* dh1t = dh1 ? dh1.get() + b * F : thread_buffer<T, 1>(kMoeRowTile * F);
+    T* dh3t = dh3 ? dh3.get() + b * F : thread_buffer<T, 2>(kMoeRowTile * F);
+    float* dau = thread_buffer<float, 3>(kMoeRowTile * F);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = d.slot_of_row[static_cast<size_t>(b + r)] / K;
+      copy_row(dyt + r * C, dy + token * C, C);
+      if (xp) std::memcpy(xp.get() + (b + r) * C, x + token * C, static_cast<size_t>(C) * sizeof(T));
+    }
+    tile_gemm(false, false, rows, F, C, dyt, C, w2 + e * C * F, F, 0.0f, dau, F);  // dau = dy w2[e]
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t slot = d.slot_of_row[static_cast<size_t>(b + r)];
+      const float g = gates[slot];
+      const float* ph1 = h1 + (b + r) * F;
+      const float* ph3 = h3 + (b + r) * F;
+      const float* pda = dau + r * F;
+      T* pd1 = dh1t + r * F;
+      T* pd3 = dh3t + r * F;
+      T* pga = ga ? ga.get() + (b + r) * F : nullptr;
+      float dot = 0.0f;
+      // One pass per row; the variant without g*a (no dw2 wanted) is a separate loop so that neither
+      // carries a branch.
+      if (pga != nullptr) {
+#pragma omp simd simdlen(16) reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float s = simd::sigmoid(ph1[f]);
+          const float silu = ph1[f] * s;
+          const float a = silu * ph3[f];
+          dot += pda[f] * a;
+          const float da = g * pda[f];
+          store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
+          store(pd3, f, da * silu);
+          store(pga, f, g * a);
+        }
+      } else {
+#pragma omp simd simdlen(16) reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float s = simd::sigmoid(ph1[f]);
+          const float silu = ph1[f] * s;
+          dot += pda[f] * (silu * ph3[f]);
+          const float da = g * pda[f];
+          store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
+          store(pd3, f, da * silu);
+        }
+      }
+      if (dgates != nullptr) dgates[slot] = dot;
+    }
+    if (dxp) {
+      float* out = dxp.get() + b * C;
+      tile_gemm(false, false, rows, C, F, dh1t, F, w1 + e * F * C, C, 0.0f, out, C);  // dh1 w1[e]
+      tile_gemm(false, false, rows, C, F, dh3t, F, w3 + e * F * C, C, 1.0f, out, C);  // + dh3 w3[e]
+    }
+  });
+
+  // Weight gradients: one task per (expert, weight, block of output rows); each walks its expert's
+  // rows in tile order, accumulating with beta = 1. Heaviest experts first, for the dynamic schedule.
+  struct WeightTask {
+    int32_t expert, which;  // which: 0 dw1, 1 dw3, 2 dw2
+    int64_t m0, m1;
+  };
+  std::vector<WeightTask> tasks;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int which = 0; which < 3; ++which) {
+      float* out = which == 0 ? dw1 : which == 1 ? dw3 : dw2;
+      if (out == nullptr) continue;
+      const int64_t M = which == 2 ? C : F;
+      for (int64_t m0 = 0; m0 < M; m0 += kWeightGradBlock)
+        tasks.push_back({static_cast<int32_t>(e), which, m0, std::min(M, m0 + kWeightGradBlock)});
+    }
+  }
+  auto rows_of = [&](int64_t e) { return d.offsets[static_cast<size_t>(e + 1)] - d.offsets[static_cast<size_t>(e)]; };
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [&](const WeightTask& a, const WeightTask& b) { return rows_of(a.expert) > rows_of(b.expert); });
+  run_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+    const WeightTask& t = tasks[static_cast<size_t>(i)];
+    const int64_t e = t.expert, m = t.m1 - t.m0;
+    const int64_t cols = t.which == 2 ? F : C;  // columns of the weight gradient
+    float* out = (t.which == 0 ? dw1 : t.which == 1 ? dw3 : dw2) + e * F * C + t.m0 * cols;
+    const int64_t begin = d.offsets[static_cast<size_t>(e)], end = d.offsets[static_cast<size_t>(e + 1)];
+    if (begin == end) {  // an expert no token chose: its weights get a zero gradient
+      std::fill(out, out + m * cols, 0.0f);
+      return;
+    }
+    for (int64_t r0 = begin; r0 < end; r0 += kMoeRowTile) {
+      const int64_t rows = std::min(end, r0 + kMoeRowTile) - r0;
+      const float beta = r0 == begin ? 0.0f : 1.0f;
+      if (t.which == 2) {  // dw2[e][m0:m1, :] += dy_rows[:, m0:m1]^T @ (g a)_rows
+        tile_gemm(true, false, m, F, rows, dyp.get() + r0 * C + t.m0, C, ga.get() + r0 * F, F, beta, out, F);
+      } else {  // dw1[e][m0:m1, :] += dh1_rows[:, m0:m1]^T @ x_rows
+        const T* dh = (t.which == 0 ? dh1 : dh3).get();
+        tile_gemm(true, false, m, C, rows, dh + r0 * F + t.m0, F, xp.get() + r0 * C, C, beta, out, C);
+      }
+    }
+  });
+
+  if (dx != nullptr) {
+    parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        float* out = dx + n * C;
+        std::fill(out, out + C, 0.0f);
+        for (int64_t k = 0; k < K; ++k) {
+          const float* src = dxp.get() + static_cast<int64_t>(d.row_of_slot[static_cast<size_t>(n * K + k)]) * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) out[c] += src[c];
+        }
+      }
+    });
+  }
+}
+
+template void moe_experts_forward<float>(const MoeDispatch&, const float*, const float*, const float*, const float*,
+                                         const float*, int64_t, int64_t, float*, float*, float*);
+template void moe_experts_forward<bf16>(const MoeDispatch&, const bf16*, const float*, const bf16*, const bf16*,
+                                        const bf16*, int64_t, int64_t, float*, float*, float*);
+template void moe_experts_backward<float>(const MoeDispatch&, const float*, const float*, const float*, const float*,
+                                          const float*, const float*, const float*, const float*, int64_t, int64_t,
+                                          float*, float*, float*, float*, float*);
+template void moe_experts_backward<bf16>(const MoeDispatch&, const float*, const bf16*, const float*, const bf16*,
+                                         const bf16*, const bf16*, const float*, const float*, int64_t, int64_t, float*,
+                                         float*, float*, float*, float*);
+
+void moe_experts_forward_reference(const float* x, const int32_t* expert_index, const float* gates, const float* w1,
+                                   const float* w3, const float* w2, int64_t N, int64_t C, int64_t F, int64_t E,
+                                   int64_t K, float* y) {
+  std::vector<double> gate_of(static_cast<size_t>(E)), a(static_cast<size_t>(F)), acc(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(gate_of.begin(), gate_of.end(), 0.0);
+    for (int64_t k = 0; k < K; ++k) gate_of[static_cast<size_t>(expert_index[n * K + k])] += gates[n * K + k];
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t e = 0; e < E; ++e) {  // dense on purpose: unchosen experts run with gate 0
+      for (int64_t f = 0; f < F; ++f) {
+        double u = 0, v = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          u += static_cast<double>(w1[(e * F + f) * C + c]) * x[n * C + c];
+          v += static_cast<double>(w3[(e * F + f) * C + c]) * x[n * C + c];
+        }
+        a[static_cast<size_t>(f)] = u / (1.0 + std::exp(-u)) * v;
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        double o = 0;
+        for (int64_t f = 0; f < F; ++f) o += static_cast<double>(w2[(e * C + c) * F + f]) * a[static_cast<size_t>(f)];
+        acc[static_cast<size_t>(c)] += gate_of[static_cast<size_t>(e)] * o;
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<float>(acc[static_cast<size_t>(c)]);
+  }
+}
+
+// ---- sequence-wise balance loss ------------------------------------------------------------------
+
+float moe_balance_loss_forward(const float* affinity, const int32_t* index, int64_t B, int64_t T, int64_t E, int64_t K,
+                               float alpha, float* f) {
+  std::vector<double> per_seq(static_cast<size_t>(B));
+  parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int64_t b = b0; b < b1; ++b) {
+      float* fb = f + b * E;
+      std::fill(fb, fb + E, 0.0f);
+      std::fill(p.begin(), p.end(), 0.0);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = b * T + t;
+        for (int64_t k = 0; k < K; ++k) fb[index[n * K + k]] += 1.0f;
+        const float* s = affinity + n * E;
+        double sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += s[e];
+        for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] += s[e] / sum;
+      }
+      const float scale = static_cast<float>(E) / static_cast<float>(K * T);  // 1.0 = perfectly even
+      double loss = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        fb[e] *= scale;
+        loss += fb[e] * (p[static_cast<size_t>(e)] / static_cast<double>(T));
+      }
+      per_seq[static_cast<size_t>(b)] = loss;
+    }
+  });
+  double total = 0;
+  for (double v : per_seq) total += v;
+  return static_cast<float>(alpha * total / static_cast<double>(B));
+}
+
+void moe_balance_loss_backward(float* daffinity, float dloss, const float* affinity, const float* f, int64_t B,
+                               int64_t T, int64_t E, float alpha) {
+  const double c = static_cast<double>(dloss) * alpha / (static_cast<double>(B) * static_cast<double>(T));
+  parallel_for(0, B * T, 256, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* s = affinity + n * E;
+      const float* fb = f + (n / T) * E;
+      double sum = 0, fs = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        sum += s[e];
+        fs += static_cast<double>(fb[e]) * s[e];
+      }
+      for (int64_t e = 0; e < E; ++e) daffinity[n * E + e] = static_cast<float>(c * (fb[e] - fs / sum) / sum);
+    }
+  });
+}
+
+}  // namespace loom::cpu

@@ -1,6 +1,9 @@
 #include "models/deepseek_v3/model.h"
 
+#include <algorithm>
+
 #include "core/autograd.h"
+#include "io/json_checked.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "ops/moe.h"
@@ -188,7 +191,11 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
 }
 
 Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
-  if (ctx.training) return losses(ids, targets).total;
+  if (ctx.training) {
+    Losses l = losses(ids, targets);
+    record_training(l);
+    return l.total;
+  }
   check_ids(ids, config_.context_length, "DeepSeekV3::loss");
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::loss: targets ", targets.describe(),
              " do not match ids ", ids.describe());
@@ -241,6 +248,101 @@ void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {
     attn_and_ffn(m->block);
   }
   lm_head.precision = precision;
+}
+
+std::vector<std::pair<std::string, Tensor>> DeepSeekV3::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (MoE* m : moe_layers()) out.emplace_back(m->bias_name, m->bias);
+  return out;
+}
+
+namespace {
+void add_counts(std::vector<std::vector<int64_t>>& into, const std::vector<Tensor>& loads) {
+  if (into.size() != loads.size()) into.assign(loads.size(), {});
+  for (size_t l = 0; l < loads.size(); ++l) {
+    const int32_t* p = loads[l].data<int32_t>();
+    if (into[l].size() != static_cast<size_t>(loads[l].numel())) into[l].assign(static_cast<size_t>(loads[l].numel()), 0);
+    for (int64_t e = 0; e < loads[l].numel(); ++e) into[l][static_cast<size_t>(e)] += p[e];
+  }
+}
+}  // namespace
+
+void DeepSeekV3::record_training(const Losses& l) const {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  add_counts(step_load_, l.expert_load);
+  add_counts(window_load_, l.expert_load);
+  window_main_ += l.main.item();
+  if (l.mtp.defined()) window_mtp_ += l.mtp.item();
+  if (l.balance.defined()) window_balance_ += l.balance.item();
+  ++window_batches_;
+}
+
+void DeepSeekV3::begin_training_step() {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  step_load_.clear();
+}
+
+void DeepSeekV3::end_training_step(bool applied) {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  const std::vector<MoE*> moes = moe_layers();
+  if (applied && config_.gamma > 0 && step_load_.size() == moes.size()) {
+    const int64_t E = config_.n_routed;
+    for (size_t l = 0; l < moes.size(); ++l) {
+      int64_t total = 0;
+      for (int64_t c : step_load_[l]) total += c;
+      float* b = moes[l]->bias.data<float>();
+      for (int64_t e = 0; e < E; ++e) {
+        // sign(mean - load_e) = sign(total / E - count_e) = sign(total - E * count_e), in integers.
+        const int64_t diff = total - E * step_load_[l][static_cast<size_t>(e)];
+        const float s = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+        b[e] = b[e] + config_.gamma * s;
+      }
+    }
+  }
+  step_load_.clear();
+}
+
+nlohmann::json DeepSeekV3::take_training_metrics() {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  nlohmann::json j = nlohmann::json::object();
+  if (window_batches_ > 0) {
+    const double n = static_cast<double>(window_batches_);
+    j["main_loss"] = window_main_ / n;
+    if (!mtp.empty()) j["mtp_loss"] = window_mtp_ / n;
+    j["balance_loss"] = window_balance_ / n;
+    nlohmann::json lo = nlohmann::json::array(), hi = nlohmann::json::array();
+    for (const auto& counts : window_load_) {
+      int64_t total = 0, mn = counts.empty() ? 0 : counts[0], mx = mn;
+      for (int64_t c : counts) {
+        total += c;
+        mn = std::min(mn, c);
+        mx = std::max(mx, c);
+      }
+      lo.push_back(total > 0 ? static_cast<double>(mn) / static_cast<double>(total) : 0.0);
+      hi.push_back(total > 0 ? static_cast<double>(mx) / static_cast<double>(total) : 0.0);
+    }
+    j["expert_load_min"] = lo;
+    j["expert_load_max"] = hi;
+  }
+  nlohmann::json bmin = nlohmann::json::array(), bmax = nlohmann::json::array();
+  for (MoE* m : moe_layers()) {
+    const float* b = m->bias.data<float>();
+    float mn = b[0], mx = b[0];
+    for (int64_t e = 1; e < m->bias.numel(); ++e) {
+      mn = std::min(mn, b[e]);
+      mx = std::max(mx, b[e]);
+    }
+    bmin.push_back(io::float_for_json(mn));  // the f32 value's shortest decimal
+    bmax.push_back(io::float_for_json(mx));
+  }
+  if (!bmin.empty()) {
+    j["bias_min"] = bmin;
+    j["bias_max"] = bmax;
+  }
+  window_load_.clear();
+  window_main_ = window_mtp_ = window_balance_ = 0;
+  window_batches_ = 0;
+  return j;
 }
 
 }  // namespace loom::deepseek_v3

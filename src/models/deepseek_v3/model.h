@@ -17,6 +17,8 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "models/deepseek_v3/config.h"
@@ -103,6 +105,19 @@ class DeepSeekV3 : public models::LanguageModel {
   Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
 
+  // The routing biases, layers.{i}.moe.bias.
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  // Aux-loss-free balancing, after each applied optimizer step: per MoE layer, with load_i the token
+  // slots expert i received over the step's micro-batches,
+  //   bias_i += gamma * sign(mean load - load_i)
+  // (the seed's update_bias; the sign is taken on integer counts, so it is exact).
+  void begin_training_step() override;
+  void end_training_step(bool applied) override;
+  // Since the last call, over the training micro-batches: main_loss, mtp_loss, balance_loss (means),
+  // expert_load_min / expert_load_max (per MoE layer: the least and most loaded expert's share of the
+  // routed slots; 1/n_routed is even), and bias_min / bias_max (per MoE layer, now).
+  nlohmann::json take_training_metrics() override;
+
   const Config& config() const { return config_; }
   // The MoE layers (in layer order).
   std::vector<MoE*> moe_layers() const;
@@ -116,6 +131,13 @@ class DeepSeekV3 : public models::LanguageModel {
 
  private:
   Tensor positions(int64_t start, int64_t t) const;
+  // What training forward passes measured (loss() with ctx.training), for the hooks above.
+  void record_training(const Losses& l) const;
+  mutable std::mutex training_mutex_;
+  mutable std::vector<std::vector<int64_t>> step_load_;    // per MoE layer [E], this step
+  mutable std::vector<std::vector<int64_t>> window_load_;  // per MoE layer [E], since the last metrics
+  mutable double window_main_ = 0, window_mtp_ = 0, window_balance_ = 0;
+  mutable int64_t window_batches_ = 0;
   Tensor positions_;  // i32 [context_length] = 0..context_length-1
 };
 

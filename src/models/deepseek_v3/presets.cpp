@@ -6,7 +6,7 @@
 namespace loom::deepseek_v3 {
 namespace {
 constexpr const char* kDsv3Austen = R"json({
-  "description": "A small DeepSeek-V3 on Jane Austen, a few minutes on 2 cores: d 128, 4 layers (1 dense), MLA (kv_rank 32 + rope 8 cached), 1 shared + 16 routed experts (top 4, the seed's ratio), 1 MTP module; 400 steps of 16x128 tokens.",
+  "description": "A small DeepSeek-V3 on Jane Austen, a few minutes on 2 cores: d 128, 4 layers (1 dense), MLA (kv_rank 32 + rope 8 cached), 1 shared + 16 routed experts (top 4, the seed's ratio), 1 MTP module; 300 steps of 16x128 tokens.",
   "model": {
     "arch": "deepseek_v3",
     "vocab_size": 2048,
@@ -55,7 +55,7 @@ constexpr const char* kDsv3Austen = R"json({
     "val": "data/austen_bpe2048/val.bin"
   },
   "training": {
-    "max_steps": 400,
+    "max_steps": 300,
     "batch_size": 16,
     "grad_accum_steps": 1,
     "seed": 1337,

@@ -10,6 +10,7 @@
 #include "models/model_config.h"
 #include "models/stats.h"
 #include "ops/shape.h"
+#include "report/flops.h"
 #include "support/op_test.h"
 #include "train/config.h"
 
@@ -152,6 +153,15 @@ TEST(Dsv3, TheSeedsConfigIsDsv3MiniWith36Point2MParametersAnd13Point6MPerToken) 
   // The count matches the model the family builds.
   auto model = tc.model.build(0);
   EXPECT_EQ(model->num_parameters(), s.total_params);
+
+  // What `loom flops --config dsv3-mini` prints.
+  const std::string text = report::format_flops_report(report::flops_report(tc, std::nullopt, 1e12, std::nullopt));
+  EXPECT_NE(text.find("parameters: 36,203,072 total (36.20M)"), std::string::npos) << text;
+  EXPECT_NE(text.find("parameters used per token: 13,579,008 (13.58M"), std::string::npos) << text;
+  EXPECT_NE(text.find("144 per layer, against 480 for per-head keys and values"), std::string::npos) << text;
+  // FLOPs per token follow the active parameters: 6N with N = 13,579,008.
+  EXPECT_EQ(s.matmul_params, s.active_params);
+  EXPECT_NE(text.find("6N 8.147e+07"), std::string::npos) << text;
 
   const models::ModelStats tiny = train::load_config("dsv3-tiny").model.stats();
   EXPECT_EQ(train::load_config("dsv3-tiny").model.json().at("num_layers"), 2);

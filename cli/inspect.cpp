@@ -46,9 +46,12 @@ void inspect(const std::string& path) {
   if (config != h.metadata.end()) {
     nlohmann::json j = loom::io::parse_json(config->second, path + ": the metadata's loom.model_config");
     const loom::models::ModelStats s = loom::models::ModelConfig::from_json(j).stats();
-    std::printf("model: %s %s\n  %lld parameters, decoding cache %lld numbers per token (all layers)\n",
-                j.value("arch", "llama").c_str(), s.description.c_str(), static_cast<long long>(s.total_params),
-                static_cast<long long>(s.kv_cache_floats_per_token));
+    std::printf("model: %s %s\n  %lld parameters", j.value("arch", "llama").c_str(), s.description.c_str(),
+                static_cast<long long>(s.total_params));
+    if (s.active_params > 0) std::printf(" (%lld used per token)", static_cast<long long>(s.active_params));
+    std::printf(", decoding cache %lld numbers per token (all layers%s%s)\n",
+                static_cast<long long>(s.kv_cache_floats_per_token), s.kv_cache_note.empty() ? "" : "; ",
+                s.kv_cache_note.c_str());
   }
 }
 

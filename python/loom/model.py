@@ -88,7 +88,7 @@ def _ids_2d(ids, name: str):
 
 
 class Model(_Module):
-    """A language model of any family (llama, gpt2), built from a config's "model" section."""
+    """A language model of any family (llama, gpt2, deepseek_v3), built from a config's "model" section."""
 
     def __init__(self, _wrap):
         self._m = _wrap

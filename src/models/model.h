@@ -12,6 +12,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -60,6 +62,25 @@ class LanguageModel : public nn::Module {
   void load_parameter(const std::string& name, const Tensor& values);
   // Total number of parameter elements.
   int64_t num_parameters();
+
+  // ---- state besides the parameters, and the trainer's per-step hooks ------------------------------
+  // Families without any keep the defaults (no state, hooks that do nothing).
+  //
+  // Named f32 tensors the model keeps besides its parameters (DeepSeek-V3's routing biases): no gradient
+  // and no optimizer state, but saved with the parameters (model.safetensors, checkpoints) and restored
+  // exactly. The tensors share the model's storage.
+  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const { return {}; }
+  // Copies `values` into the state tensor of that name; its shape must match.
+  void load_state(const std::string& name, const Tensor& values);
+  // The trainer calls begin_training_step before a step's first micro-batch, and end_training_step once
+  // the step is over: applied = the optimizer step was taken (false when it was skipped as non-finite).
+  // Between them, loss() with ctx.training runs once per micro-batch. DeepSeek-V3 moves its routing
+  // biases here, outside autodiff.
+  virtual void begin_training_step() {}
+  virtual void end_training_step(bool applied) { (void)applied; }
+  // What the family measured over the training steps since the last call (e.g. the MTP loss, expert
+  // loads), as a JSON object merged into metrics.jsonl's train events; resets the window.
+  virtual nlohmann::json take_training_metrics() { return nlohmann::json::object(); }
 
   // Backward writes the parameters' gradients: callers that may compute gradients of one model from
   // several threads (the Python module releases the GIL) hold this lock for forward + backward.

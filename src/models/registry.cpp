@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "models/deepseek_v3/family.h"
 #include "models/family.h"
 #include "models/gpt2/family.h"
 #include "models/llama/family.h"
@@ -12,6 +13,7 @@ const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &llama::family(),
       &gpt2::family(),
+      &deepseek_v3::family(),
   };
   return all;
 }

@@ -56,6 +56,10 @@ struct ModelStats {
   ChinchillaForward chinchilla;     // per sequence
   std::string chinchilla_note;      // how the family's blocks map onto the paper's terms
   int64_t kv_cache_floats_per_token = 0;  // what decoding keeps per token, all layers
+  std::string kv_cache_note;        // what those numbers are, when not plain per-head keys and values
+  // Parameters one token's forward pass multiplies with, for sparse families (mixture of experts: the
+  // routed experts a token does not pick, and training-only modules, left out); 0 for dense families.
+  int64_t active_params = 0;
 
   // 6N + 12·L·(H·D)·T.
   double palm_flops_per_token() const {

@@ -64,6 +64,15 @@ SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey ke
   add_child(&w3);
 }
 
+SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key, const Init& init)
+    : w1(join(name, "w1"), d_model, d_ff, key, init, /*bias=*/false),
+      w2(join(name, "w2"), d_ff, d_model, key, init, /*bias=*/false),
+      w3(join(name, "w3"), d_model, d_ff, key, init, /*bias=*/false) {
+  add_child(&w1);
+  add_child(&w2);
+  add_child(&w3);
+}
+
 Tensor SwiGLU::forward(const Tensor& x) const {
   return w2.forward(ops::swiglu(w1.forward(x), w3.forward(x)));
 }

@@ -63,6 +63,8 @@ class LayerNorm : public Module {
 class SwiGLU : public Module {
  public:
   SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key);
+  // Every weight drawn from `init` (DeepSeek-V3: normal 0.02) instead of Linear's default.
+  SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key, const Init& init);
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   Linear w1, w2, w3;
 };

@@ -164,4 +164,46 @@ Tensor concat(const TensorList& xs, int dim) {
   return out;
 }
 
+namespace {
+
+// Copies, for each of `outer` rows, `len * inner` elements from src (rows of src_len * inner, starting
+// at src_off * inner) to dst (rows of dst_len * inner, starting at dst_off * inner).
+void copy_rows(const char* src, int64_t src_len, int64_t src_off, char* dst, int64_t dst_len, int64_t dst_off,
+               int64_t outer, int64_t len, int64_t inner, size_t elem) {
+  for (int64_t o = 0; o < outer; ++o) {
+    std::memcpy(dst + static_cast<size_t>((o * dst_len + dst_off) * inner) * elem,
+                src + static_cast<size_t>((o * src_len + src_off) * inner) * elem, static_cast<size_t>(len * inner) * elem);
+  }
+}
+
+}  // namespace
+
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
+  LOOM_CHECK(x.defined(), "narrow: x is undefined");
+  LOOM_CHECK(x.device().is_cpu(), "narrow: only CPU tensors for now, got ", x.device());
+  dim = normalize_dim(dim, x.ndim(), "narrow");
+  const int64_t size = x.shape()[dim];
+  LOOM_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: range [", start, ", ", start + length,
+             ") is outside dimension ", dim, " of size ", size, " of ", x.describe());
+  Shape out_shape = x.shape();
+  out_shape[dim] = length;
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  const int64_t outer = x.shape().numel_before(dim);
+  int64_t inner = 1;
+  for (int d = dim + 1; d < x.ndim(); ++d) inner *= x.shape()[d];
+  const size_t elem = dtype_size(x.dtype());
+  copy_rows(static_cast<const char*>(x.raw_data()), size, start, static_cast<char*>(out.raw_data()), length, 0, outer,
+            length, inner, elem);
+  Shape in_shape = x.shape();
+  autograd::record("narrow", {x}, {out}, [in_shape, dim, start, length, outer, inner](const autograd::BackwardContext& ctx) {
+    const Tensor& g = ctx.grad_output(0);
+    check_dtype(g, DType::F32, "narrow backward", "grad");
+    Tensor gx = Tensor::zeros(in_shape, DType::F32, g.device());
+    copy_rows(static_cast<const char*>(g.raw_data()), length, 0, static_cast<char*>(gx.raw_data()), in_shape[dim],
+              start, outer, length, inner, sizeof(float));
+    return TensorList{gx};
+  });
+  return out;
+}
+
 }  // namespace loom::ops

@@ -19,4 +19,9 @@ Tensor transpose(const Tensor& x, int d0, int d1);
 // Joins tensors along `dim`; all other dimensions must match. Differentiable.
 Tensor concat(const TensorList& xs, int dim);
 
+// Entries [start, start + length) of dimension `dim`, copied into a new contiguous tensor (concat's
+// inverse: e.g. the nope and rope parts of MLA's per-head queries). Any dtype; differentiable for f32,
+// the backward writing the gradient into that range of a zero tensor.
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
+
 }  // namespace loom::ops

@@ -98,6 +98,10 @@ std::string format_flops_report(const FlopsReport& r) {
   o << "parameters: " << with_commas(std::to_string(m.total_params)) << " total ("
     << si(static_cast<double>(m.total_params)) << "), " << with_commas(std::to_string(m.matmul_params))
     << " in matrix multiplies (" << si(static_cast<double>(m.matmul_params)) << ")\n";
+  if (m.active_params > 0) {
+    o << "parameters used per token: " << with_commas(std::to_string(m.active_params)) << " ("
+      << si(static_cast<double>(m.active_params)) << "; the FLOPs below count these)\n";
+  }
   o << "training FLOPs per token:\n";
   o << "  6N + 12*L*d*T (PaLM, N in matmuls):  " << sci(r.palm_per_token) << "  (6N "
     << sci(6.0 * static_cast<double>(m.matmul_params)) << " + attention "
@@ -107,7 +111,8 @@ std::string format_flops_report(const FlopsReport& r) {
     << ")\n";
   o << "    forward per token: embeddings " << sci(c.embeddings / T) << ", attention " << sci(L * c.attention() / T)
     << ", dense " << sci(L * c.dense / T) << ", logits " << sci(c.logits / T) << "\n";
-  o << "decoding cache: " << m.kv_cache_floats_per_token << " numbers per token (all layers)\n";
+  o << "decoding cache: " << m.kv_cache_floats_per_token << " numbers per token (all layers"
+    << (m.kv_cache_note.empty() ? "" : "; " + m.kv_cache_note) << ")\n";
   o << "Chinchilla-optimal tokens (20 per parameter): "
     << with_commas(std::to_string(static_cast<int64_t>(r.chinchilla_optimal_tokens))) << " ("
     << si(r.chinchilla_optimal_tokens) << ")\n";
@@ -136,6 +141,7 @@ nlohmann::json to_json(const FlopsReport& r) {
                    {"total_params", r.stats.total_params},
                    {"matmul_params", r.stats.matmul_params},
                    {"kv_cache_floats_per_token", r.stats.kv_cache_floats_per_token},
+                   {"active_params", r.stats.active_params > 0 ? r.stats.active_params : r.stats.total_params},
                    {"run_flops_chinchilla", r.run_flops_chinchilla},
                    {"palm_flops_per_token", r.palm_per_token},
                    {"chinchilla_flops_per_token", r.chinchilla_per_token},

@@ -205,6 +205,29 @@ std::vector<std::string> plot_run(const std::string& run_dir, const std::string&
   lr.color = "#2ca02c";
   val.markers = true;
   val.stroke_width = 2;
+  // Families that log more (DeepSeek-V3: main_loss beside the whole objective, per-MoE-layer expert
+  // load shares) get their curves too.
+  Series main_loss;
+  main_loss.label = "train next-token loss";
+  main_loss.color = "#9467bd";
+  std::vector<Series> load_min, load_max;
+  const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  auto per_layer = [&](const nlohmann::json& e, const char* key, std::vector<Series>& out, const char* what,
+                       double width, double step) {
+    if (!e.contains(key) || !e[key].is_array()) return;
+    for (size_t l = 0; l < e[key].size(); ++l) {
+      if (out.size() <= l) {
+        Series s;
+        s.label = str("MoE layer ", l, " ", what);
+        s.color = palette[l % 8];
+        s.stroke_width = width;
+        out.push_back(s);
+      }
+      out[l].x.push_back(step);
+      out[l].y.push_back(e[key][l].is_number() ? 100.0 * e[key][l].get<double>()
+                                               : std::numeric_limits<double>::quiet_NaN());
+    }
+  };
   for (const auto& e : events) {
     std::string kind = e.value("event", "");
     if (!e.contains("step") || !e["step"].is_number()) continue;
@@ -212,6 +235,12 @@ std::vector<std::string> plot_run(const std::string& run_dir, const std::string&
     if (kind == "train") {
       train.x.push_back(step);
       train.y.push_back(num(e, "loss"));
+      if (e.contains("main_loss")) {
+        main_loss.x.push_back(step);
+        main_loss.y.push_back(num(e, "main_loss"));
+      }
+      per_layer(e, "expert_load_max", load_max, "max", 2.0, step);
+      per_layer(e, "expert_load_min", load_min, "min", 1.0, step);
       lr.x.push_back(step);
       lr.y.push_back(num(e, "lr"));
     } else if (kind == "val") {
@@ -238,8 +267,18 @@ std::vector<std::string> plot_run(const std::string& run_dir, const std::string&
   loss.x_label = "step";
   loss.y_label = "cross-entropy loss (nats/token)";
   if (!train.x.empty()) loss.series.push_back(train);
+  if (!main_loss.x.empty()) loss.series.push_back(main_loss);
   if (!val.x.empty()) loss.series.push_back(val);
   save(loss, "loss.svg");
+  if (!load_max.empty()) {
+    Chart load;
+    load.title = "Expert load (share of routed slots, least and most loaded expert): " + name;
+    load.x_label = "step";
+    load.y_label = "share of routed slots (%)";
+    for (auto& s : load_max) load.series.push_back(s);
+    for (auto& s : load_min) load.series.push_back(s);
+    save(load, "expert_load.svg");
+  }
   if (!lr.x.empty()) {
     Chart lr_chart;
     lr_chart.title = "Learning rate: " + name;

@@ -33,7 +33,9 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 std::string render_svg(const Chart& chart);
 
 // Reads <run_dir>/metrics.jsonl and writes <out_dir>/loss.svg (train and validation loss against step)
-// and <out_dir>/lr.svg (learning rate against step); out_dir defaults to run_dir. Returns the paths.
+// and <out_dir>/lr.svg (learning rate against step); out_dir defaults to run_dir. Runs whose train events
+// carry expert_load_min/max (DeepSeek-V3) also get <out_dir>/expert_load.svg, and a main_loss field is
+// drawn beside the loss. Returns the paths.
 std::vector<std::string> plot_run(const std::string& run_dir, const std::string& out_dir = "");
 
 }  // namespace loom::report

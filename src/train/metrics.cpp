@@ -17,10 +17,16 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 }  // namespace
 
 json to_json(const TrainEvent& e) {
-  return json{{"event", "train"},         {"step", e.step},
-              {"loss", number(e.loss)},   {"lr", number(e.lr)},
-              {"grad_norm", number(e.grad_norm)}, {"tokens_per_s", number(e.tokens_per_s)},
-              {"mfu", number(e.mfu)}};
+  json j{{"event", "train"},         {"step", e.step},
+         {"loss", number(e.loss)},   {"lr", number(e.lr)},
+         {"grad_norm", number(e.grad_norm)}, {"tokens_per_s", number(e.tokens_per_s)},
+         {"mfu", number(e.mfu)}};
+  if (e.model.is_object()) {
+    for (const auto& [k, v] : e.model.items()) {
+      if (!j.contains(k)) j[k] = v;  // the loop's own fields win
+    }
+  }
+  return j;
 }
 
 json to_json(const ValEvent& e) {

@@ -25,6 +25,9 @@ struct TrainEvent {
   double grad_norm = 0;
   double tokens_per_s = 0;
   double mfu = 0;  // model FLOPs utilisation, a fraction (0.05 = 5%)
+  // The family's own measurements since the last train event (LanguageModel::take_training_metrics),
+  // merged into the event's object: DeepSeek-V3's main_loss, mtp_loss, balance_loss, expert loads, biases.
+  nlohmann::json model = nlohmann::json::object();
 };
 
 struct ValEvent {

@@ -86,6 +86,7 @@ void save_model_weights(const models::LanguageModel& model, const std::string& p
   for (nn::Parameter* p : const_cast<models::LanguageModel&>(model).parameters()) {
     tensors.emplace_back(p->name, p->value.detach());
   }
+  for (const auto& [name, t] : model.state_tensors()) tensors.emplace_back(name, t);
   io::write_safetensors(path, tensors, {{"loom.model_config", model.model_config().json().dump()}});
 }
 
@@ -104,13 +105,23 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
   }
   check_memory(job(config), memory, str(path, " (its loom.model_config)"));
   auto model = config.build(0);
-  for (nn::Parameter* p : model->parameters()) {
-    LOOM_CHECK(file.contains(p->name), path, ": missing parameter '", p->name, "'");
-    model->load_parameter(p->name, file.tensor(p->name));
-  }
-  LOOM_CHECK(file.size() == model->parameters().size(), path, ": holds ", file.size(), " tensors, the model has ",
-             model->parameters().size(), " parameters");
+  load_model_tensors(*model, file, path);
   return model;
+}
+
+void load_model_tensors(models::LanguageModel& model, const io::SafetensorsFile& file, const std::string& where) {
+  const auto params = model.parameters();
+  const auto state = model.state_tensors();
+  for (nn::Parameter* p : params) {
+    LOOM_CHECK(file.contains(p->name), where, ": missing parameter '", p->name, "'");
+    model.load_parameter(p->name, file.tensor(p->name));
+  }
+  for (const auto& [name, t] : state) {
+    LOOM_CHECK(file.contains(name), where, ": missing model state '", name, "'");
+    model.load_state(name, file.tensor(name));
+  }
+  LOOM_CHECK(file.size() == params.size() + state.size(), where, ": holds ", file.size(), " tensors, the model has ",
+             params.size(), " parameters", state.empty() ? "" : str(" and ", state.size(), " state tensors"));
 }
 
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "io/safetensors.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/config.h"
@@ -25,10 +26,14 @@ std::vector<std::string> ensure_training_data(const TrainConfig& config, bool pr
 // data.tokenizer does not exist.
 void save_run_tokenizer(const TrainConfig& config, const std::string& run_dir);
 
-// Writes the model's parameters (with the model config in the safetensors metadata, key
+// Copies every parameter and state tensor (LanguageModel::state_tensors) of `model` from `file`, by
+// name; the file must hold exactly those tensors. `where` names the file in errors.
+void load_model_tensors(models::LanguageModel& model, const io::SafetensorsFile& file, const std::string& where);
+// Writes the model's parameters and state tensors (with the model config in the safetensors metadata, key
 // "loom.model_config") atomically to `path`.
 void save_model_weights(const models::LanguageModel& model, const std::string& path);
-// Reads weights written by save_model_weights: the config from the metadata, every parameter by name.
+// Reads weights written by save_model_weights: the config from the metadata, every parameter and state
+// tensor by name.
 // The model the metadata describes, and what the caller will do with it (`job`), are held to `memory`
 // before the model is built (train/memory.h).
 std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path,

@@ -116,6 +116,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     const float lr = cosine_lr(step_, static_cast<float>(oc.lr), static_cast<float>(oc.min_lr),
                                config_.schedule.warmup_steps, config_.cosine_steps());
     optimizer_->zero_grad();
+    model_->begin_training_step();
     double loss_sum = 0;
     const data::LoaderState loader_at_step_start = data_->train.state();
     int64_t micro = 0;
@@ -141,9 +142,10 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     if (after_backward) after_backward(step_, grads);
     const double grad_norm = oc.grad_clip > 0 ? clip_grad_norm(grads, oc.grad_clip) : global_grad_norm(grads);
     const bool finite = std::isfinite(loss_value) && std::isfinite(grad_norm);
-    if (finite) {
-      optimizer_->step(lr);
-    } else {
+    if (finite) optimizer_->step(lr);
+    // After the optimizer: DeepSeek-V3 moves its routing biases by this step's loads (not a gradient).
+    model_->end_training_step(finite);
+    if (!finite) {
       ++skipped_;
       metrics.write({{"event", "skip"}, {"step", step_ + 1}, {"loss", loss_value}, {"grad_norm", grad_norm},
                      {"skipped_total", skipped_}});
@@ -164,6 +166,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       e.grad_norm = grad_norm;
       e.tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds;
       e.mfu = mfu(flops_per_token, e.tokens_per_s, peak);
+      e.model = model_->take_training_metrics();
       metrics.train(e);
       last_train_event_ = to_json(e);
       progress.log(e);
@@ -304,12 +307,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
 
     io::SafetensorsFile weights = io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string());
     auto params = model_->parameters();
-    LOOM_CHECK(weights.size() == params.size(), dir, "/model.safetensors holds ", weights.size(),
-               " tensors, the model has ", params.size(), " parameters");
-    for (nn::Parameter* p : params) {
-      LOOM_CHECK(weights.contains(p->name), dir, "/model.safetensors: missing parameter '", p->name, "'");
-      model_->load_parameter(p->name, weights.tensor(p->name));
-    }
+    load_model_tensors(*model_, weights, dir + "/model.safetensors");  // parameters and model state
 
     io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
     const auto& step_info = opt.info("step");

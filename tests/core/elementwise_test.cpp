@@ -47,3 +47,22 @@ TEST(Shape, ConcatAlongAnyDimWithGradient) {
   test::gradcheck([](const TensorList& in) { return ops::concat(in, 1); }, {a, b});
   EXPECT_THROW(ops::concat({a, test::randn({3, 3}, 1)}, 1), Error);
 }
+
+TEST(Shape, NarrowAnyDimWithGradientUndoesConcat) {
+  Tensor x = test::param(test::randn({2, 3, 5}, 7));
+  Tensor mid = ops::narrow(x, -1, 1, 3);  // [2, 3, 3]
+  ASSERT_EQ(mid.shape(), (Shape{2, 3, 3}));
+  EXPECT_EQ(mid.data<float>()[0], x.data<float>()[1]);
+  EXPECT_EQ(mid.data<float>()[3], x.data<float>()[6]);
+  Tensor rows = ops::narrow(x, 1, 2, 1);  // [2, 1, 5]
+  EXPECT_EQ(rows.data<float>()[5], x.data<float>()[25]);
+  Tensor back = ops::concat({ops::narrow(x, 2, 0, 2), ops::narrow(x, 2, 2, 3)}, 2);
+  EXPECT_EQ(back.to_vector<float>(), x.to_vector<float>());
+  test::gradcheck([](const TensorList& in) { return ops::narrow(in[0], 2, 1, 3); }, {x});
+  test::gradcheck([](const TensorList& in) { return ops::narrow(in[0], 0, 1, 1); }, {x});
+  Tensor ids = Tensor::from_vector<int32_t>({2, 3}, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(ops::narrow(ids, 1, 1, 2).to_vector<int32_t>(), (std::vector<int32_t>{2, 3, 5, 6}));
+  EXPECT_THROW(ops::narrow(x, 2, 3, 3), Error);  // past the end
+  EXPECT_THROW(ops::narrow(x, 3, 0, 1), Error);  // no such dimension
+  EXPECT_THROW(ops::narrow(x, 0, -1, 1), Error);
+}

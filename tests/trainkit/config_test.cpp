@@ -135,7 +135,7 @@ TEST(Config, ImpossibleValuesAreRejectedByName) {
            {"model.context_length=-1", "model.context_length must be positive"},
            {"model.rope_theta=0", "model.rope_theta"},
            {"model.norm_eps=0", "model.norm_eps"},
-           {"model.arch=mamba", "model.arch \"mamba\" is not a model family loom knows (families: \"llama\", \"gpt2\")"},
+           {"model.arch=mamba", "model.arch \"mamba\" is not a model family loom knows (families: \"llama\", \"gpt2\", \"deepseek_v3\")"},
            {"data.train=", "data.train must name"},
            {"data.val_fraction=1", "data.val_fraction"},
            {"eval.batches=0", "eval.batches"},

@@ -1,0 +1,348 @@
+#include "models/deepseek_v3/model.h"
+
+#include <algorithm>
+
+#include "core/autograd.h"
+#include "io/json_checked.h"
+#include "ops/elementwise.h"
+#include "ops/loss.h"
+#include "ops/moe.h"
+#include "ops/shape.h"
+
+namespace loom::deepseek_v3 {
+
+namespace {
+
+const Config& validated(const Config& c) {
+  c.validate();
+  return c;
+}
+
+nn::Init init_of(const Config& c) { return nn::Init::normal(c.init_std); }
+
+}  // namespace
+
+MoE::MoE(const std::string& name, const Config& c, RngKey key)
+    : top_k(c.top_k),
+      route_scale(c.route_scale),
+      alpha_seq(c.alpha_seq),
+      router(nn::join(name, "router"), c.d_model, c.n_routed, key, init_of(c), false),
+      w1(add_parameter(nn::make_parameter(nn::join(name, "experts.w1"), {c.n_routed, c.d_expert, c.d_model}, init_of(c),
+                                          key))),
+      w3(add_parameter(nn::make_parameter(nn::join(name, "experts.w3"), {c.n_routed, c.d_expert, c.d_model}, init_of(c),
+                                          key))),
+      w2(add_parameter(nn::make_parameter(nn::join(name, "experts.w2"), {c.n_routed, c.d_model, c.d_expert}, init_of(c),
+                                          key, nn::ParamGroup::DenseOut))),
+      bias(Tensor::zeros({c.n_routed})),
+      bias_name(nn::join(name, "bias")) {
+  add_child(&router);
+  if (c.n_shared > 0) {
+    shared = std::make_unique<nn::SwiGLU>(nn::join(name, "shared"), c.d_model, c.n_shared * c.d_expert, key, init_of(c));
+    shared->w2.weight.group = nn::ParamGroup::DenseOut;
+    add_child(shared.get());
+  }
+}
+
+Tensor MoE::forward(const Tensor& x, RoutingRecord* record) const {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  Tensor xf = ops::reshape(x, {B * T, C});                       // [N, C]
+  ops::MoeRouting r = ops::moe_route(router.forward(xf), bias, top_k, route_scale);
+  Tensor y = ops::moe_experts(xf, r.expert_index, r.gates, w1.value, w3.value, w2.value, precision);  // [N, C]
+  if (shared) y = ops::add(y, shared->forward(xf));
+  if (record != nullptr) {
+    Tensor loss = ops::moe_sequence_balance_loss(r, B, T, alpha_seq);
+    record->balance_loss = record->balance_loss.defined() ? ops::add(record->balance_loss, loss) : loss;
+    record->expert_load.push_back(r.expert_load);
+  }
+  return ops::reshape(y, {B, T, C});
+}
+
+Block::Block(const std::string& name, const Config& c, RngKey key, bool is_moe)
+    : attn_norm(nn::join(name, "attn_norm"), c.d_model, c.norm_eps),
+      attn(nn::join(name, "attn"), c, key),
+      ffn_norm(nn::join(name, "ffn_norm"), c.d_model, c.norm_eps) {
+  add_child(&attn_norm);
+  add_child(&attn);
+  add_child(&ffn_norm);
+  if (is_moe) {
+    moe = std::make_unique<MoE>(nn::join(name, "moe"), c, key);
+    add_child(moe.get());
+  } else {
+    mlp = std::make_unique<nn::SwiGLU>(nn::join(name, "mlp"), c.d_model, c.d_ff, key, init_of(c));
+    mlp->w2.weight.group = nn::ParamGroup::DenseOut;
+    add_child(mlp.get());
+  }
+}
+
+Tensor Block::forward(const Tensor& x, const Tensor& positions, RoutingRecord* record) const {
+  Tensor h = ops::add(x, attn.forward(attn_norm.forward(x), positions));
+  Tensor n = ffn_norm.forward(h);
+  return ops::add(h, moe ? moe->forward(n, record) : mlp->forward(n));
+}
+
+Tensor Block::forward_cached(const Tensor& x, const Tensor& positions, LatentCache& cache, int64_t layer) const {
+  Tensor h = ops::add(x, attn.forward_cached(attn_norm.forward(x), positions, cache, layer));
+  Tensor n = ffn_norm.forward(h);
+  return ops::add(h, moe ? moe->forward(n, nullptr) : mlp->forward(n));
+}
+
+MtpModule::MtpModule(const std::string& name, const Config& c, RngKey key)
+    : norm_h(nn::join(name, "norm_h"), c.d_model, c.norm_eps),
+      norm_e(nn::join(name, "norm_e"), c.d_model, c.norm_eps),
+      proj(nn::join(name, "proj"), 2 * c.d_model, c.d_model, key, init_of(c), false),
+      block(nn::join(name, "block"), c, key, /*moe=*/false) {
+  add_child(&norm_h);
+  add_child(&norm_e);
+  add_child(&proj);
+  add_child(&block);
+}
+
+DeepSeekV3::DeepSeekV3(const Config& config, uint64_t seed)
+    : models::LanguageModel(models::ModelConfig::from_json(validated(config).to_json())),
+      config_(config),
+      token_embeddings("token_embeddings", config.vocab_size, config.d_model, RngKey::from_seed(seed), init_of(config),
+                       nn::ParamGroup::Embedding),
+      ln_final("ln_final", config.d_model, config.norm_eps),
+      lm_head("lm_head", config.d_model, config.vocab_size, RngKey::from_seed(seed), init_of(config), false) {
+  const RngKey key = RngKey::from_seed(seed);
+  add_child(&token_embeddings);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    layers.push_back(std::make_unique<Block>("layers." + std::to_string(i), config, key, i >= config.n_dense));
+    add_child(layers.back().get());
+  }
+  for (int64_t k = 0; k < config.n_mtp; ++k) {
+    mtp.push_back(std::make_unique<MtpModule>("mtp." + std::to_string(k), config, key));
+    add_child(mtp.back().get());
+  }
+  add_child(&ln_final);
+  add_child(&lm_head);
+  lm_head.weight.group = nn::ParamGroup::LmHead;
+  positions_ = Tensor::empty({config.context_length}, DType::I32);
+  for (int64_t t = 0; t < config.context_length; ++t) positions_.data<int32_t>()[t] = static_cast<int32_t>(t);
+}
+
+Tensor DeepSeekV3::positions(int64_t start, int64_t t) const { return positions_.slice(start, t); }
+
+std::vector<MoE*> DeepSeekV3::moe_layers() const {
+  std::vector<MoE*> out;
+  for (const auto& l : layers) {
+    if (l->moe) out.push_back(l->moe.get());
+  }
+  return out;
+}
+
+Tensor DeepSeekV3::trunk(const Tensor& ids, const Tensor& pos, RoutingRecord* record) const {
+  Tensor x = token_embeddings.forward(ids);  // [B, T, C]
+  for (const auto& layer : layers) x = layer->forward(x, pos, record);
+  return x;
+}
+
+namespace {
+void check_ids(const Tensor& ids, int64_t context_length, const char* what) {
+  check_dtype(ids, DType::I32, what, "ids");
+  check_ndim(ids, 2, what, "ids");
+  const int64_t T = ids.size(1);
+  LOOM_CHECK(T >= 1 && T <= context_length, what, ": sequence length ", T, " is outside [1, context_length=",
+             context_length, "]");
+}
+}  // namespace
+
+Tensor DeepSeekV3::logits(const Tensor& ids, const models::ForwardContext&) const {
+  check_ids(ids, config_.context_length, "DeepSeekV3::logits");
+  Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
+  return lm_head.forward(ln_final.forward(x));
+}
+
+DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) const {
+  check_ids(ids, config_.context_length, "DeepSeekV3::losses");
+  LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::losses: targets ", targets.describe(),
+             " do not match ids ", ids.describe());
+  const int64_t T = ids.size(1);
+  LOOM_CHECK(T > config_.n_mtp, "DeepSeekV3::losses: sequence length ", T, " leaves no position for model.n_mtp=",
+             config_.n_mtp, " prediction modules (needs T > n_mtp)");
+  RoutingRecord record;
+  Tensor h = trunk(ids, positions(0, T), &record);  // [B, T, C]
+  Losses out;
+  out.main = ops::linear_cross_entropy(ln_final.forward(h), lm_head.weight.value, targets, -100, lm_head.precision);
+  out.total = out.main;
+  if (!mtp.empty()) {
+    Tensor sum;
+    for (size_t i = 0; i < mtp.size(); ++i) {
+      const int64_t k = static_cast<int64_t>(i) + 1, n = T - k;
+      // Position t < n combines depth k-1's state at t with the embedding of token t+k (= ids[t+k]) and
+      // predicts token t+k+1 (= targets[t+k]).
+      Tensor e = token_embeddings.forward(ops::narrow(ids, 1, k, n));
+      const MtpModule& m = *mtp[i];
+      Tensor in = ops::concat({m.norm_h.forward(ops::narrow(h, 1, 0, n)), m.norm_e.forward(e)}, -1);  // [B, n, 2C]
+      h = m.block.forward(m.proj.forward(in), positions(0, n), nullptr);
+      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h), lm_head.weight.value, ops::narrow(targets, 1, k, n),
+                                            -100, lm_head.precision);
+      sum = sum.defined() ? ops::add(sum, ce) : ce;
+    }
+    out.mtp = ops::scale(sum, 1.0f / static_cast<float>(mtp.size()));
+    out.total = ops::add(out.total, ops::scale(out.mtp, config_.mtp_lambda));
+  }
+  if (record.balance_loss.defined()) {
+    out.balance = record.balance_loss;
+    out.total = ops::add(out.total, out.balance);
+  }
+  out.expert_load = std::move(record.expert_load);
+  return out;
+}
+
+Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
+  if (ctx.training) {
+    Losses l = losses(ids, targets);
+    record_training(l);
+    return l.total;
+  }
+  check_ids(ids, config_.context_length, "DeepSeekV3::loss");
+  LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::loss: targets ", targets.describe(),
+             " do not match ids ", ids.describe());
+  Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
+  return ops::linear_cross_entropy(ln_final.forward(x), lm_head.weight.value, targets, -100, lm_head.precision);
+}
+
+std::unique_ptr<LatentCache> DeepSeekV3::make_latent_cache(int64_t batch, bool absorbed) const {
+  return std::make_unique<LatentCache>(config_, batch, absorbed);
+}
+
+std::unique_ptr<models::DecodeCache> DeepSeekV3::make_decode_cache(int64_t batch) const {
+  return make_latent_cache(batch, /*absorbed=*/true);
+}
+
+Tensor DeepSeekV3::decode(const Tensor& ids, models::DecodeCache& cache_base) const {
+  auto* cache = dynamic_cast<LatentCache*>(&cache_base);
+  LOOM_CHECK(cache != nullptr, "DeepSeekV3::decode: the cache was not made by this model's make_decode_cache");
+  check_dtype(ids, DType::I32, "DeepSeekV3::decode", "ids");
+  check_ndim(ids, 2, "DeepSeekV3::decode", "ids");
+  const int64_t t = ids.size(1), start = cache->length();
+  LOOM_CHECK(ids.size(0) == cache->batch(), "DeepSeekV3::decode: ids have batch ", ids.size(0),
+             ", the cache was made for ", cache->batch());
+  LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "DeepSeekV3::decode: ", start, " cached + ", t,
+             " new tokens exceed context_length ", config_.context_length);
+  autograd::NoGradGuard no_grad;
+  Tensor pos = positions(start, t);
+  Tensor x = token_embeddings.forward(ids);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, *cache, static_cast<int64_t>(i));
+  cache->advance(t);
+  return lm_head.forward(ln_final.forward(x));
+}
+
+void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {
+  auto attn_and_ffn = [precision](Block& b) {
+    for (nn::Linear* l : {&b.attn.wq_a, &b.attn.wq_b, &b.attn.wkv_a, &b.attn.wkv_b, &b.attn.wo}) l->precision = precision;
+    if (b.mlp) {
+      for (nn::Linear* l : {&b.mlp->w1, &b.mlp->w2, &b.mlp->w3}) l->precision = precision;
+    }
+    if (b.moe) {
+      b.moe->precision = precision;  // the router stays f32
+      if (b.moe->shared) {
+        for (nn::Linear* l : {&b.moe->shared->w1, &b.moe->shared->w2, &b.moe->shared->w3}) l->precision = precision;
+      }
+    }
+  };
+  for (auto& layer : layers) attn_and_ffn(*layer);
+  for (auto& m : mtp) {
+    m->proj.precision = precision;
+    attn_and_ffn(m->block);
+  }
+  lm_head.precision = precision;
+}
+
+std::vector<std::pair<std::string, Tensor>> DeepSeekV3::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (MoE* m : moe_layers()) out.emplace_back(m->bias_name, m->bias);
+  return out;
+}
+
+namespace {
+void add_counts(std::vector<std::vector<int64_t>>& into, const std::vector<Tensor>& loads) {
+  if (into.size() != loads.size()) into.assign(loads.size(), {});
+  for (size_t l = 0; l < loads.size(); ++l) {
+    const int32_t* p = loads[l].data<int32_t>();
+    if (into[l].size() != static_cast<size_t>(loads[l].numel())) into[l].assign(static_cast<size_t>(loads[l].numel()), 0);
+    for (int64_t e = 0; e < loads[l].numel(); ++e) into[l][static_cast<size_t>(e)] += p[e];
+  }
+}
+}  // namespace
+
+void DeepSeekV3::record_training(const Losses& l) const {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  add_counts(step_load_, l.expert_load);
+  add_counts(window_load_, l.expert_load);
+  window_main_ += l.main.item();
+  if (l.mtp.defined()) window_mtp_ += l.mtp.item();
+  if (l.balance.defined()) window_balance_ += l.balance.item();
+  ++window_batches_;
+}
+
+void DeepSeekV3::begin_training_step() {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  step_load_.clear();
+}
+
+void DeepSeekV3::end_training_step(bool applied) {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  const std::vector<MoE*> moes = moe_layers();
+  if (applied && config_.gamma > 0 && step_load_.size() == moes.size()) {
+    const int64_t E = config_.n_routed;
+    for (size_t l = 0; l < moes.size(); ++l) {
+      int64_t total = 0;
+      for (int64_t c : step_load_[l]) total += c;
+      float* b = moes[l]->bias.data<float>();
+      for (int64_t e = 0; e < E; ++e) {
+        // sign(mean - load_e) = sign(total / E - count_e) = sign(total - E * count_e), in integers.
+        const int64_t diff = total - E * step_load_[l][static_cast<size_t>(e)];
+        const float s = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+        b[e] = b[e] + config_.gamma * s;
+      }
+    }
+  }
+  step_load_.clear();
+}
+
+nlohmann::json DeepSeekV3::take_training_metrics() {
+  std::lock_guard<std::mutex> lock(training_mutex_);
+  nlohmann::json j = nlohmann::json::object();
+  if (window_batches_ > 0) {
+    const double n = static_cast<double>(window_batches_);
+    j["main_loss"] = window_main_ / n;
+    if (!mtp.empty()) j["mtp_loss"] = window_mtp_ / n;
+    j["balance_loss"] = window_balance_ / n;
+    nlohmann::json lo = nlohmann::json::array(), hi = nlohmann::json::array();
+    for (const auto& counts : window_load_) {
+      int64_t total = 0, mn = counts.empty() ? 0 : counts[0], mx = mn;
+      for (int64_t c : counts) {
+        total += c;
+        mn = std::min(mn, c);
+        mx = std::max(mx, c);
+      }
+      lo.push_back(total > 0 ? static_cast<double>(mn) / static_cast<double>(total) : 0.0);
+      hi.push_back(total > 0 ? static_cast<double>(mx) / static_cast<double>(total) : 0.0);
+    }
+    j["expert_load_min"] = lo;
+    j["expert_load_max"] = hi;
+  }
+  nlohmann::json bmin = nlohmann::json::array(), bmax = nlohmann::json::array();
+  for (MoE* m : moe_layers()) {
+    const float* b = m->bias.data<float>();
+    float mn = b[0], mx = b[0];
+    for (int64_t e = 1; e < m->bias.numel(); ++e) {
+      mn = std::min(mn, b[e]);
+      mx = std::max(mx, b[e]);
+    }
+    bmin.push_back(io::float_for_json(mn));  // the f32 value's shortest decimal
+    bmax.push_back(io::float_for_json(mx));
+  }
+  if (!bmin.empty()) {
+    j["bias_min"] = bmin;
+    j["bias_max"] = bmax;
+  }
+  window_load_.clear();
+  window_main_ = window_mtp_ = window_balance_ = 0;
+  window_batches_ = 0;
+  return j;
+}
+
+}  // namespace loom::deepseek_v3

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "dist/mesh.h"
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
@@ -27,6 +28,7 @@ struct TrainArgs {
   bool resume = false;
   bool overwrite = false;
   std::string max_memory;
+  std::string mesh, parallel;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
@@ -56,6 +58,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
+  cmd.add_option("--mesh", args.mesh,
+                 "device mesh, e.g. data=4,tensor=2 (config key parallel.mesh); its size must equal the number of "
+                 "ranks mpirun/srun started (docs/mesh.md)");
+  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp or fsdp_tp (config key parallel.mode)");
   cmd.add_option("--max-memory", args.max_memory,
                  "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   auto* resume_opt = cmd.add_flag("--resume", args.resume,
@@ -68,7 +74,13 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
-    auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
+    std::vector<std::string> sets = args.sets;
+    if (!args.mesh.empty()) sets.push_back("parallel.mesh=" + args.mesh);
+    if (!args.parallel.empty()) sets.push_back("parallel.mode=" + args.parallel);
+    auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, sets);
+    // One process is one rank: a larger mesh needs a launcher (docs/mesh.md).
+    loom::dist::validate_mesh_for_ranks(loom::dist::Mesh::parse(cfg.parallel.mesh), 1,
+                                        "loom (one process: launch one rank per mesh device with mpirun or srun)");
     // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
     const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
     loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");

@@ -8,6 +8,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "ops/collective.h"
+#include "ops/matmul.h"
 
 namespace loom::dist {
 namespace {
@@ -77,6 +78,68 @@ void for_each_run(const Shape& whole, const Shard& s, Fn&& fn) {
   }
 }
 
+// Values only (not recorded): `t` gathered over data on the spec's data dims, and the reverse
+// reduce-scatter of a whole-tensor gradient onto the shard.
+Tensor gather_data_values(Tensor t, const nn::Parameter& p, const RankContext& c) {
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (axis_of(p, d) == MeshAxis::Data) t = ops::all_gather_values(t, d, c.group(MeshAxis::Data));
+  }
+  return t;
+}
+Tensor scatter_data_values(Tensor g, const nn::Parameter& p, const RankContext& c) {
+  for (int d = static_cast<int>(p.spec.dims.size()) - 1; d >= 0; --d) {
+    if (axis_of(p, d) == MeshAxis::Data) g = ops::reduce_scatter_values(g, d, c.group(MeshAxis::Data));
+  }
+  return g;
+}
+bool has_data_dim(const nn::Parameter& p) {
+  for (const auto& a : p.spec.dims) {
+    if (a == MeshAxis::Data) return true;
+  }
+  return false;
+}
+
+// y = x W^T (+ b) with W (and b) split over data: W is gathered for the forward and freed when it
+// returns, gathered again in the backward and freed after it, so a whole weight lives only while its
+// layer computes (FSDP). x: [..., in] -> [..., out]; dW is reduce-scattered onto the shard.
+Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Parameter* bias,
+                   ops::MatmulPrecision precision) {
+  const RankContext& c = *weight.dist;
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    y = ops::linear(x, gather_data_values(weight.value, weight, c),
+                    bias ? gather_data_values(bias->value, *bias, c) : Tensor(), ops::WeightLayout::OutIn, precision);
+  }
+  const Tensor w_shard = weight.value;
+  const nn::Parameter* w = &weight;
+  const nn::Parameter* b = bias;
+  TensorList inputs{x, w_shard};
+  if (bias) inputs.push_back(bias->value);
+  autograd::record("fsdp_linear", inputs, {y}, [x, w_shard, w, b](const autograd::BackwardContext& ctx) {
+    const RankContext& c = *w->dist;
+    const Tensor& dy = ctx.grad_output(0);
+    const int64_t in = x.size(-1), out = dy.size(-1), M = x.numel() / in;
+    const Tensor dy2 = dy.view({M, out}), x2 = x.detach().view({M, in});
+    TensorList grads(b ? 3 : 2);
+    // The gather runs on every rank whatever needs_input_grad says: collectives must match up.
+    const Tensor w_full = gather_data_values(w_shard, *w, c);  // [out, in], freed on return
+    if (ctx.needs_input_grad(0)) grads[0] = ops::matmul(dy2, w_full).view(x.shape());       // dx = dy W
+    grads[1] = scatter_data_values(ops::matmul(dy2, x2, /*transpose_a=*/true), *w, c);      // dW = dy^T x
+    if (b) {
+      Tensor db = Tensor::zeros({out});
+      const float* g = dy2.data<float>();
+      float* acc = db.data<float>();
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t j = 0; j < out; ++j) acc[j] += g[r * out + j];
+      }
+      grads[2] = scatter_data_values(db, *b, c);
+    }
+    return grads;
+  });
+  return y;
+}
+
 }  // namespace
 
 Tensor copy_block(const Tensor& whole, const Shard& shard) {
@@ -141,19 +204,25 @@ Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Pa
   const RankContext& c = *weight.dist;
   const bool column = weight.group == nn::ParamGroup::DenseIn && axis_of(weight, 0) == MeshAxis::Tensor;
   const bool row = weight.group == nn::ParamGroup::DenseOut && axis_of(weight, 1) == MeshAxis::Tensor;
-  if (!column && !row) {  // nothing computed on shards: gather (FSDP) and run the plain Linear
+  const bool fsdp = has_data_dim(weight);
+  if (!column && !row) {  // nothing computed on tensor shards: FSDP's gather-compute-free, or a plain Linear
+    if (fsdp) return fsdp_linear(x, weight, bias, precision);
     return ops::linear(x, gathered_value(weight), bias ? gathered_value(*bias) : Tensor(), ops::WeightLayout::OutIn,
                        precision);
   }
-  const Tensor w = gather_data_dims(weight.value, weight, c);  // [out/t, in] or [out, in/t]
+  // The local product, gathering FSDP dims around it when there are any: [out/t, in] or [out, in/t].
+  auto local_linear = [&](const Tensor& in, const nn::Parameter* b) {
+    if (fsdp) return fsdp_linear(in, weight, b, precision);
+    return ops::linear(in, weight.value, b ? b->value : Tensor(), ops::WeightLayout::OutIn, precision);
+  };
   const Group tensor = c.group(MeshAxis::Tensor);
   if (column) {
     // x: [..., C] replicated over tensor -> y: [..., out/t]. f: the input's gradient sums the ranks' parts.
-    const Tensor b = bias ? gather_data_dims(bias->value, *bias, c) : Tensor();
-    return ops::linear(ops::copy_to_group(x, tensor), w, b, ops::WeightLayout::OutIn, precision);
+    LOOM_ASSERT(!bias || !has_data_dim(*bias) || fsdp, "a column-parallel bias is never split over data");
+    return local_linear(ops::copy_to_group(x, tensor), bias);
   }
   // x: [..., in/t] (this rank's heads or d_ff slice) -> partial [..., out], summed over tensor (g).
-  Tensor y = ops::all_reduce(ops::linear(x, w, Tensor(), ops::WeightLayout::OutIn, precision), tensor);
+  Tensor y = ops::all_reduce(local_linear(x, nullptr), tensor);
   return bias ? add_bias(y, gather_data_dims(bias->value, *bias, c)) : y;
 }
 

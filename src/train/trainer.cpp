@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
+#include "dist/checkpoint.h"
 #include "report/flops.h"
 #include "train/metrics.h"
 #include "report/progress.h"
@@ -272,33 +273,17 @@ std::string Trainer::save_checkpoint() {
     best_checkpoint_step_ = step_;
     best_checkpoint_val_ = *last_val_loss_;
   }
-  // Sharded: every rank gathers (collective), rank 0 writes whole tensors, the others wait for it.
-  std::vector<Tensor> whole_params, whole_moms;
-  if (dist_) {
-    whole_params = whole_parameters();
-    whole_moms = whole_moments();
-    if (!writes_files()) {
-      dist_->comm->barrier(dist_->comm->world());
-      return (std::filesystem::path(checkpoints_dir(run_dir_)) / checkpoint_name(step_)).string();
-    }
-  }
+  if (dist_) return save_sharded_checkpoint();
   std::vector<CheckpointFile> files;
-  files.push_back({"model.safetensors", [&](const std::string& path) {
-                     if (!dist_) return save_model_weights(*model_, path);
-                     io::NamedTensors tensors;
-                     auto params = model_->parameters();
-                     for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back(params[i]->name, whole_params[i]);
-                     io::write_safetensors(path, tensors, {{"loom.model_config", model_->model_config().json().dump()}});
-                   }});
+  files.push_back({"model.safetensors", [&](const std::string& path) { save_model_weights(*model_, path); }});
   files.push_back({"optimizer.safetensors", [&](const std::string& path) {
                      const int64_t count = optimizer_->step_count();
                      std::vector<io::SafetensorsEntry> entries;
                      entries.push_back({"step", io::SafetensorsDtype::I64, {}, &count, sizeof(count)});
                      const auto& params = optimizer_->params();
                      for (size_t i = 0; i < params.size(); ++i) {
-                       Tensor* m = dist_ ? &whole_moms[2 * i] : &optimizer_->exp_avg(i);
-                       Tensor* v = dist_ ? &whole_moms[2 * i + 1] : &optimizer_->exp_avg_sq(i);
-                       for (auto [suffix, t] : {std::pair<const char*, Tensor*>{".exp_avg", m}, {".exp_avg_sq", v}}) {
+                       for (auto [suffix, t] : {std::pair<const char*, Tensor*>{".exp_avg", &optimizer_->exp_avg(i)},
+                                                {".exp_avg_sq", &optimizer_->exp_avg_sq(i)}}) {
                          if (!t->defined()) continue;  // parameter never updated yet
                          std::vector<uint64_t> shape(t->shape().begin(), t->shape().end());
                          entries.push_back({params[i]->name + suffix, io::SafetensorsDtype::F32, shape, t->data<float>(),
@@ -307,15 +292,68 @@ std::string Trainer::save_checkpoint() {
                      }
                      io::write_safetensors(path, entries, {{"loom.optimizer", "adamw"}});
                    }});
-  files.push_back({"trainer_state.json", [&](const std::string& path) {
-                     std::string text = state_json().dump(2) + "\n";
-                     io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
-                   }});
+  files.push_back(state_file());
   std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
   apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
-  if (dist_) dist_->comm->barrier(dist_->comm->world());
+  return path;
+}
+
+CheckpointFile Trainer::state_file() const {
+  return {"trainer_state.json", [this](const std::string& path) {
+            std::string text = state_json().dump(2) + "\n";
+            io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+          }};
+}
+
+// Every rank writes its blocks into the temporary directory rank 0's write_checkpoint makes (its name
+// is broadcast); rank 0 writes the index and the trainer state, waits for everyone's file (a barrier),
+// and only then lets write_checkpoint digest them all and rename the directory (dist/checkpoint.h).
+std::string Trainer::save_sharded_checkpoint() {
+  namespace fs = std::filesystem;
+  const dist::RankContext& c = *dist_;
+  const auto world = c.comm->world();
+  auto params = model_->parameters();
+  std::vector<const Tensor*> m, v;
+  for (size_t i = 0; i < params.size(); ++i) {
+    m.push_back(&optimizer_->exp_avg(i));
+    v.push_back(&optimizer_->exp_avg_sq(i));
+  }
+  const std::string final_path = (fs::path(checkpoints_dir(run_dir_)) / checkpoint_name(step_)).string();
+  if (c.rank != 0) {
+    const std::string tmp = dist::broadcast_text("", 0, c);
+    if (!tmp.empty()) {  // empty: rank 0 found this step's checkpoint already saved
+      dist::write_rank_shards((fs::path(tmp) / dist::shard_file_name(c.rank)).string(), params, m, v, c);
+      c.comm->barrier(world);
+    }
+    c.comm->barrier(world);
+    return final_path;
+  }
+  bool announced = false;
+  auto announce = [&](const std::string& tmp) {
+    if (announced) return;
+    dist::broadcast_text(tmp, 0, c);
+    announced = true;
+  };
+  std::vector<CheckpointFile> files;
+  files.push_back({dist::kShardIndex, [&](const std::string& path) {
+                     announce(fs::path(path).parent_path().string());
+                     const std::string text = dist::shard_index(params, layout_, c).dump(1) + "\n";
+                     io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+                   }});
+  files.push_back({dist::shard_file_name(0), [&](const std::string& path) {
+                     dist::write_rank_shards(path, params, m, v, c);
+                     c.comm->barrier(world);  // every rank's file is now written and fsync'ed
+                   }});
+  for (int r = 1; r < c.comm->size(); ++r) files.push_back({dist::shard_file_name(r), [](const std::string&) {}});
+  files.push_back(state_file());
+  const std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
+  announce("");  // still unannounced: the step was saved already and nothing was written
+  std::vector<int64_t> keep;
+  if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
+  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
+  c.comm->barrier(world);
   return path;
 }
 
@@ -333,32 +371,48 @@ void Trainer::load_checkpoint(const std::string& dir) {
     LOOM_CHECK(saved_tok.empty() || our_tok.empty() || saved_tok == our_tok, "checkpoint ", dir,
                " was trained with a tokenizer of sha256 ", saved_tok, ", but ", config_.data.tokenizer, " has ", our_tok);
 
-    io::SafetensorsFile weights = io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string());
     auto params = model_->parameters();
-    LOOM_CHECK(weights.size() == params.size(), dir, "/model.safetensors holds ", weights.size(),
-               " tensors, the model has ", params.size(), " parameters");
-    for (nn::Parameter* p : params) {
-      LOOM_CHECK(weights.contains(p->name), dir, "/model.safetensors: missing parameter '", p->name, "'");
-      model_->load_parameter(p->name, weights.tensor(p->name));
-    }
-
-    io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-    const auto& step_info = opt.info("step");
-    LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
-               "/optimizer.safetensors: \"step\" must be one I64");
     int64_t count = 0;
-    std::memcpy(&count, opt.bytes("step").data(), sizeof(count));
+    // Either one file per kind of tensor, or blocks written by the ranks of a sharded run (whole tensors
+    // either way here: load_parameter and the moments below keep this rank's block).
+    const bool sharded = fs::exists(fs::path(dir) / dist::kShardIndex);
+    std::optional<dist::ShardedCheckpoint> shards;
+    std::optional<io::SafetensorsFile> weights, opt;
+    if (sharded) {
+      shards.emplace(dir);
+      LOOM_CHECK(shards->num_parameters() == params.size(), dir, "/", dist::kShardIndex, " lists ",
+                 shards->num_parameters(), " parameters, the model has ", params.size());
+      for (nn::Parameter* p : params) {
+        LOOM_CHECK(shards->contains(p->name), dir, "/", dist::kShardIndex, ": missing parameter '", p->name, "'");
+        model_->load_parameter(p->name, shards->whole(p->name));
+      }
+      count = s.at("optimizer_steps").get<int64_t>();
+    } else {
+      weights.emplace(io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
+      LOOM_CHECK(weights->size() == params.size(), dir, "/model.safetensors holds ", weights->size(),
+                 " tensors, the model has ", params.size(), " parameters");
+      for (nn::Parameter* p : params) {
+        LOOM_CHECK(weights->contains(p->name), dir, "/model.safetensors: missing parameter '", p->name, "'");
+        model_->load_parameter(p->name, weights->tensor(p->name));
+      }
+      opt.emplace(io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string()));
+      const auto& step_info = opt->info("step");
+      LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
+                 "/optimizer.safetensors: \"step\" must be one I64");
+      std::memcpy(&count, opt->bytes("step").data(), sizeof(count));
+    }
     optimizer_->set_step_count(count);
+    auto has = [&](const std::string& name) { return sharded ? shards->contains(name) : opt->contains(name); };
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string m = params[i]->name + ".exp_avg", v = params[i]->name + ".exp_avg_sq";
-      LOOM_CHECK(opt.contains(m) == opt.contains(v), dir, "/optimizer.safetensors has only one of ", m, " and ", v);
-      if (!opt.contains(m)) {  // a parameter that was never updated: zero moments
+      LOOM_CHECK(has(m) == has(v), dir, " has only one of ", m, " and ", v);
+      if (!has(m)) {  // a parameter that was never updated: zero moments
         for (Tensor* t : {&optimizer_->exp_avg(i), &optimizer_->exp_avg_sq(i)}) {
           if (t->defined()) t->zero_();
         }
         continue;
       }
-      Tensor tm = opt.tensor(m), tv = opt.tensor(v);
+      Tensor tm = sharded ? shards->whole(m) : opt->tensor(m), tv = sharded ? shards->whole(v) : opt->tensor(v);
       if (dist_ && tm.shape() == params[i]->global_shape && tv.shape() == params[i]->global_shape &&
           tm.dtype() == DType::F32 && tv.dtype() == DType::F32) {  // whole moments: keep this rank's block
         const dist::Shard& shard = layout_[i].shards[static_cast<size_t>(dist_->rank)];
@@ -432,17 +486,6 @@ std::vector<Tensor> Trainer::whole_parameters() {
   std::vector<Tensor> out;
   for (nn::Parameter* p : model_->parameters()) {
     out.push_back(dist_ ? dist::gather_whole(p->value, *p, *dist_) : p->value.detach());
-  }
-  return out;
-}
-
-std::vector<Tensor> Trainer::whole_moments() {
-  std::vector<Tensor> out;
-  const auto& params = optimizer_->params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    for (Tensor* t : {&optimizer_->exp_avg(i), &optimizer_->exp_avg_sq(i)}) {
-      out.push_back(dist_ ? dist::gather_whole(*t, *params[i], *dist_) : *t);
-    }
   }
   return out;
 }

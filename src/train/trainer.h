@@ -14,6 +14,7 @@
 
 #include "dist/runtime.h"
 #include "models/model.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/memory.h"
 #include "train/optimizer.h"
@@ -117,9 +118,11 @@ class Trainer {
   void finish_gradients();
   double clip_or_norm(const std::vector<Tensor>& grads);
   bool agreed(bool stop) const;
-  // Whole tensors (gathered when sharded): the parameters, then each parameter's two moments.
+  // Whole parameter tensors (gathered when sharded: collective).
   std::vector<Tensor> whole_parameters();
-  std::vector<Tensor> whole_moments();
+  // The trainer_state.json of a checkpoint; a sharded checkpoint's save (dist/checkpoint.h).
+  CheckpointFile state_file() const;
+  std::string save_sharded_checkpoint();
 };
 
 }  // namespace loom::train

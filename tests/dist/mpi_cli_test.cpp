@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "dist/checkpoint.h"
 #include "dist/mpi.h"
 #include "io/safetensors.h"
 #include "support/synthetic_corpus.h"
@@ -111,10 +112,35 @@ TEST_F(MpiCli, FourAndEightRanksEqualOneProcessAndResumeOnAnotherMesh) {
   // the uninterrupted single process (same schedule: cosine_steps is fixed at 12).
   r = sh(c.command(4, resumed, 6, "--mesh tensor=4 --parallel tp"), c.dir / "resumed1.log");
   ASSERT_EQ(r.status, 0) << r.log;
+  // The checkpoint is sharded: an index and one file per rank (tp x4: every rank owns blocks), no whole
+  // model file.
+  const fs::path step6 = resumed / "checkpoints" / "step_00000006";
+  EXPECT_TRUE(fs::exists(step6 / "shards.json"));
+  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(fs::exists(step6 / dist::shard_file_name(rank))) << rank;
+  EXPECT_FALSE(fs::exists(step6 / "model.safetensors"));
+  // The same checkpoint resumed by one process, without mpirun.
+  const fs::path single = c.dir / "single";
+  fs::copy(resumed, single, fs::copy_options::recursive);
+  // A newer checkpoint that one rank did not finish (its file is missing) must be passed over.
+  const fs::path step9 = resumed / "checkpoints" / "step_00000009";
+  fs::copy(step6, step9, fs::copy_options::recursive);
+  {
+    std::ifstream in(step9 / "manifest.json");
+    auto manifest = nlohmann::json::parse(in);
+    manifest["step"] = 9;  // only the missing file is wrong with it
+    std::ofstream(step9 / "manifest.json") << manifest.dump(2);
+  }
+  fs::remove(step9 / dist::shard_file_name(2));
   r = sh(c.command(2, resumed, 12, "--mesh data=2 --parallel fsdp --resume"), c.dir / "resumed2.log");
   ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("skipping checkpoint " + step9.string()), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find(dist::shard_file_name(2)), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
   expect_same_run(ref, resumed);
+  r = sh(c.command(0, single, 12, "--resume"), c.dir / "single.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, single);
 }
 
 TEST_F(MpiCli, AMeshThatDoesNotMatchTheRanksIsRefused) {

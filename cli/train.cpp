@@ -75,6 +75,7 @@ std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& c
   if (cfg.training.threads == 0) {
     // Share the machine's cores among the ranks on it instead of each taking all of them.
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (local == nullptr) local = std::getenv("SLURM_NTASKS_PER_NODE");
     const int per_node = local ? std::max(1, std::atoi(local)) : 1;
     cfg.training.threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / per_node);
   }

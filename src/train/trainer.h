@@ -38,8 +38,8 @@ class Trainer {
   Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory = MemoryBudget::of_machine());
   // One rank of a sharded run (docs/mesh.md): the model is sharded over `dist`'s mesh in `dist`'s mode
   // right after it is built. Every rank runs the same calls (steps, validation and checkpoints talk to
-  // the others); only rank 0 writes files: metrics, config, checkpoints (whole tensors, gathered, so a
-  // resume may use any mesh or mode).
+  // the others); rank 0 writes the run's files (metrics, config, the final weights, gathered), and every
+  // rank writes its blocks of each checkpoint (dist/checkpoint.h), which resumes on any mesh or mode.
   Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory,
           std::shared_ptr<const dist::RankContext> dist);
 

@@ -98,19 +98,27 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  // The in-process communicator's order of summation (member 0 first) is kept: gather, then add.
+  // A reduce-scatter then an all-gather (2n(g-1)/g elements on the wire, like a ring, and O(n) memory),
+  // each element summed over the members in group order by the member that owns its chunk: every member
+  // gets the same bits, in the in-process communicator's order. (MPI_Allreduce does not promise equal
+  // results on all ranks, and replicated weights must stay bitwise identical.)
   template <typename T>
   void reduce(T* data, int64_t n, MPI_Datatype type, const std::vector<int>& group) {
     const int g = static_cast<int>(group.size());
-    std::vector<T> all(static_cast<size_t>(n) * static_cast<size_t>(g));
+    const int64_t chunk = (n + g - 1) / g;
+    std::vector<T> send(static_cast<size_t>(chunk * g), T(0)), recv(send.size());
+    std::copy(data, data + n, send.begin());
     MPI_Request req;
-    LOOM_MPI(MPI_Iallgather(data, count(n), type, all.data(), count(n), type, comm(group), &req));
+    LOOM_MPI(MPI_Ialltoall(send.data(), count(chunk), type, recv.data(), count(chunk), type, comm(group), &req));
     wait(req, "all_reduce", group);
-    std::fill(data, data + n, T(0));
+    std::vector<T> mine(static_cast<size_t>(chunk), T(0));
     for (int i = 0; i < g; ++i) {
-      const T* b = all.data() + static_cast<int64_t>(i) * n;
-      for (int64_t j = 0; j < n; ++j) data[j] += b[j];
+      const T* b = recv.data() + static_cast<int64_t>(i) * chunk;
+      for (int64_t j = 0; j < chunk; ++j) mine[static_cast<size_t>(j)] += b[j];
     }
+    LOOM_MPI(MPI_Iallgather(mine.data(), count(chunk), type, send.data(), count(chunk), type, comm(group), &req));
+    wait(req, "all_reduce", group);
+    std::copy(send.begin(), send.begin() + n, data);
   }
 
   static int count(int64_t n) {

@@ -3,11 +3,16 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "dist/mesh.h"
+#include "dist/mpi.h"
+#include "dist/runtime.h"
 #include "generate/generate.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
@@ -27,6 +32,7 @@ struct TrainArgs {
   bool resume = false;
   bool overwrite = false;
   std::string max_memory;
+  std::string mesh, parallel;
 };
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
@@ -47,8 +53,37 @@ void print_samples(const loom::train::TrainConfig& cfg, const loom::models::Lang
   }
 }
 
+TrainArgs args;  // filled by CLI11 when `train` parses
+
+void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool writer,
+                  const std::shared_ptr<loom::dist::RankContext>& rank_context);
+
+// The rank context of a multi-rank run (nullptr for one rank alone): the mesh must use exactly the ranks
+// that mpirun or srun started.
+std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& cfg,
+                                                     std::shared_ptr<loom::dist::Communicator>& comm) {
+  const loom::dist::Mesh mesh = loom::dist::Mesh::parse(cfg.parallel.mesh);
+  const int64_t launched = loom::dist::launched_ranks();
+  if (mesh.size() == 1 && launched == 1) return nullptr;
+  if (!loom::dist::mpi_built()) {
+    loom::dist::validate_mesh_for_ranks(mesh, 1, "this loom, built without MPI, (one process)");
+    LOOM_FAIL("this loom was built without MPI, so it cannot join the ", launched, " ranks its launcher started: "
+              "install openmpi-bin libopenmpi-dev and rebuild");
+  }
+  comm = loom::dist::mpi_world();
+  loom::dist::validate_mesh_for_ranks(mesh, comm->size(), launched > 1 ? "the launcher" : "loom (one process, not under mpirun or srun)");
+  if (cfg.training.threads == 0) {
+    // Share the machine's cores among the ranks on it instead of each taking all of them.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (local == nullptr) local = std::getenv("SLURM_NTASKS_PER_NODE");
+    const int per_node = local ? std::max(1, std::atoi(local)) : 1;
+    cfg.training.threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / per_node);
+  }
+  return std::make_shared<loom::dist::RankContext>(loom::dist::RankContext{
+      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank()});
+}
+
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
-  static TrainArgs args;
   cmd.add_option("--config", args.config,
                  "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file (its missing "
                  "keys come from the preset its \"base\" key names, else \"default\"; relative paths resolve against "
@@ -56,6 +91,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
+  cmd.add_option("--mesh", args.mesh,
+                 "device mesh, e.g. data=4,tensor=2 (config key parallel.mesh); its size must equal the number of "
+                 "ranks mpirun/srun started (docs/mesh.md)");
+  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp or fsdp_tp (config key parallel.mode)");
   cmd.add_option("--max-memory", args.max_memory,
                  "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   auto* resume_opt = cmd.add_flag("--resume", args.resume,
@@ -68,55 +107,94 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);
-    auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, args.sets);
+    std::vector<std::string> sets = args.sets;
+    if (!args.mesh.empty()) sets.push_back("parallel.mesh=" + args.mesh);
+    if (!args.parallel.empty()) sets.push_back("parallel.mode=" + args.parallel);
+    auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, sets);
+    // One process is one rank: a mesh of several ranks runs under mpirun or srun (docs/mesh.md).
+    std::shared_ptr<loom::dist::Communicator> comm;
+    std::shared_ptr<loom::dist::RankContext> rank_context = start_ranks(cfg, comm);
+    const bool writer = !rank_context || rank_context->rank == 0;
+    try {
+      run_training(cfg, out, writer, rank_context);
+    } catch (const loom::cli::ExitStatus&) {
+      throw;
+    } catch (const std::exception& e) {
+      // One rank cannot go on while the others wait for it in a collective: end the whole job now.
+      if (!rank_context) throw;
+      loom::dist::mpi_abort(loom::str("error: rank ", rank_context->rank, ": ", e.what()), loom::cli::kExitError);
+    }
+  });
+});
+
+void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool writer,
+                  const std::shared_ptr<loom::dist::RankContext>& rank_context) {
     // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
     const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
     loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
-    for (const auto& line : loom::train::describe_data_paths(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
-    // Refuses a directory that is not loom's, or an existing run without --resume/--overwrite, and locks it
-    // for the rest of the process (train/run_dir.h).
-    using loom::train::ExistingRun;
-    loom::train::RunDir run_dir = loom::train::RunDir::claim(
-        out, loom::train::RunKind::Train,
-        args.resume ? ExistingRun::Resume : args.overwrite ? ExistingRun::Overwrite : ExistingRun::Refuse);
-    for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
-    loom::train::Trainer trainer(cfg, out, budget);
+    auto* comm = rank_context ? rank_context->comm : nullptr;
+    // Rank 0 owns the run directory and the data preparation; the others wait for it.
+    std::optional<loom::train::RunDir> run_dir;
+    if (writer) {
+      for (const auto& line : loom::train::describe_data_paths(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
+      // Refuses a directory that is not loom's, or an existing run without --resume/--overwrite, and locks
+      // it for the rest of the process (train/run_dir.h).
+      using loom::train::ExistingRun;
+      run_dir.emplace(loom::train::RunDir::claim(
+          out, loom::train::RunKind::Train,
+          args.resume ? ExistingRun::Resume : args.overwrite ? ExistingRun::Overwrite : ExistingRun::Refuse));
+      for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    if (comm) comm->barrier(comm->world());
+    loom::train::Trainer trainer(cfg, out, budget, rank_context);
     // A test hook: LOOM_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms before each checkpoint file, widening the
     // window in which the crash test's kill -9 lands mid-checkpoint.
-    if (const char* pause = std::getenv("LOOM_TEST_CHECKPOINT_PAUSE_MS")) {
+    if (const char* pause = std::getenv("LOOM_TEST_CHECKPOINT_PAUSE_MS"); pause && writer) {
       const int ms = std::atoi(pause);
       trainer.before_checkpoint_file = [ms](const std::string&) {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       };
     }
     if (args.resume) {
-      auto step = trainer.resume([](const std::string& path, const std::string& why) {
-        std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
+      auto step = trainer.resume([writer](const std::string& path, const std::string& why) {
+        if (writer) std::fprintf(stderr, "skipping checkpoint %s: %s\n", path.c_str(), why.c_str());
       });
-      if (step) {
+      if (!writer) {
+      } else if (step) {
         std::fprintf(stderr, "resuming from step %lld (%s)\n", static_cast<long long>(*step),
                      (fs::path(loom::train::checkpoints_dir(out)) / loom::train::checkpoint_name(*step)).c_str());
       } else {
-        run_dir.check_nothing_to_resume();  // only a new or empty directory may start from step 0
+        run_dir->check_nothing_to_resume();  // only a new or empty directory may start from step 0
         std::fprintf(stderr, "no checkpoint in %s (a new run): starting from step 0\n", out.c_str());
       }
     }
-    if (auto removed = run_dir.start(); !removed.empty()) {
-      std::fprintf(stderr, "--overwrite: deleted %zu file(s) of the previous run in %s\n", removed.size(), out.c_str());
+    if (writer) {
+      if (auto removed = run_dir->start(); !removed.empty()) {
+        std::fprintf(stderr, "--overwrite: deleted %zu file(s) of the previous run in %s\n", removed.size(), out.c_str());
+      }
+      std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
+                   static_cast<long long>(cfg.model.stats().total_params), static_cast<long long>(cfg.training.max_steps),
+                   out.c_str());
+      if (rank_context) {
+        std::fprintf(stderr, "mesh %s, mode %s: %d ranks over %s\n", rank_context->mesh.str().c_str(),
+                     loom::dist::parallel_mode_name(rank_context->mode), comm->size(), comm->kind().c_str());
+      }
     }
-    std::fprintf(stderr, "training %lld parameters for %lld steps -> %s\n",
-                 static_cast<long long>(cfg.model.stats().total_params), static_cast<long long>(cfg.training.max_steps),
-                 out.c_str());
+    if (comm) comm->barrier(comm->world());
     loom::train::StopSignal stop;
     auto summary = trainer.run(&stop);
-    loom::train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
+    trainer.save_weights((fs::path(out) / "model.safetensors").string());  // gathered when sharded
+    if (!writer) {
+      if (summary.stopped_early) throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
+      return;
+    }
     loom::train::save_run_tokenizer(cfg, out);
     if (summary.stopped_early) {
       std::fprintf(stderr, "interrupted at step %lld of %lld (%lld skipped), %.0f tokens/s\nweights: %s/model.safetensors\n"
                    "continue with: loom train --out %s --resume\n",
                    static_cast<long long>(summary.steps_completed), static_cast<long long>(cfg.training.max_steps),
                    static_cast<long long>(summary.steps_skipped), summary.tokens_per_s, out.c_str(), out.c_str());
-      run_dir.finish(loom::train::RunState::Interrupted, summary.steps_completed);
+      run_dir->finish(loom::train::RunState::Interrupted, summary.steps_completed);
       throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
     }
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
@@ -125,15 +203,17 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
       std::fprintf(stderr, ", validation loss %.4f -> %.4f", *summary.first_val_loss, *summary.last_val_loss);
     }
     std::fprintf(stderr, "\nweights: %s/model.safetensors\n", out.c_str());
-    run_dir.finish(loom::train::RunState::Finished, summary.steps_completed);
+    run_dir->finish(loom::train::RunState::Finished, summary.steps_completed);
     if (cfg.sample.num_samples > 0 && !stop.requested()) {
-      print_samples(cfg, trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
+      // A sharded model generates only with its peers: rank 0 samples from the gathered weights instead.
+      auto whole = rank_context ? loom::train::load_model_weights((fs::path(out) / "model.safetensors").string())
+                                : nullptr;
+      print_samples(cfg, whole ? *whole : trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
     }
     if (stop.requested()) {  // after the last step: the training is complete, the samples are not
       std::fprintf(stderr, "interrupted after training finished (samples skipped)\n");
       throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
     }
-  });
-});
+}
 
 }  // namespace

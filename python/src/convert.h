@@ -105,5 +105,6 @@ void bind_ops(nb::module_& m);
 void bind_models(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_tokenizer(nb::module_& m);
+void bind_dist(nb::module_& m);
 
 }  // namespace loom::python

@@ -20,4 +20,5 @@ NB_MODULE(_loom, m) {
   loom::python::bind_models(m);
   loom::python::bind_train(m);
   loom::python::bind_tokenizer(m);
+  loom::python::bind_dist(m);
 }

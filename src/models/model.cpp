@@ -1,9 +1,18 @@
 #include "models/model.h"
 
+#include "dist/runtime.h"
+
 namespace loom::models {
 
 void LanguageModel::load_parameter(const std::string& name, const Tensor& values) {
   nn::Parameter& p = parameter(name);
+  if (p.dist && values.shape() == p.global_shape && p.value.shape() != p.global_shape) {
+    // A sharded model takes whole tensors and keeps its block: checkpoints reshard on load.
+    const dist::RankContext& c = *p.dist;
+    const Tensor whole = values.dtype() == DType::F32 ? values : values.to(DType::F32);
+    p.value.copy_from(dist::copy_block(whole, dist::shard_of(name, p.global_shape, p.spec, c.mesh, c.rank)));
+    return;
+  }
   LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),
              " but the given values have shape ", values.shape());
   Tensor v = values.dtype() == p.value.dtype() ? values : values.to(p.value.dtype());

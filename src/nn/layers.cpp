@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "dist/runtime.h"
+
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -28,6 +30,7 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  if (weight.dist) return dist::sharded_linear(x, weight, bias, precision);
   return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision);
 }
 
@@ -40,7 +43,7 @@ Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t di
                      ParamGroup group)
     : weight(add_parameter(make_parameter(join(name, "weight"), {num_embeddings, dim}, init, key, group))) {}
 
-Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, weight.value); }
+Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, compute_value(weight)); }
 
 LayerNorm::LayerNorm(const std::string& name, int64_t dim, float eps_)
     : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),
@@ -145,8 +148,10 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions,
   Tensor v = v_proj.forward(x);
   std::optional<ops::RopeOptions> rope_options;
   if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style, rope->cache};
-  Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(num_heads), rope_options,
-                                        static_cast<int>(num_kv_heads), dropout);
+  // Under tensor parallelism q, k and v hold this rank's whole heads only (dist::sharded_linear).
+  const int64_t D = d_model / num_heads;
+  Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(q.size(2) / D), rope_options,
+                                        static_cast<int>(k.size(2) / D), dropout);
   return output_proj.forward(y);
 }
 

@@ -1,5 +1,7 @@
 #include "nn/parameter.h"
 
+#include "dist/runtime.h"
+
 namespace loom::nn {
 
 const char* param_group_name(ParamGroup group) {
@@ -14,6 +16,8 @@ const char* param_group_name(ParamGroup group) {
   }
   return "?";
 }
+
+Tensor compute_value(const Parameter& p) { return p.dist ? dist::gathered_value(p) : p.value; }
 
 Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key, ParamGroup group) {
   Parameter p;

@@ -18,6 +18,10 @@
 #include "core/tensor.h"
 #include "dist/sharding.h"
 
+namespace loom::dist {
+struct RankContext;
+}
+
 namespace loom::nn {
 
 // What a parameter is, for sharding (the mesh maps each group to a partition spec per parallel mode, as
@@ -39,7 +43,15 @@ struct Parameter {
   Shape global_shape;
   dist::PartitionSpec spec;
   ParamGroup group = ParamGroup::DenseIn;
+  // Set when the model is sharded over a mesh (dist::shard_model): the rank, mesh, mode and
+  // communicator the layers use to gather what they need. Null: one process, value is the whole tensor.
+  std::shared_ptr<const dist::RankContext> dist;
 };
+
+// The tensor compute reads: `value` itself, or, when sharded, `value` gathered over every mesh axis
+// (differentiably: gradients flow back to the shard). Layers that compute on shards directly (Linear's
+// tensor parallelism) use dist::sharded_linear instead.
+Tensor compute_value(const Parameter& p);
 
 // How a parameter's initial values are drawn.
 struct Init {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_count.h"
+#include "dist/mesh.h"
 #include "generate/generate.h"
 #include "io/file.h"
 #include "io/json_checked.h"
@@ -133,6 +134,7 @@ json TrainConfig::to_json() const {
         {"temperature", sample.temperature},
         {"top_k", sample.top_k},
         {"top_p", sample.top_p}}},
+      {"parallel", {{"mode", parallel.mode}, {"mesh", parallel.mesh}}},
   };
 }
 
@@ -170,6 +172,7 @@ TrainConfig TrainConfig::from_json(const json& j) {
   const json& s = m["sample"];
   c.sample = {s["prompt"].get<std::string>(),  s["num_samples"].get<int64_t>(), s["max_new_tokens"].get<int64_t>(),
               s["temperature"].get<double>(), s["top_k"].get<int64_t>(),       s["top_p"].get<double>()};
+  c.parallel = {m["parallel"]["mode"].get<std::string>(), m["parallel"]["mesh"].get<std::string>()};
   c.validate();
   return c;
 }
@@ -222,6 +225,23 @@ void TrainConfig::validate() const {
   check_non_negative(sample.temperature, "sample.temperature");
   check_non_negative(sample.top_k, "sample.top_k");
   LOOM_CHECK(sample.top_p > 0 && sample.top_p <= 1, "config: sample.top_p must be in (0, 1], got ", sample.top_p);
+
+  // The mode, the mesh, and what the model and batch need of them (the ranks are checked at launch).
+  try {
+    const dist::ParallelMode mode = dist::parallel_mode_from_name(parallel.mode);
+    const dist::Mesh mesh = dist::Mesh::parse(parallel.mesh);
+    dist::validate_mesh_for_mode(mesh, mode);
+    dist::validate_batch_for_mesh(training.batch_size, mesh, mode);
+    const json& mj = model.json();
+    if (mj.contains("num_heads") && mj["num_heads"].is_number_integer()) {
+      const int64_t heads = mj["num_heads"].get<int64_t>();
+      const int64_t kv = mj.contains("num_kv_heads") && mj["num_kv_heads"].get<int64_t>() > 0
+                             ? mj["num_kv_heads"].get<int64_t>() : heads;
+      dist::validate_model_for_mesh(heads, kv, mesh, mode);
+    }
+  } catch (const Error& e) {
+    throw Error(std::string("config: parallel: ") + e.what());
+  }
 }
 
 void TrainConfig::check_data_size(int64_t train_tokens, int64_t val_tokens) const {

@@ -80,6 +80,13 @@ struct SampleConfig {
   double top_p = 1.0;        // 1 = off
 };
 
+// How the run is spread over ranks (src/dist/mesh.h, docs/mesh.md): the device mesh and the parallel mode.
+// The mesh size must equal the number of ranks started (mpirun -np / srun -n); one rank trains alone.
+struct ParallelConfig {
+  std::string mode = "dp";                // "dp", "fsdp", "tp" or "fsdp_tp"
+  std::string mesh = "data=1,tensor=1";   // axis sizes, as --mesh takes them
+};
+
 struct TrainConfig {
   std::string description;
   models::ModelConfig model;  // the `model` section: model.arch picks the family, the rest is its keys
@@ -91,6 +98,7 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   SampleConfig sample;
+  ParallelConfig parallel;
 
   // Resolves `preset_or_file` (a preset name, or a path to a JSON file; empty means "default") and
   // applies "section.key=value" overrides in order. Throws loom::Error naming the key on any problem.

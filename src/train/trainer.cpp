@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
+#include "dist/checkpoint.h"
 #include "report/flops.h"
 #include "train/metrics.h"
 #include "report/progress.h"
@@ -32,7 +33,11 @@ struct Trainer::Data {
 };
 
 Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory)
-    : config_(std::move(config)), run_dir_(std::move(run_dir)) {
+    : Trainer(std::move(config), std::move(run_dir), memory, nullptr) {}
+
+Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory,
+                 std::shared_ptr<const dist::RankContext> dist)
+    : config_(std::move(config)), dist_(std::move(dist)), run_dir_(std::move(run_dir)) {
   config_.validate();
   check_memory(training_memory(config_), memory, "train");
   if (config_.training.threads > 0) set_num_threads(static_cast<int>(config_.training.threads));
@@ -45,6 +50,7 @@ Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& me
 
   model_ = config_.model.build(config_.training.seed);
   if (config_.training.precision == "bf16") model_->set_matmul_precision(ops::MatmulPrecision::BF16);
+  if (dist_) layout_ = dist::shard_model(*model_, dist_);  // before the optimizer: its moments follow the shards
   const auto& o = config_.optimizer;
   optimizer_ = std::make_unique<AdamW>(
       model_->parameters(), AdamWOptions{static_cast<float>(o.lr), static_cast<float>(o.beta1),
@@ -58,8 +64,8 @@ std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
   autograd::NoGradGuard no_grad;
   double total = 0;
   for (const data::Batch& b : data_->val) {
-    if (stop != nullptr && stop->requested()) return std::nullopt;  // thousands of batches must not delay a stop
-    total += model_->loss(b.inputs, b.targets).item();
+    if (stop != nullptr && agreed(stop->requested())) return std::nullopt;  // thousands of batches must not delay a stop
+    total += global(model_->loss(local(b.inputs), local(b.targets)).item());
   }
   return data_->val.empty() ? 0.0 : total / static_cast<double>(data_->val.size());
 }
@@ -71,20 +77,27 @@ TrainSummary Trainer::run(const StopSignal* stop) {
                existing.empty() ? 0 : existing.back().step,
                ") from an earlier run: continue it with --resume, or train into another --out directory");
   }
-  std::filesystem::create_directories(run_dir_);
-  config_.write(run_dir_);
+  const bool writer = writes_files();
+  if (writer) {
+    std::filesystem::create_directories(run_dir_);
+    config_.write(run_dir_);
+  }
   const auto& tc = config_.training;
   const auto& oc = config_.optimizer;
-  MetricsWriter metrics(run_dir_, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
-  Progress progress(tc.max_steps, progress_mode_from_name(config_.logging.progress, stderr), stderr, step_);
+  std::optional<MetricsWriter> metrics;  // rank 0's only
+  if (writer) metrics.emplace(run_dir_, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
+  Progress progress(tc.max_steps, writer ? progress_mode_from_name(config_.logging.progress, stderr)
+                                         : progress_mode_from_name("none", stderr),
+                    stderr, step_);
   const double flops_per_token = config_.model.stats().palm_flops_per_token();
   const double peak = config_.logging.peak_flops > 0 ? config_.logging.peak_flops
-                                                      : cpu::measure_fma_peak(num_threads(), 0.3).gflops * 1e9;
+                                                      : cpu::measure_fma_peak(num_threads(), 0.3).gflops * 1e9 *
+                                                            (dist_ ? static_cast<double>(dist_->mesh.size()) : 1.0);
   const int64_t tokens_per_step = config_.tokens_per_step();
   auto params = model_->parameters();
 
   TrainSummary summary;
-  auto stop_requested = [&] { return stop != nullptr && stop->requested(); };
+  auto stop_requested = [&] { return agreed(stop != nullptr && stop->requested()); };
   auto validate_now = [&] {
     if (stop != nullptr) stop->set_step(step_);
     std::optional<double> loss = validation_loss(stop);
@@ -100,7 +113,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     summary.first_val_loss = first_val_loss_;
     summary.last_val_loss = last_val_loss_;
     ValEvent e{step_, v};
-    metrics.val(e);
+    if (metrics) metrics->val(e);
     progress.log_val(e);
   };
   // The starting point of the val curve, or a validation that an earlier stop interrupted.
@@ -124,9 +137,9 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       // A stop between micro-batches abandons the step: nothing is applied and the loader goes back to
       // where the step began, so the run ends at the last completed step and a resume redoes this one.
       if (micro > 0 && stop_requested()) break;
-      data::Batch batch = data_->train.next();
-      Tensor loss = model_->loss(batch.inputs, batch.targets, train_context(micro));
-      loss_sum += loss.item();
+      data::Batch batch = data_->train.next();  // the global batch: every rank reads the same one
+      Tensor loss = model_->loss(local(batch.inputs), local(batch.targets), train_context(micro));
+      loss_sum += global(loss.item());
       // Mean over micro-batches: each contributes 1/accum of the gradient.
       (tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss).backward();
     }
@@ -138,16 +151,17 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       break;
     }
     const double loss_value = loss_sum / static_cast<double>(tc.grad_accum_steps);
+    finish_gradients();
     std::vector<Tensor> grads = gradients_of(params);
     if (after_backward) after_backward(step_, grads);
-    const double grad_norm = oc.grad_clip > 0 ? clip_grad_norm(grads, oc.grad_clip) : global_grad_norm(grads);
+    const double grad_norm = clip_or_norm(grads);
     const bool finite = std::isfinite(loss_value) && std::isfinite(grad_norm);
     if (finite) optimizer_->step(lr);
     // After the optimizer: DeepSeek-V3 moves its routing biases by this step's loads (not a gradient).
     model_->end_training_step(finite);
     if (!finite) {
       ++skipped_;
-      metrics.write({{"event", "skip"}, {"step", step_ + 1}, {"loss", loss_value}, {"grad_norm", grad_norm},
+      if (metrics) metrics->write({{"event", "skip"}, {"step", step_ + 1}, {"loss", loss_value}, {"grad_norm", grad_norm},
                      {"skipped_total", skipped_}});
       progress.note(str("step ", step_ + 1, ": non-finite ", std::isfinite(loss_value) ? "gradient" : "loss",
                         ", update skipped (", skipped_, " so far)"));
@@ -167,7 +181,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       e.tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / seconds;
       e.mfu = mfu(flops_per_token, e.tokens_per_s, peak);
       e.model = model_->take_training_metrics();
-      metrics.train(e);
+      if (metrics) metrics->train(e);
       last_train_event_ = to_json(e);
       progress.log(e);
       window_start = Clock::now();
@@ -262,6 +276,7 @@ std::string Trainer::save_checkpoint() {
     best_checkpoint_step_ = step_;
     best_checkpoint_val_ = *last_val_loss_;
   }
+  if (dist_) return save_sharded_checkpoint();
   std::vector<CheckpointFile> files;
   files.push_back({"model.safetensors", [&](const std::string& path) { save_model_weights(*model_, path); }});
   files.push_back({"optimizer.safetensors", [&](const std::string& path) {
@@ -280,14 +295,68 @@ std::string Trainer::save_checkpoint() {
                      }
                      io::write_safetensors(path, entries, {{"loom.optimizer", "adamw"}});
                    }});
-  files.push_back({"trainer_state.json", [&](const std::string& path) {
-                     std::string text = state_json().dump(2) + "\n";
-                     io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
-                   }});
+  files.push_back(state_file());
   std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
   apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
+  return path;
+}
+
+CheckpointFile Trainer::state_file() const {
+  return {"trainer_state.json", [this](const std::string& path) {
+            std::string text = state_json().dump(2) + "\n";
+            io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+          }};
+}
+
+// Every rank writes its blocks into the temporary directory rank 0's write_checkpoint makes (its name
+// is broadcast); rank 0 writes the index and the trainer state, waits for everyone's file (a barrier),
+// and only then lets write_checkpoint digest them all and rename the directory (dist/checkpoint.h).
+std::string Trainer::save_sharded_checkpoint() {
+  namespace fs = std::filesystem;
+  const dist::RankContext& c = *dist_;
+  const auto world = c.comm->world();
+  auto params = model_->parameters();
+  std::vector<const Tensor*> m, v;
+  for (size_t i = 0; i < params.size(); ++i) {
+    m.push_back(&optimizer_->exp_avg(i));
+    v.push_back(&optimizer_->exp_avg_sq(i));
+  }
+  const std::string final_path = (fs::path(checkpoints_dir(run_dir_)) / checkpoint_name(step_)).string();
+  if (c.rank != 0) {
+    const std::string tmp = dist::broadcast_text("", 0, c);
+    if (!tmp.empty()) {  // empty: rank 0 found this step's checkpoint already saved
+      dist::write_rank_shards((fs::path(tmp) / dist::shard_file_name(c.rank)).string(), params, m, v, c);
+      c.comm->barrier(world);
+    }
+    c.comm->barrier(world);
+    return final_path;
+  }
+  bool announced = false;
+  auto announce = [&](const std::string& tmp) {
+    if (announced) return;
+    dist::broadcast_text(tmp, 0, c);
+    announced = true;
+  };
+  std::vector<CheckpointFile> files;
+  files.push_back({dist::kShardIndex, [&](const std::string& path) {
+                     announce(fs::path(path).parent_path().string());
+                     const std::string text = dist::shard_index(params, layout_, c).dump(1) + "\n";
+                     io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
+                   }});
+  files.push_back({dist::shard_file_name(0), [&](const std::string& path) {
+                     dist::write_rank_shards(path, params, m, v, c);
+                     c.comm->barrier(world);  // every rank's file is now written and fsync'ed
+                   }});
+  for (int r = 1; r < c.comm->size(); ++r) files.push_back({dist::shard_file_name(r), [](const std::string&) {}});
+  files.push_back(state_file());
+  const std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
+  announce("");  // still unannounced: the step was saved already and nothing was written
+  std::vector<int64_t> keep;
+  if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
+  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
+  c.comm->barrier(world);
   return path;
 }
 
@@ -305,27 +374,49 @@ void Trainer::load_checkpoint(const std::string& dir) {
     LOOM_CHECK(saved_tok.empty() || our_tok.empty() || saved_tok == our_tok, "checkpoint ", dir,
                " was trained with a tokenizer of sha256 ", saved_tok, ", but ", config_.data.tokenizer, " has ", our_tok);
 
-    io::SafetensorsFile weights = io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string());
     auto params = model_->parameters();
-    load_model_tensors(*model_, weights, dir + "/model.safetensors");  // parameters and model state
-
-    io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-    const auto& step_info = opt.info("step");
-    LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
-               "/optimizer.safetensors: \"step\" must be one I64");
     int64_t count = 0;
-    std::memcpy(&count, opt.bytes("step").data(), sizeof(count));
+    // Either one file per kind of tensor, or blocks written by the ranks of a sharded run (whole tensors
+    // either way here: load_parameter and the moments below keep this rank's block).
+    const bool sharded = fs::exists(fs::path(dir) / dist::kShardIndex);
+    std::optional<dist::ShardedCheckpoint> shards;
+    std::optional<io::SafetensorsFile> weights, opt;
+    if (sharded) {
+      shards.emplace(dir);
+      LOOM_CHECK(shards->num_parameters() == params.size(), dir, "/", dist::kShardIndex, " lists ",
+                 shards->num_parameters(), " parameters, the model has ", params.size());
+      for (nn::Parameter* p : params) {
+        LOOM_CHECK(shards->contains(p->name), dir, "/", dist::kShardIndex, ": missing parameter '", p->name, "'");
+        model_->load_parameter(p->name, shards->whole(p->name));
+      }
+      count = s.at("optimizer_steps").get<int64_t>();
+    } else {
+      weights.emplace(io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
+      load_model_tensors(*model_, *weights, dir + "/model.safetensors");  // parameters and model state
+      opt.emplace(io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string()));
+      const auto& step_info = opt->info("step");
+      LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
+                 "/optimizer.safetensors: \"step\" must be one I64");
+      std::memcpy(&count, opt->bytes("step").data(), sizeof(count));
+    }
     optimizer_->set_step_count(count);
+    auto has = [&](const std::string& name) { return sharded ? shards->contains(name) : opt->contains(name); };
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string m = params[i]->name + ".exp_avg", v = params[i]->name + ".exp_avg_sq";
-      LOOM_CHECK(opt.contains(m) == opt.contains(v), dir, "/optimizer.safetensors has only one of ", m, " and ", v);
-      if (!opt.contains(m)) {  // a parameter that was never updated: zero moments
+      LOOM_CHECK(has(m) == has(v), dir, " has only one of ", m, " and ", v);
+      if (!has(m)) {  // a parameter that was never updated: zero moments
         for (Tensor* t : {&optimizer_->exp_avg(i), &optimizer_->exp_avg_sq(i)}) {
           if (t->defined()) t->zero_();
         }
         continue;
       }
-      Tensor tm = opt.tensor(m), tv = opt.tensor(v);
+      Tensor tm = sharded ? shards->whole(m) : opt->tensor(m), tv = sharded ? shards->whole(v) : opt->tensor(v);
+      if (dist_ && tm.shape() == params[i]->global_shape && tv.shape() == params[i]->global_shape &&
+          tm.dtype() == DType::F32 && tv.dtype() == DType::F32) {  // whole moments: keep this rank's block
+        const dist::Shard& shard = layout_[i].shards[static_cast<size_t>(dist_->rank)];
+        tm = dist::copy_block(tm, shard);
+        tv = dist::copy_block(tv, shard);
+      }
       LOOM_CHECK(tm.shape() == params[i]->value.shape() && tv.shape() == params[i]->value.shape() &&
                      tm.dtype() == DType::F32 && tv.dtype() == DType::F32,
                  dir, "/optimizer.safetensors: ", m, " / ", v, " must be F32 ", params[i]->value.shape(), ", got ",
@@ -363,6 +454,50 @@ void Trainer::load_checkpoint(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     LOOM_FAIL(state_path, ": malformed trainer state: ", e.what());
   }
+}
+
+Tensor Trainer::local(const Tensor& batch_tensor) const {
+  return dist_ ? dist::local_batch(batch_tensor, *dist_) : batch_tensor;
+}
+
+double Trainer::global(double local_loss) const { return dist_ ? dist::global_loss(local_loss, *dist_) : local_loss; }
+
+void Trainer::finish_gradients() {
+  if (dist_) dist::finish_gradients(model_->parameters(), *dist_);
+}
+
+double Trainer::clip_or_norm(const std::vector<Tensor>& grads) {
+  const double clip = config_.optimizer.grad_clip;
+  if (!dist_) return clip > 0 ? clip_grad_norm(grads, clip) : global_grad_norm(grads);
+  auto params = model_->parameters();
+  return clip > 0 ? dist::clip_grad_norm(params, layout_, *dist_, clip) : dist::global_grad_norm(params, layout_, *dist_);
+}
+
+bool Trainer::agreed(bool stop) const {
+  if (!dist_) return stop;
+  double any = stop ? 1.0 : 0.0;  // a signal reaches ranks at different moments: stop when any rank saw it
+  dist_->comm->all_reduce_sum(&any, 1, dist_->comm->world());
+  return any > 0;
+}
+
+std::vector<Tensor> Trainer::whole_parameters() {
+  std::vector<Tensor> out;
+  for (nn::Parameter* p : model_->parameters()) {
+    out.push_back(dist_ ? dist::gather_whole(p->value, *p, *dist_) : p->value.detach());
+  }
+  return out;
+}
+
+void Trainer::save_weights(const std::string& path) {
+  if (!dist_) return save_model_weights(*model_, path);
+  std::vector<Tensor> whole = whole_parameters();
+  if (writes_files()) {
+    io::NamedTensors tensors;
+    auto params = model_->parameters();
+    for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back(params[i]->name, whole[i]);
+    io::write_safetensors(path, tensors, {{"loom.model_config", model_->model_config().json().dump()}});
+  }
+  dist_->comm->barrier(dist_->comm->world());
 }
 
 std::optional<int64_t> Trainer::resume(

@@ -12,7 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dist/runtime.h"
 #include "models/model.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/memory.h"
 #include "train/optimizer.h"
@@ -34,6 +36,12 @@ class Trainer {
   // Opens the data named by the config (checking sizes and vocabulary), builds the model and optimizer.
   // Refuses (loom::Error) a config whose memory estimate exceeds `memory` before allocating (train/memory.h).
   Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory = MemoryBudget::of_machine());
+  // One rank of a sharded run (docs/mesh.md): the model is sharded over `dist`'s mesh in `dist`'s mode
+  // right after it is built. Every rank runs the same calls (steps, validation and checkpoints talk to
+  // the others); rank 0 writes the run's files (metrics, config, the final weights, gathered), and every
+  // rank writes its blocks of each checkpoint (dist/checkpoint.h), which resumes on any mesh or mode.
+  Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory,
+          std::shared_ptr<const dist::RankContext> dist);
 
   // Trains from the current step to training.max_steps, or until `stop` is requested. `stop` is looked at
   // between micro-batches and between validation batches: a step interrupted before its last micro-batch
@@ -65,6 +73,13 @@ class Trainer {
   // Mean loss over the fixed validation batches.
   double validation_loss();
 
+  // The whole model's weights to `path` (save_model_weights' format). Collective when sharded: every rank
+  // calls it, rank 0 writes.
+  void save_weights(const std::string& path);
+  // Whether this rank writes the run's files (rank 0, or the only rank).
+  bool writes_files() const { return !dist_ || dist_->rank == 0; }
+  const dist::RankContext* rank_context() const { return dist_.get(); }
+
   const TrainConfig& config() const { return config_; }
   models::LanguageModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
@@ -73,6 +88,8 @@ class Trainer {
  private:
   struct Data;
   TrainConfig config_;
+  std::shared_ptr<const dist::RankContext> dist_;  // null: one process
+  std::vector<dist::TensorLayout> layout_;         // when sharded, indexed like model_->parameters()
   std::string run_dir_;
   std::unique_ptr<models::LanguageModel> model_;
   std::unique_ptr<AdamW> optimizer_;
@@ -94,6 +111,18 @@ class Trainer {
   models::ForwardContext train_context(int64_t micro) const;
   // Mean validation loss, or nullopt when `stop` was requested before the last batch.
   std::optional<double> validation_loss(const StopSignal* stop);
+  // What differs when sharded (src/dist/runtime.h): this rank's rows of a batch tensor, the global loss,
+  // the gradients completed after backward(), the global norm, and a stop all ranks agree on.
+  Tensor local(const Tensor& batch_tensor) const;
+  double global(double local_loss) const;
+  void finish_gradients();
+  double clip_or_norm(const std::vector<Tensor>& grads);
+  bool agreed(bool stop) const;
+  // Whole parameter tensors (gathered when sharded: collective).
+  std::vector<Tensor> whole_parameters();
+  // The trainer_state.json of a checkpoint; a sharded checkpoint's save (dist/checkpoint.h).
+  CheckpointFile state_file() const;
+  std::string save_sharded_checkpoint();
 };
 
 }  // namespace loom::train

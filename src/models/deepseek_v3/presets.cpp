@@ -83,6 +83,10 @@ constexpr const char* kDsv3Austen = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -166,6 +170,10 @@ constexpr const char* kDsv3Mini = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -249,6 +257,10 @@ constexpr const char* kDsv3Tiny = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";

@@ -100,8 +100,8 @@ GPT2::GPT2(const Config& config, uint64_t seed)
   }
 }
 
-const Tensor& GPT2::head_weight() const {
-  return lm_head ? lm_head->weight.value : token_embeddings.weight.value;
+Tensor GPT2::head_weight() const {
+  return nn::compute_value(lm_head ? lm_head->weight : token_embeddings.weight);
 }
 
 Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContext& ctx) const {

@@ -53,7 +53,7 @@ class GPT2 : public models::LanguageModel {
   // The final hidden states ln_final(...) [B, T, C].
   Tensor hidden(const Tensor& ids, const models::ForwardContext& ctx = {}) const;
   // The head's weight [V, C]: lm_head, or the token embedding when tied.
-  const Tensor& head_weight() const;
+  Tensor head_weight() const;  // gathered when sharded (nn::compute_value)
 
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;

@@ -70,6 +70,10 @@ constexpr const char* kGpt2Austen = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -140,6 +144,10 @@ constexpr const char* kGpt2Large = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -210,6 +218,10 @@ constexpr const char* kGpt2Medium = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -280,6 +292,10 @@ constexpr const char* kGpt2SmallUntied = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -350,6 +366,10 @@ constexpr const char* kGpt2Small = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -420,6 +440,10 @@ constexpr const char* kGpt2Xl = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";

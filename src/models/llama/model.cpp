@@ -93,7 +93,7 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
-  return ops::linear_cross_entropy(hidden(ids), lm_head.weight.value, targets, -100, lm_head.precision);
+  return ops::linear_cross_entropy(hidden(ids), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision);
 }
 
 void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {

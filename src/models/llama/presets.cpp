@@ -68,6 +68,10 @@ constexpr const char* kCs336Tinystories = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -136,6 +140,10 @@ constexpr const char* kDefault = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";
@@ -204,6 +212,10 @@ constexpr const char* kTiny = R"json({
     "temperature": 0.8,
     "top_k": 50,
     "top_p": 1.0
+  },
+  "parallel": {
+    "mode": "dp",
+    "mesh": "data=1,tensor=1"
   }
 }
 )json";

@@ -1,0 +1,152 @@
+// Sharded training speed and traffic (docs/mesh.md): tokens/s and the bytes each rank hands to the
+// communicator per step, next to what the mode should move in theory, and memory per rank.
+//
+//   loom_bench_mesh [--threads N]                                  one process, the baseline
+//   mpirun -np 2 loom_bench_mesh --mode dp --mesh data=2           one line per run
+//
+// The model is the tiny preset's Llama (vocab 512, T 64, d 64, 2 layers, 4 heads, d_ff 192), batch 16,
+// f32, AdamW with clipping, synthetic batches. Bytes are payloads as CommStats counts them (an all-reduce
+// of n floats counts 4n; an all-gather counts this rank's 4n input; a reduce-scatter its whole 4gn input),
+// not wire bytes (a ring all-reduce puts about 2(g-1)/g of its payload on the wire per rank).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/parallel.h"
+#include "dist/mpi.h"
+#include "dist/runtime.h"
+#include "models/llama/model.h"
+#include "train/optimizer.h"
+
+using namespace loom;
+
+namespace {
+
+llama::Config tiny() {
+  llama::Config c;
+  c.vocab_size = 512;
+  c.context_length = 64;
+  c.d_model = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.d_ff = 192;
+  return c;
+}
+constexpr int64_t kBatch = 16;
+
+std::pair<Tensor, Tensor> batch_of(int step) {
+  const int64_t T = tiny().context_length, V = tiny().vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(kBatch * T)), targets(ids.size());
+  uint32_t h = 2166136261u ^ static_cast<uint32_t>(step);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    h = (h ^ 0x9e3779b9u) * 16777619u;
+    ids[i] = static_cast<int32_t>((h >> 7) % V);
+    targets[i] = static_cast<int32_t>((h >> 13) % V);
+  }
+  return {Tensor::from_vector<int32_t>({kBatch, T}, ids), Tensor::from_vector<int32_t>({kBatch, T}, targets)};
+}
+
+// The payload bytes per rank per step the mode implies for this model (see the header's counting).
+double theory_bytes(dist::ParallelMode mode, const dist::Mesh& mesh) {
+  const llama::Config c = tiny();
+  const double C = static_cast<double>(c.d_model), F = static_cast<double>(c.d_ff), V = static_cast<double>(c.vocab_size);
+  const double L = static_cast<double>(c.num_layers), d = static_cast<double>(mesh.data), t = static_cast<double>(mesh.tensor);
+  const double dense = L * (4 * C * C + 3 * C * F);   // q, k, v, output_proj, w1, w2, w3
+  const double other = 2 * V * C + L * 2 * C + C;     // embedding, lm_head, norms
+  const double tokens = static_cast<double>(kBatch) / (mode == dist::ParallelMode::Tp ? 1 : d) *
+                        static_cast<double>(c.context_length);
+  const double scalars = 8 * (1 /*loss*/ + 1 /*stop*/ + 1 /*grad norm*/) * (d > 1 || mode == dist::ParallelMode::Tp ? 1 : 0);
+  double bytes = 0;
+  switch (mode) {
+    case dist::ParallelMode::Dp:  // every gradient all-reduced over data
+      bytes = 4 * (dense + other);
+      break;
+    case dist::ParallelMode::Fsdp:  // dense: gather (fwd) + gather (bwd) of the shard, reduce-scatter of the whole grad
+      bytes = 4 * (2 * dense / d + dense) + 4 * other;
+      break;
+    case dist::ParallelMode::Tp:  // per layer: 5 f all-reduces (bwd) + 2 g all-reduces (fwd) of [B,T,C]; 2 table gathers
+      bytes = 4 * (L * 7 * tokens * C) + 4 * (2 * V * C / t);
+      break;
+    case dist::ParallelMode::FsdpTp:  // tp's activations on B/d rows, fsdp's traffic on each tensor shard
+      bytes = 4 * (L * 7 * tokens * C) + 4 * (2 * V * C / t) + 4 * (2 * dense / (d * t) + dense / t) +
+              4 * (2 * V * C / t + L * 2 * C + C);
+      break;
+  }
+  return bytes + scalars - (mode == dist::ParallelMode::Tp ? 8 : 0);  // tp has no data axis: no loss all-reduce
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode_name, mesh_text;
+  int threads = 1, steps = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--mode")) mode_name = argv[i + 1];
+    if (!std::strcmp(argv[i], "--mesh")) mesh_text = argv[i + 1];
+    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+  }
+  set_num_threads(threads);
+  std::shared_ptr<dist::Communicator> comm;
+  std::shared_ptr<dist::RankContext> ctx;
+  if (!mode_name.empty()) {
+    comm = dist::mpi_world();
+    ctx = std::make_shared<dist::RankContext>(dist::RankContext{dist::Mesh::parse(mesh_text),
+                                                                dist::parallel_mode_from_name(mode_name), comm.get(),
+                                                                comm->rank()});
+  }
+  auto model = std::make_unique<llama::TransformerLM>(tiny(), 1);
+  std::vector<dist::TensorLayout> layout;
+  if (ctx) layout = dist::shard_model(*model, ctx);
+  auto params = model->parameters();
+  int64_t param_bytes = 0;
+  for (nn::Parameter* p : params) param_bytes += static_cast<int64_t>(p->value.nbytes());
+  train::AdamW opt(params, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
+  auto step = [&](int s) {
+    opt.zero_grad();
+    auto [ids, targets] = batch_of(s);
+    Tensor loss = ctx ? model->loss(dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx)) : model->loss(ids, targets);
+    if (ctx) {
+      dist::global_loss(loss.item(), *ctx);
+      double stop = 0;  // the trainer's per-step stop agreement
+      comm->all_reduce_sum(&stop, 1, comm->world());
+    }
+    loss.backward();
+    if (ctx) {
+      dist::finish_gradients(params, *ctx);
+      dist::clip_grad_norm(params, layout, *ctx, 1.0);
+    } else {
+      train::clip_grad_norm(train::gradients_of(params), 1.0);
+    }
+    opt.step();
+  };
+  for (int s = 0; s < 3; ++s) step(s);  // warm-up: caches, the allocator, MPI's groups
+  allocator_for(Device::cpu()).reset_peak();
+  const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
+  if (comm) comm->barrier(comm->world());
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 3; s < 3 + steps; ++s) step(s);
+  if (comm) comm->barrier(comm->world());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (comm && comm->rank() != 0) return 0;
+  const double tok_s = static_cast<double>(steps * kBatch * tiny().context_length) / seconds;
+  const int64_t peak = allocator_for(Device::cpu()).stats().peak_bytes_in_use;
+  if (!ctx) {
+    std::printf("1 rank x %d threads: %.0f tokens/s, parameters %lld B, peak allocator bytes %lld\n", threads, tok_s,
+                static_cast<long long>(param_bytes), static_cast<long long>(peak));
+    return 0;
+  }
+  const dist::CommStats& a = comm->stats;
+  const double per_step = static_cast<double>(a.total_bytes() - before.total_bytes()) / steps;
+  std::printf("%s on %s (%d ranks x %d thread): %.0f tokens/s, bytes/step/rank measured %.0f (all_reduce %.0f, "
+              "all_gather %.0f, reduce_scatter %.0f) theory %.0f, rank 0 parameters %lld B, peak allocator bytes %lld\n",
+              mode_name.c_str(), ctx->mesh.str().c_str(), comm->size(), threads, tok_s, per_step,
+              static_cast<double>(a.all_reduce_bytes - before.all_reduce_bytes) / steps,
+              static_cast<double>(a.all_gather_bytes - before.all_gather_bytes) / steps,
+              static_cast<double>(a.reduce_scatter_bytes - before.reduce_scatter_bytes) / steps,
+              theory_bytes(ctx->mode, ctx->mesh), static_cast<long long>(param_bytes), static_cast<long long>(peak));
+  return 0;
+}

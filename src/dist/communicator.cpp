@@ -1,0 +1,226 @@
+#include "dist/communicator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace loom::dist {
+
+std::vector<int> Communicator::world() const {
+  std::vector<int> all(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) all[static_cast<size_t>(i)] = i;
+  return all;
+}
+
+int Communicator::index_in(const std::vector<int>& group) const {
+  auto it = std::find(group.begin(), group.end(), rank());
+  LOOM_ASSERT(it != group.end(), "rank ", rank(), " is not in the group it runs a collective on");
+  return static_cast<int>(it - group.begin());
+}
+
+// One rendezvous per group (keyed by its member list). A collective is two barriers: members publish
+// their buffers, meet, each computes its own result reading the others' inputs, meet again (after which
+// nobody reads), and only then writes in place. Every wait is bounded and gives up when the world fails.
+struct InProcessWorld::State {
+  struct Rendezvous {
+    int arrived = 0;
+    uint64_t generation = 0;
+    std::vector<const void*> inputs;
+  };
+  int size = 0;
+  std::chrono::milliseconds timeout;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::map<std::vector<int>, Rendezvous> groups;
+  bool failed = false;
+  std::string failure;
+
+  Rendezvous& rendezvous(const std::vector<int>& group) {
+    auto& r = groups[group];
+    if (r.inputs.size() != group.size()) r.inputs.assign(group.size(), nullptr);
+    return r;
+  }
+
+  // Waits until every member of `group` has reached this point (publishing `input` at `index`).
+  void meet(const std::vector<int>& group, int index, const void* input, const char* op, int rank) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (failed) throw Error(str("rank ", rank, ": ", op, " abandoned: ", failure));
+    Rendezvous& r = rendezvous(group);
+    if (input != nullptr) r.inputs[static_cast<size_t>(index)] = input;
+    const uint64_t gen = r.generation;
+    if (++r.arrived == static_cast<int>(group.size())) {
+      r.arrived = 0;
+      ++r.generation;
+      cv.notify_all();
+      return;
+    }
+    const bool met = cv.wait_for(lock, timeout, [&] { return r.generation != gen || failed; });
+    if (failed) throw Error(str("rank ", rank, ": ", op, " abandoned: ", failure));
+    if (!met) {
+      failed = true;
+      failure = str(op, " timed out after ", timeout.count(), " ms waiting for the other ranks of the group");
+      cv.notify_all();
+      throw Error(str("rank ", rank, ": ", failure));
+    }
+  }
+  const void* input(const std::vector<int>& group, int index) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return rendezvous(group).inputs[static_cast<size_t>(index)];
+  }
+};
+
+namespace {
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(InProcessWorld::State& s, int rank) : s_(s), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return s_.size; }
+  std::string kind() const override { return "in-process"; }
+
+  void all_reduce_sum(float* data, int64_t n, const std::vector<int>& group) override {
+    reduce_all(data, n, group);
+    stats.all_reduce_bytes += n * 4;
+  }
+  void all_reduce_sum(double* data, int64_t n, const std::vector<int>& group) override {
+    reduce_all(data, n, group);
+    stats.all_reduce_bytes += n * 8;
+  }
+
+  void all_gather(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    const int me = begin(group);
+    s_.meet(group, me, in, "all_gather", rank_);
+    for (size_t i = 0; i < group.size(); ++i) {
+      const auto* src = static_cast<const float*>(s_.input(group, static_cast<int>(i)));
+      std::memcpy(out + static_cast<int64_t>(i) * n, src, static_cast<size_t>(n) * sizeof(float));
+    }
+    s_.meet(group, me, nullptr, "all_gather", rank_);
+    stats.all_gather_bytes += n * 4;
+  }
+
+  void reduce_scatter_sum(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    const int me = begin(group);
+    s_.meet(group, me, in, "reduce_scatter", rank_);
+    std::vector<float> acc(static_cast<size_t>(n), 0.0f);
+    for (size_t i = 0; i < group.size(); ++i) {
+      const float* src = static_cast<const float*>(s_.input(group, static_cast<int>(i))) + static_cast<int64_t>(me) * n;
+      for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += src[j];
+    }
+    s_.meet(group, me, nullptr, "reduce_scatter", rank_);
+    std::memcpy(out, acc.data(), static_cast<size_t>(n) * sizeof(float));
+    stats.reduce_scatter_bytes += n * static_cast<int64_t>(group.size()) * 4;
+  }
+
+  void broadcast(float* data, int64_t n, int root, const std::vector<int>& group) override {
+    const int me = begin(group);
+    auto it = std::find(group.begin(), group.end(), root);
+    LOOM_ASSERT(it != group.end(), "broadcast root ", root, " is not in the group");
+    s_.meet(group, me, data, "broadcast", rank_);
+    std::vector<float> copy(static_cast<size_t>(n));
+    std::memcpy(copy.data(), s_.input(group, static_cast<int>(it - group.begin())), static_cast<size_t>(n) * sizeof(float));
+    s_.meet(group, me, nullptr, "broadcast", rank_);
+    if (rank_ != root) std::memcpy(data, copy.data(), static_cast<size_t>(n) * sizeof(float));
+    stats.broadcast_bytes += rank_ == root ? n * 4 : 0;
+  }
+
+  void barrier(const std::vector<int>& group) override {
+    const int me = begin(group);
+    s_.meet(group, me, nullptr, "barrier", rank_);
+  }
+
+ private:
+  int begin(const std::vector<int>& group) {
+    ++stats.calls;
+    return index_in(group);
+  }
+  template <typename T>
+  void reduce_all(T* data, int64_t n, const std::vector<int>& group) {
+    const int me = begin(group);
+    s_.meet(group, me, data, "all_reduce", rank_);
+    std::vector<T> acc(static_cast<size_t>(n), T(0));
+    for (size_t i = 0; i < group.size(); ++i) {  // in group order: the same bits on every member
+      const T* src = static_cast<const T*>(s_.input(group, static_cast<int>(i)));
+      for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += src[j];
+    }
+    s_.meet(group, me, nullptr, "all_reduce", rank_);
+    std::memcpy(data, acc.data(), static_cast<size_t>(n) * sizeof(T));
+  }
+
+  InProcessWorld::State& s_;
+  int rank_;
+};
+
+}  // namespace
+
+InProcessWorld::InProcessWorld(int size, std::chrono::milliseconds timeout) : state_(std::make_unique<State>()) {
+  LOOM_CHECK(size >= 1, "InProcessWorld: size must be >= 1, got ", size);
+  state_->size = size;
+  state_->timeout = timeout;
+  for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<InProcessCommunicator>(*state_, r));
+}
+
+InProcessWorld::~InProcessWorld() = default;
+
+int InProcessWorld::size() const { return state_->size; }
+
+Communicator& InProcessWorld::communicator(int rank) {
+  LOOM_CHECK(rank >= 0 && rank < size(), "InProcessWorld: rank ", rank, " outside [0, ", size(), ")");
+  return *comms_[static_cast<size_t>(rank)];
+}
+
+void InProcessWorld::abort(int rank, const std::string& why) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->failed) {
+    state_->failed = true;
+    state_->failure = str("rank ", rank, " failed: ", why);
+  }
+  state_->cv.notify_all();
+}
+
+void run_in_process(int size, const std::function<void(int, Communicator&)>& fn) {
+  InProcessWorld world(size);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::string> messages(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r, world.communicator(r));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+        messages[static_cast<size_t>(r)] = e.what();
+        world.abort(r, e.what());
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+        messages[static_cast<size_t>(r)] = "unknown exception";
+        world.abort(r, "unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The root cause: the first rank whose failure is not "abandoned" because of another's.
+  int first = -1;
+  for (int r = 0; r < size; ++r) {
+    if (!errors[static_cast<size_t>(r)]) continue;
+    if (first < 0) first = r;
+    if (messages[static_cast<size_t>(r)].find(" abandoned: ") == std::string::npos) {
+      first = r;
+      break;
+    }
+  }
+  if (first >= 0) {
+    try {
+      std::rethrow_exception(errors[static_cast<size_t>(first)]);
+    } catch (const Error& e) {
+      throw Error(str("rank ", first, ": ", e.what()));
+    }
+  }
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,276 @@
+#include "dist/mesh.h"
+
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loom::dist {
+
+namespace {
+constexpr MeshAxis kData = MeshAxis::Data;
+constexpr MeshAxis kTensor = MeshAxis::Tensor;
+
+PartitionSpec spec(std::initializer_list<std::optional<MeshAxis>> dims) {
+  return PartitionSpec{std::vector<std::optional<MeshAxis>>(dims)};
+}
+
+bool uses_axis(ParallelMode mode, MeshAxis axis) {
+  if (axis == kData) return mode == ParallelMode::Fsdp || mode == ParallelMode::FsdpTp;
+  if (axis == kTensor) return mode == ParallelMode::Tp || mode == ParallelMode::FsdpTp;
+  return false;
+}
+
+int64_t parse_axis_size(const std::string& text, const std::string& part) {
+  const std::string value = part.substr(part.find('=') + 1);
+  int64_t n = 0;
+  size_t used = 0;
+  try {
+    n = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LOOM_CHECK(used == value.size() && !value.empty() && n >= 1, "mesh \"", text, "\": ", part,
+             " needs a positive integer size");
+  return n;
+}
+}  // namespace
+
+const char* parallel_mode_name(ParallelMode mode) {
+  switch (mode) {
+    case ParallelMode::Dp: return "dp";
+    case ParallelMode::Fsdp: return "fsdp";
+    case ParallelMode::Tp: return "tp";
+    case ParallelMode::FsdpTp: return "fsdp_tp";
+  }
+  return "?";
+}
+
+ParallelMode parallel_mode_from_name(const std::string& name) {
+  for (ParallelMode m : {ParallelMode::Dp, ParallelMode::Fsdp, ParallelMode::Tp, ParallelMode::FsdpTp}) {
+    if (name == parallel_mode_name(m)) return m;
+  }
+  LOOM_FAIL("unknown parallel mode \"", name, "\": expected one of dp, fsdp, tp, fsdp_tp");
+}
+
+Mesh Mesh::parse(const std::string& text) {
+  Mesh m;
+  bool seen_data = false, seen_tensor = false;
+  std::stringstream ss(text);
+  std::string part;
+  int parts = 0;
+  while (std::getline(ss, part, ',')) {
+    ++parts;
+    const auto eq = part.find('=');
+    const std::string axis = eq == std::string::npos ? part : part.substr(0, eq);
+    LOOM_CHECK(eq != std::string::npos, "mesh \"", text, "\": expected axis=size pairs like data=4,tensor=2, got \"",
+               part, "\"");
+    if (axis == "data") {
+      LOOM_CHECK(!seen_data, "mesh \"", text, "\" names the data axis twice");
+      seen_data = true;
+      m.data = parse_axis_size(text, part);
+    } else if (axis == "tensor") {
+      LOOM_CHECK(!seen_tensor, "mesh \"", text, "\" names the tensor axis twice");
+      seen_tensor = true;
+      m.tensor = parse_axis_size(text, part);
+    } else {
+      LOOM_FAIL("mesh \"", text, "\": unknown axis \"", axis, "\" (the mesh axes are data and tensor)");
+    }
+  }
+  LOOM_CHECK(parts > 0, "mesh is empty: expected axis=size pairs like data=4,tensor=2");
+  return m;
+}
+
+std::string Mesh::str() const { return "data=" + std::to_string(data) + ",tensor=" + std::to_string(tensor); }
+
+int64_t Mesh::axis_size(MeshAxis axis) const {
+  switch (axis) {
+    case MeshAxis::Data: return data;
+    case MeshAxis::Tensor: return tensor;
+    case MeshAxis::Expert: return 1;
+  }
+  return 1;
+}
+
+int64_t Mesh::coord(int64_t rank, MeshAxis axis) const {
+  LOOM_ASSERT(rank >= 0 && rank < size(), "rank ", rank, " outside mesh ", str());
+  switch (axis) {
+    case MeshAxis::Data: return rank / tensor;
+    case MeshAxis::Tensor: return rank % tensor;
+    case MeshAxis::Expert: return 0;
+  }
+  return 0;
+}
+
+std::vector<int> Mesh::group(int64_t rank, MeshAxis axis) const {
+  std::vector<int> ranks;
+  const int64_t d = coord(rank, kData), t = coord(rank, kTensor);
+  if (axis == kData) {
+    for (int64_t i = 0; i < data; ++i) ranks.push_back(static_cast<int>(rank_at(i, t)));
+  } else if (axis == kTensor) {
+    for (int64_t i = 0; i < tensor; ++i) ranks.push_back(static_cast<int>(rank_at(d, i)));
+  } else {
+    ranks.push_back(static_cast<int>(rank));
+  }
+  return ranks;
+}
+
+void validate_mesh_for_mode(const Mesh& mesh, ParallelMode mode) {
+  LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1, "mesh ", mesh.str(), ": axis sizes must be positive");
+  const char* name = parallel_mode_name(mode);
+  switch (mode) {
+    case ParallelMode::Dp:
+    case ParallelMode::Fsdp:
+      LOOM_CHECK(mesh.tensor == 1, "parallel mode ", name, " needs tensor=1, but the mesh is ", mesh.str(),
+                 " (use tp or fsdp_tp to split over the tensor axis)");
+      break;
+    case ParallelMode::Tp:
+      LOOM_CHECK(mesh.data == 1, "parallel mode tp needs data=1, but the mesh is ", mesh.str(),
+                 " (use fsdp_tp to also split over the data axis)");
+      break;
+    case ParallelMode::FsdpTp:
+      LOOM_CHECK(mesh.data > 1 && mesh.tensor > 1, "parallel mode fsdp_tp needs data > 1 and tensor > 1, but the mesh is ",
+                 mesh.str(), " (use fsdp or tp for a one-axis mesh)");
+      break;
+  }
+}
+
+void validate_mesh_for_ranks(const Mesh& mesh, int64_t ranks, const std::string& launcher) {
+  LOOM_CHECK(mesh.size() <= ranks, "mesh ", mesh.str(), " needs ", mesh.size(), " ranks, but ", launcher, " started only ",
+             ranks, " (start ", mesh.size(), " ranks, e.g. mpirun -np ", mesh.size(), ", or use a smaller mesh)");
+  LOOM_CHECK(mesh.size() == ranks, "mesh ", mesh.str(), " uses ", mesh.size(), " ranks, but ", launcher, " started ", ranks,
+             " (the mesh size must equal the number of ranks)");
+}
+
+PartitionSpec spec_for(nn::ParamGroup group, ParallelMode mode, int ndim) {
+  using nn::ParamGroup;
+  const bool data = uses_axis(mode, kData), tensor = uses_axis(mode, kTensor);
+  const std::optional<MeshAxis> d = data ? std::optional(kData) : std::nullopt;
+  const std::optional<MeshAxis> t = tensor ? std::optional(kTensor) : std::nullopt;
+  switch (group) {
+    case ParamGroup::DenseIn:  // [out, in]: tensor splits out (column parallel), data splits in
+      LOOM_ASSERT(ndim == 2, "a dense_in parameter must be 2-D, got ", ndim, " dims");
+      return spec({t, d});
+    case ParamGroup::DenseOut:  // [out, in]: data splits out, tensor splits in (row parallel)
+      LOOM_ASSERT(ndim == 2, "a dense_out parameter must be 2-D, got ", ndim, " dims");
+      return spec({d, t});
+    case ParamGroup::Embedding:
+    case ParamGroup::LmHead:
+    case ParamGroup::Position:  // [rows, C]: tensor splits d_model
+      LOOM_ASSERT(ndim == 2, "an embedding-like parameter must be 2-D, got ", ndim, " dims");
+      return spec({std::nullopt, t});
+    case ParamGroup::Norm:
+      return PartitionSpec{std::vector<std::optional<MeshAxis>>(static_cast<size_t>(ndim))};
+    case ParamGroup::Bias:
+      LOOM_ASSERT(false, "spec_for(Bias): a bias's spec depends on its weight; use spec_for_bias");
+  }
+  return {};
+}
+
+PartitionSpec spec_for_bias(nn::ParamGroup weight_group, ParallelMode mode) {
+  const PartitionSpec w = spec_for(weight_group, mode, 2);
+  return PartitionSpec{{w.dims[0]}};  // a bias lives on its weight's output dimension
+}
+
+PartitionSpec batch_spec(ParallelMode mode) {
+  return mode == ParallelMode::Tp ? spec({std::nullopt, std::nullopt}) : spec({kData, std::nullopt});
+}
+
+std::vector<ParamInfo> param_infos(const std::vector<nn::Parameter*>& params) {
+  std::vector<ParamInfo> out;
+  out.reserve(params.size());
+  for (const nn::Parameter* p : params) out.push_back({p->name, p->global_shape, p->group});
+  return out;
+}
+
+int64_t TensorLayout::replication() const {
+  int64_t blocks = 1;
+  for (size_t i = 0; i < spec.dims.size(); ++i) {
+    if (spec.dims[i] && !shards.empty()) blocks *= global_shape[static_cast<int>(i)] / shards[0].shape[static_cast<int>(i)];
+  }
+  return static_cast<int64_t>(shards.size()) / blocks;
+}
+
+Shard shard_of(const std::string& name, const Shape& global_shape, const PartitionSpec& spec, const Mesh& mesh,
+               int64_t rank) {
+  LOOM_ASSERT(spec.dims.empty() || static_cast<int>(spec.dims.size()) == global_shape.ndim(), name, ": spec ",
+              spec.str(), " does not match shape ", global_shape);
+  Shard s;
+  s.rank = rank;
+  s.offset.assign(static_cast<size_t>(global_shape.ndim()), 0);
+  s.shape = global_shape;
+  for (size_t i = 0; i < spec.dims.size(); ++i) {
+    if (!spec.dims[i]) continue;
+    const MeshAxis axis = *spec.dims[i];
+    const int64_t n = mesh.axis_size(axis), size = global_shape[static_cast<int>(i)];
+    LOOM_CHECK(size % n == 0, "parameter '", name, "' has shape ", global_shape, ": its dimension ", i, " of size ",
+               size, " does not divide by the ", mesh_axis_name(axis), " axis of size ", n, " (spec ", spec.str(),
+               ", mesh ", mesh.str(), ")");
+    s.shape[static_cast<int>(i)] = size / n;
+    s.offset[i] = mesh.coord(rank, axis) * (size / n);
+  }
+  return s;
+}
+
+namespace {
+std::vector<TensorLayout> plan(const std::vector<ParamInfo>& params, const Mesh& mesh, ParallelMode mode,
+                               bool with_moments) {
+  validate_mesh_for_mode(mesh, mode);
+  std::map<std::string, nn::ParamGroup> groups;
+  for (const ParamInfo& p : params) groups[p.name] = p.group;
+  std::vector<TensorLayout> out;
+  for (const ParamInfo& p : params) {
+    TensorLayout l;
+    l.name = p.name;
+    l.group = p.group;
+    l.global_shape = p.global_shape;
+    if (p.group == nn::ParamGroup::Bias) {
+      // "<prefix>.bias" follows "<prefix>.weight".
+      const std::string suffix = "bias";
+      LOOM_ASSERT(p.name.size() >= suffix.size() && p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0,
+                  "bias parameter '", p.name, "' does not end in 'bias'");
+      const std::string weight = p.name.substr(0, p.name.size() - suffix.size()) + "weight";
+      auto it = groups.find(weight);
+      LOOM_ASSERT(it != groups.end(), "bias '", p.name, "' has no weight '", weight, "'");
+      l.spec = spec_for_bias(it->second, mode);
+    } else {
+      l.spec = spec_for(p.group, mode, p.global_shape.ndim());
+    }
+    for (int64_t r = 0; r < mesh.size(); ++r) l.shards.push_back(shard_of(p.name, p.global_shape, l.spec, mesh, r));
+    out.push_back(l);
+    if (with_moments) {
+      for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
+        TensorLayout m = l;
+        m.name = p.name + moment;
+        out.push_back(std::move(m));
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<TensorLayout> plan_layout(const std::vector<ParamInfo>& params, const Mesh& mesh, ParallelMode mode) {
+  return plan(params, mesh, mode, false);
+}
+
+std::vector<TensorLayout> plan_layout_with_moments(const std::vector<ParamInfo>& params, const Mesh& mesh,
+                                                   ParallelMode mode) {
+  return plan(params, mesh, mode, true);
+}
+
+void validate_model_for_mesh(int64_t num_heads, int64_t num_kv_heads, const Mesh& mesh, ParallelMode mode) {
+  if (!uses_axis(mode, kTensor)) return;
+  LOOM_CHECK(num_heads % mesh.tensor == 0, "model.num_heads=", num_heads, " does not divide by tensor=", mesh.tensor,
+             ": tensor parallelism gives each rank whole attention heads");
+  LOOM_CHECK(num_kv_heads % mesh.tensor == 0, "model's key/value heads (", num_kv_heads,
+             ") do not divide by tensor=", mesh.tensor, ": tensor parallelism gives each rank whole key/value heads");
+}
+
+void validate_batch_for_mesh(int64_t batch_size, const Mesh& mesh, ParallelMode mode) {
+  if (batch_spec(mode).is_replicated()) return;
+  LOOM_CHECK(batch_size % mesh.data == 0, "training.batch_size=", batch_size, " does not divide by data=", mesh.data,
+             ": each data rank reads an equal slice of the global batch");
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,37 @@
+// Collectives as differentiable ops: each forward's gradient is its conjugate collective, so a model
+// that runs on local shards gets the gradients of the global model from plain backward().
+//
+//   op                       forward                              backward
+//   all_gather               concat the members' x along dim      reduce_scatter (sum) along dim
+//   reduce_scatter           sum, keep this member's block        all_gather along dim
+//   all_reduce               sum over members (Megatron g)        identity
+//   copy_to_group            identity (Megatron f)                all_reduce
+//   gather_replicated        concat the members' x along dim      keep this member's block
+//   split_replicated         keep this member's block along dim   all_gather along dim
+//
+// all_gather <-> reduce_scatter are for values each member uses on different data (FSDP's weights:
+// every data rank's loss adds to the weight's gradient). The *_replicated pair is for values the group
+// computes redundantly (the tensor axis's activations and the weights it gathers): every member already
+// holds the whole gradient, so summing it again would count it group-size times.
+//
+// Legend: x is any contiguous f32 tensor; g the group size; dim splits into g equal blocks.
+#pragma once
+
+#include "core/tensor.h"
+#include "dist/communicator.h"
+
+namespace loom::ops {
+
+Tensor all_gather(const Tensor& x, int dim, const dist::Group& group);          // [.., n, ..] -> [.., g*n, ..]
+Tensor reduce_scatter(const Tensor& x, int dim, const dist::Group& group);      // [.., g*n, ..] -> [.., n, ..]
+Tensor all_reduce(const Tensor& x, const dist::Group& group);
+Tensor copy_to_group(const Tensor& x, const dist::Group& group);
+Tensor gather_replicated(const Tensor& x, int dim, const dist::Group& group);   // [.., n, ..] -> [.., g*n, ..]
+Tensor split_replicated(const Tensor& x, int dim, const dist::Group& group);    // [.., g*n, ..] -> [.., n, ..]
+
+// Not recorded (no autodiff): the raw data movements the ops above are made of.
+Tensor all_gather_values(const Tensor& x, int dim, const dist::Group& group);
+Tensor reduce_scatter_values(const Tensor& x, int dim, const dist::Group& group);
+Tensor block_of(const Tensor& x, int dim, int64_t index, int64_t blocks);  // block `index` of `blocks` along dim
+
+}  // namespace loom::ops

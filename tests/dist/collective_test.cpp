@@ -1,0 +1,175 @@
+// The in-process communicator (src/dist/communicator.h) and the differentiable collectives
+// (src/ops/collective.h): values, gradients (each op's backward is its conjugate), groups, failures.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/mesh.h"
+#include "ops/collective.h"
+#include "ops/elementwise.h"
+
+using namespace loom;
+
+namespace {
+
+// Rank r's deterministic values: v(r, i) = 100 r + i.
+std::vector<float> values_of(int r, int64_t n, float scale = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = scale * (100.0f * static_cast<float>(r) + static_cast<float>(i));
+  return v;
+}
+
+dist::Group whole(dist::Communicator& c) { return {&c, c.world()}; }
+
+}  // namespace
+
+TEST(InProcess, CollectivesOnTheWorldAndOnSubgroups) {
+  dist::run_in_process(4, [](int r, dist::Communicator& c) {
+    EXPECT_EQ(c.rank(), r);
+    EXPECT_EQ(c.size(), 4);
+    std::vector<float> x = values_of(r, 3);
+    c.all_reduce_sum(x.data(), 3, c.world());
+    EXPECT_EQ(x, (std::vector<float>{600, 604, 608}));
+
+    std::vector<float> g(8);
+    std::vector<float> mine = values_of(r, 2);
+    c.all_gather(mine.data(), 2, g.data(), c.world());
+    EXPECT_EQ(g, (std::vector<float>{0, 1, 100, 101, 200, 201, 300, 301}));
+
+    std::vector<float> in = values_of(r, 8), out(2);
+    c.reduce_scatter_sum(in.data(), 2, out.data(), c.world());
+    // Block r of every member: sum over m of 100 m + 2r + j = 600 + 8r + 4j.
+    EXPECT_EQ(out, (std::vector<float>{600.0f + 8.0f * r, 604.0f + 8.0f * r}));
+
+    std::vector<float> b = values_of(r, 2);
+    c.broadcast(b.data(), 2, 2, c.world());
+    EXPECT_EQ(b, (std::vector<float>{200, 201}));
+
+    // The two data groups of a (data=2, tensor=2) mesh run at the same time without mixing.
+    const dist::Mesh mesh{2, 2};
+    const auto group = mesh.group(r, dist::MeshAxis::Data);
+    std::vector<float> y = values_of(r, 1);
+    c.all_reduce_sum(y.data(), 1, group);
+    const float expected = r % 2 == 0 ? 200.0f : 400.0f;  // {0, 2} and {1, 3}
+    EXPECT_EQ(y[0], expected);
+    double d = 0.5 * r;
+    c.all_reduce_sum(&d, 1, c.world());
+    EXPECT_EQ(d, 3.0);
+    c.barrier(c.world());
+    EXPECT_GT(c.stats.total_bytes(), 0);
+  });
+}
+
+TEST(InProcess, AFailingRankReleasesTheOthers) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    dist::run_in_process(3, [](int r, dist::Communicator& c) {
+      if (r == 1) throw Error("out of memory in layer 3");
+      std::vector<float> x(4, 1.0f);
+      c.all_reduce_sum(x.data(), 4, c.world());  // would wait for rank 1 forever
+    });
+    FAIL() << "expected the failure to propagate";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("out of memory in layer 3"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(InProcess, AMissingRankTimesOut) {
+  dist::InProcessWorld world(2, std::chrono::milliseconds(200));
+  std::atomic<bool> threw{false};
+  std::string message;
+  std::thread t([&] {
+    try {
+      float x = 1;
+      world.communicator(0).all_reduce_sum(&x, 1, {0, 1});  // rank 1 never comes
+    } catch (const Error& e) {
+      threw = true;
+      message = e.what();
+    }
+  });
+  t.join();
+  EXPECT_TRUE(threw);
+  EXPECT_NE(message.find("all_reduce timed out after 200 ms"), std::string::npos) << message;
+}
+
+// Each op on 2 ranks of a [2, 3] tensor along dim 1, with loss_r = sum(c_r * out_r), c_r = r + 1: the
+// gradients are those of the global loss sum_r loss_r for the all_gather/reduce_scatter pair and the
+// Megatron f/g pair, and those of one replicated copy for the *_replicated pair.
+TEST(CollectiveOps, ForwardValuesAndConjugateGradients) {
+  dist::run_in_process(2, [](int r, dist::Communicator& c) {
+    const dist::Group g = whole(c);
+    const float cr = static_cast<float>(r + 1);
+    auto leaf = [&](const Shape& s) {
+      Tensor x = Tensor::from_vector(s, values_of(r, s.numel()));
+      x.set_requires_grad();
+      return x;
+    };
+    auto run = [&](const Tensor& out) { ops::sum(ops::scale(out, cr)).backward(); };
+
+    {  // all_gather: [2, 3] -> [2, 6]; d/dx_r = sum_m c_m = 3 on every element
+      Tensor x = leaf({2, 3});
+      Tensor y = ops::all_gather(x, 1, g);
+      ASSERT_EQ(y.shape(), Shape({2, 6}));
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0, 1, 2, 100, 101, 102, 3, 4, 5, 103, 104, 105}));
+      run(y);
+      for (float v : x.grad().to_vector<float>()) EXPECT_EQ(v, 3.0f);
+    }
+    {  // reduce_scatter: [2, 4] -> [2, 2], block r along dim 1; d/dx_r = c of the block's owner
+      Tensor x = leaf({2, 4});
+      Tensor y = ops::reduce_scatter(x, 1, g);
+      ASSERT_EQ(y.shape(), Shape({2, 2}));
+      const float o = static_cast<float>(2 * r);  // this rank's block starts at column 2r
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{100 + 2 * o, 102 + 2 * o, 108 + 2 * o, 110 + 2 * o}));
+      run(y);
+      EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2}));
+    }
+    {  // all_reduce (g): sum forward, identity backward
+      Tensor x = leaf({3});
+      Tensor y = ops::all_reduce(x, g);
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{100, 102, 104}));
+      run(y);
+      for (float v : x.grad().to_vector<float>()) EXPECT_EQ(v, cr);
+    }
+    {  // copy_to_group (f): identity forward, all-reduce backward
+      Tensor x = leaf({3});
+      Tensor y = ops::copy_to_group(x, g);
+      EXPECT_EQ(y.to_vector<float>(), values_of(r, 3));
+      run(y);
+      for (float v : x.grad().to_vector<float>()) EXPECT_EQ(v, 3.0f);
+    }
+    {  // gather_replicated: concat forward, own block of the (local) gradient backward
+      Tensor x = leaf({2, 1});
+      Tensor y = ops::gather_replicated(x, 1, g);
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0, 100, 1, 101}));
+      run(y);
+      for (float v : x.grad().to_vector<float>()) EXPECT_EQ(v, cr);
+    }
+    {  // split_replicated: own block forward, all-gather of the blocks' gradients backward
+      Tensor x = leaf({1, 4});
+      Tensor y = ops::split_replicated(x, 1, g);
+      EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{100.0f * r + 2 * r, 100.0f * r + 2 * r + 1}));
+      run(y);
+      EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 2, 2}));
+    }
+  });
+}
+
+TEST(CollectiveOps, AGroupOfOneIsTheIdentity) {
+  dist::run_in_process(1, [](int, dist::Communicator& c) {
+    const dist::Group g = whole(c);
+    Tensor x = Tensor::from_vector<float>({2, 2}, {1, 2, 3, 4});
+    x.set_requires_grad();
+    Tensor y = ops::all_gather(ops::reduce_scatter(ops::gather_replicated(ops::split_replicated(x, 0, g), 0, g), 1, g), 1, g);
+    EXPECT_EQ(y.to_vector<float>(), x.to_vector<float>());
+    ops::sum(ops::all_reduce(ops::copy_to_group(y, g), g)).backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 1, 1}));
+  });
+}

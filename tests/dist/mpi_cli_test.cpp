@@ -1,0 +1,221 @@
+// `loom train` under mpirun (Open MPI): sharded runs equal one process, a sharded checkpoint resumes on
+// another mesh and mode exactly, and a rank killed with kill -9 ends the job in bounded time.
+// Skipped when this loom was built without MPI or mpirun is not on PATH. Each run trains the tiny preset
+// (shrunk) on a synthetic corpus; flags for root and for more ranks than cores are passed explicitly.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "dist/checkpoint.h"
+#include "dist/mpi.h"
+#include "io/safetensors.h"
+#include "support/synthetic_corpus.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+
+namespace {
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+struct Corpus : test::SyntheticCorpusDir {
+  Corpus() : SyntheticCorpusDir("loom_mpi_cli") {}
+
+  // The command line of a run: `ranks` 0 runs loom alone, else under mpirun -np ranks.
+  std::string command(int ranks, const fs::path& out, int64_t steps, const std::string& extra = "") const {
+    std::string cmd = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
+    cmd += std::string(LOOM_CLI) + " train --config tiny --out " + out.string();
+    for (const std::string& s : {std::string("model.vocab_size=64"), std::string("model.context_length=32"),
+                                 std::string("training.batch_size=8"), std::string("training.threads=1"),
+                                 "training.max_steps=" + std::to_string(steps), std::string("schedule.warmup_steps=2"),
+                                 std::string("schedule.cosine_steps=12"), std::string("eval.interval=0"),
+                                 std::string("logging.interval=1"), std::string("logging.progress=none"),
+                                 std::string("logging.peak_flops=1e11"), std::string("checkpoint.interval=6"),
+                                 std::string("checkpoint.keep_last=0"), std::string("sample.num_samples=0"),
+                                 "data.train=" + (dir / "train.bin").string(), "data.val=" + (dir / "val.bin").string(),
+                                 "data.tokenizer=" + (dir / "no_tokenizer.json").string()}) {
+      cmd += " --set " + s;
+    }
+    return cmd + " " + extra;
+  }
+};
+
+struct Ran {
+  int status;
+  std::string log;
+};
+Ran sh(const std::string& cmd, const fs::path& log) {
+  const int st = std::system((cmd + " >" + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, std::string(std::istreambuf_iterator<char>(in), {})};
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "train") out.push_back(j.at("loss").get<double>());
+  }
+  return out;
+}
+
+void expect_same_run(const fs::path& ref, const fs::path& got) {
+  const auto a = losses(ref), b = losses(got);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "loss at step " << i + 1;
+  auto wa = io::SafetensorsFile::open((ref / "model.safetensors").string());
+  auto wb = io::SafetensorsFile::open((got / "model.safetensors").string());
+  ASSERT_EQ(wa.names(), wb.names());
+  for (const std::string& name : wa.names()) {
+    const auto x = wa.tensor(name).to_vector<float>(), y = wb.tensor(name).to_vector<float>();
+    ASSERT_EQ(x.size(), y.size()) << name;
+    float worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+    EXPECT_LE(worst, 1e-5f) << name;
+  }
+}
+
+class MpiCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!dist::mpi_built()) GTEST_SKIP() << "loom built without MPI";
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not on PATH";
+  }
+};
+
+}  // namespace
+
+TEST_F(MpiCli, FourAndEightRanksEqualOneProcessAndResumeOnAnotherMesh) {
+  Corpus c;
+  const fs::path ref = c.dir / "ref", four = c.dir / "four", eight = c.dir / "eight", resumed = c.dir / "resumed";
+  Ran r = sh(c.command(0, ref, 12), c.dir / "ref.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, four, 12, "--mesh data=2,tensor=2 --parallel fsdp_tp"), c.dir / "four.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("mesh data=2,tensor=2, mode fsdp_tp: 4 ranks over mpi"), std::string::npos) << r.log;
+  expect_same_run(ref, four);
+  r = sh(c.command(8, eight, 12, "--mesh data=4,tensor=2 --parallel fsdp_tp"), c.dir / "eight.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  expect_same_run(ref, eight);
+
+  // Stop a 4-rank tp run at step 6 (its checkpoint), then resume it as 2 ranks of fsdp: the end equals
+  // the uninterrupted single process (same schedule: cosine_steps is fixed at 12).
+  r = sh(c.command(4, resumed, 6, "--mesh tensor=4 --parallel tp"), c.dir / "resumed1.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  // The checkpoint is sharded: an index and one file per rank (tp x4: every rank owns blocks), no whole
+  // model file.
+  const fs::path step6 = resumed / "checkpoints" / "step_00000006";
+  EXPECT_TRUE(fs::exists(step6 / "shards.json"));
+  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(fs::exists(step6 / dist::shard_file_name(rank))) << rank;
+  EXPECT_FALSE(fs::exists(step6 / "model.safetensors"));
+  // The same checkpoint resumed by one process, without mpirun.
+  const fs::path single = c.dir / "single";
+  fs::copy(resumed, single, fs::copy_options::recursive);
+  // A newer checkpoint that one rank did not finish (its file is missing) must be passed over.
+  const fs::path step9 = resumed / "checkpoints" / "step_00000009";
+  fs::copy(step6, step9, fs::copy_options::recursive);
+  {
+    std::ifstream in(step9 / "manifest.json");
+    auto manifest = nlohmann::json::parse(in);
+    manifest["step"] = 9;  // only the missing file is wrong with it
+    std::ofstream(step9 / "manifest.json") << manifest.dump(2);
+  }
+  fs::remove(step9 / dist::shard_file_name(2));
+  r = sh(c.command(2, resumed, 12, "--mesh data=2 --parallel fsdp --resume"), c.dir / "resumed2.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("skipping checkpoint " + step9.string()), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find(dist::shard_file_name(2)), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, resumed);
+  r = sh(c.command(0, single, 12, "--resume"), c.dir / "single.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, single);
+}
+
+TEST_F(MpiCli, AMeshThatDoesNotMatchTheRanksIsRefused) {
+  Corpus c;
+  Ran r = sh(c.command(2, c.dir / "x", 2, "--mesh data=4 --parallel dp"), c.dir / "x.log");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.log.find("mesh data=4,tensor=1 needs 4 ranks, but the launcher started only 2"), std::string::npos) << r.log;
+  r = sh(c.command(0, c.dir / "y", 2, "--mesh data=2,tensor=2 --parallel fsdp_tp"), c.dir / "y.log");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.log.find("needs 4 ranks"), std::string::npos) << r.log;
+}
+
+TEST_F(MpiCli, KillingOneRankEndsTheJobInBoundedTime) {
+  Corpus c;
+  const fs::path out = c.dir / "killed", log = c.dir / "killed.log";
+  const std::string cmd = c.command(4, out, 100000, "--mesh data=2,tensor=2 --parallel fsdp_tp") + " >" + log.string() + " 2>&1";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for training to be under way (a few metrics lines), then kill -9 one rank (a child of mpirun).
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    std::ifstream in(out / "metrics.jsonl");
+    int lines = 0;
+    for (std::string l; std::getline(in, l);) ++lines;
+    if (lines >= 8) break;  // past step 6: its checkpoint is complete
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string victim = "pgrep -P " + std::to_string(pid) + " -f 'loom train' | tail -1";
+  FILE* p = popen(victim.c_str(), "r");
+  char buf[64] = {0};
+  ASSERT_NE(fgets(buf, sizeof buf, p), nullptr) << "no rank found under mpirun";
+  pclose(p);
+  const pid_t rank_pid = static_cast<pid_t>(std::atoi(buf));
+  ASSERT_GT(rank_pid, 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(rank_pid, SIGKILL), 0);
+  int st = 0;
+  bool ended = false;
+  while (std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(60)) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      ended = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!ended) {
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_TRUE(ended) << "the job was still running 60 s after a rank was killed";
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_NE(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0);
+  std::ifstream in(log);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  EXPECT_TRUE(text.find("signal 9") != std::string::npos || text.find("got no answer") != std::string::npos) << text;
+  std::printf("job ended %.2f s after kill -9 of rank pid %d\n", seconds, rank_pid);
+
+  // The same command with --resume continues from the newest complete checkpoint.
+  int64_t newest = 0;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0) newest = std::max<int64_t>(newest, std::stoll(n.substr(5)));
+  }
+  ASSERT_GE(newest, 6);
+  Ran r = sh(c.command(4, out, newest + 2, "--mesh data=2,tensor=2 --parallel fsdp_tp --resume"), c.dir / "resume.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step " + std::to_string(newest)), std::string::npos) << r.log;
+  // And the run exports like any other (rank 0 wrote the gathered weights).
+  r = sh(std::string(LOOM_CLI) + " export --run " + out.string() + " --out " + (c.dir / "hf").string(), c.dir / "export.log");
+  EXPECT_EQ(r.status, 0) << r.log;
+  EXPECT_TRUE(fs::exists(c.dir / "hf" / "model.safetensors"));
+}

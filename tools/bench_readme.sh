@@ -32,3 +32,16 @@ fi
 if python3 -c "import tiktoken" 2>/dev/null && [ -f data/bench/austen.txt ]; then
   python3 bench/tokenizer/encode_vs_tiktoken.py --runs 5 | tee -a "$out"
 fi
+# DeepSeek-V3 (dsv3-mini): loom against bench/pytorch_dsv3.py and the seed's own JAX code
+# (bench/jax_dsv3_seed.py), and against dense models with the same parameters used per token
+# (bench/dsv3_speed.sh has the details; results in build/bench-dsv3-results.txt). The JAX part needs a venv
+# with PyPI's jax and optax: python3 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install jax optax
+# (another one through JAX_PY=...); without it that part is skipped with a message. DSV3=0 skips it all.
+if [ "${DSV3:-1}" = 1 ]; then
+  if [ -x "${JAX_PY:-/tmp/jaxvenv/bin/python}" ]; then
+    log "dsv3: the seed's JAX code with ${JAX_PY:-/tmp/jaxvenv/bin/python}"
+  else
+    log "dsv3: no JAX venv at ${JAX_PY:-/tmp/jaxvenv/bin/python}; the seed's JAX code is skipped"
+  fi
+  THREADS=$threads OUT=build/bench-dsv3-results.txt bench/dsv3_speed.sh | tee -a "$out"
+fi

@@ -1,0 +1,33 @@
+// quantized_matmul's AVX2 kernels (+ FMA, F16C): integer block dot products by vpmaddubsw + vpmaddwd.
+// The kernel bodies are shared with the AVX-512 VNNI path: kernels_x86.inc.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "quant/kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Every standard and loom header is included above this line, so only the kernels below are compiled
+// for AVX2 (a build without -march=native still runs the scalar path on an older CPU).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+namespace loom::quant::detail {
+namespace {
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+}  // namespace
+#define LOOM_QUANT_TABLE_NAME avx2_kernels
+#include "quant/kernels_x86.inc"
+#undef LOOM_QUANT_TABLE_NAME
+}  // namespace loom::quant::detail
+#pragma GCC pop_options
+
+#else
+namespace loom::quant::detail {
+const KernelTable* avx2_kernels() { return nullptr; }
+}  // namespace loom::quant::detail
+#endif

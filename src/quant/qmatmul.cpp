@@ -1,0 +1,186 @@
+// quantized_matmul: argument checks, the run-time choice of kernels, and the split over threads.
+// The kernels: kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512_vnni.cpp (+ kernels_x86.inc).
+#include "quant/qmatmul.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "quant/kernels.h"
+
+namespace loom::quant {
+
+// ---- QuantizedMatrix -------------------------------------------------------------------------------
+
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data)
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(quant::row_bytes(type, cols)) {
+  LOOM_CHECK(rows >= 0 && cols > 0, "QuantizedMatrix: shape [", rows, ", ", cols, "] must be non-empty");
+  LOOM_CHECK(data != nullptr || rows == 0, "QuantizedMatrix: no data for a [", rows, ", ", cols, "] ",
+             quant_type_name(type), " matrix");
+  bytes_.resize(static_cast<size_t>(rows * row_bytes_));
+  if (!bytes_.empty()) std::memcpy(bytes_.data(), data, bytes_.size());
+}
+
+QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {
+  QuantizedMatrix q(type, rows, cols, nullptr);
+  parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      quant::quantize(type, w + r * cols, cols, q.bytes_.data() + r * q.row_bytes_);
+    }
+  });
+  return q;
+}
+
+void QuantizedMatrix::dequantize(float* out) const {
+  parallel_for(0, rows_, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quant::dequantize(type_, bytes_.data() + r * row_bytes_, cols_, out + r * cols_);
+  });
+}
+
+bool has_matmul_kernels(QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: case QuantType::Q4_0: case QuantType::Q4_1: case QuantType::Q4_K: case QuantType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- paths ------------------------------------------------------------------------------------------
+
+const char* kernel_path_name(KernelPath path) {
+  switch (path) {
+    case KernelPath::Auto: return "auto";
+    case KernelPath::Scalar: return "scalar";
+    case KernelPath::Avx2: return "avx2";
+    case KernelPath::Avx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool kernel_path_supported(KernelPath path) {
+  switch (path) {
+    case KernelPath::Auto: case KernelPath::Scalar: return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+    case KernelPath::Avx2:
+      return detail::avx2_kernels() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case KernelPath::Avx512Vnni:
+      return detail::avx512_vnni_kernels() && kernel_path_supported(KernelPath::Avx2) &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#else
+    case KernelPath::Avx2: case KernelPath::Avx512Vnni: return false;
+#endif
+  }
+  return false;
+}
+
+namespace {
+
+KernelPath detect_best_path() {
+  if (const char* env = std::getenv("LOOM_QUANT_KERNEL"); env && *env) {
+    const std::string want = env;
+    for (KernelPath p : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni}) {
+      if (want == kernel_path_name(p)) {
+        LOOM_CHECK(kernel_path_supported(p), "LOOM_QUANT_KERNEL=", want, ": this CPU cannot run the ", want,
+                   " kernels");
+        return p;
+      }
+    }
+    LOOM_FAIL("LOOM_QUANT_KERNEL=", want, " is not a kernel path (expected scalar, avx2 or avx512-vnni)");
+  }
+  if (kernel_path_supported(KernelPath::Avx512Vnni)) return KernelPath::Avx512Vnni;
+  if (kernel_path_supported(KernelPath::Avx2)) return KernelPath::Avx2;
+  return KernelPath::Scalar;
+}
+
+const detail::KernelTable& kernels_for(KernelPath path) {
+  if (path == KernelPath::Auto) path = best_kernel_path();
+  LOOM_CHECK(kernel_path_supported(path), "quantized_matmul: this CPU cannot run the ", kernel_path_name(path),
+             " kernels");
+  switch (path) {
+    case KernelPath::Avx2: return *detail::avx2_kernels();
+    case KernelPath::Avx512Vnni: return *detail::avx512_vnni_kernels();
+    default: return detail::scalar_kernels();
+  }
+}
+
+detail::TileKernel tile_for(const detail::KernelTable& k, QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: return k.q8_0;
+    case QuantType::Q4_0: return k.q4_0;
+    case QuantType::Q4_1: return k.q4_1;
+    case QuantType::Q4_K: return k.q4_k;
+    case QuantType::Q6_K: return k.q6_k;
+    default: break;
+  }
+  LOOM_FAIL("quantized_matmul: no kernels for ", quant_type_name(type),
+            " weights (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K have them; dequantize the others to f32)");
+}
+
+void check_activations(int64_t M, int64_t K) {
+  LOOM_CHECK(M >= 0, "quantize_activations: M = ", M, " must be >= 0");
+  LOOM_CHECK(K > 0 && K % 32 == 0, "quantize_activations: K = ", K,
+             " must be a positive multiple of 32 (activations are quantized in blocks of 32)");
+}
+
+}  // namespace
+
+KernelPath best_kernel_path() {
+  static const KernelPath best = detect_best_path();
+  return best;
+}
+
+// ---- entry points ------------------------------------------------------------------------------------
+
+void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+  check_activations(M, K);
+  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+  });
+}
+
+void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y, KernelPath path) {
+  const int64_t N = w.rows(), K = w.cols();
+  LOOM_CHECK(K % 32 == 0, "quantized_matmul: K = ", K, " is not a multiple of 32");
+  const detail::KernelTable& kernels = kernels_for(path);
+  const detail::TileKernel tile = tile_for(kernels, w.type());
+  if (M == 0 || N == 0) return;
+  const int64_t nb = K / 32;
+  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
+  parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) kernels.quantize_row(x + m * K, K, a.data() + m * nb);
+  });
+  // Each output is computed whole by one chunk, so splitting N evenly over the threads (the grain
+  // depends on the thread count) changes no result. Chunks are multiples of 16 rows (the tile's block).
+  const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
+  const int64_t grain = (per_thread + 15) / 16 * 16;
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile(w.data(), w.row_bytes(), a.data(), M, nb, n0, n1, y, N); });
+}
+
+void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {
+  const int64_t N = w.rows(), K = w.cols();
+  check_activations(M, K);
+  tile_for(detail::scalar_kernels(), w.type());  // same refusal as quantized_matmul
+  const int64_t nb = K / 32;
+  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
+  for (int64_t m = 0; m < M; ++m) detail::scalar_kernels().quantize_row(x + m * K, K, a.data() + m * nb);
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    dequantize(w.type(), w.data() + n * w.row_bytes(), K, row.data());
+    for (int64_t m = 0; m < M; ++m) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const ActBlock& blk = a[static_cast<size_t>(m * nb + k / 32)];
+        sum += static_cast<double>(row[k]) * (static_cast<double>(blk.d) * blk.q[k % 32]);
+      }
+      y[m * N + n] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace loom::quant

@@ -14,9 +14,20 @@ namespace loom::quant {
 
 // ---- QuantizedMatrix -------------------------------------------------------------------------------
 
+namespace {
+int64_t checked_row_bytes(QuantType type, int64_t rows, int64_t cols) {
+  LOOM_CHECK(rows >= 0 && cols > 0, "QuantizedMatrix: shape [", rows, ", ", cols, "] must have rows >= 0 and cols > 0");
+  return row_bytes(type, cols);
+}
+}  // namespace
+
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes)
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)), bytes_(std::move(bytes)) {
+  LOOM_ASSERT(static_cast<int64_t>(bytes_.size()) == rows * row_bytes_);
+}
+
 QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data)
-    : type_(type), rows_(rows), cols_(cols), row_bytes_(quant::row_bytes(type, cols)) {
-  LOOM_CHECK(rows >= 0 && cols > 0, "QuantizedMatrix: shape [", rows, ", ", cols, "] must be non-empty");
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)) {
   LOOM_CHECK(data != nullptr || rows == 0, "QuantizedMatrix: no data for a [", rows, ", ", cols, "] ",
              quant_type_name(type), " matrix");
   bytes_.resize(static_cast<size_t>(rows * row_bytes_));
@@ -24,13 +35,12 @@ QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, con
 }
 
 QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {
-  QuantizedMatrix q(type, rows, cols, nullptr);
+  const int64_t rb = checked_row_bytes(type, rows, cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * rb));
   parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      quant::quantize(type, w + r * cols, cols, q.bytes_.data() + r * q.row_bytes_);
-    }
+    for (int64_t r = r0; r < r1; ++r) quant::quantize(type, w + r * cols, cols, bytes.data() + r * rb);
   });
-  return q;
+  return QuantizedMatrix(type, rows, cols, std::move(bytes));
 }
 
 void QuantizedMatrix::dequantize(float* out) const {

@@ -47,6 +47,7 @@ class QuantizedMatrix {
   void dequantize(float* out) const;
 
  private:
+  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes);
   QuantType type_;
   int64_t rows_, cols_, row_bytes_;
   std::vector<uint8_t> bytes_;

@@ -1,0 +1,119 @@
+#include "report/bandwidth.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/gemm.h"
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace loom::report {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Copies of the weights that together exceed any last-level cache, cycled through so that every call
+// reads its weights from DRAM, as a decode step over all layers does.
+int64_t copies_for(int64_t weight_bytes) {
+  constexpr int64_t kBeyondCaches = int64_t{512} << 20;
+  return std::max<int64_t>(2, (kBeyondCaches + weight_bytes - 1) / weight_bytes);
+}
+
+}  // namespace
+
+BandwidthResult measure_read_bandwidth(int threads, int64_t bytes, int repeats) {
+  LOOM_CHECK(threads >= 1, "measure_read_bandwidth: threads = ", threads, " must be >= 1");
+  LOOM_CHECK(bytes >= (int64_t{1} << 20), "measure_read_bandwidth: buffer of ", bytes, " bytes is too small (>= 1 MiB)");
+  const int64_t n = bytes / 4;
+  std::vector<float> buf(static_cast<size_t>(n));
+  // First touch from the reading threads, so each slice's pages sit near the thread that reads them.
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(i & 1023);
+  double best = 1e30, sink = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const double t0 = now_seconds();
+    double total = 0;
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
+    for (int t = 0; t < threads; ++t) {
+      const int64_t b = n * t / threads, e = n * (t + 1) / threads;
+      // 64 independent partial sums: the loop vectorises into several independent vector adds and is
+      // limited by the loads, not by the add latency.
+      float acc[64] = {};
+      int64_t i = b;
+      for (; i + 64 <= e; i += 64) {
+        for (int j = 0; j < 64; ++j) acc[j] += buf[static_cast<size_t>(i + j)];
+      }
+      for (; i < e; ++i) acc[0] += buf[static_cast<size_t>(i)];
+      for (float a : acc) total += a;
+    }
+    best = std::min(best, now_seconds() - t0);
+    sink += total;
+  }
+  LOOM_ASSERT(sink != -1.0);  // keeps the sums alive
+  return {static_cast<double>(n * 4) / best / 1e9, n * 4, threads};
+}
+
+QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M, int64_t N, int64_t K,
+                                              quant::KernelPath path, int threads, int calls) {
+  LOOM_CHECK(M >= 1 && N >= 1 && K >= 32, "bench_quantized_matmul: shape M=", M, " N=", N, " K=", K);
+  const int saved = num_threads();
+  set_num_threads(threads);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(N * K)), x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+  for (float& v : w) v = normal(gen);
+  for (float& v : x) v = normal(gen);
+  QuantMatmulBenchResult r;
+  r.type = type;
+  r.M = M, r.N = N, r.K = K, r.threads = threads;
+  double total = 0;  // over the timed calls: each reads its weights from DRAM, so the mean is the rate
+  int64_t weight_bytes = 0;
+  if (type == "f32" || type == "F32") {
+    r.path = "onednn-f32";
+    weight_bytes = N * K * 4;
+    std::vector<std::vector<float>> copies(static_cast<size_t>(copies_for(weight_bytes)), w);
+    for (int c = 0; c < calls + 3; ++c) {
+      const float* wc = copies[static_cast<size_t>(c) % copies.size()].data();
+      const double t0 = now_seconds();
+      cpu::gemm(false, true, M, N, K, 1.0f, x.data(), K, wc, K, 0.0f, y.data(), N);
+      if (c >= 3) total += now_seconds() - t0;
+    }
+  } else {
+    quant::QuantType qt = quant::QuantType::F32;
+    bool found = false;
+    for (uint32_t id : {2u, 3u, 8u, 12u, 14u}) {
+      if (type == quant::quant_type_name(static_cast<quant::QuantType>(id))) qt = static_cast<quant::QuantType>(id), found = true;
+    }
+    LOOM_CHECK(found, "bench: unknown weight type '", type, "' (expected f32, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K)");
+    // K-quants have no quantizer here: random blocks with small scales are as fast to multiply.
+    std::vector<uint8_t> bytes(static_cast<size_t>(N * quant::row_bytes(qt, K)));
+    if (qt == quant::QuantType::Q4_K || qt == quant::QuantType::Q6_K) {
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(gen() & 0x3f);
+    } else {
+      quant::quantize(qt, w.data(), N * K, bytes.data());
+    }
+    r.path = quant::kernel_path_name(path == quant::KernelPath::Auto ? quant::best_kernel_path() : path);
+    weight_bytes = static_cast<int64_t>(bytes.size());
+    std::vector<quant::QuantizedMatrix> copies;
+    for (int64_t i = 0; i < copies_for(weight_bytes); ++i) copies.emplace_back(qt, N, K, bytes.data());
+    for (int c = 0; c < calls + 3; ++c) {
+      const quant::QuantizedMatrix& q = copies[static_cast<size_t>(c) % copies.size()];
+      const double t0 = now_seconds();
+      quant::quantized_matmul(x.data(), M, q, y.data(), path);
+      if (c >= 3) total += now_seconds() - t0;
+    }
+  }
+  set_num_threads(saved);
+  r.seconds = total / calls;
+  r.weight_gb_per_s = static_cast<double>(weight_bytes) / r.seconds / 1e9;
+  r.gflops = 2.0 * static_cast<double>(M * N * K) / r.seconds / 1e9;
+  return r;
+}
+
+}  // namespace loom::report

@@ -64,6 +64,20 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
     std::printf("%s\n", j.dump().c_str());
   });
 
+  auto* dec = cmd.add_subcommand("decode",
+                                 "Time prefill and KV-cache decoding of a synthetic Llama (SmolLM2-135M's shape by "
+                                 "default) with f32 or quantized weights");
+  static loom::report::DecodeBenchOptions dec_options;
+  dec->add_option("--weights", dec_options.weights, "Linear weights: f32, Q8_0, Q4_0 or Q4_1 (default Q4_1)");
+  dec->add_option("--head", dec_options.head, "lm_head with quantized weights: f32, Q8_0, Q4_0 or Q4_1 (default Q8_0)");
+  dec->add_option("--prompt-tokens", dec_options.prompt_tokens, "prefill length (default 4)");
+  dec->add_option("--new-tokens", dec_options.new_tokens, "decoded tokens (default 64)");
+  dec->add_option("--threads", dec_options.threads, "threads (default: all)");
+  dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)");
+  dec->add_option("--layers", dec_options.num_layers, "layers (default 30)");
+  dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)");
+  dec->callback([] { std::printf("%s\n", loom::report::bench_decode(dec_options).to_json().c_str()); });
+
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
   static std::string preset = "tiny";
   static std::vector<std::string> sets;

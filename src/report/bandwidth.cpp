@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "core/autograd.h"
+#include "models/llama/model.h"
+#include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -113,6 +116,87 @@ QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M
   r.seconds = total / calls;
   r.weight_gb_per_s = static_cast<double>(weight_bytes) / r.seconds / 1e9;
   r.gflops = 2.0 * static_cast<double>(M * N * K) / r.seconds / 1e9;
+  return r;
+}
+
+namespace {
+
+quant::QuantType weight_type(const std::string& name, const char* option) {
+  for (uint32_t id : {2u, 3u, 8u}) {
+    if (name == quant::quant_type_name(static_cast<quant::QuantType>(id))) return static_cast<quant::QuantType>(id);
+  }
+  LOOM_FAIL(option, " ", name, ": expected f32, Q8_0, Q4_0 or Q4_1");
+}
+
+void quantize_linear(nn::Linear& l, quant::QuantType type) {
+  const Tensor& w = l.weight.value;
+  l.set_quantized(std::make_shared<quant::QuantizedMatrix>(
+      quant::QuantizedMatrix::quantize(type, w.data<float>(), w.size(0), w.size(1))));
+}
+
+}  // namespace
+
+std::string DecodeBenchResult::to_json() const {
+  nlohmann::json j = {{"prefill_tok_per_s", prefill_tok_per_s}, {"decode_tok_per_s", decode_tok_per_s},
+                      {"weight_bytes", weight_bytes}, {"decode_weight_gb_per_s", decode_weight_gb_per_s},
+                      {"threads", threads}};
+  return j.dump();
+}
+
+DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
+  LOOM_CHECK(o.prompt_tokens >= 1 && o.new_tokens >= 1 && o.repeats >= 1, "bench decode: prompt_tokens=",
+             o.prompt_tokens, ", new_tokens=", o.new_tokens, " and repeats=", o.repeats, " must be >= 1");
+  const int saved = num_threads();
+  const int threads = o.threads > 0 ? o.threads : saved;
+  set_num_threads(threads);
+  llama::Config c;
+  c.vocab_size = o.vocab_size;
+  c.d_model = o.d_model;
+  c.num_layers = o.num_layers;
+  c.num_heads = o.num_heads;
+  c.num_kv_heads = o.num_kv_heads;
+  c.d_ff = o.d_ff;
+  c.rope_theta = 100000.0f;
+  c.context_length = o.prompt_tokens + o.new_tokens;
+  c.validate();
+  llama::TransformerLM model(c, 1);
+  DecodeBenchResult r;
+  r.threads = threads;
+  const bool quantized = o.weights != "f32";
+  for (auto& layer : model.layers) {
+    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
+                          &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
+      if (quantized) quantize_linear(*l, weight_type(o.weights, "--weights"));
+      r.weight_bytes += quantized ? l->quantized->nbytes() : static_cast<int64_t>(l->weight.value.nbytes());
+    }
+  }
+  if (quantized && o.head != "f32") quantize_linear(model.lm_head, weight_type(o.head, "--head"));
+  r.weight_bytes += model.lm_head.quantized ? model.lm_head.quantized->nbytes()
+                                            : static_cast<int64_t>(model.lm_head.weight.value.nbytes());
+
+  autograd::NoGradGuard no_grad;
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+  double best_prefill = 1e30, best_decode = 1e30;
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    auto cache = model.make_decode_cache(1);
+    double t0 = now_seconds();
+    Tensor logits = model.decode(Tensor::from_vector<int32_t>({1, o.prompt_tokens}, prompt), *cache);
+    best_prefill = std::min(best_prefill, now_seconds() - t0);
+    int32_t next = 1;
+    t0 = now_seconds();
+    for (int64_t t = 0; t < o.new_tokens; ++t) {
+      // Greedy choice of the next token: the decode loop's own work besides the model.
+      const float* last = logits.data<float>() + (logits.numel() - c.vocab_size);
+      next = static_cast<int32_t>(std::max_element(last, last + c.vocab_size) - last);
+      logits = model.decode(Tensor::from_vector<int32_t>({1, 1}, {next}), *cache);
+    }
+    best_decode = std::min(best_decode, now_seconds() - t0);
+  }
+  set_num_threads(saved);
+  r.prefill_tok_per_s = static_cast<double>(o.prompt_tokens) / best_prefill;
+  r.decode_tok_per_s = static_cast<double>(o.new_tokens) / best_decode;
+  r.decode_weight_gb_per_s = static_cast<double>(r.weight_bytes) * r.decode_tok_per_s / 1e9;
   return r;
 }
 

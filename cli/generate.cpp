@@ -20,7 +20,7 @@ struct GenerateArgs {
 loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-cache decoding)", [](CLI::App& cmd) {
   static GenerateArgs a;
   auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used)");
+  auto* weights = cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used), Hugging Face directory, or GGUF file");
   run->excludes(weights);
   cmd.add_option("--prompt", a.prompt, "text to continue")->required();
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate");
@@ -51,7 +51,11 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     o.max_new_tokens = a.max_new_tokens;
     o.sampling = {a.temperature, a.top_k, a.top_p};
     o.seed = a.seed;
-    if (auto eot = tok.special_token_id("<|endoftext|>")) o.stop_token = static_cast<int32_t>(*eot);
+    if (loaded.eos) {
+      o.stop_token = static_cast<int32_t>(*loaded.eos);  // a GGUF file's end-of-sequence token
+    } else if (auto eot = tok.special_token_id("<|endoftext|>")) {
+      o.stop_token = static_cast<int32_t>(*eot);
+    }
     std::vector<int32_t> prompt;
     for (auto id : tok.encode(a.prompt)) prompt.push_back(static_cast<int32_t>(id));
     LOOM_CHECK(!prompt.empty(), "generate: --prompt is empty (give at least one character to continue)");

@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
+#include "models/gguf.h"
 #include "models/hf.h"
 #include "data/provenance.h"
 #include "train/consistency.h"
@@ -125,6 +126,17 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, cons
       const fs::path json_file = fs::path(path) / "tokenizer.json";
       run.tokenizer_path = fs::exists(json_file) ? json_file.string() : path;
     }
+    check_loaded_run(run, path);
+    return run;
+  }
+  if (models::is_gguf_file(path)) {  // a GGUF file (models/gguf.h): dequantized to f32
+    models::GgufImport g = models::import_gguf(path);
+    check_memory(job(g.model->model_config()), memory, str("import ", path));
+    run.model = std::move(g.model);
+    run.tokenizer = std::move(g.tokenizer);
+    if (run.tokenizer) run.tokenizer_path = path;
+    run.eos = g.eos;
+    run.chat_template = std::move(g.chat_template);
     check_loaded_run(run, path);
     return run;
   }

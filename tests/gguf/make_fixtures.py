@@ -18,6 +18,8 @@ Writes (deterministic, so rerunning changes nothing):
   fixtures/tiny_llama.json       transformers' LlamaForCausalLM logits for it (from the same dequantized
                                  weights, HF layout), and the tokenizer's ids on a few texts (tokenizers'
                                  BPE built the way transformers builds it from GGUF metadata)
+  fixtures/tokenizer_*.json      the same vocabulary (it lacks bytes 0x04, 0x05, 0x7f) as tokenizer.json with
+                                 unk_token fused, unfused and absent; tiny_llama.json has tokenizers' ids
 
 With --check-loom-gguf FILE it instead reads a GGUF that loom wrote with gguf.GGUFReader and prints what
 it holds (the oracle for loom's writer; not run in CI).
@@ -351,8 +353,21 @@ def make_tiny_llama():
     texts = ["the thing and the sand", "  indented\n\n\tcode = 12 + 1", "a\x04b\x05\x05c\x7f!", "naïve café 日本 🙂",
              "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "112 1212 x1"]
     encodings = [{"text": t, "ids": tk.encode(t).ids} for t in texts]
+
+    # The same vocabulary as HF tokenizer.json files, with the unknown token set three ways: how loom
+    # reads a tokenizer.json whose vocabulary lacks some bytes is checked against tokenizers itself.
+    variants = {}
+    for name, unk, fuse in [("unk_fused", tokens[0], True), ("unk_unfused", tokens[0], False), ("no_unk", None, False)]:
+        v = Tokenizer(BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges],
+                          unk_token=unk, fuse_unk=fuse))
+        v.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True)
+                              for i, t in enumerate(types) if t == 3])
+        v.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+        v.decoder = decoders.ByteLevel()
+        v.save(os.path.join(FIXTURES, f"tokenizer_{name}.json"))
+        variants[name] = [v.encode(t).ids for t in texts]
     return {"ids": ids[0], "logits": [[float(x) for x in row] for row in logits], "vocab_size": V,
-            "tokenizer": encodings}
+            "tokenizer": encodings, "tokenizer_json": variants}
 
 
 def check_loom_gguf(path):

@@ -194,8 +194,13 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
   LOOM_CHECK(type == "BPE", source, ": model type is \"", brief_text(type), "\", only BPE is supported");
   LOOM_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model has no \"vocab\" object");
   LOOM_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model has no \"merges\" array");
-  LOOM_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), source,
-             ": a normalizer is not supported (byte-level BPE has none)");
+  // No normalizer, or an empty sequence of them (what transformers writes for a GGUF's tokenizer).
+  const bool no_normalizer = !j.contains("normalizer") || j["normalizer"].is_null() ||
+                             (j["normalizer"].is_object() && j["normalizer"].value("type", json()) == "Sequence" &&
+                              j["normalizer"].contains("normalizers") && j["normalizer"]["normalizers"].is_array() &&
+                              j["normalizer"]["normalizers"].empty());
+  LOOM_CHECK(no_normalizer, source, ": a normalizer is not supported (byte-level BPE has none), got ",
+             brief_json(j["normalizer"]));
   check_type(j, "pre_tokenizer", "ByteLevel", source);
   check_type(j, "decoder", "ByteLevel", source);
   if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {

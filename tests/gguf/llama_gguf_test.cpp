@@ -20,6 +20,7 @@
 #include "models/llama/gguf.h"
 #include "support/cli.h"
 #include "tokenizer/formats.h"
+#include "train/run.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -290,4 +291,37 @@ TEST(LlamaGguf, CliImportGenerateAndExport) {
   EXPECT_NE(bad.output.find("GGUF export type \"q5_k\" is not supported"), std::string::npos) << bad.output;
   auto missing = test::run_cli("import --out " + dir.file("z"));
   EXPECT_NE(missing.output.find("give --hf DIR or --gguf FILE"), std::string::npos) << missing.output;
+}
+
+TEST(LlamaGguf, TrainContinuesFromGgufWeightsWithTheirTokenizer) {
+  TempDir dir;
+  // lr 0: one step changes nothing, so the run's weights must be the GGUF's, bit for bit.
+  const std::string data = " --set data.corpus=" + (fs::path(LOOM_SOURCE_DIR) / "tests/gguf/make_fixtures.py").string() +
+                           " --set data.tokenizer=" + dir.file("d/tokenizer.json") + " --set data.train=" +
+                           dir.file("d/train.bin") + " --set data.val=" + dir.file("d/val.bin");
+  auto r = test::run_cli("train --config tiny --weights " + kTiny + data +
+                         " --set training.max_steps=1 --set optimizer.lr=0 --set optimizer.min_lr=0 --set "
+                         "model.context_length=32 --set training.batch_size=2 --set sample.num_samples=0 --set "
+                         "logging.progress=none --out " + dir.file("run"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("starting from the weights of"), std::string::npos) << r.output;
+  models::GgufImport g = models::import_gguf(kTiny);
+  auto run = train::load_run(dir.file("run"));
+  EXPECT_EQ(run.model->model_config().json()["context_length"], 32);
+  for (nn::Parameter* p : g.model->parameters()) {
+    const Tensor& a = p->value;
+    const Tensor& b = run.model->parameter(p->name).value;
+    // Equal values (an update of lr 0 may turn a Q4_0 weight's -0.0 into +0.0).
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) differ += a.data<float>()[i] != b.data<float>()[i];
+    EXPECT_EQ(differ, 0) << p->name;
+  }
+  // The run's tokenizer is the GGUF's, and its eos and chat template are kept for a GGUF export.
+  ASSERT_TRUE(run.tokenizer.has_value());
+  EXPECT_EQ(run.tokenizer->vocab(), g.tokenizer->vocab());
+  EXPECT_TRUE(fs::exists(dir.file("run/tokenizer_config.json")));
+  auto bad = test::run_cli("train --config tiny --weights " + kTiny + data + " --set model.num_layers=3 --out " +
+                           dir.file("run2"));
+  EXPECT_NE(bad.output.find("--set model.num_layers would change the model the weights describe"), std::string::npos)
+      << bad.output;
 }

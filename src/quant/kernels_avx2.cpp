@@ -16,9 +16,11 @@
 
 namespace loom::quant::detail {
 namespace {
+constexpr bool kVnni = false;
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi32(acc, dot_u8s8(u, s)); }
 }  // namespace
 #define LOOM_QUANT_TABLE_NAME avx2_kernels
 #include "quant/kernels_x86.inc"

@@ -18,7 +18,9 @@
 
 namespace loom::quant::detail {
 namespace {
+constexpr bool kVnni = true;
 inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 }  // namespace
 #define LOOM_QUANT_TABLE_NAME avx512_vnni_kernels
 #include "quant/kernels_x86.inc"

@@ -19,11 +19,19 @@ int64_t checked_row_bytes(QuantType type, int64_t rows, int64_t cols) {
   LOOM_CHECK(rows >= 0 && cols > 0, "QuantizedMatrix: shape [", rows, ", ", cols, "] must have rows >= 0 and cols > 0");
   return row_bytes(type, cols);
 }
+
+// The interleaved layout is only read by the SIMD kernels, so a CPU without them does not pay its memory.
+std::vector<uint8_t> packed_copy(QuantType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+  if (detail::packed_block_bytes(type) == 0 || rows < 8 || !kernel_path_supported(KernelPath::Avx2)) return {};
+  return detail::pack_rows8(type, bytes.data(), rows, cols);
+}
+
 }  // namespace
 
 QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes)
     : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)), bytes_(std::move(bytes)) {
   LOOM_ASSERT(static_cast<int64_t>(bytes_.size()) == rows * row_bytes_);
+  packed_ = packed_copy(type_, bytes_, rows_, cols_);
 }
 
 QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data)
@@ -32,6 +40,7 @@ QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, con
              quant_type_name(type), " matrix");
   bytes_.resize(static_cast<size_t>(rows * row_bytes_));
   if (!bytes_.empty()) std::memcpy(bytes_.data(), data, bytes_.size());
+  packed_ = packed_copy(type_, bytes_, rows_, cols_);
 }
 
 QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {
@@ -48,6 +57,40 @@ void QuantizedMatrix::dequantize(float* out) const {
     for (int64_t r = r0; r < r1; ++r) quant::dequantize(type_, bytes_.data() + r * row_bytes_, cols_, out + r * cols_);
   });
 }
+
+namespace detail {
+
+int64_t packed_block_bytes(QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: return 16 + 8 * 32;
+    case QuantType::Q4_0: return 16 + 8 * 16;
+    case QuantType::Q4_1: return 32 + 8 * 16;
+    default: return 0;
+  }
+}
+
+std::vector<uint8_t> pack_rows8(QuantType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
+  const int64_t pb = packed_block_bytes(type), bb = block_bytes(type), nb = cols / 32, groups = rows / 8;
+  LOOM_ASSERT(pb > 0 && cols % 32 == 0);
+  const int64_t scales = type == QuantType::Q4_1 ? 2 : 1;  // f16 fields at the block's start
+  const int64_t qbytes = bb - 2 * scales;                  // 32 (Q8_0) or 16 (Q4_0, Q4_1)
+  std::vector<uint8_t> out(static_cast<size_t>(groups * nb * pb));
+  parallel_for(0, groups, 64, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* dst = out.data() + (g * nb + b) * pb;
+        for (int64_t r = 0; r < 8; ++r) {
+          const uint8_t* src = bytes + (8 * g + r) * (nb * bb) + b * bb;
+          for (int64_t f = 0; f < scales; ++f) std::memcpy(dst + 16 * f + 2 * r, src + 2 * f, 2);
+          for (int64_t c = 0; c < qbytes / 4; ++c) std::memcpy(dst + 16 * scales + 32 * c + 4 * r, src + 2 * scales + 4 * c, 4);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace detail
 
 bool has_matmul_kernels(QuantType type) {
   switch (type) {
@@ -169,7 +212,10 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   // depends on the thread count) changes no result. Chunks are multiples of 16 rows (the tile's block).
   const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
   const int64_t grain = (per_thread + 15) / 16 * 16;
-  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile(w.data(), w.row_bytes(), a.data(), M, nb, n0, n1, y, N); });
+  const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    tile(w.data(), w.row_bytes(), packed, a.data(), M, nb, n0, n1, y, N);
+  });
 }
 
 void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {

@@ -45,12 +45,15 @@ class QuantizedMatrix {
   int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
   // The reference dequantization, [rows, cols] into out.
   void dequantize(float* out) const;
+  // The SIMD kernels' 8-row interleaved copy (Q8_0, Q4_0, Q4_1 on a CPU with AVX2), or nullptr.
+  // It holds the same bytes rearranged, so a matrix with it takes about twice the memory.
+  const uint8_t* packed() const { return packed_.empty() ? nullptr : packed_.data(); }
 
  private:
   QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes);
   QuantType type_;
   int64_t rows_, cols_, row_bytes_;
-  std::vector<uint8_t> bytes_;
+  std::vector<uint8_t> bytes_, packed_;
 };
 
 // Whether quantized_matmul has kernels for this weight type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).

@@ -22,10 +22,11 @@ double now_seconds() {
 }
 
 // Copies of the weights that together exceed any last-level cache, cycled through so that every call
-// reads its weights from DRAM, as a decode step over all layers does.
+// reads its weights from DRAM, as a decode step over all layers does (at most 256: a matrix small
+// enough to need more is cache-resident in any real model too).
 int64_t copies_for(int64_t weight_bytes) {
   constexpr int64_t kBeyondCaches = int64_t{512} << 20;
-  return std::max<int64_t>(2, (kBeyondCaches + weight_bytes - 1) / weight_bytes);
+  return std::clamp<int64_t>((kBeyondCaches + weight_bytes - 1) / weight_bytes, 2, 256);
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t bytes, int repeats) 
 
 QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M, int64_t N, int64_t K,
                                               quant::KernelPath path, int threads, int calls) {
-  LOOM_CHECK(M >= 1 && N >= 1 && K >= 32, "bench_quantized_matmul: shape M=", M, " N=", N, " K=", K);
+  LOOM_CHECK(M >= 1 && N >= 1 && K >= 32 && calls >= 1, "bench_quantized_matmul: M=", M, " N=", N, " K=", K,
+             " calls=", calls, " (M, N, calls >= 1; K >= 32)");
   const int saved = num_threads();
   set_num_threads(threads);
   std::mt19937 gen(1);
@@ -76,7 +77,7 @@ QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M
   QuantMatmulBenchResult r;
   r.type = type;
   r.M = M, r.N = N, r.K = K, r.threads = threads;
-  double total = 0;  // over the timed calls: each reads its weights from DRAM, so the mean is the rate
+  std::vector<double> times;  // of the timed calls; each reads its weights from DRAM
   int64_t weight_bytes = 0;
   if (type == "f32" || type == "F32") {
     r.path = "onednn-f32";
@@ -86,7 +87,7 @@ QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M
       const float* wc = copies[static_cast<size_t>(c) % copies.size()].data();
       const double t0 = now_seconds();
       cpu::gemm(false, true, M, N, K, 1.0f, x.data(), K, wc, K, 0.0f, y.data(), N);
-      if (c >= 3) total += now_seconds() - t0;
+      if (c >= 3) times.push_back(now_seconds() - t0);
     }
   } else {
     quant::QuantType qt = quant::QuantType::F32;
@@ -110,11 +111,13 @@ QuantMatmulBenchResult bench_quantized_matmul(const std::string& type, int64_t M
       const quant::QuantizedMatrix& q = copies[static_cast<size_t>(c) % copies.size()];
       const double t0 = now_seconds();
       quant::quantized_matmul(x.data(), M, q, y.data(), path);
-      if (c >= 3) total += now_seconds() - t0;
+      if (c >= 3) times.push_back(now_seconds() - t0);
     }
   }
   set_num_threads(saved);
-  r.seconds = total / calls;
+  // The median: on a shared machine a call that loses its time slice would dominate a mean.
+  std::sort(times.begin(), times.end());
+  r.seconds = times[times.size() / 2];
   r.weight_gb_per_s = static_cast<double>(weight_bytes) / r.seconds / 1e9;
   r.gflops = 2.0 * static_cast<double>(M * N * K) / r.seconds / 1e9;
   return r;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -46,15 +47,25 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t bytes, int repeats) 
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
     for (int t = 0; t < threads; ++t) {
       const int64_t b = n * t / threads, e = n * (t + 1) / threads;
-      // 64 independent partial sums: the loop vectorises into several independent vector adds and is
-      // limited by the loads, not by the add latency.
-      float acc[64] = {};
+      // Four independent 8-float vector sums (GCC vector extensions: 256-bit loads and adds where the
+      // ISA has them), so the loop is limited by the loads, not by the add latency. (A plain float loop
+      // does not vectorise without -ffast-math and measured ~30% low.)
+      typedef float v8f __attribute__((vector_size(32)));
+      v8f acc[4] = {};
+      const float* p = buf.data();
       int64_t i = b;
-      for (; i + 64 <= e; i += 64) {
-        for (int j = 0; j < 64; ++j) acc[j] += buf[static_cast<size_t>(i + j)];
+      for (; i + 32 <= e; i += 32) {
+        for (int j = 0; j < 4; ++j) {
+          v8f v;
+          std::memcpy(&v, p + i + 8 * j, sizeof v);
+          acc[j] += v;
+        }
       }
-      for (; i < e; ++i) acc[0] += buf[static_cast<size_t>(i)];
-      for (float a : acc) total += a;
+      float tail = 0;
+      for (; i < e; ++i) tail += p[i];
+      const v8f sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      for (int j = 0; j < 8; ++j) total += sum[j];
+      total += tail;
     }
     best = std::min(best, now_seconds() - t0);
     sink += total;

@@ -65,9 +65,39 @@ int64_t packed_block_bytes(QuantType type) {
     case QuantType::Q8_0: return 16 + 8 * 32;
     case QuantType::Q4_0: return 16 + 8 * 16;
     case QuantType::Q4_1: return 32 + 8 * 16;
+    case QuantType::Q4_K: return 64 + 8 * 16;  // per 32-element sub-block: f32 scales and mins
     default: return 0;
   }
 }
+
+namespace {
+
+// Q4_K's sub-block j of 32 is Q4_1-like with scale d*sc_j and offset -dmin*m_j; both products are exact
+// in f32 (11-bit by 6-bit mantissas), so the group keeps them as f32 and its nibbles in Q4_0's order.
+void pack_q4_k_rows8(const uint8_t* bytes, int64_t cols, int64_t g, uint8_t* out) {
+  const int64_t nb = cols / 32, rb = cols / 256 * 144;
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    uint8_t* dst = out + sb * 192;
+    for (int64_t r = 0; r < 8; ++r) {
+      const uint8_t* src = bytes + (8 * g + r) * rb + (sb / 8) * 144;
+      const int j = static_cast<int>(sb % 8);
+      uint16_t d16, dmin16;
+      std::memcpy(&d16, src, 2);
+      std::memcpy(&dmin16, src + 2, 2);
+      uint8_t sc, m;
+      q4_k_scale_min(src + 4, j, &sc, &m);
+      const float d = f16_to_f32(d16) * static_cast<float>(sc), mn = f16_to_f32(dmin16) * static_cast<float>(m);
+      std::memcpy(dst + 4 * r, &d, 4);
+      std::memcpy(dst + 32 + 4 * r, &mn, 4);
+      uint8_t e[32], packed[16];
+      for (int l = 0; l < 32; ++l) e[l] = (src[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+      for (int k = 0; k < 16; ++k) packed[k] = static_cast<uint8_t>(e[k] | (e[k + 16] << 4));
+      for (int c = 0; c < 4; ++c) std::memcpy(dst + 64 + 32 * c + 4 * r, packed + 4 * c, 4);
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<uint8_t> pack_rows8(QuantType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
   const int64_t pb = packed_block_bytes(type), bb = block_bytes(type), nb = cols / 32, groups = rows / 8;
@@ -75,6 +105,12 @@ std::vector<uint8_t> pack_rows8(QuantType type, const uint8_t* bytes, int64_t ro
   const int64_t scales = type == QuantType::Q4_1 ? 2 : 1;  // f16 fields at the block's start
   const int64_t qbytes = bb - 2 * scales;                  // 32 (Q8_0) or 16 (Q4_0, Q4_1)
   std::vector<uint8_t> out(static_cast<size_t>(groups * nb * pb));
+  if (type == QuantType::Q4_K) {
+    parallel_for(0, groups, 64, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) pack_q4_k_rows8(bytes, cols, g, out.data() + g * nb * pb);
+    });
+    return out;
+  }
   parallel_for(0, groups, 64, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t b = 0; b < nb; ++b) {

@@ -45,7 +45,7 @@ class QuantizedMatrix {
   int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
   // The reference dequantization, [rows, cols] into out.
   void dequantize(float* out) const;
-  // The SIMD kernels' 8-row interleaved copy (Q8_0, Q4_0, Q4_1 on a CPU with AVX2), or nullptr.
+
   // It holds the same bytes rearranged, so a matrix with it takes about twice the memory.
   const uint8_t* packed() const { return packed_.empty() ? nullptr : packed_.data(); }
 

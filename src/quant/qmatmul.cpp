@@ -2,6 +2,9 @@
 // The kernels: kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512_vnni.cpp (+ kernels_x86.inc).
 #include "quant/qmatmul.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -149,17 +152,50 @@ const char* kernel_path_name(KernelPath path) {
   return "?";
 }
 
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// What CPUID and the OS (XCR0: which register state it saves) allow. Read directly rather than through
+// __builtin_cpu_supports, whose feature names differ between compilers (clang 14 lacks avx512vnni).
+struct X86Features {
+  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512_vnni = false;
+};
+
+X86Features read_x86_features() {
+  X86Features f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  f.fma = (c >> 12) & 1;
+  f.f16c = (c >> 29) & 1;
+  if (!osxsave || !avx) return f;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool ymm_state = (xcr0_lo & 0x6) == 0x6, zmm_state = (xcr0_lo & 0xe6) == 0xe6;
+  if (!ymm_state || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = (b >> 5) & 1;
+  // AVX-512 F, BW and VL (EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving zmm state.
+  f.avx512 = zmm_state && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
+  f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
+  return f;
+}
+
+const X86Features& x86_features() {
+  static const X86Features features = read_x86_features();
+  return features;
+}
+#endif
+
+}  // namespace
+
 bool kernel_path_supported(KernelPath path) {
   switch (path) {
     case KernelPath::Auto: case KernelPath::Scalar: return true;
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     case KernelPath::Avx2:
-      return detail::avx2_kernels() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return detail::avx2_kernels() && x86_features().avx2 && x86_features().fma && x86_features().f16c;
     case KernelPath::Avx512Vnni:
-      return detail::avx512_vnni_kernels() && kernel_path_supported(KernelPath::Avx2) &&
-             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+      return detail::avx512_vnni_kernels() && kernel_path_supported(KernelPath::Avx2) && x86_features().avx512_vnni;
 #else
     case KernelPath::Avx2: case KernelPath::Avx512Vnni: return false;
 #endif

@@ -6,8 +6,9 @@
 //
 // How (as llama.cpp does): each row of x is first quantized to 8 bits per block of 32 (ActBlock), then
 // every (weight block, activation block) pair is an integer dot product (AVX2 vpmaddubsw + vpmaddwd,
-// or AVX-512 VNNI vpdpbusd) scaled by the two blocks' float scales. Weights stay in the file's bytes:
-// decoding reads each weight byte once per token, which is what makes 4-bit weights ~6x faster than f32.
+// or AVX-512 VNNI vpdpbusd) scaled by the two blocks' float scales. Weights stay quantized (the file's
+// bytes, plus an 8-row interleaved copy the SIMD kernels read: kernels.h): decoding reads each weight
+// byte once per token, which is what makes 4-bit weights 4-6x faster than f32 (docs/quant.md).
 //
 // Activation rounding (the only approximation against the dequantized-f32 product): per block of 32,
 // d = max|x| / 127 and q = round-to-nearest-even(x * (1/d)) in [-127, 127], d kept in f32 (ggml keeps

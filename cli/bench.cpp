@@ -48,7 +48,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   qm->add_option("-k", qm_k, "columns of W (in features)");
   qm->add_option("--path", qm_path, "kernels: auto, scalar, avx2, avx512-vnni");
   qm->add_option("--threads", qm_threads, "threads (default: all)");
-  qm->add_option("--calls", qm_calls, "timed calls (their mean is reported)");
+  qm->add_option("--calls", qm_calls, "timed calls (their median is reported)");
   qm->callback([] {
     loom::quant::KernelPath path = loom::quant::KernelPath::Auto;
     bool known = qm_path == "auto";

@@ -6,8 +6,9 @@
 //
 // How (as llama.cpp does): each row of x is first quantized to 8 bits per block of 32 (ActBlock), then
 // every (weight block, activation block) pair is an integer dot product (AVX2 vpmaddubsw + vpmaddwd,
-// or AVX-512 VNNI vpdpbusd) scaled by the two blocks' float scales. Weights stay in the file's bytes:
-// decoding reads each weight byte once per token, which is what makes 4-bit weights ~6x faster than f32.
+// or AVX-512 VNNI vpdpbusd) scaled by the two blocks' float scales. Weights stay quantized (the file's
+// bytes, plus an 8-row interleaved copy the SIMD kernels read: kernels.h): decoding reads each weight
+// byte once per token, which is what makes 4-bit weights 4-6x faster than f32 (docs/quant.md).
 //
 // Activation rounding (the only approximation against the dequantized-f32 product): per block of 32,
 // d = max|x| / 127 and q = round-to-nearest-even(x * (1/d)) in [-127, 127], d kept in f32 (ggml keeps
@@ -46,11 +47,14 @@ class QuantizedMatrix {
   // The reference dequantization, [rows, cols] into out.
   void dequantize(float* out) const;
 
+  // It holds the same bytes rearranged, so a matrix with it takes about twice the memory.
+  const uint8_t* packed() const { return packed_.empty() ? nullptr : packed_.data(); }
+
  private:
   QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes);
   QuantType type_;
   int64_t rows_, cols_, row_bytes_;
-  std::vector<uint8_t> bytes_;
+  std::vector<uint8_t> bytes_, packed_;
 };
 
 // Whether quantized_matmul has kernels for this weight type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).

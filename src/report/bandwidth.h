@@ -22,7 +22,7 @@ BandwidthResult measure_read_bandwidth(int threads, int64_t bytes = int64_t{1} <
 struct QuantMatmulBenchResult {
   std::string type, path;
   int64_t M = 0, N = 0, K = 0;
-  double seconds = 0;           // per call (best of the timed calls)
+  double seconds = 0;           // per call (median of the timed calls)
   double weight_gb_per_s = 0;   // weight bytes / seconds
   double gflops = 0;            // 2*M*N*K / seconds
   int threads = 0;

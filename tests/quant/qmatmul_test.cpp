@@ -237,3 +237,16 @@ TEST(QuantizedMatmul, RefusalsNameTheProblem) {
     }
   }
 }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// loom reads CPUID itself (compiler-neutral); it must agree with GCC's own view of the CPU.
+TEST(QuantizedMatmul, CpuDetectionAgreesWithTheCompiler) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  EXPECT_EQ(kernel_path_supported(KernelPath::Avx2), avx2);
+  const bool vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  EXPECT_EQ(kernel_path_supported(KernelPath::Avx512Vnni), vnni);
+  std::printf("[   INFO   ] best kernel path here: %s\n", kernel_path_name(best_kernel_path()));
+}
+#endif

@@ -37,7 +37,10 @@ loom::cli::Register reg("export", "Export a run as a Hugging Face directory (Lla
       o.name = std::filesystem::path(a.run).filename().string();
       if (loaded.tokenizer) {
         const std::string tok_dir = dir ? a.run : std::filesystem::path(a.run).parent_path().string();
-        loom::models::read_tokenizer_config(tok_dir.empty() ? "." : tok_dir, *loaded.tokenizer, o);
+        // bos/eos/chat template: a GGUF's own, else the run's tokenizer_config.json (from `import --gguf`).
+        if (!loom::models::is_gguf_file(a.run)) {
+          loom::models::read_tokenizer_config(tok_dir.empty() ? "." : tok_dir, *loaded.tokenizer, o);
+        }
         if (loaded.eos) o.eos = loaded.eos;
         if (!loaded.chat_template.empty()) o.chat_template = loaded.chat_template;
         if (!o.eos) {

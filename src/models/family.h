@@ -56,10 +56,12 @@ struct Family {
   std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf;
 
   // GGUF (models/gguf.h): the general.architecture this family reads and writes, the reader (the
-  // model only; the tokenizer is the caller's, `notes` gets what was adapted) and the writer of the
-  // architecture's metadata and tensors (the caller adds general.*, the tokenizer, and quantizes).
+  // model only; the tokenizer is the caller's, `notes` gets what was adapted; with `quantized`, layers
+  // whose weights are stored in a type with kernels also keep them quantized for inference) and the writer
+  // of the architecture's metadata and tensors (the caller adds general.*, the tokenizer, and quantizes).
   std::string gguf_arch;
-  std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, std::vector<std::string>& notes)> import_gguf;
+  std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, bool quantized, std::vector<std::string>& notes)>
+      import_gguf;
   std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
       export_gguf;
 

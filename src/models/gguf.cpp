@@ -21,7 +21,7 @@ bool is_gguf_file(const std::string& path) {
   return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-GgufImport import_gguf(const std::string& path) {
+GgufImport import_gguf(const std::string& path, bool quantized) {
   const gguf::GgufFile file = gguf::GgufFile::open(path);
   const gguf::Header& h = file.header();
   std::string arch;
@@ -39,7 +39,7 @@ GgufImport import_gguf(const std::string& path) {
     LOOM_FAIL(path, ": general.architecture ", gguf::quoted(arch), " is not supported (loom reads: ", known, ")");
   }
   GgufImport out;
-  out.model = f->import_gguf(file, out.notes);
+  out.model = f->import_gguf(file, quantized, out.notes);
   if (gguf::has_tokenizer(h)) {
     try {
       gguf::GgufTokenizer t = gguf::tokenizer_from_gguf(h);

@@ -25,8 +25,10 @@ struct GgufImport {
 
 // Whether `path` is a regular file that starts with GGUF's magic.
 bool is_gguf_file(const std::string& path);
-// Reads a GGUF model of any registered family. Errors name the file and the value.
-GgufImport import_gguf(const std::string& path);
+// Reads a GGUF model of any registered family. Errors name the file and the value. With `quantized`,
+// matrices stored in a type src/quant has kernels for are also kept quantized for inference (see the
+// family's import_gguf); without, everything is f32.
+GgufImport import_gguf(const std::string& path, bool quantized = false);
 
 struct GgufExportOptions {
   // Storage of the weight matrices (embedding, projections, head); norm gains stay F32. F32, F16, BF16,

@@ -114,7 +114,8 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
   return model;
 }
 
-LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job) {
+LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job,
+                       bool quantized_gguf) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
   if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
@@ -130,7 +131,7 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, cons
     return run;
   }
   if (models::is_gguf_file(path)) {  // a GGUF file (models/gguf.h): dequantized to f32
-    models::GgufImport g = models::import_gguf(path);
+    models::GgufImport g = models::import_gguf(path, quantized_gguf);
     check_memory(job(g.model->model_config()), memory, str("import ", path));
     run.model = std::move(g.model);
     run.tokenizer = std::move(g.tokenizer);

@@ -51,7 +51,9 @@ LoadedRun load_run(const std::string& dir, const MemoryBudget& memory = MemoryBu
                    const ModelJobMemory& job = model_memory);
 // `path` is a weights file (a tokenizer.json beside it is loaded too), a Hugging Face directory
 // (models/hf.h), or a GGUF file with its tokenizer (models/gguf.h; dequantized to f32).
+// With quantized_gguf, a GGUF's quantized matrices are also kept quantized for inference
+// (models::import_gguf); such a model cannot be trained.
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = MemoryBudget::of_machine(),
-                       const ModelJobMemory& job = model_memory);
+                       const ModelJobMemory& job = model_memory, bool quantized_gguf = false);
 
 }  // namespace loom::train

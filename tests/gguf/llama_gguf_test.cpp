@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/autograd.h"
 #include "core/tensor.h"
 #include "gguf/gguf.h"
 #include "gguf/tokenizer.h"
@@ -270,9 +271,9 @@ TEST(LlamaGguf, CliImportGenerateAndExport) {
   tokenizer::Tokenizer tok = tokenizer::load_tokenizer(dir.file("run/tokenizer.json"));
   for (const auto& c : want["tokenizer"]) EXPECT_EQ(tok.encode(c["text"].get<std::string>()), as_ids(c["ids"]));
 
-  // generate from the GGUF and from the imported run: the same greedy text.
+  // generate from the GGUF (dequantized) and from the imported run: the same greedy text.
   const std::string args = " --prompt 'the thing' --temperature 0 --max-new-tokens 8";
-  auto a = test::run_cli("generate --weights " + kTiny + args, false);
+  auto a = test::run_cli("generate --weights " + kTiny + args + " --f32", false);
   auto b = test::run_cli("generate --run " + dir.file("run") + args, false);
   ASSERT_EQ(a.status, 0) << a.output;
   ASSERT_EQ(b.status, 0) << b.output;
@@ -324,4 +325,33 @@ TEST(LlamaGguf, TrainContinuesFromGgufWeightsWithTheirTokenizer) {
                            dir.file("run2"));
   EXPECT_NE(bad.output.find("--set model.num_layers would change the model the weights describe"), std::string::npos)
       << bad.output;
+}
+
+TEST(LlamaGguf, QuantizedInferenceRunsOnTheFileBlocksWithinActivationRounding) {
+  models::GgufImport f = models::import_gguf(kTiny, /*quantized=*/false);
+  models::GgufImport q = models::import_gguf(kTiny, /*quantized=*/true);
+  ASSERT_EQ(q.notes.size(), 3u);
+  // The 2x7 projections and the head, less the two F16 ffn_up (no kernels): 13 of 15.
+  EXPECT_NE(q.notes[1].find("13 of 15 matrices kept quantized"), std::string::npos) << q.notes[1];
+  autograd::NoGradGuard no_grad;  // inference only
+  const nlohmann::json want = read_json(kFixtures / "tiny_llama.json");
+  const std::vector<int32_t> ids = want["ids"].get<std::vector<int32_t>>();
+  Tensor lf = f.model->logits(ids_tensor(ids));
+  Tensor lq = q.model->logits(ids_tensor(ids));
+  // The quantized layers do not read their f32 weights: poisoning them changes nothing.
+  Tensor nan = Tensor::full(q.model->parameter("layers.0.attn.q_proj.weight").value.shape(), NAN);
+  q.model->load_parameter("layers.0.attn.q_proj.weight", nan);
+  q.model->load_parameter("lm_head.weight", Tensor::full(q.model->parameter("lm_head.weight").value.shape(), NAN));
+  Tensor lq2 = q.model->logits(ids_tensor(ids));
+  EXPECT_EQ(std::memcmp(lq.data<float>(), lq2.data<float>(), lq.nbytes()), 0);
+  // Against the f32 path: activations rounded to 8 bits per block of 32 move the logits by a small
+  // fraction of their scale, and no further.
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < lf.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(lq.data<float>()[i]));
+    worst = std::max(worst, double(std::abs(lf.data<float>()[i] - lq.data<float>()[i])));
+    scale = std::max(scale, double(std::abs(lf.data<float>()[i])));
+  }
+  EXPECT_GT(worst, 0.0);          // it is another computation
+  EXPECT_LT(worst, 0.05 * scale);  // of the same numbers (measured: 2.2% of the scale; a wrong kernel is off by ~100%)
 }

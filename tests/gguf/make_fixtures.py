@@ -53,6 +53,8 @@ def write_with_gguf(path, arch, kvs, tensors):
         if qtype in (Q.F32, Q.F16):
             data = arr.astype(np.float32 if qtype == Q.F32 else np.float16)
             w.add_tensor(name, data)
+        elif arr.dtype == np.uint8:  # raw blocks already
+            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=qtype)
         else:
             data = gguf.quants.quantize(arr.astype(np.float32), qtype)
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
@@ -60,6 +62,19 @@ def write_with_gguf(path, arch, kvs, tensors):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def k_quant_blocks(seed, qtype, n_blocks):
+    """Raw K-quant blocks (gguf cannot quantize to them): random bytes, with the f16 scales set to
+    small finite values so that the dequantized numbers are finite."""
+    size = {Q.Q4_K: 144, Q.Q6_K: 210}[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    scales = np.random.default_rng(seed + 100).uniform(0.001, 0.05, (n_blocks, 2)).astype(np.float16).view(np.uint8)
+    if qtype == Q.Q4_K:  # d, dmin first
+        raw[:, 0:4] = scales
+    else:  # d last
+        raw[:, 208:210] = scales[:, 0:2]
+    return raw
 
 
 def rng_values(seed, shape, scale=1.0):
@@ -92,6 +107,11 @@ def make_valid():
         ("q8_0", rng_values(3, (2, 64)), Q.Q8_0),
         ("q4_1", rng_values(4, (2, 32)), Q.Q4_1),
         ("q4_0", rng_values(5, (1, 32)), Q.Q4_0),
+        ("q5_0", rng_values(9, (1, 32)), Q.Q5_0),
+        ("q5_1", rng_values(10, (2, 32)), Q.Q5_1),
+        ("bf16", rng_values(11, (2, 3)), Q.BF16),
+        ("q4_k", k_quant_blocks(12, Q.Q4_K, 2), Q.Q4_K),
+        ("q6_k", k_quant_blocks(13, Q.Q6_K, 1), Q.Q6_K),
     ]
     files["all_types.gguf"] = (kvs, tensors)
     files["no_tensors.gguf"] = ([("test.u32", 7, VT.UINT32, None)], [])

@@ -6,6 +6,8 @@
 #include <regex>
 #include <set>
 
+#include "quant/qmatmul.h"
+
 namespace loom::llama {
 namespace {
 
@@ -112,7 +114,8 @@ Config config_from_gguf(const gguf::Header& h) {
   return c;
 }
 
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, std::vector<std::string>& notes) {
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+                                                   std::vector<std::string>& notes) {
   Config cfg;
   try {
     cfg = config_from_gguf(file.header());
@@ -138,6 +141,28 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, s
   }
   for (nn::Parameter* p : model->parameters()) {
     LOOM_CHECK(loaded.count(p->name), file.path(), ": no tensor ", gguf::quoted(gguf_tensor_name(p->name)));
+  }
+  if (quantized) {
+    std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, "output.weight"}};
+    if (!file.header().find_tensor("output.weight")) linears[0].second = "token_embd.weight";  // tied
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      nn::TransformerBlock& b = *model->layers[i];
+      const std::string blk = str("blk.", i, ".");
+      for (auto [linear, g] : {std::pair{&b.attn.q_proj, "attn_q"}, {&b.attn.k_proj, "attn_k"}, {&b.attn.v_proj, "attn_v"},
+                               {&b.attn.output_proj, "attn_output"}, {&b.ffn.w1, "ffn_gate"}, {&b.ffn.w3, "ffn_up"},
+                               {&b.ffn.w2, "ffn_down"}}) {
+        linears.emplace_back(linear, blk + g + ".weight");
+      }
+    }
+    size_t kept = 0;
+    for (auto& [linear, name] : linears) {
+      const gguf::TensorInfo& t = file.info(name);
+      if (!quant::has_matmul_kernels(t.type)) continue;
+      const Shape s = file.shape(name);
+      linear->set_quantized(std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data()));
+      ++kept;
+    }
+    notes.push_back(str(kept, " of ", linears.size(), " matrices kept quantized for inference (the others in f32)"));
   }
   return model;
 }

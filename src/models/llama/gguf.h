@@ -40,7 +40,11 @@ std::string gguf_tensor_name(const std::string& loom_name);
 std::optional<std::string> loom_name_of_gguf(const std::string& gguf_name);
 
 Config config_from_gguf(const gguf::Header& h);
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, std::vector<std::string>& notes);
+// With `quantized`, every projection and the head whose tensor is Q8_0, Q4_0, Q4_1, Q4_K or Q6_K also
+// holds it quantized (nn::Linear::set_quantized): inference then runs src/quant's integer kernels on the
+// file's blocks; the f32 parameters are still there (export, training).
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+                                                   std::vector<std::string>& notes);
 void export_gguf(const models::LanguageModel& model, std::vector<gguf::KeyValue>& metadata,
                  std::vector<models::GgufTensorOut>& tensors);
 

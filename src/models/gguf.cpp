@@ -72,6 +72,21 @@ quant::QuantType gguf_export_type(const std::string& name) {
   LOOM_FAIL("GGUF export type \"", name, "\" is not supported (choose f32, f16, bf16, q8_0, q4_0 or q4_1)");
 }
 
+namespace {
+// general.file_type is llama.cpp's llama_ftype ("mostly" this type), not the ggml type id.
+uint32_t llama_file_type(quant::QuantType t) {
+  switch (t) {
+    case quant::QuantType::F32: return 0;
+    case quant::QuantType::F16: return 1;
+    case quant::QuantType::Q4_0: return 2;
+    case quant::QuantType::Q4_1: return 3;
+    case quant::QuantType::Q8_0: return 7;
+    case quant::QuantType::BF16: return 32;
+    default: LOOM_FAIL("GGUF export type ", quant::quant_type_name(t), " has no llama.cpp file type");
+  }
+}
+}  // namespace
+
 void export_gguf(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& path,
                  const GgufExportOptions& o) {
   const Family& f = model.model_config().family();
@@ -79,7 +94,7 @@ void export_gguf(const LanguageModel& model, const tokenizer::Tokenizer* tok, co
   std::vector<gguf::KeyValue> kv = {{"general.architecture", gguf::Value{f.gguf_arch}},
                                     {"general.type", gguf::Value{std::string("model")}},
                                     {"general.name", gguf::Value{o.name.empty() ? std::string("loom model") : o.name}},
-                                    {"general.file_type", gguf::Value{static_cast<uint32_t>(o.type)}},
+                                    {"general.file_type", gguf::Value{llama_file_type(o.type)}},
                                     {"general.quantization_version", gguf::Value{uint32_t{2}}}};
   std::vector<GgufTensorOut> tensors;
   f.export_gguf(model, kv, tensors);

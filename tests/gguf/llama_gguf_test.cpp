@@ -200,6 +200,8 @@ TEST(LlamaGguf, QuantizedExportStoresWhatQuantizeGives) {
     models::export_gguf(*g.model, nullptr, dir.file("q.gguf"), o);
     gguf::GgufFile f = gguf::GgufFile::open(dir.file("q.gguf"));
     EXPECT_FALSE(gguf::has_tokenizer(f.header()));
+    // llama.cpp's llama_ftype, not the ggml type id (Q8_0 is ftype 7 but type 8).
+    EXPECT_EQ(f.header().get_uint("general.file_type"), type == QuantType::F16 ? 1u : type == QuantType::Q8_0 ? 7u : 3u);
     ASSERT_NE(f.header().find_tensor("output.weight"), nullptr);
     for (nn::Parameter* p : g.model->parameters()) {
       const std::string name = llama::gguf_tensor_name(p->name);

@@ -1,17 +1,19 @@
-// `loom bench peak` and `loom bench train`: one JSON line each, for the README's performance table.
+// `loom bench peak`, `train`, `bandwidth` and `qmatmul`: one JSON line each, for the README's performance
+// table and docs/quant.md.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/peak.h"
 #include "cli/command.h"
 #include "core/parallel.h"
+#include "report/bandwidth.h"
 #include "report/benchmark.h"
 #include "train/config.h"
 #include "train/memory.h"
 
 namespace {
 
-loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", [](CLI::App& cmd) {
+loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, memory bandwidth, quantized matmul", [](CLI::App& cmd) {
   cmd.require_subcommand(1);
 
   auto* peak = cmd.add_subcommand("peak", "Measure the f32 FMA peak (the denominator of MFU)");
@@ -23,6 +25,58 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps", []
     nlohmann::json j = {{"peak_gflops", r.gflops}, {"threads", r.threads}, {"vector_bits", r.vector_bits}};
     std::printf("%s\n", j.dump().c_str());
   });
+
+  auto* bw = cmd.add_subcommand("bandwidth", "Measure the memory read bandwidth (a streaming sum over a 1 GiB buffer)");
+  static int bw_threads = 0;
+  static int64_t bw_mib = 1024;
+  bw->add_option("--threads", bw_threads, "threads (default: all)");
+  bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)");
+  bw->callback([] {
+    const int threads = bw_threads > 0 ? bw_threads : loom::num_threads();
+    auto r = loom::report::measure_read_bandwidth(threads, bw_mib << 20);
+    nlohmann::json j = {{"read_gb_per_s", r.gb_per_s}, {"bytes", r.bytes}, {"threads", r.threads}};
+    std::printf("%s\n", j.dump().c_str());
+  });
+
+  auto* qm = cmd.add_subcommand("qmatmul", "Time y = x W^T with quantized (or f32) weights read from DRAM");
+  static std::string qm_type = "Q4_1", qm_path = "auto";
+  static int64_t qm_m = 1, qm_n = 1536, qm_k = 576;
+  static int qm_threads = 0, qm_calls = 50;
+  qm->add_option("--type", qm_type, "weight type: Q4_1, Q4_0, Q8_0, Q4_K, Q6_K or f32 (oneDNN)");
+  qm->add_option("-m", qm_m, "rows of x (1: decode)");
+  qm->add_option("-n", qm_n, "rows of W (out features)");
+  qm->add_option("-k", qm_k, "columns of W (in features)");
+  qm->add_option("--path", qm_path, "kernels: auto, scalar, avx2, avx512-vnni");
+  qm->add_option("--threads", qm_threads, "threads (default: all)");
+  qm->add_option("--calls", qm_calls, "timed calls (their median is reported)");
+  qm->callback([] {
+    loom::quant::KernelPath path = loom::quant::KernelPath::Auto;
+    bool known = qm_path == "auto";
+    for (auto p : {loom::quant::KernelPath::Scalar, loom::quant::KernelPath::Avx2, loom::quant::KernelPath::Avx512Vnni}) {
+      if (qm_path == loom::quant::kernel_path_name(p)) path = p, known = true;
+    }
+    if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2 or avx512-vnni");
+    const int threads = qm_threads > 0 ? qm_threads : loom::num_threads();
+    auto r = loom::report::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
+    nlohmann::json j = {{"type", r.type}, {"path", r.path}, {"M", r.M}, {"N", r.N}, {"K", r.K},
+                        {"us_per_call", r.seconds * 1e6}, {"weight_gb_per_s", r.weight_gb_per_s},
+                        {"gflops", r.gflops}, {"threads", r.threads}};
+    std::printf("%s\n", j.dump().c_str());
+  });
+
+  auto* dec = cmd.add_subcommand("decode",
+                                 "Time prefill and KV-cache decoding of a synthetic Llama (SmolLM2-135M's shape by "
+                                 "default) with f32 or quantized weights");
+  static loom::report::DecodeBenchOptions dec_options;
+  dec->add_option("--weights", dec_options.weights, "Linear weights: f32, Q8_0, Q4_0 or Q4_1 (default Q4_1)");
+  dec->add_option("--head", dec_options.head, "lm_head with quantized weights: f32, Q8_0, Q4_0 or Q4_1 (default Q8_0)");
+  dec->add_option("--prompt-tokens", dec_options.prompt_tokens, "prefill length (default 4)");
+  dec->add_option("--new-tokens", dec_options.new_tokens, "decoded tokens (default 64)");
+  dec->add_option("--threads", dec_options.threads, "threads (default: all)");
+  dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)");
+  dec->add_option("--layers", dec_options.num_layers, "layers (default 30)");
+  dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)");
+  dec->callback([] { std::printf("%s\n", loom::report::bench_decode(dec_options).to_json().c_str()); });
 
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
   static std::string preset = "tiny";

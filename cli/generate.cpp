@@ -15,12 +15,13 @@ struct GenerateArgs {
   float temperature = 0.8f, top_p = 1.0f;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  bool f32 = false;
 };
 
 loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-cache decoding)", [](CLI::App& cmd) {
   static GenerateArgs a;
   auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used)");
+  auto* weights = cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used), Hugging Face directory, or GGUF file");
   run->excludes(weights);
   cmd.add_option("--prompt", a.prompt, "text to continue")->required();
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate");
@@ -28,6 +29,9 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
   cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
   cmd.add_option("--seed", a.seed, "sampling seed");
+  cmd.add_flag("--f32", a.f32,
+               "with a GGUF file: multiply in f32 by the dequantized weights (default: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
+               "matrices stay quantized and run on the integer kernels)");
   cmd.add_option("--max-memory", a.max_memory,
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
@@ -42,7 +46,7 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
     // The KV cache of the whole context, checked from the model's config before the model is built.
     const auto job = [](const loom::models::ModelConfig& m) { return loom::train::generation_memory(m); };
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job)
+    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
                                 : loom::train::load_run(a.run, budget, job);
     loom::train::check_memory(job(loaded.model->model_config()), budget, "generate");  // an HF import's model
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
@@ -51,7 +55,11 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     o.max_new_tokens = a.max_new_tokens;
     o.sampling = {a.temperature, a.top_k, a.top_p};
     o.seed = a.seed;
-    if (auto eot = tok.special_token_id("<|endoftext|>")) o.stop_token = static_cast<int32_t>(*eot);
+    if (loaded.eos) {
+      o.stop_token = static_cast<int32_t>(*loaded.eos);  // a GGUF file's end-of-sequence token
+    } else if (auto eot = tok.special_token_id("<|endoftext|>")) {
+      o.stop_token = static_cast<int32_t>(*eot);
+    }
     std::vector<int32_t> prompt;
     for (auto id : tok.encode(a.prompt)) prompt.push_back(static_cast<int32_t>(id));
     LOOM_CHECK(!prompt.empty(), "generate: --prompt is empty (give at least one character to continue)");

@@ -1,10 +1,14 @@
 // `loom import --hf HFDIR --out RUNDIR`: a Hugging Face directory (Llama or GPT-2) as a loom run directory
 // (model.safetensors under loom's names, tokenizer.json), for generate/eval/export.
+// `loom import --gguf FILE --out RUNDIR`: the same from a GGUF file (models/gguf.h): weights dequantized
+// to f32, the tokenizer from its metadata as tokenizer.json, bos/eos and the chat template in
+// tokenizer_config.json.
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/command.h"
 #include "tokenizer/formats.h"
+#include "models/gguf.h"
 #include "models/hf.h"
 #include "data/provenance.h"
 #include "train/memory.h"
@@ -14,22 +18,45 @@
 namespace {
 
 struct ImportArgs {
-  std::string hf, out, max_memory;
+  std::string hf, gguf, out, max_memory;
   bool overwrite = false;
 };
 
-loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
+loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2) or a GGUF file (Llama) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
-  cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
+  auto* hf = cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)");
+  auto* gguf = cmd.add_option("--gguf", a.gguf, "GGUF file (llama.cpp's format; any of its block types)");
+  hf->excludes(gguf);
   cmd.add_option("--out", a.out, "run directory to write")->required();
   cmd.add_flag("--overwrite", a.overwrite, "replace the loom run in --out (files loom did not write stay)");
   cmd.add_option("--max-memory", a.max_memory,
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
+    LOOM_CHECK(!a.hf.empty() || !a.gguf.empty(), "import: give --hf DIR or --gguf FILE");
     // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (train/run_dir.h).
     auto run_dir = loom::train::RunDir::claim(a.out, loom::train::RunKind::Import,
                                               a.overwrite ? loom::train::ExistingRun::Overwrite
                                                           : loom::train::ExistingRun::Refuse);
+    if (!a.gguf.empty()) {
+      auto g = loom::models::import_gguf(a.gguf);
+      loom::train::check_memory(loom::train::model_memory(g.model->model_config()),
+                                loom::train::MemoryBudget::from_setting(a.max_memory), "import " + a.gguf);
+      run_dir.start();
+      for (const auto& note : g.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+      std::filesystem::create_directories(a.out);
+      const auto weights = std::filesystem::path(a.out) / "model.safetensors";
+      loom::train::save_model_weights(*g.model, weights.string());
+      if (g.tokenizer) {
+        loom::tokenizer::save_hf_json(*g.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
+        loom::models::write_tokenizer_config(a.out, *g.tokenizer, g.bos, g.eos, g.chat_template,
+                                             g.model->model_config().json().value("context_length", int64_t{0}));
+      }
+      run_dir.finish(loom::train::RunState::Finished);
+      std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
+                   static_cast<long long>(g.model->num_parameters()),
+                   g.tokenizer ? ", tokenizer.json and tokenizer_config.json" : "");
+      return;
+    }
     // Before anything is built: the model config.json describes must fit (sizes from the headers).
     loom::train::check_memory(loom::train::hf_import_memory(a.hf), loom::train::MemoryBudget::from_setting(a.max_memory),
                               "import " + a.hf);

@@ -14,6 +14,7 @@
 #include "dist/mpi.h"
 #include "dist/runtime.h"
 #include "generate/generate.h"
+#include "models/gguf.h"
 #include "tokenizer/formats.h"
 #include "train/checkpoint.h"
 #include "train/config_file.h"
@@ -33,7 +34,42 @@ struct TrainArgs {
   bool overwrite = false;
   std::string max_memory;
   std::string mesh, parallel;
+  std::string weights;
 };
+
+// `--weights PATH`: the model section becomes the weights' own (only model.context_length may still be
+// set, it changes no parameter), and the data section points at the weights' tokenizer and token files
+// made with it, in data/<weights name>/ unless --set names data.tokenizer/train/val. Returns the loaded
+// weights, whose parameters are copied into the trainer's model before step 0.
+loom::train::LoadedRun start_from_weights(loom::train::TrainConfig& cfg, const TrainArgs& args,
+                                          const loom::train::MemoryBudget& budget) {
+  auto loaded = loom::train::load_weights(args.weights, budget);
+  LOOM_CHECK(loaded.tokenizer.has_value(), "train --weights: ", args.weights,
+             " has no tokenizer (a GGUF with tokenizer metadata, an HF directory with tokenizer.json, or a "
+             "weights file with tokenizer.json beside it)");
+  nlohmann::json model = loaded.model->model_config().json();
+  bool data_set = false;
+  for (const std::string& s : args.sets) {
+    if (s.rfind("model.", 0) == 0) {
+      const size_t eq = s.find('=');
+      LOOM_CHECK(s.rfind("model.context_length=", 0) == 0, "train --weights: --set ", s.substr(0, eq),
+                 " would change the model the weights describe (only model.context_length may be set)");
+      model["context_length"] = cfg.model.context_length();
+    }
+    data_set |= s.rfind("data.tokenizer=", 0) == 0 || s.rfind("data.train=", 0) == 0 || s.rfind("data.val=", 0) == 0;
+  }
+  cfg.model = loom::models::ModelConfig::from_json(model);
+  if (!data_set) {
+    const fs::path dir = fs::path("data") / fs::path(args.weights).filename().replace_extension();
+    cfg.data.tokenizer = (dir / "tokenizer.json").string();
+    cfg.data.train = (dir / "train.bin").string();
+    cfg.data.val = (dir / "val.bin").string();
+  }
+  fs::create_directories(fs::path(cfg.data.tokenizer).parent_path().empty() ? fs::path(".")
+                                                                              : fs::path(cfg.data.tokenizer).parent_path());
+  if (!fs::exists(cfg.data.tokenizer)) loom::tokenizer::save_hf_json(*loaded.tokenizer, cfg.data.tokenizer);
+  return loaded;
+}
 
 void print_samples(const loom::train::TrainConfig& cfg, const loom::models::LanguageModel& model,
                    const loom::tokenizer::Tokenizer& tok) {
@@ -100,6 +136,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   auto* resume_opt = cmd.add_flag("--resume", args.resume,
                                   "continue from the newest valid checkpoint in --out (its config.json is the config "
                                   "unless --config is given; --set still applies)");
+  cmd.add_option("--weights", args.weights,
+                 "start from these weights, with their tokenizer: a GGUF file, a Hugging Face directory or a loom weights "
+                 "file (the model section is theirs; token files go to data/<weights name>/)")
+      ->excludes(resume_opt);
   cmd.add_flag("--overwrite", args.overwrite,
                "replace the loom run in --out: its files and checkpoints are deleted (files loom did not write stay)")
       ->excludes(resume_opt);
@@ -131,6 +171,13 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
                   const std::shared_ptr<loom::dist::RankContext>& rank_context) {
     // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
     const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
+    std::optional<loom::train::LoadedRun> init;
+    if (!args.weights.empty()) {
+      // Every rank would convert the same file and write the same tokenizer: one process for now.
+      LOOM_CHECK(!rank_context, "train --weights ", args.weights, " runs on one process; start it without mpirun, "
+                 "export a loom run, then train that on the mesh");
+      init = start_from_weights(cfg, args, budget);
+    }
     loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
     auto* comm = rank_context ? rank_context->comm : nullptr;
     // Rank 0 owns the run directory and the data preparation; the others wait for it.
@@ -154,6 +201,10 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
       trainer.before_checkpoint_file = [ms](const std::string&) {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       };
+    }
+    if (init) {
+      for (loom::nn::Parameter* p : init->model->parameters()) trainer.model().load_parameter(p->name, p->value);
+      std::fprintf(stderr, "starting from the weights of %s\n", args.weights.c_str());
     }
     if (args.resume) {
       auto step = trainer.resume([writer](const std::string& path, const std::string& why) {
@@ -189,6 +240,10 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
       return;
     }
     loom::train::save_run_tokenizer(cfg, out);
+    if (init && init->tokenizer && (init->eos || !init->chat_template.empty())) {  // a GGUF's eos and chat template
+      loom::models::write_tokenizer_config(out, *init->tokenizer, std::nullopt, init->eos, init->chat_template,
+                                           cfg.model.context_length());
+    }
     if (summary.stopped_early) {
       std::fprintf(stderr, "interrupted at step %lld of %lld (%lld skipped), %.0f tokens/s\nweights: %s/model.safetensors\n"
                    "continue with: loom train --out %s --resume\n",

@@ -5,10 +5,11 @@
 #   config          fuzz/config_fuzz.cpp          training configs      configs/, fuzz/corpus/config
 #   tokenizer_json  fuzz/tokenizer_json_fuzz.cpp  tokenizer.json and    fuzz/corpus/tokenizer_json
 #                                                 vocab.json
+#   gguf            fuzz/gguf_fuzz.cpp            GGUF files            tests/gguf/corpus
 # Exits non-zero if any target finds something; the input that triggered it is left in
 # build-fuzz/<target>/artifacts/ (replay: build-fuzz/<target>/<target>_fuzz FILE).
 #
-#   tools/fuzz.sh            # 60 seconds in all (20 per target)
+#   tools/fuzz.sh            # 60 seconds in all (15 per target)
 #   tools/fuzz.sh 600        # longer
 #   FUZZ_TARGETS=config tools/fuzz.sh 60          # one target only
 #   tools/fuzz.sh 60 -jobs=2 -workers=2           # extra arguments go to libFuzzer
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
-targets=(${FUZZ_TARGETS:-safetensors config tokenizer_json})
+targets=(${FUZZ_TARGETS:-safetensors config tokenizer_json gguf})
 CXX="${FUZZ_CXX:-clang++}"
 
 # The sources each target compiles (its own file first), its seed directories, dictionary and input size.
@@ -33,6 +34,7 @@ sources_of() {
     tokenizer_json)
       echo fuzz/tokenizer_json_fuzz.cpp src/tokenizer/formats.cpp src/tokenizer/tokenizer.cpp \
         src/tokenizer/pretokenizer.cpp src/tokenizer/byte_level.cpp src/tokenizer/sha256.cpp src/io/json.cpp ;;
+    gguf) echo fuzz/gguf_fuzz.cpp src/gguf/format.cpp src/quant/quant.cpp src/io/safetensors_format.cpp src/io/json.cpp ;;
     *) echo "fuzz.sh: unknown target $1" >&2; exit 2 ;;
   esac
 }
@@ -50,6 +52,7 @@ corpora_of() {
     safetensors) echo tests/safetensors/corpus/valid tests/safetensors/corpus/malformed ;;
     config) echo configs fuzz/corpus/config ;;
     tokenizer_json) echo fuzz/corpus/tokenizer_json ;;
+    gguf) echo tests/gguf/corpus/valid tests/gguf/corpus/malformed ;;
   esac
 }
 max_len_of() { [ "$1" = tokenizer_json ] && echo 16384 || echo 4096; }

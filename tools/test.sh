@@ -8,7 +8,7 @@ tools/ensure_setup.sh --tests
 # The Python module is built in the same tree (build/python/loom), reusing the compiled library.
 cmake -S . -B build -DLOOM_BUILD_PYTHON=ON >/dev/null
 cmake --build build -j"$(nproc)"
-# The readers of untrusted files (safetensors headers, configs, tokenizer.json) under libFuzzer with ASan
+# The readers of untrusted files (safetensors headers, configs, tokenizer.json, GGUF) under libFuzzer with ASan
 # and UBSan, 60 seconds in all (before CTest, so CTest's summary closes the log).
 bash tools/fuzz.sh 60
 # Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would then steal each

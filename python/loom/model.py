@@ -239,7 +239,8 @@ class Run:
 
 def load_run(path: str | os.PathLike) -> Run:
     """A run directory written by `loom train` or loom.train (model.safetensors, tokenizer.json,
-    config.json), or a weights file (a tokenizer.json beside it is loaded too)."""
+    config.json), a weights file (a tokenizer.json beside it is loaded too), a Hugging Face directory,
+    or a GGUF file (weights dequantized to f32, the tokenizer from its metadata)."""
     from .tokenizer import Tokenizer
 
     path = os.fspath(path)

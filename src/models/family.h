@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "gguf/gguf.h"
 #include "models/model.h"
 #include "models/stats.h"
 #include "tokenizer/tokenizer.h"
@@ -22,6 +23,13 @@ struct HfImport {
   std::unique_ptr<LanguageModel> model;
   std::optional<tokenizer::Tokenizer> tokenizer;
   std::vector<std::string> notes;  // what was adapted or left out
+};
+
+// One tensor of a GGUF export, before it is stored: f32 in loom's shape (outermost first).
+struct GgufTensorOut {
+  std::string name;  // GGUF's name ("blk.0.attn_q.weight")
+  Tensor value;
+  bool matrix = false;  // a weight matrix, stored in the export's type; others (norm gains) stay F32
 };
 
 // A built-in training config (the JSON text of configs/<name>.json, compiled in).
@@ -46,6 +54,16 @@ struct Family {
   std::string hf_model_type;
   std::function<void(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir)> export_hf;
   std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf;
+
+  // GGUF (models/gguf.h): the general.architecture this family reads and writes, the reader (the
+  // model only; the tokenizer is the caller's, `notes` gets what was adapted; with `quantized`, layers
+  // whose weights are stored in a type with kernels also keep them quantized for inference) and the writer
+  // of the architecture's metadata and tensors (the caller adds general.*, the tokenizer, and quantizes).
+  std::string gguf_arch;
+  std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, bool quantized, std::vector<std::string>& notes)>
+      import_gguf;
+  std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
+      export_gguf;
 
   // Built-in presets of this family (generated from configs/*.json by tools/embed_presets.sh).
   std::vector<Preset> presets;
@@ -80,5 +98,7 @@ const std::vector<const Family*>& families();
 const Family& family(const std::string& arch);
 // The family whose hf_model_type is `model_type`, if any.
 const Family* family_for_hf(const std::string& model_type);
+// The family whose gguf_arch is `arch`, if any.
+const Family* family_for_gguf(const std::string& arch);
 
 }  // namespace loom::models

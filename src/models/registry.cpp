@@ -34,4 +34,11 @@ const Family* family_for_hf(const std::string& model_type) {
   return nullptr;
 }
 
+const Family* family_for_gguf(const std::string& arch) {
+  for (const Family* f : families()) {
+    if (!f->gguf_arch.empty() && f->gguf_arch == arch) return f;
+  }
+  return nullptr;
+}
+
 }  // namespace loom::models

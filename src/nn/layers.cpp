@@ -4,6 +4,7 @@
 
 #include "dist/runtime.h"
 
+#include "core/autograd.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -11,6 +12,7 @@
 #include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/shape.h"
+#include "quant/linear.h"
 
 namespace loom::nn {
 
@@ -31,7 +33,24 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
 
 Tensor Linear::forward(const Tensor& x) const {
   if (weight.dist) return dist::sharded_linear(x, weight, bias, precision);
+  if (quantized) {
+    LOOM_CHECK(!(autograd::grad_enabled() && weight.value.requires_grad()), weight.name, " is held quantized (",
+               quant::quant_type_name(quantized->type()), ") for inference only; there is no backward pass "
+               "through it. Load the weights as f32 to train, or run under no-grad");
+    return quant::quantized_linear(x, *quantized, bias ? bias->value : Tensor(), weight.name);
+  }
   return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision);
+}
+
+void Linear::set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q) {
+  if (q) {
+    LOOM_CHECK(q->rows() == weight.value.size(0) && q->cols() == weight.value.size(1), weight.name,
+               ": quantized weight is [", q->rows(), ", ", q->cols(), "] but the layer's weight is ",
+               weight.value.shape());
+    LOOM_CHECK(quant::has_matmul_kernels(q->type()), weight.name, ": ", quant::quant_type_name(q->type()),
+               " weights cannot be multiplied quantized (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K can); dequantize them");
+  }
+  quantized = std::move(q);
 }
 
 Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key)

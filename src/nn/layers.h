@@ -5,6 +5,7 @@
 // key.fold_in(parameter name), so initial weights do not depend on construction order.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
+#include "quant/qmatmul.h"
 
 namespace loom::nn {
 
@@ -25,9 +27,14 @@ class Linear : public Module {
   // CS336's init: truncated normal, std sqrt(2/(in+out)), cut at +-3 std.
   static Init default_init(int64_t in_features, int64_t out_features);
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
+  // Holds the weight quantized for inference (GGUF import): forward then multiplies by it with the
+  // integer kernels of quant/qmatmul.h and does not read weight.value; a forward that autodiff would
+  // record is refused, naming the layer. q must be [out, in] of a type with kernels; nullptr clears it.
+  void set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q);
   Parameter& weight;
   Parameter* bias = nullptr;  // absent without a bias
   ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
+  std::shared_ptr<const quant::QuantizedMatrix> quantized;  // set_quantized's, or null
 };
 
 // weight: [V, C], by default truncated normal std 1 cut at +-3 (CS336).

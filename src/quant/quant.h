@@ -30,4 +30,12 @@ void dequantize(QuantType type, const void* data, int64_t n, float* out);
 // quantizers do; out holds row_bytes(type, n) bytes.
 void quantize(QuantType type, const float* x, int64_t n, void* out);
 
+// IEEE half precision <-> f32 (the scales of the block formats, and F16 tensors). f32_to_f16 rounds to
+// nearest even and overflows to inf, as F16C's vcvtps2ph and numpy's astype(float16) do.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// The j-th (6-bit scale, 6-bit min) pair of a Q4_K super-block's 12 packed scale bytes, j in [0, 8).
+void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m);
+
 }  // namespace loom::quant

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -193,8 +194,13 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
   LOOM_CHECK(type == "BPE", source, ": model type is \"", brief_text(type), "\", only BPE is supported");
   LOOM_CHECK(model.contains("vocab") && model["vocab"].is_object(), source, ": model has no \"vocab\" object");
   LOOM_CHECK(model.contains("merges") && model["merges"].is_array(), source, ": model has no \"merges\" array");
-  LOOM_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), source,
-             ": a normalizer is not supported (byte-level BPE has none)");
+  // No normalizer, or an empty sequence of them (what transformers writes for a GGUF's tokenizer).
+  const bool no_normalizer = !j.contains("normalizer") || j["normalizer"].is_null() ||
+                             (j["normalizer"].is_object() && j["normalizer"].value("type", json()) == "Sequence" &&
+                              j["normalizer"].contains("normalizers") && j["normalizer"]["normalizers"].is_array() &&
+                              j["normalizer"]["normalizers"].empty());
+  LOOM_CHECK(no_normalizer, source, ": a normalizer is not supported (byte-level BPE has none), got ",
+             brief_json(j["normalizer"]));
   check_type(j, "pre_tokenizer", "ByteLevel", source);
   check_type(j, "decoder", "ByteLevel", source);
   if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
@@ -245,8 +251,29 @@ Tokenizer tokenizer_from_hf_json(std::string_view json_text, const std::string& 
     }
     merges.emplace_back(vb.lookup(parts.first, i), vb.lookup(parts.second, i));
   }
+  // The unknown token stands in for bytes the vocabulary lacks (tokenizer.h); tokenizers' BPE with
+  // byte_fallback would first try a "<0xNN>" token, which byte-level vocabularies do not have.
+  const std::string unk = field_or<std::string>(model, "unk_token", "", source, "model");
+  const bool fuse_unk = field_or(model, "fuse_unk", false, source, "model");
+  const bool byte_fallback = field_or(model, "byte_fallback", false, source, "model");
+  std::optional<TokenId> unk_id;
+  if (!unk.empty()) {
+    auto it = vb.id_of_key.find(unk);
+    LOOM_CHECK(it != vb.id_of_key.end(), source, ": model.unk_token \"", brief_text(unk), "\" is not in the vocabulary");
+    unk_id = it->second;
+  }
   try {
-    return Tokenizer(std::move(vocab), std::move(merges), std::move(specials));
+    Tokenizer tok(std::move(vocab), std::move(merges), std::move(specials));
+    tok.set_unknown_token(unk_id, fuse_unk);
+    if (byte_fallback) {
+      for (uint8_t b : tok.missing_bytes()) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        LOOM_CHECK(!tok.token_id(name), "model.byte_fallback with a \"", name,
+                   "\" token for a byte the byte-level vocabulary lacks is not supported");
+      }
+    }
+    return tok;
   } catch (const Error& e) {
     LOOM_FAIL(source, ": ", e.what());
   }
@@ -377,8 +404,10 @@ std::string to_hf_json(const Tokenizer& tok) {
   out += "  \"pre_tokenizer\": " + byte_level + ",\n";
   out += "  \"post_processor\": null,\n";
   out += "  \"decoder\": " + byte_level + ",\n";
-  out += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
-         "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n    \"fuse_unk\": false,\n"
+  const std::string unk = tok.unknown_token() ? quoted(token_key(tok, *tok.unknown_token())) : "null";
+  out += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": " + unk + ",\n";
+  out += std::string("    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n    \"fuse_unk\": ") +
+         (tok.fuse_unknown() ? "true" : "false") + ",\n"
          "    \"byte_fallback\": false,\n    \"ignore_merges\": false,\n";
   out += "    \"vocab\": " + vocab_object(tok, "    ") + ",\n";
   out += "    \"merges\": " + merges + "\n  }\n}\n";

@@ -101,9 +101,8 @@ Tokenizer::Tokenizer(std::vector<std::string> vocab, std::vector<std::pair<Token
   }
   for (int b = 0; b < 256; ++b) {
     auto it = ids_.find(std::string(1, static_cast<char>(b)));
-    LOOM_CHECK(it != ids_.end(), "tokenizer: the vocabulary has no token for byte 0x", std::hex, b,
-               " (a byte-level BPE vocabulary needs all 256 bytes)");
-    byte_ids_[b] = it->second;
+    byte_ids_[b] = it == ids_.end() ? kNoToken : it->second;
+    all_bytes_ &= it != ids_.end();
   }
   merge_table_ = std::make_unique<MergeTable>(merges_.size());
   for (size_t rank = 0; rank < merges_.size(); ++rank) {
@@ -136,6 +135,36 @@ void Tokenizer::add_special_token(const std::string& text) {
   rebuild_specials();
 }
 
+void Tokenizer::set_unknown_token(std::optional<TokenId> id, bool fuse) {
+  LOOM_CHECK(!id || *id < vocab_.size(), "tokenizer: unknown token id ", id.value_or(0), " is out of range (vocabulary has ",
+             vocab_.size(), " tokens)");
+  unk_ = id;
+  fuse_unk_ = fuse;
+}
+
+std::vector<uint8_t> Tokenizer::missing_bytes() const {
+  std::vector<uint8_t> out;
+  for (int b = 0; b < 256; ++b) {
+    if (byte_ids_[b] == kNoToken) out.push_back(static_cast<uint8_t>(b));
+  }
+  return out;
+}
+
+void Tokenizer::initial_symbols(std::string_view piece, std::vector<TokenId>& sym) const {
+  sym.clear();
+  bool last_unknown = false;
+  for (char c : piece) {
+    const TokenId id = byte_ids_[static_cast<unsigned char>(c)];
+    if (id != kNoToken) {
+      sym.push_back(id);
+      last_unknown = false;
+    } else if (unk_) {
+      if (!(fuse_unk_ && last_unknown)) sym.push_back(*unk_);
+      last_unknown = true;
+    }
+  }
+}
+
 void Tokenizer::rebuild_specials() { specials_ = SpecialTokenMatcher(special_tokens_); }
 
 const std::string& Tokenizer::token_bytes(TokenId id) const {
@@ -164,7 +193,7 @@ bool Tokenizer::is_special(TokenId id) const { return id < is_special_.size() &&
 void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out, Scratch& scratch) const {
   constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
   const MergeTable& table = *merge_table_;
-  const size_t n = piece.size();
+  size_t n = piece.size();
   auto rank_of = [&](TokenId a, TokenId b) {
     const MergeTable::Slot* s = table.find(a, b);
     return s ? s->rank : kNone;
@@ -173,8 +202,14 @@ void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out, Scratch& 
     // Short pieces (nearly all): rescan for the lowest rank after each merge, O(n^2) with tiny constants.
     auto& sym = scratch.symbols;
     auto& rank = scratch.ranks;  // rank[i]: the merge of (sym[i], sym[i+1])
-    sym.resize(n);
-    for (size_t i = 0; i < n; ++i) sym[i] = byte_ids_[static_cast<unsigned char>(piece[i])];
+    if (all_bytes_) {
+      sym.resize(n);
+      for (size_t i = 0; i < n; ++i) sym[i] = byte_ids_[static_cast<unsigned char>(piece[i])];
+    } else {
+      initial_symbols(piece, sym);
+      n = sym.size();
+      if (n == 0) return;
+    }
     rank.resize(n);
     for (size_t i = 0; i + 1 < n; ++i) rank[i] = rank_of(sym[i], sym[i + 1]);
     size_t m = n;
@@ -200,10 +235,12 @@ void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out, Scratch& 
   }
   // Long pieces (runs of spaces, long words): a linked list and a min-heap of (rank, position), with
   // stale heap entries skipped when popped. O(n log n).
-  std::vector<TokenId> sym(n);
+  std::vector<TokenId> sym;
+  initial_symbols(piece, sym);
+  n = sym.size();
+  if (n == 0) return;
   std::vector<int64_t> prev(n), next(n);
   for (size_t i = 0; i < n; ++i) {
-    sym[i] = byte_ids_[static_cast<unsigned char>(piece[i])];
     prev[i] = static_cast<int64_t>(i) - 1;
     next[i] = i + 1 < n ? static_cast<int64_t>(i) + 1 : -1;
   }
@@ -244,7 +281,7 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<TokenId>& out) 
 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<TokenId>& out, Scratch& scratch) const {
   pre_->for_each(text, scratch.match, [&](std::string_view piece) {
-    if (piece.size() == 1) {
+    if (piece.size() == 1 && byte_ids_[static_cast<unsigned char>(piece[0])] != kNoToken) {
       out.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
       return;
     }

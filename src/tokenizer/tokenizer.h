@@ -4,7 +4,12 @@
 //   - text is cut into pieces (see pretokenizer.h): special tokens first, then GPT-2's regex;
 //   - inside a piece, start from one token per byte and repeatedly apply the merge of lowest rank among
 //     adjacent pairs (the leftmost on ties) until no adjacent pair is a merge;
-//   - a special token becomes its own id and never takes part in a merge.
+//   - a special token becomes its own id and never takes part in a merge;
+//   - a byte the vocabulary has no token for (real vocabularies, SmolLM2's among them, lack a few
+//     control bytes) is handled as Hugging Face tokenizers' BPE model handles a character missing from
+//     its vocabulary: it becomes the unknown token when the tokenizer has one (a run of such bytes one
+//     unknown token when `fuse_unknown`), and is otherwise dropped. Either way the remaining symbols of
+//     the piece still merge with each other.
 // Ids are whatever the vocabulary says; a trained tokenizer numbers the special tokens first, then
 // the 256 bytes, then the merges in the order they were learned.
 //
@@ -16,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <istream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -66,6 +72,13 @@ class Tokenizer {
   // Makes an existing vocabulary entry a special token (no-op if it already is one).
   void add_special_token(const std::string& text);
 
+  // The unknown token (HF tokenizer.json's model.unk_token), used for bytes without a token of their own.
+  void set_unknown_token(std::optional<TokenId> id, bool fuse);
+  std::optional<TokenId> unknown_token() const { return unk_; }
+  bool fuse_unknown() const { return fuse_unk_; }
+  // Bytes the vocabulary has no single-byte token for, ascending.
+  std::vector<uint8_t> missing_bytes() const;
+
   // Encodes on the calling thread.
   std::vector<TokenId> encode(std::string_view text) const;
   // Encodes a large text on options.threads threads, in chunks cut where pre-tokens end, so the ids are
@@ -94,6 +107,8 @@ class Tokenizer {
   void encode_into(std::string_view text, std::vector<TokenId>& out, Scratch& scratch) const;
   void encode_ordinary(std::string_view text, std::vector<TokenId>& out, Scratch& scratch) const;
   void bpe(std::string_view piece, std::vector<TokenId>& out, Scratch& scratch) const;
+  // The symbols BPE starts from: one per byte, with missing bytes handled as described above.
+  void initial_symbols(std::string_view piece, std::vector<TokenId>& sym) const;
   void rebuild_specials();
 
   struct MergeTable;
@@ -106,7 +121,11 @@ class Tokenizer {
   std::vector<bool> is_special_;
   SpecialTokenMatcher specials_;
   std::unique_ptr<PreTokenizer> pre_;
-  TokenId byte_ids_[256];
+  static constexpr TokenId kNoToken = std::numeric_limits<TokenId>::max();
+  TokenId byte_ids_[256];  // kNoToken for a byte without a token
+  bool all_bytes_ = true;
+  std::optional<TokenId> unk_;
+  bool fuse_unk_ = false;
 };
 
 // Replaces invalid UTF-8 with U+FFFD, one per maximal invalid subpart (Unicode's recommended practice,

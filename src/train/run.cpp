@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/train.h"
+#include "models/gguf.h"
 #include "models/hf.h"
 #include "data/provenance.h"
 #include "train/consistency.h"
@@ -124,7 +125,8 @@ void load_model_tensors(models::LanguageModel& model, const io::SafetensorsFile&
              params.size(), " parameters", state.empty() ? "" : str(" and ", state.size(), " state tensors"));
 }
 
-LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job) {
+LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job,
+                       bool quantized_gguf) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
   if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
@@ -136,6 +138,17 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, cons
       const fs::path json_file = fs::path(path) / "tokenizer.json";
       run.tokenizer_path = fs::exists(json_file) ? json_file.string() : path;
     }
+    check_loaded_run(run, path);
+    return run;
+  }
+  if (models::is_gguf_file(path)) {  // a GGUF file (models/gguf.h): dequantized to f32
+    models::GgufImport g = models::import_gguf(path, quantized_gguf);
+    check_memory(job(g.model->model_config()), memory, str("import ", path));
+    run.model = std::move(g.model);
+    run.tokenizer = std::move(g.tokenizer);
+    if (run.tokenizer) run.tokenizer_path = path;
+    run.eos = g.eos;
+    run.chat_template = std::move(g.chat_template);
     check_loaded_run(run, path);
     return run;
   }

@@ -45,6 +45,8 @@ struct LoadedRun {
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one
   std::string tokenizer_path;                     // the file (or folder) it was read from
   std::optional<TrainConfig> config;              // when the run has config.json
+  std::optional<tokenizer::TokenId> eos;          // a GGUF file's end-of-sequence token
+  std::string chat_template;                      // a GGUF file's chat template
 };
 // `dir` is a run directory (model.safetensors, config.json, tokenizer.json), or a Hugging Face
 // directory of a family loom reads (models/hf.h).
@@ -52,9 +54,11 @@ struct LoadedRun {
 // `memory` (a Hugging Face directory: its import, train/memory.h hf_import_memory).
 LoadedRun load_run(const std::string& dir, const MemoryBudget& memory = MemoryBudget::of_machine(),
                    const ModelJobMemory& job = model_memory);
-// `path` is a weights file (a tokenizer.json beside it is loaded too), or a Hugging Face directory
-// (models/hf.h).
+// `path` is a weights file (a tokenizer.json beside it is loaded too), a Hugging Face directory
+// (models/hf.h), or a GGUF file with its tokenizer (models/gguf.h; dequantized to f32).
+// With quantized_gguf, a GGUF's quantized matrices are also kept quantized for inference
+// (models::import_gguf); such a model cannot be trained.
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = MemoryBudget::of_machine(),
-                       const ModelJobMemory& job = model_memory);
+                       const ModelJobMemory& job = model_memory, bool quantized_gguf = false);
 
 }  // namespace loom::train

@@ -5,6 +5,7 @@
 #include "io/json_checked.h"
 
 #include "models/llama/hf.h"
+#include "models/llama/gguf.h"
 #include "models/llama/model.h"
 
 namespace loom::llama {
@@ -38,6 +39,9 @@ models::Family make_family() {
   f.hf_model_type = "llama";
   f.export_hf = export_hf;
   f.import_hf = import_hf;
+  f.gguf_arch = "llama";
+  f.import_gguf = import_gguf;
+  f.export_gguf = export_gguf;
   f.presets = presets();
   return f;
 }

@@ -92,6 +92,8 @@ Tensor TransformerLM::decode(const Tensor& ids, models::DecodeCache& cache) cons
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext&) const {
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
+  // A quantized head (inference only) goes through its own kernels: the fused op reads weight.value.
+  if (lm_head.quantized) return ops::cross_entropy(lm_head.forward(hidden(ids)), targets, -100);
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
   return ops::linear_cross_entropy(hidden(ids), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision);
 }

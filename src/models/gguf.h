@@ -1,0 +1,54 @@
+// GGUF model files (llama.cpp, ollama, LM Studio): the family-independent part of import and export.
+// A family reads and writes its architecture's metadata and tensors (Family::import_gguf/export_gguf,
+// chosen by general.architecture); this layer adds the tokenizer (gguf/tokenizer.h), general.*,
+// and the storage type of the weight matrices.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "gguf/tokenizer.h"
+#include "models/family.h"
+#include "quant/quant.h"
+
+namespace loom::models {
+
+// What a GGUF import produced: the model, its tokenizer (when the file has one), bos/eos and the chat
+// template, and notes on what was adapted.
+struct GgufImport {
+  std::unique_ptr<LanguageModel> model;
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  std::optional<tokenizer::TokenId> bos, eos;
+  std::string chat_template;
+  std::vector<std::string> notes;
+};
+
+// Whether `path` is a regular file that starts with GGUF's magic.
+bool is_gguf_file(const std::string& path);
+// Reads a GGUF model of any registered family. Errors name the file and the value. With `quantized`,
+// matrices stored in a type src/quant has kernels for are also kept quantized for inference (see the
+// family's import_gguf); without, everything is f32.
+GgufImport import_gguf(const std::string& path, bool quantized = false);
+
+struct GgufExportOptions {
+  // Storage of the weight matrices (embedding, projections, head); norm gains stay F32. F32, F16, BF16,
+  // Q8_0, Q4_0 or Q4_1 (quant::quantize); a matrix whose rows are not whole blocks is refused.
+  quant::QuantType type = quant::QuantType::F16;
+  std::string name;  // general.name
+  std::optional<tokenizer::TokenId> bos, eos;
+  std::string chat_template;
+};
+// Writes `model` (and `tok`, when given) as a GGUF v3 file, atomically.
+void export_gguf(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& path,
+                 const GgufExportOptions& options);
+// The export type named on the command line ("f32", "F16", "q8_0", ...), or an error listing the choices.
+quant::QuantType gguf_export_type(const std::string& name);
+
+// bos/eos/chat template kept beside an imported tokenizer: DIR/tokenizer_config.json in Hugging Face's
+// form (bos_token, eos_token, chat_template). Written by `loom import --gguf`, read by the GGUF export.
+void write_tokenizer_config(const std::string& dir, const tokenizer::Tokenizer& tok, std::optional<tokenizer::TokenId> bos,
+                            std::optional<tokenizer::TokenId> eos, const std::string& chat_template,
+                            int64_t model_max_length);
+void read_tokenizer_config(const std::string& dir, const tokenizer::Tokenizer& tok, GgufExportOptions& options);
+
+}  // namespace loom::models

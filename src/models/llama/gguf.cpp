@@ -1,0 +1,209 @@
+#include "models/llama/gguf.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "quant/qmatmul.h"
+
+namespace loom::llama {
+namespace {
+
+
+
+const std::map<std::string, std::string>& block_names() {  // GGUF within blk.N -> loom within layers.N
+  static const std::map<std::string, std::string> m = {
+      {"attn_q.weight", "attn.q_proj.weight"},        {"attn_k.weight", "attn.k_proj.weight"},
+      {"attn_v.weight", "attn.v_proj.weight"},        {"attn_output.weight", "attn.output_proj.weight"},
+      {"ffn_gate.weight", "ffn.w1.weight"},           {"ffn_up.weight", "ffn.w3.weight"},
+      {"ffn_down.weight", "ffn.w2.weight"},           {"attn_norm.weight", "ln1.weight"},
+      {"ffn_norm.weight", "ln2.weight"}};
+  return m;
+}
+
+int64_t positive_key(const gguf::Header& h, const std::string& key) {
+  const uint64_t v = h.get_uint(key);
+  LOOM_CHECK(v >= 1 && v <= (uint64_t{1} << 40), "metadata ", gguf::quoted(key), " is ", v, ", expected a positive size");
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+std::string gguf_tensor_name(const std::string& n) {
+  static const std::regex layer(R"(layers\.(\d+)\.(.+))");
+  if (n == "token_embeddings.weight") return "token_embd.weight";
+  if (n == "ln_final.weight") return "output_norm.weight";
+  if (n == "lm_head.weight") return "output.weight";
+  std::smatch m;
+  if (std::regex_match(n, m, layer)) {
+    for (const auto& [g, l] : block_names()) {
+      if (l == m[2].str()) return "blk." + m[1].str() + "." + g;
+    }
+  }
+  LOOM_FAIL("gguf_tensor_name: no GGUF name for loom parameter '", n, "'");
+}
+
+std::optional<std::string> loom_name_of_gguf(const std::string& n) {
+  static const std::regex block(R"(blk\.(\d+)\.(.+))");
+  if (n == "token_embd.weight") return "token_embeddings.weight";
+  if (n == "output_norm.weight") return "ln_final.weight";
+  if (n == "output.weight") return "lm_head.weight";
+  std::smatch m;
+  if (std::regex_match(n, m, block)) {
+    auto it = block_names().find(m[2].str());
+    if (it != block_names().end()) return "layers." + m[1].str() + "." + it->second;
+  }
+  return std::nullopt;
+}
+
+Config config_from_gguf(const gguf::Header& h) {
+  const std::string& arch = h.get_string("general.architecture");
+  LOOM_CHECK(arch == "llama", "general.architecture is ", gguf::quoted(arch), ", not \"llama\"");
+  auto unsupported = [](const std::string& what) {
+    LOOM_FAIL(what, " is not supported by loom's Llama (supported: RoPE without scaling over the whole head, "
+              "no experts, head dim = embedding_length / head_count)");
+  };
+  Config c;
+  c.num_layers = positive_key(h, "llama.block_count");
+  c.d_model = positive_key(h, "llama.embedding_length");
+  c.d_ff = positive_key(h, "llama.feed_forward_length");
+  c.num_heads = positive_key(h, "llama.attention.head_count");
+  const int64_t kv = h.find("llama.attention.head_count_kv") ? positive_key(h, "llama.attention.head_count_kv") : c.num_heads;
+  LOOM_CHECK(c.num_heads % kv == 0, "llama.attention.head_count_kv = ", kv, " does not divide llama.attention.head_count = ",
+             c.num_heads);
+  c.num_kv_heads = kv == c.num_heads ? 0 : kv;
+  c.context_length = h.find("llama.context_length") ? positive_key(h, "llama.context_length") : 2048;
+  if (h.find("llama.rope.freq_base")) c.rope_theta = static_cast<float>(h.get_number("llama.rope.freq_base"));
+  c.norm_eps = static_cast<float>(h.get_number("llama.attention.layer_norm_rms_epsilon"));
+  LOOM_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "llama.attention.layer_norm_rms_epsilon is ", c.norm_eps,
+             ", expected a positive number");
+  if (h.find("llama.vocab_size")) {
+    c.vocab_size = positive_key(h, "llama.vocab_size");
+  } else {
+    const gguf::TensorInfo* e = h.find_tensor("token_embd.weight");
+    LOOM_CHECK(e != nullptr && e->ne.size() == 2, "no llama.vocab_size and no 2-D token_embd.weight to take it from");
+    c.vocab_size = static_cast<int64_t>(e->ne[1]);
+  }
+  LOOM_CHECK(c.d_model % c.num_heads == 0, "llama.embedding_length = ", c.d_model,
+             " is not divisible by llama.attention.head_count = ", c.num_heads);
+  const int64_t head_dim = c.d_model / c.num_heads;
+  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length"}) {
+    if (h.find(key) && static_cast<int64_t>(h.get_uint(key)) != head_dim) {
+      unsupported(str(key, " = ", h.get_uint(key), " (embedding_length / head_count = ", head_dim, ")"));
+    }
+  }
+  if (h.find("llama.rope.dimension_count") && static_cast<int64_t>(h.get_uint("llama.rope.dimension_count")) != head_dim) {
+    unsupported(str("llama.rope.dimension_count = ", h.get_uint("llama.rope.dimension_count"), " (partial rotary; head dim ",
+                    head_dim, ")"));
+  }
+  if (h.find("llama.rope.scaling.type")) {
+    const std::string& t = h.get_string("llama.rope.scaling.type");
+    if (t != "none") unsupported("llama.rope.scaling.type = " + gguf::quoted(t));
+  }
+  if (h.find("llama.rope.scaling.factor") && h.get_number("llama.rope.scaling.factor") != 1.0 &&
+      h.get_number("llama.rope.scaling.factor") != 0.0) {
+    unsupported(str("llama.rope.scaling.factor = ", h.get_number("llama.rope.scaling.factor")));
+  }
+  if (h.find("llama.expert_count") && h.get_uint("llama.expert_count") > 0) {
+    unsupported(str("llama.expert_count = ", h.get_uint("llama.expert_count"), " (mixture of experts)"));
+  }
+  if (h.find_tensor("rope_freqs.weight")) unsupported("the tensor rope_freqs.weight (Llama 3.1 RoPE scaling)");
+  c.validate();
+  return c;
+}
+
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+                                                   std::vector<std::string>& notes) {
+  Config cfg;
+  try {
+    cfg = config_from_gguf(file.header());
+  } catch (const Error& e) {
+    LOOM_FAIL(file.path(), ": ", e.what());
+  }
+  std::unique_ptr<TransformerLM> model;
+  {
+    nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
+    model = std::make_unique<TransformerLM>(cfg, 0);
+  }
+  std::set<std::string> loaded;
+  for (const gguf::TensorInfo& t : file.header().tensors) {
+    auto name = loom_name_of_gguf(t.name);
+    LOOM_CHECK(name.has_value(), file.path(), ": tensor ", gguf::quoted(t.name), " (", quant::quant_type_name(t.type),
+               ") is not part of loom's Llama");
+    const Shape want = model->parameter(*name).value.shape();
+    LOOM_CHECK(file.shape(t.name) == want, file.path(), ": tensor ", gguf::quoted(t.name), " has shape ", file.shape(t.name),
+               " (ne reversed) but the metadata implies ", want);
+    model->load_parameter(*name, file.dequantized(t.name));
+    loaded.insert(*name);
+  }
+  if (!loaded.count("lm_head.weight") && loaded.count("token_embeddings.weight")) {
+    model->load_parameter("lm_head.weight", model->parameter("token_embeddings.weight").value.clone());
+    loaded.insert("lm_head.weight");
+    notes.push_back("no output.weight: the head is tied to token_embd.weight, copied into loom's untied lm_head");
+  }
+  for (nn::Parameter* p : model->parameters()) {
+    LOOM_CHECK(loaded.count(p->name), file.path(), ": no tensor ", gguf::quoted(gguf_tensor_name(p->name)));
+  }
+  if (quantized) {
+    std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, "output.weight"}};
+    if (!file.header().find_tensor("output.weight")) linears[0].second = "token_embd.weight";  // tied
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      nn::TransformerBlock& b = *model->layers[i];
+      const std::string blk = str("blk.", i, ".");
+      for (auto [linear, g] : {std::pair{&b.attn.q_proj, "attn_q"}, {&b.attn.k_proj, "attn_k"}, {&b.attn.v_proj, "attn_v"},
+                               {&b.attn.output_proj, "attn_output"}, {&b.ffn.w1, "ffn_gate"}, {&b.ffn.w3, "ffn_up"},
+                               {&b.ffn.w2, "ffn_down"}}) {
+        linears.emplace_back(linear, blk + g + ".weight");
+      }
+    }
+    size_t kept = 0;
+    for (auto& [linear, name] : linears) {
+      const gguf::TensorInfo& t = file.info(name);
+      if (!quant::has_matmul_kernels(t.type)) continue;
+      const Shape s = file.shape(name);
+      linear->set_quantized(std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data()));
+      ++kept;
+    }
+    notes.push_back(str(kept, " of ", linears.size(), " matrices kept quantized for inference (the others in f32)"));
+  }
+  return model;
+}
+
+void export_gguf(const models::LanguageModel& base, std::vector<gguf::KeyValue>& kv,
+                 std::vector<models::GgufTensorOut>& tensors) {
+  const auto* llama_model = dynamic_cast<const TransformerLM*>(&base);
+  LOOM_CHECK(llama_model != nullptr, "llama::export_gguf: the model is a ", base.arch(), ", not a llama");
+  const Config& c = llama_model->config();
+  auto u32 = [](int64_t v) { return gguf::Value{static_cast<uint32_t>(v)}; };
+  kv.push_back({"llama.block_count", u32(c.num_layers)});
+  kv.push_back({"llama.context_length", u32(c.context_length)});
+  kv.push_back({"llama.embedding_length", u32(c.d_model)});
+  kv.push_back({"llama.feed_forward_length", u32(c.d_ff)});
+  kv.push_back({"llama.attention.head_count", u32(c.num_heads)});
+  kv.push_back({"llama.attention.head_count_kv", u32(c.kv_heads())});
+  kv.push_back({"llama.rope.freq_base", gguf::Value{c.rope_theta}});
+  kv.push_back({"llama.attention.layer_norm_rms_epsilon", gguf::Value{c.norm_eps}});
+  kv.push_back({"llama.vocab_size", u32(c.vocab_size)});
+  kv.push_back({"llama.rope.dimension_count", u32(c.head_dim())});
+  // Tensors in llama.cpp's order: the embedding, each block, the final norm, the head. A head equal to
+  // the embedding bit for bit is left out (tied), as llama.cpp's converter does for tied models.
+  auto& m = const_cast<TransformerLM&>(*llama_model);
+  const Tensor& embed = m.parameter("token_embeddings.weight").value;
+  const Tensor& head = m.parameter("lm_head.weight").value;
+  const bool tied = std::memcmp(embed.data<float>(), head.data<float>(), embed.nbytes()) == 0;
+  tensors.push_back({"token_embd.weight", embed.detach(), true});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    for (const char* g : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                          "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}) {
+      const std::string gname = str("blk.", i, ".", g);
+      const Tensor& v = m.parameter(*loom_name_of_gguf(gname)).value;
+      tensors.push_back({gname, v.detach(), v.shape().ndim() == 2});
+    }
+  }
+  tensors.push_back({"output_norm.weight", m.parameter("ln_final.weight").value.detach(), false});
+  if (!tied) tensors.push_back({"output.weight", head.detach(), true});
+}
+
+}  // namespace loom::llama

@@ -1,0 +1,314 @@
+// quantized_matmul: argument checks, the run-time choice of kernels, and the split over threads.
+// The kernels: kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512_vnni.cpp (+ kernels_x86.inc).
+#include "quant/qmatmul.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "quant/kernels.h"
+
+namespace loom::quant {
+
+// ---- QuantizedMatrix -------------------------------------------------------------------------------
+
+namespace {
+int64_t checked_row_bytes(QuantType type, int64_t rows, int64_t cols) {
+  LOOM_CHECK(rows >= 0 && cols > 0, "QuantizedMatrix: shape [", rows, ", ", cols, "] must have rows >= 0 and cols > 0");
+  return row_bytes(type, cols);
+}
+
+// The interleaved layout is only read by the SIMD kernels, so a CPU without them does not pay its memory.
+std::vector<uint8_t> packed_copy(QuantType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+  if (detail::packed_block_bytes(type) == 0 || rows < 8 || !kernel_path_supported(KernelPath::Avx2)) return {};
+  return detail::pack_rows8(type, bytes.data(), rows, cols);
+}
+
+}  // namespace
+
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes)
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)), bytes_(std::move(bytes)) {
+  LOOM_ASSERT(static_cast<int64_t>(bytes_.size()) == rows * row_bytes_);
+  packed_ = packed_copy(type_, bytes_, rows_, cols_);
+}
+
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data)
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)) {
+  LOOM_CHECK(data != nullptr || rows == 0, "QuantizedMatrix: no data for a [", rows, ", ", cols, "] ",
+             quant_type_name(type), " matrix");
+  bytes_.resize(static_cast<size_t>(rows * row_bytes_));
+  if (!bytes_.empty()) std::memcpy(bytes_.data(), data, bytes_.size());
+  packed_ = packed_copy(type_, bytes_, rows_, cols_);
+}
+
+QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {
+  const int64_t rb = checked_row_bytes(type, rows, cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * rb));
+  parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quant::quantize(type, w + r * cols, cols, bytes.data() + r * rb);
+  });
+  return QuantizedMatrix(type, rows, cols, std::move(bytes));
+}
+
+void QuantizedMatrix::dequantize(float* out) const {
+  parallel_for(0, rows_, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quant::dequantize(type_, bytes_.data() + r * row_bytes_, cols_, out + r * cols_);
+  });
+}
+
+namespace detail {
+
+int64_t packed_block_bytes(QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: return 16 + 8 * 32;
+    case QuantType::Q4_0: return 16 + 8 * 16;
+    case QuantType::Q4_1: return 32 + 8 * 16;
+    case QuantType::Q4_K: return 64 + 8 * 16;  // per 32-element sub-block: f32 scales and mins
+    default: return 0;
+  }
+}
+
+namespace {
+
+// Q4_K's sub-block j of 32 is Q4_1-like with scale d*sc_j and offset -dmin*m_j; both products are exact
+// in f32 (11-bit by 6-bit mantissas), so the group keeps them as f32 and its nibbles in Q4_0's order.
+void pack_q4_k_rows8(const uint8_t* bytes, int64_t cols, int64_t g, uint8_t* out) {
+  const int64_t nb = cols / 32, rb = cols / 256 * 144;
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    uint8_t* dst = out + sb * 192;
+    for (int64_t r = 0; r < 8; ++r) {
+      const uint8_t* src = bytes + (8 * g + r) * rb + (sb / 8) * 144;
+      const int j = static_cast<int>(sb % 8);
+      uint16_t d16, dmin16;
+      std::memcpy(&d16, src, 2);
+      std::memcpy(&dmin16, src + 2, 2);
+      uint8_t sc, m;
+      q4_k_scale_min(src + 4, j, &sc, &m);
+      const float d = f16_to_f32(d16) * static_cast<float>(sc), mn = f16_to_f32(dmin16) * static_cast<float>(m);
+      std::memcpy(dst + 4 * r, &d, 4);
+      std::memcpy(dst + 32 + 4 * r, &mn, 4);
+      uint8_t e[32], packed[16];
+      for (int l = 0; l < 32; ++l) e[l] = (src[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
+      for (int k = 0; k < 16; ++k) packed[k] = static_cast<uint8_t>(e[k] | (e[k + 16] << 4));
+      for (int c = 0; c < 4; ++c) std::memcpy(dst + 64 + 32 * c + 4 * r, packed + 4 * c, 4);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> pack_rows8(QuantType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
+  const int64_t pb = packed_block_bytes(type), bb = block_bytes(type), nb = cols / 32, groups = rows / 8;
+  LOOM_ASSERT(pb > 0 && cols % 32 == 0);
+  const int64_t scales = type == QuantType::Q4_1 ? 2 : 1;  // f16 fields at the block's start
+  const int64_t qbytes = bb - 2 * scales;                  // 32 (Q8_0) or 16 (Q4_0, Q4_1)
+  std::vector<uint8_t> out(static_cast<size_t>(groups * nb * pb));
+  if (type == QuantType::Q4_K) {
+    parallel_for(0, groups, 64, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) pack_q4_k_rows8(bytes, cols, g, out.data() + g * nb * pb);
+    });
+    return out;
+  }
+  parallel_for(0, groups, 64, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* dst = out.data() + (g * nb + b) * pb;
+        for (int64_t r = 0; r < 8; ++r) {
+          const uint8_t* src = bytes + (8 * g + r) * (nb * bb) + b * bb;
+          for (int64_t f = 0; f < scales; ++f) std::memcpy(dst + 16 * f + 2 * r, src + 2 * f, 2);
+          for (int64_t c = 0; c < qbytes / 4; ++c) std::memcpy(dst + 16 * scales + 32 * c + 4 * r, src + 2 * scales + 4 * c, 4);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace detail
+
+bool has_matmul_kernels(QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: case QuantType::Q4_0: case QuantType::Q4_1: case QuantType::Q4_K: case QuantType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- paths ------------------------------------------------------------------------------------------
+
+const char* kernel_path_name(KernelPath path) {
+  switch (path) {
+    case KernelPath::Auto: return "auto";
+    case KernelPath::Scalar: return "scalar";
+    case KernelPath::Avx2: return "avx2";
+    case KernelPath::Avx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// What CPUID and the OS (XCR0: which register state it saves) allow. Read directly rather than through
+// __builtin_cpu_supports, whose feature names differ between compilers (clang 14 lacks avx512vnni).
+struct X86Features {
+  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512_vnni = false;
+};
+
+X86Features read_x86_features() {
+  X86Features f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  f.fma = (c >> 12) & 1;
+  f.f16c = (c >> 29) & 1;
+  if (!osxsave || !avx) return f;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool ymm_state = (xcr0_lo & 0x6) == 0x6, zmm_state = (xcr0_lo & 0xe6) == 0xe6;
+  if (!ymm_state || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = (b >> 5) & 1;
+  // AVX-512 F, BW and VL (EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving zmm state.
+  f.avx512 = zmm_state && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
+  f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
+  return f;
+}
+
+const X86Features& x86_features() {
+  static const X86Features features = read_x86_features();
+  return features;
+}
+#endif
+
+}  // namespace
+
+bool kernel_path_supported(KernelPath path) {
+  switch (path) {
+    case KernelPath::Auto: case KernelPath::Scalar: return true;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    case KernelPath::Avx2:
+      return detail::avx2_kernels() && x86_features().avx2 && x86_features().fma && x86_features().f16c;
+    case KernelPath::Avx512Vnni:
+      return detail::avx512_vnni_kernels() && kernel_path_supported(KernelPath::Avx2) && x86_features().avx512_vnni;
+#else
+    case KernelPath::Avx2: case KernelPath::Avx512Vnni: return false;
+#endif
+  }
+  return false;
+}
+
+namespace {
+
+KernelPath detect_best_path() {
+  if (const char* env = std::getenv("LOOM_QUANT_KERNEL"); env && *env) {
+    const std::string want = env;
+    for (KernelPath p : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni}) {
+      if (want == kernel_path_name(p)) {
+        LOOM_CHECK(kernel_path_supported(p), "LOOM_QUANT_KERNEL=", want, ": this CPU cannot run the ", want,
+                   " kernels");
+        return p;
+      }
+    }
+    LOOM_FAIL("LOOM_QUANT_KERNEL=", want, " is not a kernel path (expected scalar, avx2 or avx512-vnni)");
+  }
+  if (kernel_path_supported(KernelPath::Avx512Vnni)) return KernelPath::Avx512Vnni;
+  if (kernel_path_supported(KernelPath::Avx2)) return KernelPath::Avx2;
+  return KernelPath::Scalar;
+}
+
+const detail::KernelTable& kernels_for(KernelPath path) {
+  if (path == KernelPath::Auto) path = best_kernel_path();
+  LOOM_CHECK(kernel_path_supported(path), "quantized_matmul: this CPU cannot run the ", kernel_path_name(path),
+             " kernels");
+  switch (path) {
+    case KernelPath::Avx2: return *detail::avx2_kernels();
+    case KernelPath::Avx512Vnni: return *detail::avx512_vnni_kernels();
+    default: return detail::scalar_kernels();
+  }
+}
+
+detail::TileKernel tile_for(const detail::KernelTable& k, QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: return k.q8_0;
+    case QuantType::Q4_0: return k.q4_0;
+    case QuantType::Q4_1: return k.q4_1;
+    case QuantType::Q4_K: return k.q4_k;
+    case QuantType::Q6_K: return k.q6_k;
+    default: break;
+  }
+  LOOM_FAIL("quantized_matmul: no kernels for ", quant_type_name(type),
+            " weights (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K have them; dequantize the others to f32)");
+}
+
+void check_activations(int64_t M, int64_t K) {
+  LOOM_CHECK(M >= 0, "quantize_activations: M = ", M, " must be >= 0");
+  LOOM_CHECK(K > 0 && K % 32 == 0, "quantize_activations: K = ", K,
+             " must be a positive multiple of 32 (activations are quantized in blocks of 32)");
+}
+
+}  // namespace
+
+KernelPath best_kernel_path() {
+  static const KernelPath best = detect_best_path();
+  return best;
+}
+
+// ---- entry points ------------------------------------------------------------------------------------
+
+void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+  check_activations(M, K);
+  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+  });
+}
+
+void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y, KernelPath path) {
+  const int64_t N = w.rows(), K = w.cols();
+  LOOM_CHECK(K % 32 == 0, "quantized_matmul: K = ", K, " is not a multiple of 32");
+  const detail::KernelTable& kernels = kernels_for(path);
+  const detail::TileKernel tile = tile_for(kernels, w.type());
+  if (M == 0 || N == 0) return;
+  const int64_t nb = K / 32;
+  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
+  parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) kernels.quantize_row(x + m * K, K, a.data() + m * nb);
+  });
+  // Each output is computed whole by one chunk, so splitting N evenly over the threads (the grain
+  // depends on the thread count) changes no result. Chunks are multiples of 16 rows (the tile's block).
+  const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
+  const int64_t grain = (per_thread + 15) / 16 * 16;
+  const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    tile(w.data(), w.row_bytes(), packed, a.data(), M, nb, n0, n1, y, N);
+  });
+}
+
+void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {
+  const int64_t N = w.rows(), K = w.cols();
+  check_activations(M, K);
+  tile_for(detail::scalar_kernels(), w.type());  // same refusal as quantized_matmul
+  const int64_t nb = K / 32;
+  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
+  for (int64_t m = 0; m < M; ++m) detail::scalar_kernels().quantize_row(x + m * K, K, a.data() + m * nb);
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    dequantize(w.type(), w.data() + n * w.row_bytes(), K, row.data());
+    for (int64_t m = 0; m < M; ++m) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const ActBlock& blk = a[static_cast<size_t>(m * nb + k / 32)];
+        sum += static_cast<double>(row[k]) * (static_cast<double>(blk.d) * blk.q[k % 32]);
+      }
+      y[m * N + n] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace loom::quant

@@ -1,0 +1,92 @@
+// Quantized matrix multiplication for inference: y = x W^T with W kept in its GGUF block format.
+//
+// Legend: M rows of x (tokens), K the reduction (in features), N rows of W (out features).
+//
+//   x: [M, K] f32   W: [N, K] quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)   y: [M, N] f32
+//
+// How (as llama.cpp does): each row of x is first quantized to 8 bits per block of 32 (ActBlock), then
+// every (weight block, activation block) pair is an integer dot product (AVX2 vpmaddubsw + vpmaddwd,
+// or AVX-512 VNNI vpdpbusd) scaled by the two blocks' float scales. Weights stay quantized (the file's
+// bytes, plus an 8-row interleaved copy the SIMD kernels read: kernels.h): decoding reads each weight
+// byte once per token, which is what makes 4-bit weights 4-6x faster than f32 (docs/quant.md).
+//
+// Activation rounding (the only approximation against the dequantized-f32 product): per block of 32,
+// d = max|x| / 127 and q = round-to-nearest-even(x * (1/d)) in [-127, 127], d kept in f32 (ggml keeps
+// it in f16). Each x is then off by at most d/2 (plus one f32 rounding), so
+//   |y[m,n] - sum_k x[m,k] W[n,k]| <= sum over blocks b of (d_b / 2) * sum_{k in b} |W[n,k]|
+// up to f32 accumulation error; tests/quant/qmatmul_test.cpp checks exactly this bound.
+//
+// Paths: Scalar (portable C++, the test oracle), Avx2, Avx512Vnni (AVX-512 VL + VNNI), chosen at run
+// time by CPUID (Auto). Every path computes the same integer sums and differs from the others only in
+// the order of the f32 accumulation. Results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quant/quant.h"
+
+namespace loom::quant {
+
+// W: [rows, cols] in a GGUF block type, each row row_bytes(type, cols) bytes, rows contiguous.
+class QuantizedMatrix {
+ public:
+  // Copies rows * row_bytes(type, cols) bytes of `data` (the tensor's bytes as stored in a GGUF file).
+  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data);
+  // Quantizes an f32 [rows, cols] matrix with the reference quantizer (type: Q8_0, Q4_0 or Q4_1).
+  static QuantizedMatrix quantize(QuantType type, const float* w, int64_t rows, int64_t cols);
+
+  QuantType type() const { return type_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t row_bytes() const { return row_bytes_; }
+  const uint8_t* data() const { return bytes_.data(); }
+  int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
+  // The reference dequantization, [rows, cols] into out.
+  void dequantize(float* out) const;
+
+  // It holds the same bytes rearranged, so a matrix with it takes about twice the memory.
+  const uint8_t* packed() const { return packed_.empty() ? nullptr : packed_.data(); }
+
+ private:
+  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::vector<uint8_t> bytes);
+  QuantType type_;
+  int64_t rows_, cols_, row_bytes_;
+  std::vector<uint8_t> bytes_, packed_;
+};
+
+// Whether quantized_matmul has kernels for this weight type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
+bool has_matmul_kernels(QuantType type);
+
+enum class KernelPath { Auto, Scalar, Avx2, Avx512Vnni };
+const char* kernel_path_name(KernelPath path);  // "scalar", "avx2", "avx512-vnni"
+// Whether this CPU (CPUID) can run a path; Auto and Scalar always can.
+bool kernel_path_supported(KernelPath path);
+// What Auto resolves to: the widest supported path, unless LOOM_QUANT_KERNEL (scalar, avx2,
+// avx512-vnni) asks for another, which is refused by name if this CPU cannot run it.
+KernelPath best_kernel_path();
+
+// One 32-element block of an activation row quantized to 8 bits: x ~ d * q.
+struct ActBlock {
+  float d;           // max|x| / 127 (0 for an all-zero block, NaN if the block holds inf or NaN)
+  float s;           // d * (sum of q), for the formats whose weights have an offset (Q4_1, Q4_K, Q4_0, Q6_K)
+  int8_t q[32];
+  int16_t sum16[2];  // sums of q over elements 0..15 and 16..31 (Q6_K's 16-element sub-blocks)
+  int32_t pad;
+};
+static_assert(sizeof(ActBlock) == 48);
+
+// Quantizes x [M, K] (K a multiple of 32) into out [M, K/32] with the rounding stated above.
+void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto);
+
+// y [M, N] = x [M, K] @ W^T, W: [N, K]. Refuses mismatched K and weight types without kernels, by name.
+void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y,
+                      KernelPath path = KernelPath::Auto);
+
+// The oracle: the same activation quantization, then sum over k of dequantized W[n,k] * d_b * q[k]
+// in double. Single-threaded and slow; what every path is tested against.
+void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y);
+
+}  // namespace loom::quant

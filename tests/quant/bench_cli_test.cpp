@@ -1,0 +1,66 @@
+// `loom bench qmatmul`, `bench decode` and `bench bandwidth` on tiny sizes: they run, print their JSON
+// line, honour LOOM_QUANT_KERNEL, and refuse bad values by name.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "support/cli.h"
+
+using loom::test::run_cli;
+
+namespace {
+nlohmann::json last_json_line(const std::string& out) {
+  const size_t start = out.rfind('{');
+  EXPECT_NE(start, std::string::npos) << out;
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start));
+}
+}  // namespace
+
+TEST(QuantBenchCli, QmatmulRunsAndRefusesBadValues) {
+  auto r = run_cli("bench qmatmul --type Q4_1 -m 5 -n 40 -k 64 --calls 2 --threads 1", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  EXPECT_EQ(j["type"], "Q4_1");
+  EXPECT_EQ(j["N"], 40);
+  EXPECT_GT(j["weight_gb_per_s"].get<double>(), 0.0);
+
+  r = run_cli("bench qmatmul --type Q5_0 -n 40 -k 64 --calls 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("unknown weight type 'Q5_0'"), std::string::npos) << r.output;
+  r = run_cli("bench qmatmul --path sse -n 40 -k 64 --calls 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--path sse"), std::string::npos) << r.output;
+}
+
+TEST(QuantBenchCli, KernelPathCanBeForcedByEnvironment) {
+  setenv("LOOM_QUANT_KERNEL", "scalar", 1);
+  auto r = run_cli("bench qmatmul --type Q8_0 -n 16 -k 64 --calls 1 --threads 1", false);
+  setenv("LOOM_QUANT_KERNEL", "neon", 1);
+  auto bad = run_cli("bench qmatmul --type Q8_0 -n 16 -k 64 --calls 1 --threads 1");
+  unsetenv("LOOM_QUANT_KERNEL");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["path"], "scalar");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("LOOM_QUANT_KERNEL=neon is not a kernel path"), std::string::npos) << bad.output;
+}
+
+TEST(QuantBenchCli, DecodeAndBandwidthRun) {
+  auto r = run_cli("bench decode --layers 1 --vocab 128 --prompt-tokens 3 --new-tokens 2 --repeats 1 --threads 1",
+                   false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  EXPECT_GT(j["decode_tok_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["weight_bytes"].get<int64_t>(), 0);
+
+  r = run_cli("bench decode --layers 1 --vocab 128 --weights Q2_K --new-tokens 1 --repeats 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--weights Q2_K"), std::string::npos) << r.output;
+
+  r = run_cli("bench bandwidth --mib 4 --threads 1", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_GT(last_json_line(r.output)["read_gb_per_s"].get<double>(), 0.0);
+  r = run_cli("bench bandwidth --mib 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("too small"), std::string::npos) << r.output;
+}

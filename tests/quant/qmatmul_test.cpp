@@ -1,0 +1,252 @@
+// quantized_matmul: every kernel path (scalar, AVX2, AVX-512 VNNI where the CPU has it) against the
+// double-precision oracle that uses the same activation quantization, the oracle against the exact
+// f32 product within the activation-rounding bound stated in qmatmul.h, the activation quantizer
+// identical on every path, thread-count independence, and refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "quant/qmatmul.h"
+
+using namespace loom;
+using namespace loom::quant;
+
+namespace {
+
+const KernelPath kPaths[] = {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni};
+const QuantType kTypes[] = {QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q6_K};
+
+// Random block bytes (every bit pattern of the quants, -128 included for Q8_0) with finite f16 scales of
+// about 0.02 in the scale fields.
+QuantizedMatrix random_matrix(QuantType type, int64_t rows, int64_t cols, std::mt19937& gen) {
+  const int64_t rb = row_bytes(type, cols), bb = block_bytes(type);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * rb));
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(gen());
+  std::normal_distribution<float> scale(0.0f, 0.02f);
+  std::vector<int> scale_offsets;
+  switch (type) {
+    case QuantType::Q4_1: case QuantType::Q4_K: scale_offsets = {0, 2}; break;
+    case QuantType::Q6_K: scale_offsets = {208}; break;
+    default: scale_offsets = {0}; break;
+  }
+  for (int64_t blk = 0; blk < rows * rb / bb; ++blk) {
+    for (int off : scale_offsets) {
+      const uint16_t h = f32_to_f16(scale(gen));
+      std::memcpy(&bytes[static_cast<size_t>(blk * bb + off)], &h, 2);
+    }
+  }
+  return QuantizedMatrix(type, rows, cols, bytes.data());
+}
+
+std::vector<float> random_activations(int64_t M, int64_t K, std::mt19937& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (float& v : x) v = normal(gen);
+  // Activations of real models have outlier channels; give a few blocks one.
+  for (int64_t i = 0; i < M * K; i += 97) x[static_cast<size_t>(i)] *= 20.0f;
+  return x;
+}
+
+struct Case {
+  QuantType type;
+  int64_t M, N, K;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (QuantType t : kTypes) {
+    const bool k_quant = block_elements(t) == 256;
+    // M: decode (1), a remainder after groups of 4 (7), and two full groups (8); N crosses the 16-row
+    // blocks; K an odd number of blocks for the 32-block formats.
+    out.push_back({t, 1, 37, k_quant ? 256 : 96});
+    out.push_back({t, 7, 50, k_quant ? 512 : 160});
+    out.push_back({t, 8, 33, k_quant ? 768 : 576});
+  }
+  return out;
+}
+
+std::string label(const Case& c) {
+  return std::string(quant_type_name(c.type)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+         " K=" + std::to_string(c.K);
+}
+
+}  // namespace
+
+// All paths compute the oracle's integer block sums; only the f32 accumulation order differs, so they
+// agree with it to ~1e-6 of the magnitude sum_k |W x|.
+TEST(QuantizedMatmul, EveryPathMatchesTheOracle) {
+  std::mt19937 gen(3);
+  int paths_run = 0;
+  for (KernelPath path : kPaths) {
+    if (!kernel_path_supported(path)) {
+      std::printf("[   INFO   ] %s kernels: not supported by this CPU, skipped\n", kernel_path_name(path));
+      continue;
+    }
+    ++paths_run;
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(std::string(kernel_path_name(path)) + " " + label(c));
+      const QuantizedMatrix w = random_matrix(c.type, c.N, c.K, gen);
+      const std::vector<float> x = random_activations(c.M, c.K, gen);
+      std::vector<float> y(static_cast<size_t>(c.M * c.N)), ref(y.size()), wf(static_cast<size_t>(c.N * c.K));
+      quantized_matmul(x.data(), c.M, w, y.data(), path);
+      quantized_matmul_reference(x.data(), c.M, w, ref.data());
+      w.dequantize(wf.data());
+      for (int64_t m = 0; m < c.M; ++m) {
+        for (int64_t n = 0; n < c.N; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < c.K; ++k) mag += std::fabs(static_cast<double>(wf[n * c.K + k]) * x[m * c.K + k]);
+          ASSERT_NEAR(y[m * c.N + n], ref[m * c.N + n], 2e-6 * mag + 1e-30) << "m " << m << " n " << n;
+        }
+      }
+    }
+  }
+  EXPECT_GE(paths_run, 1);
+}
+
+// The oracle against the exact product: each activation is off by at most d_b/2 after rounding, so
+// |y - x W^T| <= sum_b (d_b / 2) sum_{k in b} |W[n,k]| (d_b = max|x| over the block / 127), plus f32
+// rounding of the dequantized weights' products. Also checks that the bound is not vacuous: the
+// observed error reaches a sizeable fraction of it somewhere.
+TEST(QuantizedMatmul, ActivationRoundingIsWithinTheStatedBound) {
+  std::mt19937 gen(5);
+  double worst_fraction = 0;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(label(c));
+    const QuantizedMatrix w = random_matrix(c.type, c.N, c.K, gen);
+    const std::vector<float> x = random_activations(c.M, c.K, gen);
+    std::vector<float> ref(static_cast<size_t>(c.M * c.N)), wf(static_cast<size_t>(c.N * c.K));
+    quantized_matmul_reference(x.data(), c.M, w, ref.data());
+    w.dequantize(wf.data());
+    for (int64_t m = 0; m < c.M; ++m) {
+      for (int64_t n = 0; n < c.N; ++n) {
+        double exact = 0, bound = 0, mag = 0;
+        for (int64_t b = 0; b < c.K / 32; ++b) {
+          double amax = 0, wsum = 0;
+          for (int64_t k = 32 * b; k < 32 * b + 32; ++k) {
+            const double wk = wf[n * c.K + k], xk = x[m * c.K + k];
+            exact += wk * xk;
+            mag += std::fabs(wk * xk);
+            amax = std::max(amax, std::fabs(xk));
+            wsum += std::fabs(wk);
+          }
+          bound += amax / 127.0 / 2.0 * wsum;
+        }
+        const double err = std::fabs(ref[m * c.N + n] - exact);
+        ASSERT_LE(err, bound * (1 + 1e-5) + 1e-6 * mag) << "m " << m << " n " << n;
+        worst_fraction = std::max(worst_fraction, err / bound);
+      }
+    }
+  }
+  EXPECT_GT(worst_fraction, 0.05) << "the rounding error never came near the bound: is the oracle quantizing?";
+}
+
+// Every path's activation quantizer produces the same blocks (so the integer sums are the same):
+// random rows, exact ties (round half to even), zeros, and blocks holding inf / NaN.
+TEST(QuantizedMatmul, ActivationQuantizerIsIdenticalOnEveryPath) {
+  std::mt19937 gen(9);
+  const int64_t M = 3, K = 32 * 6;
+  std::vector<float> x = random_activations(M, K, gen);
+  for (int j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(j - 16) + 0.5f;  // block 1: d = 1 after...
+  x[32] = 127.0f;                                                                // ...this max: every value a tie
+  for (int j = 0; j < 32; ++j) x[64 + j] = 0.0f;
+  x[96 + 3] = INFINITY;
+  x[128 + 30] = NAN;
+  std::vector<ActBlock> scalar(static_cast<size_t>(M * K / 32)), other(scalar.size());
+  quantize_activations(x.data(), M, K, scalar.data(), KernelPath::Scalar);
+  // Ties went to even: 0.5 -> 0, 1.5 -> 2, -0.5 -> 0, -1.5 -> -2.
+  EXPECT_EQ(scalar[1].d, 1.0f);
+  EXPECT_EQ(scalar[1].q[16], 0);   // 0.5
+  EXPECT_EQ(scalar[1].q[17], 2);   // 1.5
+  EXPECT_EQ(scalar[1].q[15], 0);   // -0.5
+  EXPECT_EQ(scalar[1].q[14], -2);  // -1.5
+  EXPECT_EQ(scalar[2].d, 0.0f);
+  EXPECT_TRUE(std::isnan(scalar[3].d));
+  EXPECT_TRUE(std::isnan(scalar[4].d));
+  for (KernelPath path : kPaths) {
+    if (path == KernelPath::Scalar || !kernel_path_supported(path)) continue;
+    SCOPED_TRACE(kernel_path_name(path));
+    quantize_activations(x.data(), M, K, other.data(), path);
+    for (size_t b = 0; b < scalar.size(); ++b) {
+      EXPECT_EQ(std::memcmp(&scalar[b], &other[b], sizeof(ActBlock)), 0) << "block " << b;
+    }
+  }
+}
+
+TEST(QuantizedMatmul, NonFiniteActivationsGiveNaN) {
+  std::mt19937 gen(13);
+  const QuantizedMatrix w = random_matrix(QuantType::Q4_1, 20, 64, gen);
+  std::vector<float> x = random_activations(2, 64, gen);
+  x[5] = INFINITY;  // row 0 only
+  std::vector<float> y(40);
+  for (KernelPath path : kPaths) {
+    if (!kernel_path_supported(path)) continue;
+    quantized_matmul(x.data(), 2, w, y.data(), path);
+    for (int n = 0; n < 20; ++n) {
+      EXPECT_TRUE(std::isnan(y[n])) << kernel_path_name(path) << " n " << n;
+      EXPECT_TRUE(std::isfinite(y[20 + n])) << kernel_path_name(path) << " n " << n;
+    }
+  }
+}
+
+TEST(QuantizedMatmul, ResultsDoNotDependOnTheThreadCount) {
+  std::mt19937 gen(17);
+  const int saved = num_threads();
+  const QuantizedMatrix w = random_matrix(QuantType::Q4_1, 301, 256, gen);
+  const std::vector<float> x = random_activations(6, 256, gen);
+  std::vector<float> y1(6 * 301), y3(y1.size());
+  set_num_threads(1);
+  quantized_matmul(x.data(), 6, w, y1.data());
+  set_num_threads(3);
+  quantized_matmul(x.data(), 6, w, y3.data());
+  set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0);
+}
+
+TEST(QuantizedMatmul, RefusalsNameTheProblem) {
+  std::vector<uint8_t> bytes(4 * 22, 0);
+  const QuantizedMatrix q5(QuantType::Q5_0, 4, 32, bytes.data());
+  std::vector<float> x(32), y(4);
+  try {
+    quantized_matmul(x.data(), 1, q5, y.data());
+    FAIL() << "Q5_0 matmul accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no kernels for Q5_0"), std::string::npos) << e.what();
+  }
+  try {
+    QuantizedMatrix bad(QuantType::Q4_1, 2, 48, bytes.data());
+    FAIL() << "48 columns of Q4_1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("48 elements"), std::string::npos) << e.what();
+  }
+  std::vector<ActBlock> blocks(2);
+  EXPECT_THROW(quantize_activations(x.data(), 1, 40, blocks.data()), Error);
+  for (KernelPath path : kPaths) {
+    if (kernel_path_supported(path)) continue;
+    try {
+      const QuantizedMatrix w(QuantType::Q8_0, 1, 32, std::vector<uint8_t>(34, 0).data());
+      quantized_matmul(x.data(), 1, w, y.data(), path);
+      FAIL() << kernel_path_name(path) << " ran on a CPU that does not support it";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(kernel_path_name(path)), std::string::npos) << e.what();
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// loom reads CPUID itself (compiler-neutral); it must agree with GCC's own view of the CPU.
+TEST(QuantizedMatmul, CpuDetectionAgreesWithTheCompiler) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  EXPECT_EQ(kernel_path_supported(KernelPath::Avx2), avx2);
+  const bool vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  EXPECT_EQ(kernel_path_supported(KernelPath::Avx512Vnni), vnni);
+  std::printf("[   INFO   ] best kernel path here: %s\n", kernel_path_name(best_kernel_path()));
+}
+#endif

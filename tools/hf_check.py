@@ -15,6 +15,9 @@ Needs a Python with torch and transformers, e.g.
   /usr/bin/python3 -m venv --system-site-packages /tmp/hfvenv
   /tmp/hfvenv/bin/pip install 'transformers>=4.34,<4.36'     # pairs with Debian's torch 1.13
   /tmp/hfvenv/bin/python tools/hf_check.py --loom build/loom --corpus data/austen --work /tmp/hf_check
+DeepSeek-V3 (--config dsv3-tiny) needs a transformers with DeepseekV3 (4.50+), hence torch 2:
+  python3 -m venv /tmp/dsv3venv && /tmp/dsv3venv/bin/pip install torch transformers safetensors
+  /tmp/dsv3venv/bin/python tools/hf_check.py --config dsv3-tiny --work /tmp/hf_check_dsv3
 """
 import argparse
 import json
@@ -45,14 +48,17 @@ def main():
                     help="train with grouped-query attention (model.num_kv_heads; 0 = num_heads; llama only)")
     ap.add_argument("--config", default="tiny",
                     help="the loom preset to train: tiny (a Llama, with its own BPE tokenizer) or gpt2-austen "
-                         "(GPT-2 with GPT-2's tokenizer, exported as GPT2LMHeadModel)")
+                         "(GPT-2 with GPT-2's tokenizer, exported as GPT2LMHeadModel) or dsv3-tiny / dsv3-austen (DeepSeek-V3 with "
+                         "its own BPE tokenizer, exported as DeepseekV3ForCausalLM; needs transformers >= 4.50 and "
+                         "torch 2, e.g. /tmp/dsv3venv)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tok_dir, run_dir, hf_dir = (os.path.join(a.work, d) for d in ("data", "run", "hf"))
     if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
         gpt2 = a.config.startswith("gpt2")
-        family = [] if gpt2 else ["--set", f"data.tokenizer={tok_dir}/tokenizer.json",
-                                  "--set", f"model.num_kv_heads={a.num_kv_heads}"]
+        family = [] if gpt2 else ["--set", f"data.tokenizer={tok_dir}/tokenizer.json"]
+        if not gpt2 and not a.config.startswith("dsv3"):
+            family += ["--set", f"model.num_kv_heads={a.num_kv_heads}"]
         run([a.loom, "train", "--config", a.config, "--out", run_dir,
              "--set", f"data.corpus={a.corpus}",
              "--set", f"data.train={tok_dir}/train.bin", "--set", f"data.val={tok_dir}/val.bin",

@@ -18,7 +18,7 @@ struct ImportArgs {
   bool overwrite = false;
 };
 
-loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
+loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2, DeepSeek-V3) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
   cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)")->required();
   cmd.add_option("--out", a.out, "run directory to write")->required();

@@ -87,7 +87,7 @@ def main():
         lines.append(f"tokenizer ids equal: {same} ({len(hf_ids)} tokens) for {t[:40]!r}")
 
     # Logits: transformers' loss on loom eval's windows (tokens [kT, kT+T]) vs `loom eval`, window by window.
-    T, windows = 64, 8
+    T, windows = min(64, model.config.max_position_embeddings), 8
     meta = json.load(open(os.path.join(tok_dir, "meta.json")))
     width = 2 if meta["dtype"] == "uint16" else 4
     raw = open(os.path.join(tok_dir, "val.bin"), "rb").read()
@@ -122,10 +122,15 @@ def main():
                  f"(logit scale {hf_logits.abs().max().item():.1f}), argmax equal at every position: {same_argmax}")
 
     # Greedy decoding follows the argmax of the logits at every step.
+    # Prompt and continuation within the model's context (dsv3-tiny's is 32 tokens): past it, loom and
+    # transformers extend differently, so the comparison would mean nothing.
     prompt = texts[0]
     p_ids = tok(prompt)["input_ids"]
+    if len(p_ids) + 20 > model.config.max_position_embeddings:
+        prompt = "It is a truth"
+        p_ids = tok(prompt)["input_ids"]
     with torch.no_grad():
-        greedy = model.generate(torch.tensor([p_ids]), max_new_tokens=20, do_sample=False,
+        greedy = model.generate(torch.tensor([p_ids]), max_new_tokens=20, do_sample=False, attention_mask=torch.ones(1, len(p_ids), dtype=torch.long),
                                 pad_token_id=tok.eos_token_id)[0][len(p_ids):].tolist()
     loom_text = run([a.loom, "generate", "--weights", hf_dir, "--prompt", prompt, "--max-new-tokens", "20",
                      "--temperature", "0"])

@@ -345,6 +345,10 @@ models::HfImport import_hf(const std::string& dir, const json& hf_config) {
   const std::string config_path = (root / "config.json").string();
   Config cfg = config_from_hf(hf_config, config_path);
   models::HfImport out;
+  if (cfg.norm_eps != 1e-6f) {
+    out.notes.push_back(str("rms_norm_eps = ", cfg.norm_eps, ": transformers' q_a_layernorm and kv_a_layernorm use 1e-6 "
+                            "whatever it says, loom's MLA norms use it too, so logits differ slightly"));
+  }
 
   // The MTP layers are optional: transformers' save_pretrained does not write them (its model has no
   // such module), DeepSeek's checkpoints do. Without them the import has n_mtp = 0.

@@ -175,6 +175,10 @@ TEST(Dsv3Hf, RoundTripIsBitwiseWithBiasesAndMtp) {
   models::HfImport back = models::import_hf((tmp.dir / "hf").string());
   expect_same_model(*m, *back.model);
   EXPECT_EQ(dsv3_of(*back.model).config().to_json(), m->config().to_json());
+  // norm_eps 1e-5: transformers would use 1e-6 in q_a_layernorm / kv_a_layernorm, and the import says so.
+  bool eps_note = false;
+  for (const std::string& n : back.notes) eps_note = eps_note || n.find("rms_norm_eps = 1e-05") != std::string::npos;
+  EXPECT_TRUE(eps_note);
   Tensor ids = Tensor::from_vector<int32_t>({1, 6}, {3, 1, 4, 1, 5, 9});
   EXPECT_EQ(m->logits(ids).to_vector<float>(), back.model->logits(ids).to_vector<float>());
 

@@ -231,6 +231,28 @@ TEST(Dsv3Hf, RefusesMtpHeadThatIsNotShared) {
   EXPECT_NE(import_error(dir).find("model.layers.3.shared_head.head.weight"), std::string::npos) << import_error(dir);
 }
 
+// DeepSeek's own V3 checkpoint has an MoE block in its MTP layer: the layer is left out with a note, the
+// main model imports unchanged.
+TEST(Dsv3Hf, LeavesOutAnMtpLayerWithAnMoeBlock) {
+  auto m = random_model();
+  TempDir tmp;
+  const fs::path dir = tmp.dir / "hf";
+  models::export_hf(*m, nullptr, dir.string());
+  auto tensors = io::load_safetensors((dir / "model.safetensors").string());
+  io::NamedTensors out;
+  for (auto& [name, t] : tensors) out.emplace_back(name, t);
+  out.emplace_back("model.layers.3.mlp.gate.weight", tensors.at("model.layers.2.mlp.gate.weight"));
+  io::write_safetensors((dir / "model.safetensors").string(), out, {{"format", "pt"}});
+  models::HfImport hf = models::import_hf(dir.string());
+  EXPECT_EQ(dsv3_of(*hf.model).config().n_mtp, 0);
+  bool note = false;
+  for (const std::string& n : hf.notes) note = note || n.find("MoE blocks") != std::string::npos;
+  EXPECT_TRUE(note);
+  for (nn::Parameter* p : hf.model->parameters()) {
+    EXPECT_EQ(p->value.to_vector<float>(), m->parameter(p->name).value.to_vector<float>()) << p->name;
+  }
+}
+
 TEST(Dsv3Hf, RefusesWhatLoomCannotComputeNamingTheKey) {
   TempDir tmp;
   struct Case {

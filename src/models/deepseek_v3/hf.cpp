@@ -351,19 +351,36 @@ models::HfImport import_hf(const std::string& dir, const json& hf_config) {
   }
 
   // The MTP layers are optional: transformers' save_pretrained does not write them (its model has no
-  // such module), DeepSeek's checkpoints do. Without them the import has n_mtp = 0.
+  // such module), DeepSeek's checkpoints do. Without them the import has n_mtp = 0. DeepSeek's own V3
+  // checkpoint has an MoE block in its MTP layer, which loom's (the seed's dense one) cannot hold: such
+  // layers are left out too, with a note, since they take no part in the logits.
   std::set<std::string> names;
   models::hf_for_each_tensor(dir, [&](const io::SafetensorsFile&, const std::string& hf) { names.insert(hf); });
+  bool skip_mtp_layers = false;
   if (cfg.n_mtp > 0) {
     const std::string first = "model.layers." + std::to_string(cfg.num_layers) + ".";
-    bool any = false;
-    for (const std::string& n : names) any = any || n.rfind(first, 0) == 0;
+    bool any = false, moe = false;
+    for (const std::string& n : names) {
+      for (int64_t k = 0; k < cfg.n_mtp; ++k) {
+        const std::string p = "model.layers." + std::to_string(cfg.num_layers + k) + ".";
+        if (n.rfind(p, 0) != 0) continue;
+        any = true;
+        moe = moe || n.rfind(p + "mlp.gate.", 0) == 0 || n.rfind(p + "mlp.experts.", 0) == 0;
+      }
+    }
     if (!any) {
       out.notes.push_back(str("num_nextn_predict_layers = ", cfg.n_mtp, " but no tensor '", first,
                               "*': imported without MTP modules (n_mtp = 0; they are used in training only)"));
       cfg.n_mtp = 0;
+    } else if (moe) {
+      out.notes.push_back(str("the MTP layers (model.layers.", cfg.num_layers, " on) have MoE blocks, loom's MTP "
+                              "block is dense: imported without MTP modules (n_mtp = 0; they are used in training "
+                              "only)"));
+      skip_mtp_layers = true;
     }
   }
+  const int64_t mtp_layers = skip_mtp_layers ? cfg.n_mtp : 0;
+  if (skip_mtp_layers) cfg.n_mtp = 0;
   auto model = std::make_unique<DeepSeekV3>(cfg, 0);
   std::map<std::string, Entry> by_hf;
   for (Entry& e : entries(*model)) by_hf.emplace(e.hf, e);
@@ -372,6 +389,9 @@ models::HfImport import_hf(const std::string& dir, const json& hf_config) {
   std::vector<std::pair<Entry, Tensor>> copies;
   models::hf_for_each_tensor(dir, [&](const io::SafetensorsFile& file, const std::string& hf) {
     if (hf.ends_with("rotary_emb.inv_freq")) return;  // a buffer some versions save, recomputed
+    for (int64_t k = 0; k < mtp_layers; ++k) {
+      if (hf.rfind("model.layers." + std::to_string(cfg.num_layers + k) + ".", 0) == 0) return;
+    }
     auto it = by_hf.find(hf);
     LOOM_CHECK(it != by_hf.end(), file.path(), ": tensor '", hf, "' is not part of loom's DeepSeek-V3 for ", config_path,
                " (num_hidden_layers ", cfg.num_layers, ", first_k_dense_replace ", cfg.n_dense, ", n_routed_experts ",

@@ -270,6 +270,8 @@ TEST(Dsv3Hf, RefusesWhatLoomCannotComputeNamingTheKey) {
       {"hidden_act", "gelu", "hidden_act \"gelu\""},
       {"attention_bias", true, "attention_bias = true"},
       {"num_experts_per_tok", 7, "model.top_k=7"},
+      {"norm_topk_prob", "yes", "malformed DeepSeek-V3 config"},
+      {"rope_interleave", 1, "rope_interleave must be true or false, got 1"},
   };
   int i = 0;
   for (const Case& c : cases) {

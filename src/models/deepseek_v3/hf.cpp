@@ -178,7 +178,8 @@ Tensor rope_rows_from_interleaved(const Tensor& w, int64_t heads, int64_t nope, 
   return reorder_rope_rows(w, heads, nope, rope, false);
 }
 
-Config config_from_hf(const json& c, const std::string& path) {
+namespace {
+Config read_config(const json& c, const std::string& path) {
   auto unsupported = [&](const std::string& what) {
     LOOM_FAIL(path, ": ", what, " is not supported by loom's DeepSeek-V3 (supported: model_type deepseek_v3, hidden_act "
               "silu, q_lora_rank set, no attention bias, no rope scaling, moe_layer_freq 1, scoring_func sigmoid, "
@@ -265,6 +266,16 @@ Config config_from_hf(const json& c, const std::string& path) {
     LOOM_FAIL(path, ": malformed DeepSeek-V3 config: ", e.what());
   }
 }
+}  // namespace
+
+Config config_from_hf(const json& c, const std::string& path) {
+  // A key of the wrong JSON type (norm_topk_prob "yes", n_group 1.5) is a malformed config, named.
+  try {
+    return read_config(c, path);
+  } catch (const json::exception& e) {
+    LOOM_FAIL(path, ": malformed DeepSeek-V3 config: ", e.what());
+  }
+}
 
 void export_hf(const models::LanguageModel& base, const tokenizer::Tokenizer* tok, const std::string& out_dir) {
   const DeepSeekV3& model = dsv3_of(base);
@@ -344,6 +355,12 @@ models::HfImport import_hf(const std::string& dir, const json& hf_config) {
   const fs::path root(dir);
   const std::string config_path = (root / "config.json").string();
   Config cfg = config_from_hf(hf_config, config_path);
+  bool interleave = true;  // transformers' default
+  if (hf_config.contains("rope_interleave") && !hf_config["rope_interleave"].is_null()) {
+    LOOM_CHECK(hf_config["rope_interleave"].is_boolean(), config_path, ": rope_interleave must be true or false, got ",
+               hf_config["rope_interleave"].dump());
+    interleave = hf_config["rope_interleave"].get<bool>();
+  }
   models::HfImport out;
   if (cfg.norm_eps != 1e-6f) {
     out.notes.push_back(str("rms_norm_eps = ", cfg.norm_eps, ": transformers' q_a_layernorm and kv_a_layernorm use 1e-6 "
@@ -407,10 +424,10 @@ models::HfImport import_hf(const std::string& dir, const json& hf_config) {
       case Kind::Plain: break;
       case Kind::Copy: copies.emplace_back(e, v); return;
       case Kind::RopeQ:
-        if (hf_config.value("rope_interleave", true)) v = rope_rows_from_interleaved(v, cfg.num_heads, cfg.d_nope, cfg.d_rope);
+        if (interleave) v = rope_rows_from_interleaved(v, cfg.num_heads, cfg.d_nope, cfg.d_rope);
         break;
       case Kind::RopeKV:
-        if (hf_config.value("rope_interleave", true)) v = rope_rows_from_interleaved(v, 1, cfg.kv_rank, cfg.d_rope);
+        if (interleave) v = rope_rows_from_interleaved(v, 1, cfg.kv_rank, cfg.d_rope);
         break;
       case Kind::SwapHalves: v = swap_column_halves(v); break;
       case Kind::Expert: {

@@ -15,6 +15,9 @@ Needs a Python with torch and transformers, e.g.
   /usr/bin/python3 -m venv --system-site-packages /tmp/hfvenv
   /tmp/hfvenv/bin/pip install 'transformers>=4.34,<4.36'     # pairs with Debian's torch 1.13
   /tmp/hfvenv/bin/python tools/hf_check.py --loom build/loom --corpus data/austen --work /tmp/hf_check
+DeepSeek-V3 (--config dsv3-tiny) needs a transformers with DeepseekV3 (4.50+), hence torch 2:
+  python3 -m venv /tmp/dsv3venv && /tmp/dsv3venv/bin/pip install torch transformers safetensors
+  /tmp/dsv3venv/bin/python tools/hf_check.py --config dsv3-tiny --work /tmp/hf_check_dsv3
 """
 import argparse
 import json
@@ -45,14 +48,17 @@ def main():
                     help="train with grouped-query attention (model.num_kv_heads; 0 = num_heads; llama only)")
     ap.add_argument("--config", default="tiny",
                     help="the loom preset to train: tiny (a Llama, with its own BPE tokenizer) or gpt2-austen "
-                         "(GPT-2 with GPT-2's tokenizer, exported as GPT2LMHeadModel)")
+                         "(GPT-2 with GPT-2's tokenizer, exported as GPT2LMHeadModel) or dsv3-tiny / dsv3-austen (DeepSeek-V3 with "
+                         "its own BPE tokenizer, exported as DeepseekV3ForCausalLM; needs transformers >= 4.50 and "
+                         "torch 2, e.g. /tmp/dsv3venv)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     tok_dir, run_dir, hf_dir = (os.path.join(a.work, d) for d in ("data", "run", "hf"))
     if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
         gpt2 = a.config.startswith("gpt2")
-        family = [] if gpt2 else ["--set", f"data.tokenizer={tok_dir}/tokenizer.json",
-                                  "--set", f"model.num_kv_heads={a.num_kv_heads}"]
+        family = [] if gpt2 else ["--set", f"data.tokenizer={tok_dir}/tokenizer.json"]
+        if not gpt2 and not a.config.startswith("dsv3"):
+            family += ["--set", f"model.num_kv_heads={a.num_kv_heads}"]
         run([a.loom, "train", "--config", a.config, "--out", run_dir,
              "--set", f"data.corpus={a.corpus}",
              "--set", f"data.train={tok_dir}/train.bin", "--set", f"data.val={tok_dir}/val.bin",
@@ -81,7 +87,7 @@ def main():
         lines.append(f"tokenizer ids equal: {same} ({len(hf_ids)} tokens) for {t[:40]!r}")
 
     # Logits: transformers' loss on loom eval's windows (tokens [kT, kT+T]) vs `loom eval`, window by window.
-    T, windows = 64, 8
+    T, windows = min(64, model.config.max_position_embeddings), 8
     meta = json.load(open(os.path.join(tok_dir, "meta.json")))
     width = 2 if meta["dtype"] == "uint16" else 4
     raw = open(os.path.join(tok_dir, "val.bin"), "rb").read()
@@ -116,10 +122,15 @@ def main():
                  f"(logit scale {hf_logits.abs().max().item():.1f}), argmax equal at every position: {same_argmax}")
 
     # Greedy decoding follows the argmax of the logits at every step.
+    # Prompt and continuation within the model's context (dsv3-tiny's is 32 tokens): past it, loom and
+    # transformers extend differently, so the comparison would mean nothing.
     prompt = texts[0]
     p_ids = tok(prompt)["input_ids"]
+    if len(p_ids) + 20 > model.config.max_position_embeddings:
+        prompt = "It is a truth"
+        p_ids = tok(prompt)["input_ids"]
     with torch.no_grad():
-        greedy = model.generate(torch.tensor([p_ids]), max_new_tokens=20, do_sample=False,
+        greedy = model.generate(torch.tensor([p_ids]), max_new_tokens=20, do_sample=False, attention_mask=torch.ones(1, len(p_ids), dtype=torch.long),
                                 pad_token_id=tok.eos_token_id)[0][len(p_ids):].tolist()
     loom_text = run([a.loom, "generate", "--weights", hf_dir, "--prompt", prompt, "--max-new-tokens", "20",
                      "--temperature", "0"])

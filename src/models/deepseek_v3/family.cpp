@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/json_checked.h"
+#include "models/deepseek_v3/hf.h"
 #include "models/deepseek_v3/model.h"
 
 namespace loom::deepseek_v3 {
@@ -68,6 +69,9 @@ models::Family make_family() {
       "deepseek_v3",
       "DeepSeek-V3: multi-head latent attention, routed MoE with aux-loss-free balancing, multi-token prediction");
   f.stats = stats_of;
+  f.hf_model_type = "deepseek_v3";
+  f.export_hf = export_hf;
+  f.import_hf = import_hf;
   f.presets = presets();
   return f;
 }

@@ -18,7 +18,7 @@ namespace {
 
 struct ChatArgs {
   std::string run, weights, system, max_memory;
-  bool has_system = false, from_stdin = false, print_prompt = false, f32 = false;
+  bool has_system = false, from_stdin = false, print_prompt = false, f32 = false, stats = false;
   int64_t max_new_tokens = 512;
   float temperature = 0.8f, top_p = 1.0f;
   int64_t top_k = 0;
@@ -44,6 +44,7 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
   auto* sys = cmd.add_option("--system", a.system, "system message (default: the template's own, if it has one)");
   cmd.add_flag("--stdin", a.from_stdin, "read one user message from stdin and print only the reply (the default when stdin is not a terminal)");
   cmd.add_flag("--print-prompt", a.print_prompt, "print each turn's prefilled token ids to stderr");
+  cmd.add_flag("--stats", a.stats, "print each turn's prefill and decode tokens/s to stderr");
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "most tokens in one reply");
   cmd.add_option("--temperature", a.temperature, "0 = greedy");
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
@@ -115,6 +116,13 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
       std::string rest = loom::tokenizer::replace_invalid_utf8(std::string_view(bytes).substr(printed));
       std::printf("%s\n", rest.c_str());
       std::fflush(stdout);
+      if (a.stats) {
+        const double n = static_cast<double>(chat.last_prefill().size()), d = static_cast<double>(r.tokens.size());
+        std::fprintf(stderr, "[prefill %.0f tokens in %.3f s: %.1f tok/s; decode %.0f tokens in %.3f s: %.1f tok/s; %lld of %lld context tokens cached]\n",
+                     n, r.prefill_seconds, n / r.prefill_seconds, d, r.decode_seconds,
+                     r.decode_seconds > 0 ? d / r.decode_seconds : 0.0, static_cast<long long>(chat.cached()),
+                     static_cast<long long>(chat.context_length()));
+      }
       using Stop = loom::generate::ChatSession::Stop;
       if (r.stop == Stop::kInterrupted) std::fprintf(stderr, "[interrupted]\n");
       if (r.stop == Stop::kMaxTokens) std::fprintf(stderr, "[stopped at --max-new-tokens %lld]\n", static_cast<long long>(a.max_new_tokens));

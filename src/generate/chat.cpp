@@ -1,6 +1,7 @@
 #include "generate/chat.h"
 
 #include <cctype>
+#include <chrono>
 #include <cstring>
 
 namespace loom::generate {
@@ -485,7 +486,10 @@ ChatSession::Reply ChatSession::turn(const std::string& user, const std::functio
              needed, " more, but the context length is ", ctx, " (start a new chat, or say less)");
   conversation_.insert(conversation_.end(), block.begin(), block.end());
   last_prefill_.assign(conversation_.begin() + used, conversation_.end());
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   feed(last_prefill_);
+  const auto t1 = Clock::now();
 
   const RngKey key = RngKey::from_seed(options_.seed).fold_in("sample");
   const int64_t V = model_.vocab_size();
@@ -510,6 +514,8 @@ ChatSession::Reply ChatSession::turn(const std::string& user, const std::functio
     }
     feed({next});
   }
+  reply.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  reply.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   // The template closes every message with <|im_end|>\n, whatever stopped the reply.
   conversation_.push_back(im_end_);
   append_text(conversation_, "\n");

@@ -58,6 +58,9 @@ class ChatSession {
   struct Reply {
     std::vector<int32_t> tokens;  // the reply, without the end-of-turn token
     Stop stop;
+    // Wall time of the prefill (last_prefill().size() tokens) and of the decode steps (tokens.size()
+    // samples, each but the last followed by a one-token forward).
+    double prefill_seconds = 0, decode_seconds = 0;
   };
   // Throws loom::Error when the new turn does not fit in what is left of the context. `on_token` sees
   // each reply token as it is sampled (not the end-of-turn token). `interrupt`, when set, stops the reply.

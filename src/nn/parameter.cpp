@@ -15,6 +15,13 @@ const char* param_group_name(ParamGroup group) {
   return "?";
 }
 
+namespace {
+thread_local bool skip_init = false;
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : previous_(skip_init) { skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { skip_init = previous_; }
+
 Parameter make_parameter(const std::string& name, const Shape& shape, const Init& init, RngKey key, ParamGroup group) {
   Parameter p;
   p.name = name;
@@ -22,8 +29,10 @@ Parameter make_parameter(const std::string& name, const Shape& shape, const Init
   p.global_shape = shape;
   p.spec = dist::PartitionSpec::replicated();
   p.value = Tensor::empty(shape);
-  switch (init.kind) {
-    case Init::Kind::Zeros: p.value.fill_(0.0f); break;
+  switch (skip_init ? Init::Kind::Zeros : init.kind) {
+    case Init::Kind::Zeros:
+      if (!skip_init) p.value.fill_(0.0f);
+      break;
     case Init::Kind::Ones: p.value.fill_(1.0f); break;
     case Init::Kind::TruncatedNormal: {
       float bound = init.cutoff * init.std;

@@ -122,7 +122,11 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, b
   } catch (const Error& e) {
     LOOM_FAIL(file.path(), ": ", e.what());
   }
-  auto model = std::make_unique<TransformerLM>(cfg, 0);
+  std::unique_ptr<TransformerLM> model;
+  {
+    nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
+    model = std::make_unique<TransformerLM>(cfg, 0);
+  }
   std::set<std::string> loaded;
   for (const gguf::TensorInfo& t : file.header().tensors) {
     auto name = loom_name_of_gguf(t.name);

@@ -465,8 +465,8 @@ void ChatSession::append_text(std::vector<int32_t>& out, const std::string& text
 
 void ChatSession::feed(const std::vector<int32_t>& ids) {
   const int64_t t = static_cast<int64_t>(ids.size()), V = model_.vocab_size();
-  Tensor logits = model_.decode(Tensor::from_vector<int32_t>({1, t}, ids), *cache_);  // [1, t, V]
-  const float* last = logits.data<float>() + (t - 1) * V;
+  Tensor logits = model_.decode_last(Tensor::from_vector<int32_t>({1, t}, ids), *cache_);  // [1, 1, V]
+  const float* last = logits.data<float>();
   last_logits_.assign(last, last + V);
 }
 

@@ -208,3 +208,20 @@ TEST(Chat, CliReadsStdinPrintsOnlyTheReplyAndRefusesUnknownTemplates) {
   EXPECT_NE(none.status, 0);
   EXPECT_NE(none.output.find("--max-new-tokens"), std::string::npos) << none.output;
 }
+
+TEST(Chat, DecodeLastGivesTheLastRowOfDecode) {
+  auto loaded = train::load_weights(kTiny);
+  const auto& m = *loaded.model;
+  const int64_t V = m.vocab_size();
+  std::vector<int32_t> ids = {5, 40, 41, 7, 100, 3};
+  auto a = m.make_decode_cache(1), b = m.make_decode_cache(1);
+  Tensor all = m.decode(Tensor::from_vector<int32_t>({1, 6}, ids), *a);
+  Tensor last = m.decode_last(Tensor::from_vector<int32_t>({1, 6}, ids), *b);
+  ASSERT_EQ(last.shape(), Shape({1, 1, V}));
+  EXPECT_EQ(b->length(), 6);  // every position still went into the cache
+  // Equal up to the GEMM's summation order (one row and six rows take different kernels' blockings).
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(last.data<float>()[v], all.data<float>()[5 * V + v], 1e-5) << v;
+  // And the cache it filled continues as decode()'s does.
+  Tensor na = m.decode(Tensor::from_vector<int32_t>({1, 1}, {9}), *a), nb = m.decode(Tensor::from_vector<int32_t>({1, 1}, {9}), *b);
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(na.data<float>()[v], nb.data<float>()[v], 1e-5) << v;
+}

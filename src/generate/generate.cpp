@@ -22,8 +22,7 @@ std::vector<int32_t> generate(const models::LanguageModel& model, const std::vec
   // Feeds `tokens` (after clearing the cache when `restart`) and returns the last position's logits.
   auto feed = [&](const std::vector<int32_t>& tokens) {
     Tensor ids = Tensor::from_vector<int32_t>({1, static_cast<int64_t>(tokens.size())}, tokens);
-    Tensor logits = model.decode(ids, cache);  // [1, t, V]
-    return logits.slice(0, 1).view({static_cast<int64_t>(tokens.size()), V}).slice(static_cast<int64_t>(tokens.size()) - 1, 1);
+    return model.decode_last(ids, cache).view({1, V});  // [1, 1, V]: only the last position's logits
   };
   auto refill = [&] {
     cache.clear();

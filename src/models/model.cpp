@@ -1,8 +1,21 @@
 #include "models/model.h"
 
+#include <cstring>
+
 #include "dist/runtime.h"
 
 namespace loom::models {
+
+Tensor LanguageModel::decode_last(const Tensor& ids, DecodeCache& cache) const {
+  Tensor all = decode(ids, cache);  // [B, t, V]
+  const int64_t B = all.size(0), t = all.size(1), V = all.size(2);
+  Tensor last = Tensor::empty({B, 1, V}, all.dtype());
+  const size_t row = static_cast<size_t>(V) * dtype_size(all.dtype());
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(static_cast<char*>(last.raw_data()) + b * row, static_cast<const char*>(all.raw_data()) + ((b * t) + t - 1) * row, row);
+  }
+  return last;
+}
 
 void LanguageModel::load_parameter(const std::string& name, const Tensor& values) {
   nn::Parameter& p = parameter(name);

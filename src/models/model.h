@@ -54,6 +54,10 @@ class LanguageModel : public nn::Module {
   // [B, t, V] and appends them to the cache.
   virtual std::unique_ptr<DecodeCache> make_decode_cache(int64_t batch) const = 0;
   virtual Tensor decode(const Tensor& ids, DecodeCache& cache) const = 0;
+  // decode() that returns only the last position's logits [B, 1, V]: a prompt's prefill needs no
+  // others, and the LM head over every position is a large part of it (SmolLM2: 28M of the ~120M
+  // multiply-adds per token). The default slices decode()'s; a family may skip the other rows' head.
+  virtual Tensor decode_last(const Tensor& ids, DecodeCache& cache) const;
 
   // The arithmetic of the model's GEMMs (f32, or bf16 operands with f32 accumulation and weights).
   virtual void set_matmul_precision(ops::MatmulPrecision precision) = 0;

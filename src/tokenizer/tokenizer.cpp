@@ -327,6 +327,14 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
   return out;
 }
 
+std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
+  Scratch scratch(*pre_);
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 16);
+  encode_ordinary(text, out, scratch);
+  return out;
+}
+
 std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
   size_t at = 0;
   ReadFn read = [&](char* dst, size_t n) {

@@ -81,6 +81,9 @@ class Tokenizer {
 
   // Encodes on the calling thread.
   std::vector<TokenId> encode(std::string_view text) const;
+  // Encodes with no special-token matching: "<|im_start|>" in the text is plain bytes, as when a chat
+  // renders a user's message between control tokens it adds itself.
+  std::vector<TokenId> encode_ordinary(std::string_view text) const;
   // Encodes a large text on options.threads threads, in chunks cut where pre-tokens end, so the ids are
   // exactly encode(text)'s.
   std::vector<TokenId> encode(std::string_view text, const EncodeOptions& options) const;

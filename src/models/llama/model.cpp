@@ -1,5 +1,7 @@
 #include "models/llama/model.h"
 
+#include <cstring>
+
 #include "core/autograd.h"
 #include "ops/loss.h"
 
@@ -59,7 +61,7 @@ Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const 
   return lm_head.forward(hidden(ids, positions));  // [B, T, V]
 }
 
-Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache) const {
+Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache, bool last_only) const {
   check_dtype(ids, DType::I32, "TransformerLM", "ids");
   check_ndim(ids, 2, "TransformerLM", "ids");
   const int64_t t = ids.size(1), start = cache.length();
@@ -70,6 +72,16 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
   Tensor x = token_embeddings.forward(ids);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, cache, static_cast<int64_t>(i));
   cache.advance(t);
+  if (last_only && t > 1) {  // x [B, t, C] -> [B, 1, C]: rows b*t + t-1
+    const int64_t B = x.size(0), C = x.size(2);
+    Tensor last = Tensor::empty({B, 1, C}, x.dtype());
+    const size_t row = static_cast<size_t>(C) * dtype_size(x.dtype());
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(static_cast<char*>(last.raw_data()) + b * row,
+                  static_cast<const char*>(x.raw_data()) + (b * t + t - 1) * row, row);
+    }
+    x = last;
+  }
   return lm_head.forward(ln_final.forward(x));
 }
 
@@ -87,6 +99,12 @@ Tensor TransformerLM::decode(const Tensor& ids, models::DecodeCache& cache) cons
   auto* kv = dynamic_cast<generate::KVCache*>(&cache);
   LOOM_CHECK(kv != nullptr, "TransformerLM::decode: the cache was not made by this model's make_decode_cache");
   return forward_cached(ids, *kv);
+}
+
+Tensor TransformerLM::decode_last(const Tensor& ids, models::DecodeCache& cache) const {
+  auto* kv = dynamic_cast<generate::KVCache*>(&cache);
+  LOOM_CHECK(kv != nullptr, "TransformerLM::decode: the cache was not made by this model's make_decode_cache");
+  return forward_cached(ids, *kv, /*last_only=*/true);
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext&) const {

@@ -28,7 +28,8 @@ class TransformerLM : public models::LanguageModel {
   Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor()) const;
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
-  Tensor forward_cached(const Tensor& ids, generate::KVCache& cache) const;
+  // last_only: the head over the last position only ([B, 1, V]).
+  Tensor forward_cached(const Tensor& ids, generate::KVCache& cache, bool last_only = false) const;
   // A cache sized for this model: capacity context_length.
   generate::KVCache make_cache(int64_t batch) const;
 
@@ -39,6 +40,8 @@ class TransformerLM : public models::LanguageModel {
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
   std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
   Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  // The head over the last position only.
+  Tensor decode_last(const Tensor& ids, models::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
 
   const Config& config() const { return config_; }

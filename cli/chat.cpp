@@ -1,0 +1,156 @@
+// `loom chat`: a conversation with a model through its ChatML chat template, kept in the KV cache.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+
+#include "cli/command.h"
+#include "generate/chat.h"
+#include "models/gguf.h"
+#include "tokenizer/pretokenizer.h"
+#include "train/memory.h"
+#include "train/run.h"
+
+namespace {
+
+struct ChatArgs {
+  std::string run, weights, system, max_memory;
+  bool has_system = false, from_stdin = false, print_prompt = false, f32 = false, stats = false;
+  int64_t max_new_tokens = 512;
+  float temperature = 0.8f, top_p = 1.0f;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted.store(true); }
+
+// Ctrl-C during a reply stops that reply (the conversation goes on); at the prompt it ends the chat.
+void catch_sigint(bool catching) {
+  struct sigaction sa = {};
+  sa.sa_handler = catching ? on_sigint : SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+loom::cli::Register reg("chat", "Chat with a model through its ChatML chat template (GGUF or imported run)", [](CLI::App& cmd) {
+  static ChatArgs a;
+  auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json, tokenizer_config.json)");
+  auto* weights = cmd.add_option("--weights", a.weights, "GGUF file (or weights file / Hugging Face directory)");
+  run->excludes(weights);
+  auto* sys = cmd.add_option("--system", a.system, "system message (default: the template's own, if it has one)");
+  cmd.add_flag("--stdin", a.from_stdin, "read one user message from stdin and print only the reply (the default when stdin is not a terminal)");
+  cmd.add_flag("--print-prompt", a.print_prompt, "print each turn's prefilled token ids to stderr");
+  cmd.add_flag("--stats", a.stats, "print each turn's prefill and decode tokens/s to stderr");
+  cmd.add_option("--max-new-tokens", a.max_new_tokens, "most tokens in one reply");
+  cmd.add_option("--temperature", a.temperature, "0 = greedy");
+  cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
+  cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
+  cmd.add_option("--seed", a.seed, "sampling seed");
+  cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
+  cmd.add_option("--max-memory", a.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable)");
+  cmd.callback([sys] {
+    a.has_system = sys->count() > 0;
+    LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "chat: give --weights FILE.gguf or --run DIR");
+    LOOM_CHECK(a.max_new_tokens >= 1 && a.max_new_tokens <= loom::generate::kMaxNewTokens,
+               "chat: --max-new-tokens must be in [1, ", loom::generate::kMaxNewTokens, "], got ", a.max_new_tokens);
+    try {
+      loom::generate::SamplingOptions{a.temperature, a.top_k, a.top_p}.validate();
+    } catch (const loom::Error& e) {
+      throw loom::Error(std::string("chat: ") + e.what());
+    }
+    const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
+    const auto job = [](const loom::models::ModelConfig& m) { return loom::train::generation_memory(m); };
+    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
+                                : loom::train::load_run(a.run, budget, job);
+    loom::train::check_memory(job(loaded.model->model_config()), budget, "chat");
+    LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
+    const auto& tok = *loaded.tokenizer;
+    std::string jinja = loaded.chat_template;
+    std::optional<loom::tokenizer::TokenId> eos = loaded.eos;
+    if (jinja.empty() && !a.run.empty()) {  // an imported run keeps them in tokenizer_config.json
+      loom::models::GgufExportOptions o;
+      loom::models::read_tokenizer_config(a.run, tok, o);
+      jinja = o.chat_template;
+      if (!eos) eos = o.eos;
+    }
+    auto tmpl = loom::generate::ChatTemplate::from_jinja(jinja);
+    loom::generate::GenerateOptions g;
+    g.max_new_tokens = a.max_new_tokens;
+    g.sampling = {a.temperature, a.top_k, a.top_p};
+    g.seed = a.seed;
+    loom::generate::ChatSession chat(*loaded.model, tok, tmpl,
+                                     a.has_system ? std::optional<std::string>(a.system) : std::nullopt, g, eos);
+
+    // One turn: stream the reply's complete UTF-8 characters as they come, holding back a character
+    // whose bytes are split across tokens.
+    auto reply_to = [&](const std::string& user) {
+      std::string bytes;
+      size_t printed = 0;
+      g_interrupted.store(false);
+      catch_sigint(true);
+      loom::generate::ChatSession::Reply r;
+      try {
+        r = chat.turn(user, [&](int32_t id) {
+          bytes += tok.token_bytes(static_cast<loom::tokenizer::TokenId>(id));
+          size_t complete = printed + loom::tokenizer::valid_utf8_prefix(std::string_view(bytes).substr(printed));
+          if (complete > printed) {
+            std::fwrite(bytes.data() + printed, 1, complete - printed, stdout);
+            std::fflush(stdout);
+            printed = complete;
+          }
+        }, &g_interrupted);
+      } catch (...) {
+        catch_sigint(false);
+        throw;
+      }
+      catch_sigint(false);
+      if (a.print_prompt) {
+        std::fprintf(stderr, "prompt ids:");
+        for (int32_t id : chat.last_prefill()) std::fprintf(stderr, " %d", id);
+        std::fprintf(stderr, "\n");
+      }
+      std::string rest = loom::tokenizer::replace_invalid_utf8(std::string_view(bytes).substr(printed));
+      std::printf("%s\n", rest.c_str());
+      std::fflush(stdout);
+      if (a.stats) {
+        const double n = static_cast<double>(chat.last_prefill().size()), d = static_cast<double>(r.tokens.size());
+        std::fprintf(stderr, "[prefill %.0f tokens in %.3f s: %.1f tok/s; decode %.0f tokens in %.3f s: %.1f tok/s; %lld of %lld context tokens cached]\n",
+                     n, r.prefill_seconds, n / r.prefill_seconds, d, r.decode_seconds,
+                     r.decode_seconds > 0 ? d / r.decode_seconds : 0.0, static_cast<long long>(chat.cached()),
+                     static_cast<long long>(chat.context_length()));
+      }
+      using Stop = loom::generate::ChatSession::Stop;
+      if (r.stop == Stop::kInterrupted) std::fprintf(stderr, "[interrupted]\n");
+      if (r.stop == Stop::kMaxTokens) std::fprintf(stderr, "[stopped at --max-new-tokens %lld]\n", static_cast<long long>(a.max_new_tokens));
+      if (r.stop == Stop::kContextFull) {
+        std::fprintf(stderr, "[the conversation filled the context length of %lld tokens]\n",
+                     static_cast<long long>(chat.context_length()));
+      }
+      return r.stop;
+    };
+
+    if (a.from_stdin || !isatty(STDIN_FILENO)) {
+      std::string user((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+      while (!user.empty() && (user.back() == '\n' || user.back() == '\r')) user.pop_back();
+      LOOM_CHECK(!user.empty(), "chat: stdin held no message");
+      reply_to(user);
+      return;
+    }
+    std::fprintf(stderr, "loom chat: %lld-token context. /exit or Ctrl-D ends the chat; Ctrl-C stops a reply.\n",
+                 static_cast<long long>(chat.context_length()));
+    std::string line;
+    while (true) {
+      std::fprintf(stderr, "> ");
+      std::fflush(stderr);
+      if (!std::getline(std::cin, line) || line == "/exit") break;
+      if (line.empty()) continue;
+      if (reply_to(line) == loom::generate::ChatSession::Stop::kContextFull) break;
+    }
+  });
+});
+
+}  // namespace

@@ -1,0 +1,90 @@
+// Chat: a model's chat template, recognised as ChatML, and a conversation kept in the KV cache.
+//
+// The template (GGUF's tokenizer.chat_template, Hugging Face's tokenizer_config.json "chat_template") is
+// Jinja. loom has no Jinja engine: it interprets the small subset ChatML templates are written in (a for
+// loop over messages, if/elif/else, string concatenation, message['role'|'content'], loop.first/last,
+// messages[i], add_generation_prompt, ==, !=, and/or/not), renders probe conversations with it and
+// accepts the template only when every probe is ChatML:
+//   [default system block]<|im_start|>ROLE\nCONTENT<|im_end|>\n ... <|im_start|>assistant\n
+// The default system block is what SmolLM2's template inserts when the conversation has no system
+// message. Anything else (another format, a construct outside the subset) is refused, naming it.
+//
+// Tokens: the control tokens <|im_start|>/<|im_end|> are added as ids; the text between them (role and
+// content, the newline after <|im_end|>) is encoded with no special-token matching, so a user who types
+// "<|im_start|>" gets those characters, not a control token. (transformers' apply_chat_template renders a
+// string and tokenizes it, which would turn such text into control tokens; loom does not, on purpose.)
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "generate/generate.h"
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom::generate {
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+// Renders `messages` with the Jinja subset described above; throws loom::Error naming a construct
+// outside it. Exposed for tests.
+std::string render_chat_template(const std::string& jinja, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt);
+
+struct ChatTemplate {
+  // The system message the template adds when the conversation has none (SmolLM2's "You are a helpful
+  // AI assistant named SmolLM, ..."); nullopt when it adds none.
+  std::optional<std::string> default_system;
+  // Recognises `jinja` as ChatML by rendering probes; throws loom::Error naming the template otherwise.
+  static ChatTemplate from_jinja(const std::string& jinja);
+};
+
+// One conversation: each turn prefills only the tokens not yet in the cache (the previous reply's
+// end-of-turn token and newline, the user's block, the assistant prefix), then samples the reply.
+class ChatSession {
+ public:
+  // `options.stop_token` is ignored: the reply stops at <|im_end|> or at `eos` (when given).
+  ChatSession(const models::LanguageModel& model, const tokenizer::Tokenizer& tok, ChatTemplate tmpl,
+              std::optional<std::string> system, GenerateOptions options, std::optional<tokenizer::TokenId> eos);
+  ~ChatSession();
+
+  enum class Stop { kEndOfTurn, kMaxTokens, kInterrupted, kContextFull };
+  struct Reply {
+    std::vector<int32_t> tokens;  // the reply, without the end-of-turn token
+    Stop stop;
+    // Wall time of the prefill (last_prefill().size() tokens) and of the decode steps (tokens.size()
+    // samples, each but the last followed by a one-token forward).
+    double prefill_seconds = 0, decode_seconds = 0;
+  };
+  // Throws loom::Error when the new turn does not fit in what is left of the context. `on_token` sees
+  // each reply token as it is sampled (not the end-of-turn token). `interrupt`, when set, stops the reply.
+  Reply turn(const std::string& user, const std::function<void(int32_t)>& on_token = nullptr,
+             const std::atomic<bool>* interrupt = nullptr);
+
+  // The ids the last turn prefilled, and every id of the conversation so far (prompt and replies).
+  const std::vector<int32_t>& last_prefill() const { return last_prefill_; }
+  const std::vector<int32_t>& conversation() const { return conversation_; }
+  int64_t cached() const;
+  int64_t context_length() const { return model_.context_length(); }
+
+ private:
+  void feed(const std::vector<int32_t>& ids);
+  void append_text(std::vector<int32_t>& out, const std::string& text) const;
+
+  const models::LanguageModel& model_;
+  const tokenizer::Tokenizer& tok_;
+  GenerateOptions options_;
+  int32_t im_start_, im_end_, eos_;
+  std::unique_ptr<models::DecodeCache> cache_;
+  std::vector<int32_t> conversation_, last_prefill_;
+  std::vector<float> last_logits_;
+  uint64_t sampled_ = 0;  // tokens sampled so far (the sampler's counter)
+};
+
+}  // namespace loom::generate

@@ -6,6 +6,7 @@
 #include "io/json_checked.h"
 
 #include "core/error.h"
+#include "models/gpt2/gguf.h"
 #include "models/gpt2/hf.h"
 #include "models/gpt2/model.h"
 
@@ -43,6 +44,9 @@ models::Family make_family() {
   f.hf_model_type = "gpt2";
   f.export_hf = export_hf;
   f.import_hf = import_hf;
+  f.gguf_arch = "gpt2";
+  f.import_gguf = import_gguf;
+  f.export_gguf = export_gguf;
   f.presets = presets();
   return f;
 }

@@ -16,7 +16,7 @@ struct ExportArgs {
   bool overwrite = false;
 };
 
-loom::cli::Register reg("export", "Export a run as a Hugging Face directory (LlamaForCausalLM, GPT2LMHeadModel) or a GGUF file (Llama)", [](CLI::App& cmd) {
+loom::cli::Register reg("export", "Export a run as a Hugging Face directory (LlamaForCausalLM, GPT2LMHeadModel) or a GGUF file (Llama, GPT-2)", [](CLI::App& cmd) {
   static ExportArgs a;
   cmd.add_option("--run", a.run, "run directory (or a weights file)")->required();
   cmd.add_option("--format", a.format, "output format: hf (a directory) or gguf (a file)");

@@ -7,6 +7,11 @@ candidates at each generated position against loom's log-softmax of the same seq
     build/loom import --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/smol/run
     build/loom export --run /tmp/smol/run --format gguf --gguf-type f32 --out /tmp/smol/loom_f32.gguf
     PYTHONPATH=build/python /tmp/xlvenv/bin/python tools/llamacpp_check.py /tmp/smol/loom_f32.gguf
+
+Any architecture loom exports works the same way, e.g. a GPT-2 run:
+    build/loom train --config gpt2-austen --set training.max_steps=200 --out /tmp/g2run200
+    build/loom export --run /tmp/g2run200 --format gguf --gguf-type f32 --out /tmp/g2run200.f32.gguf
+    PYTHONPATH=build/python /tmp/xlvenv/bin/python tools/llamacpp_check.py /tmp/g2run200.f32.gguf
 """
 import json
 import sys

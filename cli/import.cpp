@@ -22,7 +22,7 @@ struct ImportArgs {
   bool overwrite = false;
 };
 
-loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2, DeepSeek-V3) or a GGUF file (Llama) as a loom run", [](CLI::App& cmd) {
+loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2, DeepSeek-V3) or a GGUF file (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
   auto* hf = cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)");
   auto* gguf = cmd.add_option("--gguf", a.gguf, "GGUF file (llama.cpp's format; any of its block types)");

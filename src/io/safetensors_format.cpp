@@ -283,6 +283,22 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size) {
   LOOM_CHECK(size >= 8, "file is ", size, " bytes, too short for the 8-byte header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];  // little-endian u64
+  if (n > kSafetensorsMaxHeaderBytes || n > size - 8) {
+    // A user who passes the wrong file (a tokenizer.json, a GGUF) would otherwise only hear about an
+    // absurd header length: say what the file looks like instead.
+    if (std::memcmp(data, "GGUF", 4) == 0) {
+      LOOM_FAIL("this is a GGUF file, not safetensors (it starts with the magic 'GGUF'); name it with a "
+                ".gguf extension so loom reads it as GGUF");
+    }
+    bool text = true;
+    for (int i = 0; i < 8; ++i) text = text && (data[i] == '\n' || data[i] == '\r' || data[i] == '\t' ||
+                                                (data[i] >= 0x20 && data[i] < 0x7f));
+    if (text) {
+      LOOM_FAIL("not a safetensors file: it starts with the text '",
+                std::string(reinterpret_cast<const char*>(data), 8),
+                "', while a safetensors file starts with an 8-byte little-endian header length");
+    }
+  }
   LOOM_CHECK(n <= kSafetensorsMaxHeaderBytes, "header length ", n, " exceeds the limit of ",
              kSafetensorsMaxHeaderBytes, " bytes");
   LOOM_CHECK(n <= size - 8, "header length ", n, " runs past the end of the file (", size,

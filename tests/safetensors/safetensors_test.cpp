@@ -102,6 +102,20 @@ TEST(SafetensorsMalformed, EveryFileIsRefusedWithItsSpecificError) {
   }
 }
 
+TEST(SafetensorsMalformed, AWrongKindOfFileIsNamedForWhatItLooksLike) {
+  // `--weights tokenizer.json` or a GGUF without its extension: say what the file is, not only that
+  // its "header length" is absurd.
+  const std::string json_text = R"({"version": "1.0", "model": {"type": "BPE"}})";
+  const std::string text_msg = error_of([&] {
+    SafetensorsFile::from_memory(reinterpret_cast<const uint8_t*>(json_text.data()), json_text.size());
+  });
+  EXPECT_NE(text_msg.find("not a safetensors file: it starts with the text '{\"versio'"), std::string::npos)
+      << text_msg;
+  std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const std::string gguf_msg = error_of([&] { SafetensorsFile::from_memory(gguf.data(), gguf.size()); });
+  EXPECT_NE(gguf_msg.find("this is a GGUF file"), std::string::npos) << gguf_msg;
+}
+
 TEST(SafetensorsMalformed, EveryTruncationAndByteFlipOfAValidFileIsHandled) {
   // A small exhaustive fuzz: every prefix must be refused; every single-byte change must be refused or
   // parsed, never crash or throw anything but loom::Error.

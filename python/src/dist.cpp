@@ -70,7 +70,7 @@ class ShardedModel {
           k.opt->zero_grad();
           Tensor l = k.model->loss(dist::local_batch(ids, *k.ctx), dist::local_batch(targets, *k.ctx));
           loss[r] = dist::global_loss(l.item(), *k.ctx);
-          l.backward();
+          dist::backward(l, params, *k.ctx);  // starts the gradient all-reduces as they become final
           dist::finish_gradients(params, *k.ctx);
           if (clip_ > 0) dist::clip_grad_norm(params, k.layout, *k.ctx, clip_);
           k.opt->step(lr);

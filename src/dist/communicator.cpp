@@ -127,6 +127,10 @@ void Communicator::wait_all() {
   if (async_->failure) std::rethrow_exception(async_->failure);
 }
 
+void Communicator::settle() {
+  if (async_ && std::this_thread::get_id() != async_->thread.get_id()) wait_all();
+}
+
 Communicator::Blocking::Blocking(Communicator& c) : c_(&c), start_(std::chrono::steady_clock::now()) {
   if (c.async_ && std::this_thread::get_id() == c.async_->thread.get_id()) {
     c_ = nullptr;  // a started collective, on the communication thread: nothing to wait for or count
@@ -262,6 +266,7 @@ class InProcessCommunicator final : public Communicator {
 
  private:
   int begin(const std::vector<int>& group) {
+    settle();  // (Blocking did already, in the collectives above)
     ++stats.calls;
     return index_in(group);
   }

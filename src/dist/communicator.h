@@ -87,6 +87,9 @@ class Communicator {
     Communicator* c_;
     std::chrono::steady_clock::time_point start_;
   };
+  // Waits for the started collectives unless called on the communication thread. Blocking does it; the
+  // implementations' per-call helpers do it too, so a collective added without a Blocking stays ordered.
+  void settle();
   void stop_communication_thread();  // implementations' destructors: started work then runs no more
   bool run_started_inline_ = false;  // a transport that cannot take calls from a second thread
 

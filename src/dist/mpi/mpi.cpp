@@ -138,6 +138,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm(const std::vector<int>& group) {
+    settle();  // (Blocking did already, in the collectives above)
     auto it = comms_.find(group);
     if (it != comms_.end()) return it->second;
     LOOM_ASSERT(std::find(group.begin(), group.end(), rank_) != group.end(), "rank ", rank_, " is not in group ",

@@ -17,6 +17,10 @@
 //     by data, so every shard holds its block of the single-process gradient.
 //   * The optimizer is built on the sharded parameters, so its moments are sharded the same way; the
 //     gradient norm for clipping sums each block once over the whole mesh (global_grad_norm).
+//   * With RankContext::overlap (the default), communication runs beside compute: FSDP gathers the next
+//     Linear's weight while the current one computes and reduce-scatters gradients in the background,
+//     and backward() starts the data-axis all-reduces in buckets as gradients become final; every
+//     result is bitwise the same as with it off.
 #pragma once
 
 #include <memory>

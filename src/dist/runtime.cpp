@@ -300,11 +300,12 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
     // With overlap, the sums onto the shards run while the layers before this one compute their
     // backward; their results reach .grad in finish_gradients (the engine gets none here).
     OverlapState* s = overlap_of(c);
+    const size_t before = s ? s->grads.size() : 0;
     if (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c)) grads[1] = scatter_data_values(dW, *w, c);
     if (b && (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
       grads[2] = scatter_data_values(db, *b, c);
     }
-    if (s) complete_grad_sums(*s, b ? 2 : 1);
+    if (s) complete_grad_sums(*s, s->grads.size() - before);  // keep only this layer's in flight
     return grads;
   });
   return y;

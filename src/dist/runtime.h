@@ -77,7 +77,8 @@ Tensor local_batch(const Tensor& global, const RankContext& context);
 void backward(const Tensor& loss, const std::vector<nn::Parameter*>& params, const RankContext& context,
               bool last_micro_batch = true);
 // After backward(): completes every parameter's gradient to its block of the global gradient (waiting
-// for the gradient collectives started in the background first).
+// for the gradient collectives started in the background first: with overlap, an FSDP weight's gradient
+// is in its .grad only from here on).
 void finish_gradients(const std::vector<nn::Parameter*>& params, const RankContext& context);
 // The loss of the global batch from this rank's loss (mean over data ranks).
 double global_loss(double local_loss, const RankContext& context);

@@ -34,6 +34,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::string max_memory;
   std::string mesh, parallel;
+  bool no_overlap = false;
   std::string weights;
 };
 
@@ -116,7 +117,7 @@ std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& c
     cfg.training.threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / per_node);
   }
   return std::make_shared<loom::dist::RankContext>(loom::dist::RankContext{
-      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank()});
+      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank(), !args.no_overlap});
 }
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
@@ -131,6 +132,9 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
                  "device mesh, e.g. data=4,tensor=2 (config key parallel.mesh); its size must equal the number of "
                  "ranks mpirun/srun started (docs/mesh.md)");
   cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp or fsdp_tp (config key parallel.mode)");
+  cmd.add_flag("--no-overlap", args.no_overlap,
+               "on a mesh: wait on every collective where it is issued instead of overlapping communication with "
+               "compute (docs/mesh.md; the results are the same bits either way)");
   cmd.add_option("--max-memory", args.max_memory,
                  "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   auto* resume_opt = cmd.add_flag("--resume", args.resume,

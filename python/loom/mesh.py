@@ -50,15 +50,16 @@ def batch_spec(mode: str) -> tuple:
 class ShardedModel:
     """A model of any family sharded over ``mesh`` in ``mode``, with AdamW whose moments are sharded like
     their parameters. ``config`` is a model section ({"arch": ..., shapes}); missing keys take the
-    family's defaults."""
+    family's defaults. ``overlap`` overlaps communication with compute (FSDP prefetch, background gradient
+    sums; docs/mesh.md); the results are the same bits with it off."""
 
     def __init__(self, config: Mapping, mesh: Mesh, mode: str, seed: int = 0, lr: float = 1e-3,
                  betas: tuple = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1,
-                 grad_clip: float = 1.0):
+                 grad_clip: float = 1.0, overlap: bool = True):
         self._lr = float(lr)
         self._native = _loom.ShardedModel(json.dumps(dict(config)), mesh, str(mode), int(seed), float(lr),
                                           float(betas[0]), float(betas[1]), float(eps), float(weight_decay),
-                                          float(grad_clip))
+                                          float(grad_clip), bool(overlap))
 
     @property
     def mesh(self) -> Mesh:

@@ -41,7 +41,7 @@ nb::tuple int_tuple(const std::vector<int64_t>& v) {
 class ShardedModel {
  public:
   ShardedModel(const std::string& model_json, const dist::Mesh& mesh, const std::string& mode, uint64_t seed,
-               train::AdamWOptions adamw, double grad_clip)
+               train::AdamWOptions adamw, double grad_clip, bool overlap)
       : mesh_(mesh), mode_(dist::parallel_mode_from_name(mode)), clip_(grad_clip) {
     dist::validate_mesh_for_mode(mesh_, mode_);
     LOOM_CHECK(grad_clip >= 0, "ShardedModel: grad_clip must be >= 0, got ", grad_clip);
@@ -50,7 +50,7 @@ class ShardedModel {
     for (int r = 0; r < mesh_.size(); ++r) {
       ranks_.push_back(Rank{});
       Rank& k = ranks_.back();
-      k.ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh_, mode_, &world_->communicator(r), r});
+      k.ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh_, mode_, &world_->communicator(r), r, overlap});
       k.model = config.build(seed);
       k.layout = dist::shard_model(*k.model, k.ctx);  // plans, checks, keeps this device's blocks
       k.opt = std::make_unique<train::AdamW>(k.model->parameters(), adamw);
@@ -70,7 +70,7 @@ class ShardedModel {
           k.opt->zero_grad();
           Tensor l = k.model->loss(dist::local_batch(ids, *k.ctx), dist::local_batch(targets, *k.ctx));
           loss[r] = dist::global_loss(l.item(), *k.ctx);
-          l.backward();
+          dist::backward(l, params, *k.ctx);  // starts the gradient all-reduces as they become final
           dist::finish_gradients(params, *k.ctx);
           if (clip_ > 0) dist::clip_grad_norm(params, k.layout, *k.ctx, clip_);
           k.opt->step(lr);
@@ -170,8 +170,10 @@ void bind_dist(nb::module_& m) {
   nb::class_<ShardedModel>(m, "ShardedModel")
       .def("__init__",
            [](ShardedModel* self, const std::string& model_json, const dist::Mesh& mesh, const std::string& mode,
-              uint64_t seed, float lr, float beta1, float beta2, float eps, float weight_decay, double grad_clip) {
-             new (self) ShardedModel(model_json, mesh, mode, seed, {lr, beta1, beta2, eps, weight_decay}, grad_clip);
+              uint64_t seed, float lr, float beta1, float beta2, float eps, float weight_decay, double grad_clip,
+              bool overlap) {
+             new (self) ShardedModel(model_json, mesh, mode, seed, {lr, beta1, beta2, eps, weight_decay}, grad_clip,
+                                     overlap);
            })
       .def("step",
            [](ShardedModel& self, In<int32_t> ids, In<int32_t> targets, float lr) {

@@ -1,11 +1,19 @@
 #include "core/autograd.h"
 
+#include <unordered_map>
+
 #include "ops/elementwise.h"
 
 namespace loom::autograd {
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local std::function<void(TensorImpl*)> g_leaf_hook;
+}  // namespace
+
+LeafGradHook::LeafGradHook(std::function<void(TensorImpl*)> hook) : previous_(std::move(g_leaf_hook)) {
+  g_leaf_hook = std::move(hook);
 }
+LeafGradHook::~LeafGradHook() { g_leaf_hook = std::move(previous_); }
 
 bool grad_enabled() { return g_grad_enabled; }
 
@@ -92,6 +100,9 @@ void backward(const Tensor& root, const Tensor& grad_root) {
 
   // Count, for every node, how many edges point at it; a node runs once all its consumers have run,
   // which processes the graph in reverse topological order.
+  // With a leaf hook, also count the edges into each leaf: the hook fires when the last one delivers.
+  const std::function<void(TensorImpl*)> hook = g_leaf_hook;
+  std::unordered_map<TensorImpl*, int> leaf_edges;
   Node* root_node = root.grad_fn().get();
   std::vector<Node*> stack{root_node};
   root_node->dependencies = 0;
@@ -100,6 +111,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     stack.pop_back();
     for (Edge& e : n->inputs) {
       if (e.node && e.node->dependencies++ == 0) stack.push_back(e.node.get());
+      if (hook && !e.node && e.leaf) ++leaf_edges[e.leaf.get()];
     }
   }
 
@@ -139,15 +151,18 @@ void backward(const Tensor& root, const Tensor& grad_root) {
           accumulate(producer->pending_grads[static_cast<size_t>(e.output_index)], g);
         }
         if (--producer->dependencies == 0) ready.push_back(e.node);
-      } else if (g.defined()) {
+      } else {
         TensorImpl* leaf = e.leaf.get();
-        LOOM_ASSERT(g.shape() == leaf->shape, node->name, ": gradient of input ", i, " has shape ",
-                    g.shape(), ", expected ", leaf->shape);
-        if (!leaf->grad.defined()) {
-          leaf->grad = g.dtype() != leaf->dtype ? g.to(leaf->dtype) : owns_its_buffer(g) ? std::move(g) : g.clone();
-        } else {
-          ops::add_(leaf->grad, g);
+        if (g.defined()) {
+          LOOM_ASSERT(g.shape() == leaf->shape, node->name, ": gradient of input ", i, " has shape ",
+                      g.shape(), ", expected ", leaf->shape);
+          if (!leaf->grad.defined()) {
+            leaf->grad = g.dtype() != leaf->dtype ? g.to(leaf->dtype) : owns_its_buffer(g) ? std::move(g) : g.clone();
+          } else {
+            ops::add_(leaf->grad, g);
+          }
         }
+        if (hook && --leaf_edges[leaf] == 0) hook(leaf);
       }
     }
   }

@@ -82,6 +82,21 @@ bool any_requires_grad(const TensorList& inputs);
 // Outputs must be fresh tensors made by the op.
 void record(const char* name, const TensorList& inputs, const TensorList& outputs, BackwardFn backward);
 
+// While one lives, backward() on this thread calls `hook(leaf)` as soon as a leaf has received the last
+// gradient this backward() gives it, so its .grad is final for the pass (like PyTorch's post-accumulate-
+// grad hooks). The sharded runtime starts gradient all-reduces there, overlapping them with the rest of
+// the backward (dist/runtime.cpp). Scoped and nestable; the calls come in the engine's (fixed) order.
+class LeafGradHook {
+ public:
+  explicit LeafGradHook(std::function<void(TensorImpl* leaf)> hook);
+  ~LeafGradHook();
+  LeafGradHook(const LeafGradHook&) = delete;
+  LeafGradHook& operator=(const LeafGradHook&) = delete;
+
+ private:
+  std::function<void(TensorImpl*)> previous_;
+};
+
 // Accumulates d(root)/d(leaf) into each reachable leaf's .grad. `grad_root` defaults to ones for a
 // one-element root.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -22,6 +23,128 @@ int Communicator::index_in(const std::vector<int>& group) const {
   auto it = std::find(group.begin(), group.end(), rank());
   LOOM_ASSERT(it != group.end(), "rank ", rank(), " is not in the group it runs a collective on");
   return static_cast<int>(it - group.begin());
+}
+
+// ---- Started collectives: one communication thread per communicator ----------------------------
+// The thread runs the started collectives in order through the implementation's blocking calls, so a
+// started collective is exactly the blocking one, run elsewhere. The caller's blocking collectives wait
+// for the queue to empty first (Blocking), so collectives never run on both threads at once: MPI needs
+// only MPI_THREAD_SERIALIZED, and the in-process rendezvous of a group never sees two of one rank's calls.
+struct Communicator::Work {
+  bool done = false;
+  std::exception_ptr error;
+};
+
+struct Communicator::Async {
+  std::mutex mutex;
+  std::condition_variable cv;  // the queue grew, a collective finished, or stop
+  std::deque<std::pair<Pending, std::function<void()>>> queue;
+  int in_flight = 0;            // queued or running
+  bool stop = false;
+  std::exception_ptr failure;   // the first started collective that threw
+  std::thread thread;
+
+  void run() {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, nothing left
+      auto [work, collective] = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        collective();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      work->done = true;
+      work->error = error;
+      if (error && !failure) failure = error;
+      --in_flight;
+      cv.notify_all();
+    }
+  }
+  void shut_down() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+  }
+  ~Async() { shut_down(); }
+};
+
+Communicator::Pending Communicator::start(std::function<void()> collective) {
+  ++stats.started;
+  auto work = std::make_shared<Work>();
+  if (run_started_inline_) {  // still correct, just not overlapped
+    collective();
+    work->done = true;
+    return work;
+  }
+  if (!async_) {
+    async_ = std::make_shared<Async>();
+    Async* a = async_.get();
+    a->thread = std::thread([a] { a->run(); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(async_->mutex);
+    async_->queue.emplace_back(work, std::move(collective));
+    ++async_->in_flight;
+  }
+  async_->cv.notify_all();
+  return work;
+}
+
+Communicator::Pending Communicator::start_all_gather(const float* in, int64_t n, float* out,
+                                                     const std::vector<int>& group) {
+  return start([this, in, n, out, group] { all_gather(in, n, out, group); });
+}
+Communicator::Pending Communicator::start_reduce_scatter_sum(const float* in, int64_t n, float* out,
+                                                             const std::vector<int>& group) {
+  return start([this, in, n, out, group] { reduce_scatter_sum(in, n, out, group); });
+}
+Communicator::Pending Communicator::start_all_reduce_sum(float* data, int64_t n, const std::vector<int>& group) {
+  return start([this, data, n, group] { all_reduce_sum(data, n, group); });
+}
+
+void Communicator::wait(const Pending& work) {
+  if (!work || !async_) return;  // null, or run inline
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(async_->mutex);
+  async_->cv.wait(lock, [&] { return work->done; });
+  stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (work->error) std::rethrow_exception(work->error);
+}
+
+void Communicator::wait_all() {
+  if (!async_) return;
+  std::unique_lock<std::mutex> lock(async_->mutex);
+  async_->cv.wait(lock, [&] { return async_->in_flight == 0; });
+  if (async_->failure) std::rethrow_exception(async_->failure);
+}
+
+void Communicator::settle() {
+  if (async_ && std::this_thread::get_id() != async_->thread.get_id()) wait_all();
+}
+
+Communicator::Blocking::Blocking(Communicator& c) : c_(&c), start_(std::chrono::steady_clock::now()) {
+  if (c.async_ && std::this_thread::get_id() == c.async_->thread.get_id()) {
+    c_ = nullptr;  // a started collective, on the communication thread: nothing to wait for or count
+    return;
+  }
+  c.wait_all();
+}
+
+Communicator::Blocking::~Blocking() {
+  if (c_) c_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Communicator::stop_communication_thread() {
+  if (async_) async_->shut_down();
 }
 
 // One rendezvous per group (keyed by its member list). A collective is two barriers: members publish
@@ -80,20 +203,24 @@ namespace {
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(InProcessWorld::State& s, int rank) : s_(s), rank_(rank) {}
+  ~InProcessCommunicator() override { stop_communication_thread(); }
   int rank() const override { return rank_; }
   int size() const override { return s_.size; }
   std::string kind() const override { return "in-process"; }
 
   void all_reduce_sum(float* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
     reduce_all(data, n, group);
     stats.all_reduce_bytes += n * 4;
   }
   void all_reduce_sum(double* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
     reduce_all(data, n, group);
     stats.all_reduce_bytes += n * 8;
   }
 
   void all_gather(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
     const int me = begin(group);
     s_.meet(group, me, in, "all_gather", rank_);
     for (size_t i = 0; i < group.size(); ++i) {
@@ -105,6 +232,7 @@ class InProcessCommunicator final : public Communicator {
   }
 
   void reduce_scatter_sum(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
     const int me = begin(group);
     s_.meet(group, me, in, "reduce_scatter", rank_);
     std::vector<float> acc(static_cast<size_t>(n), 0.0f);
@@ -118,6 +246,7 @@ class InProcessCommunicator final : public Communicator {
   }
 
   void broadcast(float* data, int64_t n, int root, const std::vector<int>& group) override {
+    Blocking guard(*this);
     const int me = begin(group);
     auto it = std::find(group.begin(), group.end(), root);
     LOOM_ASSERT(it != group.end(), "broadcast root ", root, " is not in the group");
@@ -130,12 +259,14 @@ class InProcessCommunicator final : public Communicator {
   }
 
   void barrier(const std::vector<int>& group) override {
+    Blocking guard(*this);
     const int me = begin(group);
     s_.meet(group, me, nullptr, "barrier", rank_);
   }
 
  private:
   int begin(const std::vector<int>& group) {
+    settle();  // (Blocking did already, in the collectives above)
     ++stats.calls;
     return index_in(group);
   }

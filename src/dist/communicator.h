@@ -29,6 +29,8 @@ namespace loom::dist {
 struct CommStats {
   int64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, broadcast_bytes = 0;
   int64_t calls = 0;
+  double wait_seconds = 0;  // the caller's thread blocked in collectives (blocking calls and waits on started ones)
+  int64_t started = 0;      // collectives started in the background (start_*)
   int64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
 };
 
@@ -56,6 +58,45 @@ class Communicator {
   int index_in(const std::vector<int>& group) const;
 
   CommStats stats;
+
+  // ---- Started collectives, for overlapping communication with compute (docs/mesh.md) ----
+  // start_* hands the collective to this rank's communication thread (made on first use) and returns at
+  // once; wait() blocks until it is done and rethrows its error. Buffers must stay alive and untouched
+  // until then. Started collectives run one at a time in start order, through the blocking calls above,
+  // and every blocking collective first waits for all started ones: each rank still issues the same
+  // collectives in the same order, and the results are bitwise those of the blocking calls.
+  struct Work;
+  using Pending = std::shared_ptr<Work>;
+  Pending start_all_gather(const float* in, int64_t n, float* out, const std::vector<int>& group);
+  Pending start_reduce_scatter_sum(const float* in, int64_t n, float* out, const std::vector<int>& group);
+  Pending start_all_reduce_sum(float* data, int64_t n, const std::vector<int>& group);
+  void wait(const Pending& work);  // a null handle is done
+  void wait_all();                 // every started collective
+
+ protected:
+  // Opens every blocking collective of an implementation: waits for the started ones (unless it runs on
+  // the communication thread) and adds the time the caller spends to stats.wait_seconds.
+  class Blocking {
+   public:
+    explicit Blocking(Communicator& c);
+    ~Blocking();
+    Blocking(const Blocking&) = delete;
+    Blocking& operator=(const Blocking&) = delete;
+
+   private:
+    Communicator* c_;
+    std::chrono::steady_clock::time_point start_;
+  };
+  // Waits for the started collectives unless called on the communication thread. Blocking does it; the
+  // implementations' per-call helpers do it too, so a collective added without a Blocking stays ordered.
+  void settle();
+  void stop_communication_thread();  // implementations' destructors: started work then runs no more
+  bool run_started_inline_ = false;  // a transport that cannot take calls from a second thread
+
+ private:
+  struct Async;
+  Pending start(std::function<void()> collective);
+  std::shared_ptr<Async> async_;
 };
 
 // A communicator and one of its groups: what a collective op needs. size 1 makes every collective the

@@ -2,15 +2,78 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/optimizer.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "ops/collective.h"
+#include "ops/elementwise.h"
 #include "ops/matmul.h"
 
 namespace loom::dist {
+
+// What overlapping communication with compute needs to remember between layers and across a step
+// (docs/mesh.md, "What is overlapped"). One per rank; every rank takes the same decisions in the same
+// order, so they start the same collectives in the same order.
+struct OverlapState {
+  // An FSDP Linear as a pass meets it: the weight, and the bias its forward gathers with it.
+  struct Use {
+    const nn::Parameter* weight = nullptr;
+    const nn::Parameter* bias = nullptr;
+  };
+  // The order the forward (or the backward) pass gathers FSDP weights in, learned from the first pass:
+  // complete when a weight comes round again, when the pass after it begins, or at finish_gradients.
+  struct Order {
+    std::vector<Use> uses;
+    std::unordered_map<const nn::Parameter*, size_t> position;
+    bool learned = false;
+    void note(const Use& u) {
+      if (learned) return;
+      if (position.count(u.weight)) {
+        learned = true;
+        return;
+      }
+      position[u.weight] = uses.size();
+      uses.push_back(u);
+    }
+    void close() { learned = learned || !uses.empty(); }
+    const Use* after(const nn::Parameter* weight) const {
+      if (!learned) return nullptr;
+      auto it = position.find(weight);
+      return it == position.end() || it->second + 1 >= uses.size() ? nullptr : &uses[it->second + 1];
+    }
+  };
+  Order forward, backward;
+  // The gathers of the next Linear, started while the current one computes: at most one in flight, so
+  // at most two layers' weights are whole at a time.
+  struct Prefetch {
+    const nn::Parameter* weight = nullptr;
+    ops::StartedCollective w, b;
+  } prefetch;
+  // FSDP gradients being reduce-scattered, oldest first; each is added to its shard's .grad on completion
+  // (in start order, which is the order backward() would have added them in).
+  struct GradSum {
+    Tensor shard;
+    bool accumulate = true;
+    ops::StartedCollective sum;
+  };
+  std::deque<GradSum> grads;
+  // Data-axis all-reduces of the other gradients: the bucket being filled, and the started ones.
+  struct Bucket {
+    std::vector<nn::Parameter*> params;
+    int64_t bytes = 0;
+    Tensor flat;
+    Communicator::Pending work;
+  };
+  Bucket filling;
+  std::deque<Bucket> buckets;
+  std::unordered_set<const nn::Parameter*> bucketed;  // this step's, whose all-reduce has started
+};
+
 namespace {
 
 std::optional<MeshAxis> axis_of(const nn::Parameter& p, int dim) {
@@ -98,6 +161,105 @@ bool has_data_dim(const nn::Parameter& p) {
   }
   return false;
 }
+// The one dimension the spec splits over data, or -1 (none, or several: those take the blocking path).
+int data_dim(const nn::Parameter& p) {
+  int found = -1;
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (axis_of(p, d) == MeshAxis::Data) {
+      if (found >= 0) return -1;
+      found = d;
+    }
+  }
+  return found;
+}
+
+OverlapState* overlap_of(const RankContext& c) { return c.overlap ? c.overlap_state.get() : nullptr; }
+
+// `p` gathered over data, started in the background (its value as it is when nothing splits it).
+ops::StartedCollective start_gather(const nn::Parameter& p, const RankContext& c) {
+  const int d = data_dim(p);
+  if (d >= 0) return ops::start_all_gather_values(p.value, d, c.group(MeshAxis::Data));
+  Tensor whole = gather_data_values(p.value, p, c);  // nothing to gather (or several dims: at once)
+  return ops::StartedCollective([whole] { return whole; });
+}
+
+// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, the prefetched gathers
+// when they are this Linear's (else gathered now), and then the gathers of the Linear the pass meets
+// next start, to run while this one computes.
+std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Parameter* b, const RankContext& c,
+                                       bool backward_pass) {
+  OverlapState* s = overlap_of(c);
+  if (!s) return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
+  if (backward_pass) s->forward.close();  // the forward before this backward has ended
+  OverlapState::Order& order = backward_pass ? s->backward : s->forward;
+  order.note({&w, b});
+  OverlapState::Prefetch& pre = s->prefetch;
+  Tensor wf, bf;
+  if (pre.weight == &w) {
+    wf = pre.w.wait();
+    if (b) bf = pre.b.defined() ? pre.b.wait() : gather_data_values(b->value, *b, c);
+  }
+  pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
+  if (!wf.defined()) {
+    wf = gather_data_values(w.value, w, c);
+    if (b) bf = gather_data_values(b->value, *b, c);
+  }
+  if (const OverlapState::Use* next = order.after(&w)) {
+    pre.weight = next->weight;
+    pre.w = start_gather(*next->weight, c);
+    if (next->bias && !backward_pass) pre.b = start_gather(*next->bias, c);
+  }
+  return {wf, bf};
+}
+
+// A gradient of the whole `p` reduce-scattered onto its shard in the background (overlap on), added to
+// the shard's .grad by finish_gradients or when a later layer's sums start. Returns false when it must
+// take the blocking path (no single data dim).
+bool reduce_in_background(OverlapState& s, const Tensor& grad, const nn::Parameter& p, const Tensor& shard,
+                          bool accumulate, const RankContext& c) {
+  const int d = data_dim(p);
+  if (d < 0) return false;
+  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, c.group(MeshAxis::Data))});
+  return true;
+}
+
+void complete_grad_sum(OverlapState::GradSum& g) {
+  Tensor sum = g.sum.wait();
+  if (!g.accumulate) return;
+  Tensor current = g.shard.grad();
+  if (!current.defined()) {
+    g.shard.set_grad(sum);
+  } else {
+    ops::add_(current, sum);  // as backward() accumulates a leaf's gradients
+  }
+}
+
+// Started gradient sums before the newest `keep` are completed (by now they have had a layer's backward
+// to run), bounding the whole-size gradients alive.
+void complete_grad_sums(OverlapState& s, size_t keep) {
+  while (s.grads.size() > keep) {
+    complete_grad_sum(s.grads.front());
+    s.grads.pop_front();
+  }
+}
+
+void start_bucket(OverlapState& s, const RankContext& c) {
+  OverlapState::Bucket& b = s.filling;
+  if (b.params.empty()) return;
+  int64_t n = 0;
+  for (nn::Parameter* p : b.params) n += p->value.grad().numel();
+  b.flat = Tensor::empty({n});
+  float* dst = b.flat.data<float>();
+  for (nn::Parameter* p : b.params) {
+    const Tensor g = p->value.grad();
+    std::memcpy(dst, g.data<float>(), static_cast<size_t>(g.numel()) * sizeof(float));
+    dst += g.numel();
+    s.bucketed.insert(p);
+  }
+  b.work = c.comm->start_all_reduce_sum(b.flat.data<float>(), n, c.mesh.group(c.rank, MeshAxis::Data));
+  s.buckets.push_back(std::move(b));
+  s.filling = {};
+}
 
 // y = x W^T (+ b) with W (and b) split over data: W is gathered for the forward and freed when it
 // returns, gathered again in the backward and freed after it, so a whole weight lives only while its
@@ -108,8 +270,8 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
   Tensor y;
   {
     autograd::NoGradGuard no_grad;
-    y = ops::linear(x, gather_data_values(weight.value, weight, c),
-                    bias ? gather_data_values(bias->value, *bias, c) : Tensor(), ops::WeightLayout::OutIn, precision);
+    const auto [w_full, b_full] = gather_layer(weight, bias, c, /*backward_pass=*/false);  // freed on return
+    y = ops::linear(x, w_full, b_full, ops::WeightLayout::OutIn, precision);
   }
   const Tensor w_shard = weight.value;
   const nn::Parameter* w = &weight;
@@ -123,18 +285,27 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
     const Tensor dy2 = dy.view({M, out}), x2 = x.detach().view({M, in});
     TensorList grads(b ? 3 : 2);
     // The gather runs on every rank whatever needs_input_grad says: collectives must match up.
-    const Tensor w_full = gather_data_values(w_shard, *w, c);  // [out, in], freed on return
+    const Tensor w_full = gather_layer(*w, nullptr, c, /*backward_pass=*/true).first;  // [out, in], freed on return
     if (ctx.needs_input_grad(0)) grads[0] = ops::matmul(dy2, w_full).view(x.shape());       // dx = dy W
-    grads[1] = scatter_data_values(ops::matmul(dy2, x2, /*transpose_a=*/true), *w, c);      // dW = dy^T x
+    const Tensor dW = ops::matmul(dy2, x2, /*transpose_a=*/true);                           // dW = dy^T x
+    Tensor db;
     if (b) {
-      Tensor db = Tensor::zeros({out});
+      db = Tensor::zeros({out});
       const float* g = dy2.data<float>();
       float* acc = db.data<float>();
       for (int64_t r = 0; r < M; ++r) {
         for (int64_t j = 0; j < out; ++j) acc[j] += g[r * out + j];
       }
+    }
+    // With overlap, the sums onto the shards run while the layers before this one compute their
+    // backward; their results reach .grad in finish_gradients (the engine gets none here).
+    OverlapState* s = overlap_of(c);
+    const size_t before = s ? s->grads.size() : 0;
+    if (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c)) grads[1] = scatter_data_values(dW, *w, c);
+    if (b && (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
       grads[2] = scatter_data_values(db, *b, c);
     }
+    if (s) complete_grad_sums(*s, s->grads.size() - before);  // keep only this layer's in flight
     return grads;
   });
   return y;
@@ -191,6 +362,7 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
     p.value = local;
     p.dist = context;
   }
+  if (!context->overlap_state) context->overlap_state = std::make_shared<OverlapState>();
   return layout;
 }
 
@@ -239,16 +411,59 @@ Tensor local_batch(const Tensor& global, const RankContext& c) {
   return global.slice(c.coord(MeshAxis::Data) * n, n);
 }
 
+void backward(const Tensor& loss, const std::vector<nn::Parameter*>& params, const RankContext& c,
+              bool last_micro_batch) {
+  OverlapState* s = overlap_of(c);
+  if (!s || !last_micro_batch || c.mesh.data == 1) {
+    loss.backward();
+    return;
+  }
+  // The gradients finish_gradients would all-reduce: those the FSDP gathers do not reduce-scatter.
+  std::unordered_map<const TensorImpl*, nn::Parameter*> by_leaf;
+  for (nn::Parameter* p : params) {
+    if (!has_data_dim(*p)) by_leaf[p->value.impl()] = p;
+  }
+  autograd::LeafGradHook hook([&](TensorImpl* leaf) {
+    auto it = by_leaf.find(leaf);
+    if (it == by_leaf.end()) return;
+    nn::Parameter* p = it->second;
+    const Tensor g = p->value.grad();
+    if (!g.defined() || g.dtype() != DType::F32 || s->bucketed.count(p)) return;  // finish_gradients takes it
+    s->filling.params.push_back(p);
+    s->filling.bytes += static_cast<int64_t>(g.nbytes());
+    if (s->filling.bytes >= c.bucket_bytes) start_bucket(*s, c);
+  });
+  loss.backward();
+}
+
 void finish_gradients(const std::vector<nn::Parameter*>& params, const RankContext& c) {
+  if (OverlapState* s = overlap_of(c)) {
+    complete_grad_sums(*s, 0);
+    s->prefetch = {};
+    s->forward.close();
+    s->backward.close();
+    start_bucket(*s, c);  // what is left of the last one
+    for (OverlapState::Bucket& b : s->buckets) {
+      c.comm->wait(b.work);
+      const float* src = b.flat.data<float>();
+      for (nn::Parameter* p : b.params) {
+        Tensor g = p->value.grad();
+        std::memcpy(g.data<float>(), src, static_cast<size_t>(g.numel()) * sizeof(float));
+        src += g.numel();
+      }
+    }
+    s->buckets.clear();
+  }
+  std::unordered_set<const nn::Parameter*> bucketed;
+  if (OverlapState* s = overlap_of(c)) bucketed.swap(s->bucketed);
   if (c.mesh.data == 1) return;
   const Group data = c.group(MeshAxis::Data);
   const float inv = 1.0f / static_cast<float>(c.mesh.data);
   for (nn::Parameter* p : params) {
     Tensor g = p->value.grad();
     if (!g.defined()) continue;
-    bool reduced = false;  // a data-split parameter's gather already reduce-scattered its gradient
-    for (const auto& a : p->spec.dims) reduced = reduced || a == MeshAxis::Data;
-    if (!reduced) c.comm->all_reduce_sum(g.data<float>(), g.numel(), data.ranks);
+    // A data-split parameter's gather already reduce-scattered its gradient; a bucket all-reduced others.
+    if (!has_data_dim(*p) && !bucketed.count(p)) c.comm->all_reduce_sum(g.data<float>(), g.numel(), data.ranks);
     cpu::scale_forward(g.data<float>(), g.data<float>(), inv, g.numel());
   }
 }

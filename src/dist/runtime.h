@@ -17,6 +17,10 @@
 //     by data, so every shard holds its block of the single-process gradient.
 //   * The optimizer is built on the sharded parameters, so its moments are sharded the same way; the
 //     gradient norm for clipping sums each block once over the whole mesh (global_grad_norm).
+//   * With RankContext::overlap (the default), communication runs beside compute: FSDP gathers the next
+//     Linear's weight while the current one computes and reduce-scatters gradients in the background,
+//     and backward() starts the data-axis all-reduces in buckets as gradients become final; every
+//     result is bitwise the same as with it off.
 #pragma once
 
 #include <memory>
@@ -30,12 +34,22 @@
 
 namespace loom::dist {
 
+struct OverlapState;  // runtime.cpp
+
 // What one rank knows about the run.
 struct RankContext {
   Mesh mesh;
   ParallelMode mode = ParallelMode::Dp;
   Communicator* comm = nullptr;
   int rank = 0;
+  // Overlap communication with compute (docs/mesh.md, "What is overlapped"): FSDP gathers the next
+  // layer's weight while this one computes and reduce-scatters gradients in the background; the data
+  // axis all-reduces gradients in buckets during backward (dist::backward). Off: every collective is
+  // waited on where it is issued. The results are bitwise the same either way.
+  bool overlap = true;
+  int64_t bucket_bytes = int64_t{256} << 10;  // a gradient all-reduce starts when this much is final
+  // The runtime's state for it (prefetched weights, gradient collectives in flight); made by shard_model.
+  mutable std::shared_ptr<OverlapState> overlap_state;
 
   int64_t coord(MeshAxis axis) const { return mesh.coord(rank, axis); }
   Group group(MeshAxis axis) const { return {comm, mesh.group(rank, axis)}; }
@@ -56,7 +70,15 @@ Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Pa
 // This rank's rows of a global [B, ...] batch tensor: rows [d*B/data, (d+1)*B/data) when the mode
 // splits the batch, else all of it.
 Tensor local_batch(const Tensor& global, const RankContext& context);
-// After backward(): completes every parameter's gradient to its block of the global gradient.
+// loss.backward() on a sharded model. When it is the step's last (or only) micro-batch and overlap is on,
+// the data-axis all-reduce of each gradient that needs one starts, in buckets of bucket_bytes, as soon as
+// backward has made the gradient final; finish_gradients waits for them. Earlier micro-batches only
+// accumulate (an all-reduce of part of a sum would round differently).
+void backward(const Tensor& loss, const std::vector<nn::Parameter*>& params, const RankContext& context,
+              bool last_micro_batch = true);
+// After backward(): completes every parameter's gradient to its block of the global gradient (waiting
+// for the gradient collectives started in the background first: with overlap, an FSDP weight's gradient
+// is in its .grad only from here on).
 void finish_gradients(const std::vector<nn::Parameter*>& params, const RankContext& context);
 // The loss of the global batch from this rank's loss (mean over data ranks).
 double global_loss(double local_loss, const RankContext& context);

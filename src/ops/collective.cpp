@@ -89,6 +89,88 @@ Tensor reduce_scatter_values(const Tensor& x, int dim, const dist::Group& group)
   return out;
 }
 
+Tensor StartedCollective::wait() {
+  LOOM_ASSERT(finish_, "StartedCollective::wait: nothing started, or already waited for");
+  auto f = std::move(finish_);
+  finish_ = nullptr;
+  return f();  // f and the buffers it holds go when this returns
+}
+
+StartedCollective& StartedCollective::operator=(StartedCollective&& other) {
+  if (this != &other) {
+    if (finish_) wait();
+    finish_ = std::move(other.finish_);
+    other.finish_ = nullptr;
+  }
+  return *this;
+}
+
+StartedCollective::~StartedCollective() {
+  if (!finish_) return;
+  try {
+    wait();
+  } catch (...) {  // the world failed: whoever waits next reports it
+  }
+}
+
+StartedCollective start_all_gather_values(const Tensor& x, int dim, const dist::Group& group) {
+  dim = checked_dim(x, dim, "all_gather");
+  const int64_t g = group.size();
+  Tensor local = x.detach();
+  if (g == 1) return StartedCollective([local] { return local; });
+  const Split p = split_at(x.shape(), dim);
+  const int64_t row = p.length * p.inner;
+  const Shape shape = with_dim(x.shape(), dim, p.length * g);
+  // [g, outer, row]: when outer is 1 (dim 0) that is already the result's layout, so no second copy.
+  Tensor raw = Tensor::empty(p.outer == 1 ? shape : Shape{g * x.numel()});
+  dist::Communicator* comm = group.comm;
+  auto work = comm->start_all_gather(local.data<float>(), x.numel(), raw.data<float>(), group.ranks);
+  return StartedCollective([comm, work, local, raw, shape, p, g, row] {
+    comm->wait(work);
+    if (p.outer == 1) return raw;
+    Tensor out = Tensor::empty(shape);  // [outer, g, row]
+    float* dst = out.data<float>();
+    const float* src = raw.data<float>();
+    for (int64_t r = 0; r < g; ++r) {
+      for (int64_t o = 0; o < p.outer; ++o) {
+        std::memcpy(dst + (o * g + r) * row, src + (r * p.outer + o) * row, static_cast<size_t>(row) * sizeof(float));
+      }
+    }
+    return out;
+  });
+}
+
+StartedCollective start_reduce_scatter_values(const Tensor& x, int dim, const dist::Group& group) {
+  dim = checked_dim(x, dim, "reduce_scatter");
+  const int64_t g = group.size();
+  if (g == 1) {
+    Tensor copy = x.detach().clone();
+    return StartedCollective([copy] { return copy; });
+  }
+  const Split p = split_at(x.shape(), dim);
+  LOOM_CHECK(p.length % g == 0, "reduce_scatter: dimension ", dim, " of ", x.describe(), " does not divide by the group's ",
+             g, " members");
+  const int64_t n = p.length / g, row = n * p.inner, block = p.outer * row;
+  Tensor packed = x.detach();  // [g, outer, row]: x itself when outer is 1
+  if (p.outer != 1) {
+    packed = Tensor::empty({x.numel()});
+    const float* src = x.data<float>();
+    float* dst = packed.data<float>();
+    for (int64_t r = 0; r < g; ++r) {
+      for (int64_t o = 0; o < p.outer; ++o) {
+        std::memcpy(dst + r * block + o * row, src + (o * g + r) * row, static_cast<size_t>(row) * sizeof(float));
+      }
+    }
+  }
+  Tensor out = Tensor::empty(with_dim(x.shape(), dim, n));
+  dist::Communicator* comm = group.comm;
+  auto work = comm->start_reduce_scatter_sum(packed.data<float>(), block, out.data<float>(), group.ranks);
+  return StartedCollective([comm, work, packed, out] {
+    comm->wait(work);
+    return out;
+  });
+}
+
 namespace {
 Tensor all_reduce_values(const Tensor& x, const dist::Group& group) {
   Tensor out = x.detach().clone();

@@ -17,6 +17,8 @@
 // Legend: x is any contiguous f32 tensor; g the group size; dim splits into g equal blocks.
 #pragma once
 
+#include <functional>
+
 #include "core/tensor.h"
 #include "dist/communicator.h"
 
@@ -33,5 +35,28 @@ Tensor split_replicated(const Tensor& x, int dim, const dist::Group& group);    
 Tensor all_gather_values(const Tensor& x, int dim, const dist::Group& group);
 Tensor reduce_scatter_values(const Tensor& x, int dim, const dist::Group& group);
 Tensor block_of(const Tensor& x, int dim, int64_t index, int64_t blocks);  // block `index` of `blocks` along dim
+
+// all_gather_values and reduce_scatter_values in two halves, to overlap the collective with compute:
+// start_* hands it to the communicator's thread (dist::Communicator::start_*) and returns; wait() gives
+// the same result as the one-call version. x (and its memory) must not change until then; the staging
+// buffers are freed when wait() returns.
+class StartedCollective {
+ public:
+  StartedCollective() = default;
+  explicit StartedCollective(std::function<Tensor()> finish) : finish_(std::move(finish)) {}
+  StartedCollective(StartedCollective&&) = default;
+  StartedCollective& operator=(StartedCollective&& other);
+  StartedCollective(const StartedCollective&) = delete;
+  StartedCollective& operator=(const StartedCollective&) = delete;
+  ~StartedCollective();  // waits if nobody did: the communication thread may still write the buffers
+
+  bool defined() const { return static_cast<bool>(finish_); }
+  Tensor wait();  // once
+
+ private:
+  std::function<Tensor()> finish_;
+};
+StartedCollective start_all_gather_values(const Tensor& x, int dim, const dist::Group& group);
+StartedCollective start_reduce_scatter_values(const Tensor& x, int dim, const dist::Group& group);
 
 }  // namespace loom::ops

@@ -141,7 +141,12 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       Tensor loss = model_->loss(local(batch.inputs), local(batch.targets), train_context(micro));
       loss_sum += global(loss.item());
       // Mean over micro-batches: each contributes 1/accum of the gradient.
-      (tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss).backward();
+      const Tensor scaled = tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss;
+      if (dist_) {
+        dist::backward(scaled, params, *dist_, micro + 1 == tc.grad_accum_steps);  // may start gradient all-reduces
+      } else {
+        scaled.backward();
+      }
     }
     if (micro < tc.grad_accum_steps) {
       data_->train.restore(loader_at_step_start);

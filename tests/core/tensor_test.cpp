@@ -74,6 +74,31 @@ TEST(Autograd, NoGradGuardRecordsNothing) {
   EXPECT_THROW(y.backward(), Error);
 }
 
+TEST(Autograd, LeafGradHookFiresOnceWhenTheGradientIsFinal) {
+  // a feeds two ops (its gradient arrives twice), b one, c none (no grad): the hook sees each leaf that
+  // needs a gradient once, after its last contribution, with .grad then already final.
+  Tensor a = Tensor::from_vector<float>({2}, {1, 2}), b = Tensor::from_vector<float>({2}, {3, 4});
+  Tensor c = Tensor::from_vector<float>({2}, {5, 6});
+  a.set_requires_grad();
+  b.set_requires_grad();
+  std::vector<std::pair<TensorImpl*, std::vector<float>>> seen;
+  {
+    autograd::LeafGradHook hook([&](TensorImpl* leaf) { seen.push_back({leaf, leaf->grad.to_vector<float>()}); });
+    ops::sum(ops::add(ops::mul(a, b), ops::mul(a, c))).backward();  // d/da = b + c, d/db = a
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[0].first, seen[1].first);
+  for (const auto& [leaf, grad] : seen) {
+    if (leaf == a.impl()) EXPECT_EQ(grad, (std::vector<float>{8, 10}));
+    else if (leaf == b.impl()) EXPECT_EQ(grad, (std::vector<float>{1, 2}));
+    else ADD_FAILURE() << "the hook saw a leaf that needs no gradient";
+  }
+  // Out of scope, no hook: backward() runs as before.
+  seen.clear();
+  ops::sum(a).backward();
+  EXPECT_TRUE(seen.empty());
+}
+
 TEST(Rng, CounterBasedIndependentOfSplitting) {
   RngKey key = RngKey::from_seed(42).fold_in("layers.0.attn.q_proj.weight");
   std::vector<float> whole(1000), half(500);

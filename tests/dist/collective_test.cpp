@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "core/autograd.h"
@@ -98,6 +99,90 @@ TEST(InProcess, AMissingRankTimesOut) {
   t.join();
   EXPECT_TRUE(threw);
   EXPECT_NE(message.find("all_reduce timed out after 200 ms"), std::string::npos) << message;
+}
+
+// Started collectives (Communicator::start_*) give the blocking calls' bits, in start order, while the
+// caller goes on; a blocking collective issued meanwhile waits for them and cannot overtake them.
+TEST(InProcess, StartedCollectivesEqualTheBlockingOnesAndKeepTheirOrder) {
+  constexpr int64_t n = 37;  // values of different magnitudes: a sum in another order would round differently
+  auto value = [](int r, int64_t i) { return std::ldexp(1.0f + 0.013f * static_cast<float>(i), 3 * r - 6) / 3.0f; };
+  dist::run_in_process(4, [&](int r, dist::Communicator& c) {
+    const auto data_group = dist::Mesh{2, 2}.group(r, dist::MeshAxis::Data);
+    std::vector<float> mine(n), gathered(4 * n), big(4 * n), scattered(n), reduced(n), sub(n);
+    for (int64_t i = 0; i < n; ++i) mine[i] = value(r, i);
+    for (int64_t i = 0; i < 4 * n; ++i) big[i] = value(r, i);
+    reduced = mine;
+    sub = mine;
+    auto g = c.start_all_gather(mine.data(), n, gathered.data(), c.world());
+    auto s = c.start_reduce_scatter_sum(big.data(), n, scattered.data(), c.world());
+    auto a = c.start_all_reduce_sum(reduced.data(), n, c.world());
+    auto d = c.start_all_reduce_sum(sub.data(), n, data_group);
+    double flag = 1;  // blocking, issued while the four may still run: it must come after them
+    c.all_reduce_sum(&flag, 1, c.world());
+    EXPECT_EQ(flag, 4.0);
+    c.wait(a);  // in any order
+    c.wait(g);
+    c.wait(s);
+    c.wait(d);
+    // Blocking equivalents, and sums in group order by hand.
+    std::vector<float> gathered2(4 * n), scattered2(n), reduced2 = mine;
+    c.all_gather(mine.data(), n, gathered2.data(), c.world());
+    c.reduce_scatter_sum(big.data(), n, scattered2.data(), c.world());
+    c.all_reduce_sum(reduced2.data(), n, c.world());
+    EXPECT_EQ(gathered, gathered2);
+    EXPECT_EQ(scattered, scattered2);
+    EXPECT_EQ(reduced, reduced2);
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = 0, block = 0, pair = 0;
+      for (int m = 0; m < 4; ++m) {
+        sum += value(m, i);
+        block += value(m, r * n + i);
+      }
+      for (int m : data_group) pair += value(m, i);
+      ASSERT_EQ(reduced[i], sum) << i;
+      ASSERT_EQ(scattered[i], block) << i;
+      ASSERT_EQ(sub[i], pair) << i;
+      ASSERT_EQ(gathered[2 * n + i], value(2, i)) << i;
+    }
+    EXPECT_EQ(c.stats.started, 4);
+    EXPECT_GE(c.stats.wait_seconds, 0.0);
+    c.wait_all();
+    c.wait(nullptr);  // a null handle is done
+  });
+}
+
+TEST(InProcess, AStartedCollectiveReportsAFailedRank) {
+  try {
+    dist::run_in_process(3, [](int r, dist::Communicator& c) {
+      if (r == 2) throw Error("disk full");
+      std::vector<float> x(4, 1.0f);
+      auto w = c.start_all_reduce_sum(x.data(), 4, c.world());  // rank 2 never joins
+      c.wait(w);
+    });
+    FAIL() << "expected the failure to propagate";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disk full"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CollectiveOps, StartedGatherAndScatterEqualTheOneCallVersions) {
+  dist::run_in_process(2, [](int r, dist::Communicator& c) {
+    const dist::Group g = whole(c);
+    Tensor x = Tensor::from_vector<float>({2, 3}, values_of(r, 6, 0.1f));
+    Tensor y = Tensor::from_vector<float>({4, 6}, values_of(r, 24, 0.3f));
+    for (int dim : {0, 1}) {
+      auto started = ops::start_all_gather_values(x, dim, g);
+      auto scattering = ops::start_reduce_scatter_values(y, dim, g);
+      Tensor gathered = started.wait(), scattered = scattering.wait();
+      EXPECT_FALSE(started.defined());
+      EXPECT_EQ(gathered.shape(), ops::all_gather_values(x, dim, g).shape());
+      EXPECT_EQ(gathered.to_vector<float>(), ops::all_gather_values(x, dim, g).to_vector<float>()) << dim;
+      EXPECT_EQ(scattered.to_vector<float>(), ops::reduce_scatter_values(y, dim, g).to_vector<float>()) << dim;
+    }
+    // One nobody waits for is waited for when it goes (its buffers outlive the collective).
+    { auto dropped = ops::start_all_gather_values(x, 1, g); }
+    c.barrier(c.world());
+  });
 }
 
 // Each op on 2 ranks of a [2, 3] tensor along dim 1, with loss_r = sum(c_r * out_r), c_r = r + 1: the

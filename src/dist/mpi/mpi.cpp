@@ -34,8 +34,13 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(std::chrono::milliseconds timeout) : timeout_(timeout) {
     LOOM_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     LOOM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    // Started collectives run on a second thread (never at the same time as this one's calls).
+    int level = MPI_THREAD_SINGLE;
+    LOOM_MPI(MPI_Query_thread(&level));
+    run_started_inline_ = level < MPI_THREAD_SERIALIZED;
   }
   ~MpiCommunicator() override {
+    stop_communication_thread();
     for (auto& [ranks, comm] : comms_) {
       if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
     }
@@ -45,17 +50,20 @@ class MpiCommunicator final : public Communicator {
   std::string kind() const override { return "mpi"; }
 
   void all_reduce_sum(float* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
     if (group.size() > 1) reduce(data, n, MPI_FLOAT, group);
     stats.all_reduce_bytes += n * 4;
     ++stats.calls;
   }
   void all_reduce_sum(double* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
     if (group.size() > 1) reduce(data, n, MPI_DOUBLE, group);
     stats.all_reduce_bytes += n * 8;
     ++stats.calls;
   }
 
   void all_gather(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
     MPI_Request req;
     LOOM_MPI(MPI_Iallgather(in, count(n), MPI_FLOAT, out, count(n), MPI_FLOAT, comm(group), &req));
     wait(req, "all_gather", group);
@@ -64,6 +72,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter_sum(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
     // As a sum of the members' blocks in group order: an all-to-all, then a local sum, so every
     // member's block is added in the same order as in the in-process communicator.
     const int g = static_cast<int>(group.size());
@@ -81,6 +90,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(float* data, int64_t n, int root, const std::vector<int>& group) override {
+    Blocking guard(*this);
     auto it = std::find(group.begin(), group.end(), root);
     LOOM_ASSERT(it != group.end(), "broadcast root ", root, " is not in the group");
     MPI_Request req;
@@ -91,6 +101,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier(const std::vector<int>& group) override {
+    Blocking guard(*this);
     MPI_Request req;
     LOOM_MPI(MPI_Ibarrier(comm(group), &req));
     wait(req, "barrier", group);
@@ -127,6 +138,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm(const std::vector<int>& group) {
+    settle();  // (Blocking did already, in the collectives above)
     auto it = comms_.find(group);
     if (it != comms_.end()) return it->second;
     LOOM_ASSERT(std::find(group.begin(), group.end(), rank_) != group.end(), "rank ", rank_, " is not in group ",
@@ -173,7 +185,8 @@ struct MpiSession {
   MpiSession() {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) LOOM_MPI(MPI_Init(nullptr, nullptr));
+    int provided = MPI_THREAD_SINGLE;  // SERIALIZED: the communication thread of started collectives
+    if (!initialized) LOOM_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   ~MpiSession() {

@@ -239,6 +239,12 @@ void TrainConfig::validate() const {
                              ? mj["num_kv_heads"].get<int64_t>() : heads;
       dist::validate_model_for_mesh(heads, kv, mesh, mode);
     }
+    if (mj.contains("n_routed") && mj["n_routed"].is_number_integer()) {
+      dist::validate_experts_for_mesh(mj["n_routed"].get<int64_t>(), mesh, mode);
+    } else {
+      LOOM_CHECK(!dist::is_expert_mode(mode), "parallel mode ", parallel.mode,
+                 " splits routed experts, but the model (", mj.value("arch", std::string("?")), ") has none");
+    }
   } catch (const Error& e) {
     throw Error(std::string("config: parallel: ") + e.what());
   }

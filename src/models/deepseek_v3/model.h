@@ -131,6 +131,8 @@ class DeepSeekV3 : public models::LanguageModel {
 
  private:
   Tensor positions(int64_t start, int64_t t) const;
+  // The mesh this model is sharded over (dist::shard_model), or null for one process.
+  const dist::RankContext* rank_context() const;
   // What training forward passes measured (loss() with ctx.training), for the hooks above.
   void record_training(const Losses& l) const;
   mutable std::mutex training_mutex_;

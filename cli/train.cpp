@@ -116,7 +116,8 @@ std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& c
     cfg.training.threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / per_node);
   }
   return std::make_shared<loom::dist::RankContext>(loom::dist::RankContext{
-      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank()});
+      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank(),
+      cfg.parallel.max_expert_rows});
 }
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
@@ -128,9 +129,9 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
   cmd.add_option("--mesh", args.mesh,
-                 "device mesh, e.g. data=4,tensor=2 (config key parallel.mesh); its size must equal the number of "
+                 "device mesh, e.g. data=4,tensor=2 or data=2,expert=2 (config key parallel.mesh); its size must equal the number of "
                  "ranks mpirun/srun started (docs/mesh.md)");
-  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp or fsdp_tp (config key parallel.mode)");
+  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp, fsdp_tp, dp_ep or fsdp_ep (config key parallel.mode)");
   cmd.add_option("--max-memory", args.max_memory,
                  "memory the run may use, e.g. 8G (default: MemAvailable); a config estimated above it is refused");
   auto* resume_opt = cmd.add_flag("--resume", args.resume,

@@ -309,8 +309,7 @@ void DeepSeekV3::begin_training_step() {
 }
 
 const dist::RankContext* DeepSeekV3::rank_context() const {
-  for (MoE* m : moe_layers()) return m->router.weight.dist.get();
-  return nullptr;
+  return token_embeddings.weight.dist.get();  // shard_model points every parameter at the same context
 }
 
 void DeepSeekV3::end_training_step(bool applied) {

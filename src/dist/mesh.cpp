@@ -148,14 +148,14 @@ std::vector<int> Mesh::group(int64_t rank, const std::vector<MeshAxis>& axes) co
 void validate_mesh_for_mode(const Mesh& mesh, ParallelMode mode) {
   LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1 && mesh.expert >= 1, "mesh ", mesh.str(), ": axis sizes must be positive");
   const char* name = parallel_mode_name(mode);
-  if (is_expert_mode(mode)) {
-    LOOM_CHECK(mesh.tensor == 1 && mesh.expert > 1, "parallel mode ", name, " needs tensor=1 and expert > 1, but the mesh is ",
-               mesh.str(), " (e.g. --mesh data=2,expert=4)");
-    return;
-  }
-  LOOM_CHECK(mesh.expert == 1, "parallel mode ", name, " needs expert=1, but the mesh is ", mesh.str(),
-             " (the expert axis is used by dp_ep and fsdp_ep)");
+  LOOM_CHECK(is_expert_mode(mode) || mesh.expert == 1, "parallel mode ", name, " needs expert=1, but the mesh is ",
+             mesh.str(), " (the expert axis is used by dp_ep and fsdp_ep)");
   switch (mode) {
+    case ParallelMode::DpEp:
+    case ParallelMode::FsdpEp:
+      LOOM_CHECK(mesh.tensor == 1 && mesh.expert > 1, "parallel mode ", name,
+                 " needs tensor=1 and expert > 1, but the mesh is ", mesh.str(), " (e.g. --mesh data=2,expert=4)");
+      break;
     case ParallelMode::Dp:
     case ParallelMode::Fsdp:
       LOOM_CHECK(mesh.tensor == 1, "parallel mode ", name, " needs tensor=1, but the mesh is ", mesh.str(),

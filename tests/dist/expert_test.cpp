@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "core/parallel.h"
 #include "dist/runtime.h"
@@ -138,8 +139,15 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, int64_t* 
     auto model = build(skew);
     auto layout = dist::shard_model(*model, ctx);
     train::AdamW opt(model->parameters(), adamw());
+    // Under the expert modes each rank holds n_routed / expert experts, and so does its AdamW state.
+    const nn::Parameter& w1 = model->parameter("layers.1.moe.experts.w1");
+    EXPECT_EQ(w1.value.size(0), dist::is_expert_mode(mode) ? 4 / mesh.expert : 4);
     TrainRun mine;
     for (int s = 0; s < kSteps; ++s) one_step(*model, s, ctx.get(), opt, layout, mine, true);
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i]->name == w1.name) EXPECT_EQ(opt.exp_avg(i).shape(), w1.value.shape());
+    }
     rank_biases[static_cast<size_t>(rank)] = mine.biases;
     for (nn::Parameter* p : model->parameters()) {
       Tensor whole = dist::gather_whole(p->value, *p, *ctx);
@@ -297,4 +305,43 @@ TEST(ExpertMesh, AxisLayoutAndValidation) {
   EXPECT_EQ(dist::spec_for(nn::ParamGroup::ExpertIn, ParallelMode::FsdpEp, 3).str(), "(expert, None, data)");
   EXPECT_EQ(dist::spec_for(nn::ParamGroup::ExpertOut, ParallelMode::FsdpTp, 3).str(), "(None, data, tensor)");
   EXPECT_EQ(dist::spec_for(nn::ParamGroup::DenseInWhole, ParallelMode::Tp, 2).str(), "(None, None)");
+}
+
+// docs/mesh.md's DeepSeek-V3 table, parameter by parameter, as shard_model assigns it.
+TEST(ExpertMesh, DeepSeekSpecsFollowTheTable) {
+  const std::vector<std::tuple<std::string, ParallelMode, Mesh, std::string>> cases = {
+      {"layers.0.attn.wq_a.weight", ParallelMode::Tp, {1, 2, 1}, "(None, None)"},
+      {"layers.0.attn.wkv_a.weight", ParallelMode::FsdpTp, {2, 2, 1}, "(None, data)"},
+      {"layers.0.attn.wq_b.weight", ParallelMode::Tp, {1, 2, 1}, "(tensor, None)"},
+      {"layers.0.attn.wkv_b.weight", ParallelMode::FsdpTp, {2, 2, 1}, "(tensor, data)"},
+      {"layers.0.attn.wo.weight", ParallelMode::Tp, {1, 2, 1}, "(None, tensor)"},
+      {"layers.0.attn.q_norm.weight", ParallelMode::FsdpTp, {2, 2, 1}, "(None)"},
+      {"layers.1.moe.router.weight", ParallelMode::Tp, {1, 2, 1}, "(None, None)"},
+      {"layers.1.moe.shared.w1.weight", ParallelMode::Tp, {1, 2, 1}, "(tensor, None)"},
+      {"layers.1.moe.shared.w2.weight", ParallelMode::Fsdp, {2, 1, 1}, "(data, None)"},
+      {"layers.1.moe.experts.w1", ParallelMode::Tp, {1, 2, 1}, "(None, tensor, None)"},
+      {"layers.1.moe.experts.w2", ParallelMode::FsdpTp, {2, 2, 1}, "(None, data, tensor)"},
+      {"layers.1.moe.experts.w3", ParallelMode::DpEp, {1, 1, 2}, "(expert, None, None)"},
+      {"layers.1.moe.experts.w2", ParallelMode::FsdpEp, {2, 1, 2}, "(expert, data, None)"},
+      {"layers.1.moe.router.weight", ParallelMode::DpEp, {1, 1, 2}, "(None, None)"},
+      {"mtp.0.proj.weight", ParallelMode::Tp, {1, 2, 1}, "(None, None)"},
+      {"lm_head.weight", ParallelMode::Tp, {1, 2, 1}, "(None, tensor)"},
+  };
+  for (const auto& [name, mode, mesh, spec] : cases) {
+    deepseek_v3::DeepSeekV3 model(tiny(), 1);
+    std::vector<nn::Parameter*> params = model.parameters();
+    const auto layout = dist::plan_layout(dist::param_infos(params), mesh, mode);
+    bool found = false;
+    for (const dist::TensorLayout& l : layout) {
+      if (l.name != name) continue;
+      found = true;
+      EXPECT_EQ(l.spec.str(), spec) << name << " under " << dist::parallel_mode_name(mode);
+    }
+    EXPECT_TRUE(found) << name;
+  }
+  // State is not a parameter: the biases are never in the layout.
+  deepseek_v3::DeepSeekV3 model(tiny(), 1);
+  for (const dist::TensorLayout& l : dist::plan_layout(dist::param_infos(model.parameters()), {1, 1, 2}, ParallelMode::DpEp)) {
+    EXPECT_EQ(l.name.find(".moe.bias"), std::string::npos);
+  }
 }

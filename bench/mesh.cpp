@@ -4,15 +4,22 @@
 //   loom_bench_mesh [--threads N]                                  one process, the baseline
 //   mpirun -np 2 loom_bench_mesh --mode dp --mesh data=2           one line per run
 //   mpirun -np 2 loom_bench_mesh --mode dp --mesh data=2 --no-overlap   every collective waited on at once
+//   mpirun -np 2 loom_bench_mesh --model dsv3-mini --mode dp_ep --mesh expert=2 --batch 4 --steps 5
 //
 // With a mesh it also reports the time rank 0's compute thread spent blocked in collectives per step
 // (CommStats::wait_seconds: blocking calls, and waits on collectives started in the background), the
 // number that overlapping communication with compute brings down.
 //
+// --model dsv3-mini trains the dsv3-mini preset's DeepSeek-V3 (36.2M parameters; T 256) instead, with the
+// aux-loss-free bias updates on; it reports the all-to-all bytes and the parameter and AdamW bytes per
+// rank too (no theory column: the all-to-all's volume depends on the routing).
+//
 // The model is the tiny preset's Llama (vocab 512, T 64, d 64, 2 layers, 4 heads, d_ff 192), batch 16,
 // f32, AdamW with clipping, synthetic batches. Bytes are payloads as CommStats counts them (an all-reduce
 // of n floats counts 4n; an all-gather counts this rank's 4n input; a reduce-scatter its whole 4gn input),
 // not wire bytes (a ring all-reduce puts about 2(g-1)/g of its payload on the wire per rank).
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,12 +30,21 @@
 #include "core/parallel.h"
 #include "dist/mpi.h"
 #include "dist/runtime.h"
+#include "models/deepseek_v3/model.h"
 #include "models/llama/model.h"
 #include "train/optimizer.h"
 
 using namespace loom;
 
 namespace {
+
+// This process's CPU seconds (user + system): the work a rank did, which other jobs on a shared machine
+// do not inflate the way they inflate wall time (a rank waiting on a peer sleeps).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 llama::Config tiny() {
   llama::Config c;
@@ -40,10 +56,11 @@ llama::Config tiny() {
   c.d_ff = 192;
   return c;
 }
-constexpr int64_t kBatch = 16;
+int64_t kBatch = 16;  // --batch
+int64_t kSeq = 64, kVocab = 512;
 
 std::pair<Tensor, Tensor> batch_of(int step) {
-  const int64_t T = tiny().context_length, V = tiny().vocab_size;
+  const int64_t T = kSeq, V = kVocab;
   std::vector<int32_t> ids(static_cast<size_t>(kBatch * T)), targets(ids.size());
   uint32_t h = 2166136261u ^ static_cast<uint32_t>(step);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -79,6 +96,9 @@ double theory_bytes(dist::ParallelMode mode, const dist::Mesh& mesh) {
       bytes = 4 * (L * 7 * tokens * C) + 4 * (2 * V * C / t) + 4 * (2 * dense / (d * t) + dense / t) +
               4 * (2 * V * C / t + L * 2 * C + C);
       break;
+    case dist::ParallelMode::DpEp:
+    case dist::ParallelMode::FsdpEp:
+      return 0;  // the Llama has no experts
   }
   return bytes + scalars - (mode == dist::ParallelMode::Tp ? 8 : 0);  // tp has no data axis: no loss all-reduce
 }
@@ -86,13 +106,15 @@ double theory_bytes(dist::ParallelMode mode, const dist::Mesh& mesh) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode_name, mesh_text;
+  std::string mode_name, mesh_text, model_name = "tiny-llama";
   int threads = 1, steps = 30;
   bool overlap = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--no-overlap")) overlap = false;
   }
   for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--model")) model_name = argv[i + 1];
+    if (!std::strcmp(argv[i], "--batch")) kBatch = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mode")) mode_name = argv[i + 1];
     if (!std::strcmp(argv[i], "--mesh")) mesh_text = argv[i + 1];
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
@@ -107,7 +129,16 @@ int main(int argc, char** argv) {
                                                                 dist::parallel_mode_from_name(mode_name), comm.get(),
                                                                 comm->rank(), overlap});
   }
-  auto model = std::make_unique<llama::TransformerLM>(tiny(), 1);
+  const bool moe = model_name == "dsv3-mini";
+  std::unique_ptr<models::LanguageModel> model;
+  if (moe) {
+    const deepseek_v3::Config c;  // the defaults are the dsv3-mini preset's model
+    kSeq = c.context_length;
+    kVocab = c.vocab_size;
+    model = std::make_unique<deepseek_v3::DeepSeekV3>(c, 1);
+  } else {
+    model = std::make_unique<llama::TransformerLM>(tiny(), 1);
+  }
   std::vector<dist::TensorLayout> layout;
   if (ctx) layout = dist::shard_model(*model, ctx);
   auto params = model->parameters();
@@ -115,9 +146,12 @@ int main(int argc, char** argv) {
   for (nn::Parameter* p : params) param_bytes += static_cast<int64_t>(p->value.nbytes());
   train::AdamW opt(params, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
   auto step = [&](int s) {
+    model->begin_training_step();
     opt.zero_grad();
     auto [ids, targets] = batch_of(s);
-    Tensor loss = ctx ? model->loss(dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx)) : model->loss(ids, targets);
+    const models::ForwardContext train_ctx = models::ForwardContext::train(RngKey::from_seed(1));
+    Tensor loss = ctx ? model->loss(dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx), train_ctx)
+                      : model->loss(ids, targets, train_ctx);
     if (ctx) {
       dist::global_loss(loss.item(), *ctx);
       double stop = 0;  // the trainer's per-step stop agreement
@@ -132,25 +166,43 @@ int main(int argc, char** argv) {
       train::clip_grad_norm(train::gradients_of(params), 1.0);
     }
     opt.step();
+    model->end_training_step(true);
+    model->take_training_metrics();
   };
   for (int s = 0; s < 3; ++s) step(s);  // warm-up: caches, the allocator, MPI's groups
   allocator_for(Device::cpu()).reset_peak();
   if (comm) comm->barrier(comm->world());
   const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = cpu_seconds();
   for (int s = 3; s < 3 + steps; ++s) step(s);
   const dist::CommStats after = comm ? comm->stats : dist::CommStats{};
+  const double cpu_per_step = (cpu_seconds() - cpu_start) / steps;
   if (comm) comm->barrier(comm->world());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (comm && comm->rank() != 0) return 0;
-  const double tok_s = static_cast<double>(steps * kBatch * tiny().context_length) / seconds;
+  const double tok_s = static_cast<double>(steps * kBatch * kSeq) / seconds;
   const int64_t peak = allocator_for(Device::cpu()).stats().peak_bytes_in_use;
   if (!ctx) {
-    std::printf("1 rank x %d threads: %.0f tokens/s, parameters %lld B, peak allocator bytes %lld\n", threads, tok_s,
+    std::printf("%s, 1 rank x %d threads, batch %lld: %.0f tokens/s, CPU %.2f s/step, parameters %lld B, peak allocator "
+                "bytes %lld\n", model_name.c_str(), threads, static_cast<long long>(kBatch), tok_s, cpu_per_step,
                 static_cast<long long>(param_bytes), static_cast<long long>(peak));
     return 0;
   }
   const dist::CommStats& a = after;
+  if (moe) {
+    std::printf("%s on %s (%d ranks x %d thread), batch %lld x %lld: %.0f tokens/s, rank 0 CPU %.2f s/step, bytes/step/rank %.0f (all_to_all "
+                "%.0f, all_reduce %.0f, all_gather %.0f, reduce_scatter %.0f), rank 0 parameters %lld B + AdamW %lld B, "
+                "peak allocator bytes %lld\n",
+                mode_name.c_str(), ctx->mesh.str().c_str(), comm->size(), threads, static_cast<long long>(kBatch),
+                static_cast<long long>(kSeq), tok_s, cpu_per_step, static_cast<double>(a.total_bytes() - before.total_bytes()) / steps,
+                static_cast<double>(a.all_to_all_bytes - before.all_to_all_bytes) / steps,
+                static_cast<double>(a.all_reduce_bytes - before.all_reduce_bytes) / steps,
+                static_cast<double>(a.all_gather_bytes - before.all_gather_bytes) / steps,
+                static_cast<double>(a.reduce_scatter_bytes - before.reduce_scatter_bytes) / steps,
+                static_cast<long long>(param_bytes), static_cast<long long>(2 * param_bytes), static_cast<long long>(peak));
+    return 0;
+  }
   const double per_step = static_cast<double>(a.total_bytes() - before.total_bytes()) / steps;
   std::printf("%s on %s (%d ranks x %d thread, overlap %s): %.0f tokens/s, %.2f ms/step, of which %.2f ms waiting in "
               "collectives, bytes/step/rank measured %.0f (all_reduce %.0f, "

@@ -116,8 +116,11 @@ std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& c
     const int per_node = local ? std::max(1, std::atoi(local)) : 1;
     cfg.training.threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / per_node);
   }
-  return std::make_shared<loom::dist::RankContext>(loom::dist::RankContext{
-      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank(), !args.no_overlap});
+  auto context = std::make_shared<loom::dist::RankContext>(loom::dist::RankContext{
+      mesh, loom::dist::parallel_mode_from_name(cfg.parallel.mode), comm.get(), comm->rank()});
+  context->overlap = !args.no_overlap;
+  context->max_expert_rows = cfg.parallel.max_expert_rows;
+  return context;
 }
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
@@ -129,9 +132,9 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
   cmd.add_option("--mesh", args.mesh,
-                 "device mesh, e.g. data=4,tensor=2 (config key parallel.mesh); its size must equal the number of "
+                 "device mesh, e.g. data=4,tensor=2 or data=2,expert=2 (config key parallel.mesh); its size must equal the number of "
                  "ranks mpirun/srun started (docs/mesh.md)");
-  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp or fsdp_tp (config key parallel.mode)");
+  cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp, fsdp_tp, dp_ep or fsdp_ep (config key parallel.mode)");
   cmd.add_flag("--no-overlap", args.no_overlap,
                "on a mesh: wait on every collective where it is issued instead of overlapping communication with "
                "compute (docs/mesh.md; the results are the same bits either way)");

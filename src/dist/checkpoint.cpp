@@ -18,7 +18,7 @@ std::string shard_file_name(int rank) {
 }
 
 bool owns_block(const nn::Parameter& p, const RankContext& c) {
-  for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor}) {
+  for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
     bool split = false;
     for (const auto& d : p.spec.dims) split = split || d == a;
     if (!split && c.coord(a) != 0) return false;
@@ -27,8 +27,12 @@ bool owns_block(const nn::Parameter& p, const RankContext& c) {
 }
 
 void write_rank_shards(const std::string& path, const std::vector<nn::Parameter*>& params,
-                       const std::vector<const Tensor*>& m, const std::vector<const Tensor*>& v, const RankContext& c) {
+                       const std::vector<const Tensor*>& m, const std::vector<const Tensor*>& v, const RankContext& c,
+                       const StateTensors& state) {
   io::NamedTensors tensors;
+  if (c.rank == 0) {
+    for (const auto& [name, t] : state) tensors.emplace_back(name, t);
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     if (!owns_block(*params[i], c)) continue;
     tensors.emplace_back(params[i]->name, params[i]->value.detach());
@@ -39,8 +43,13 @@ void write_rank_shards(const std::string& path, const std::vector<nn::Parameter*
 }
 
 json shard_index(const std::vector<nn::Parameter*>& params, const std::vector<TensorLayout>& layout,
-                 const RankContext& c) {
+                 const RankContext& c, const StateTensors& state) {
   json tensors = json::array();
+  for (const auto& [name, t] : state) {
+    const std::vector<int64_t> zeros(static_cast<size_t>(t.ndim()), 0);
+    tensors.push_back({{"name", name}, {"shape", t.shape().vec()}, {"spec", "()"}, {"parameter", false}, {"state", true},
+                       {"blocks", json::array({{{"file", shard_file_name(0)}, {"offset", zeros}, {"shape", t.shape().vec()}}})}});
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const nn::Parameter& p = *params[i];
     json blocks = json::array();

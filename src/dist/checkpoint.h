@@ -4,7 +4,9 @@
 //   step_<N>/shards.json                  the index: mesh, mode, and for every tensor (parameters and
 //                                         their AdamW moments) its global shape, spec and blocks
 //                                         (file, offset, shape)
-//   step_<N>/shard.rank_<R>.safetensors   rank R's blocks: "<param>", "<param>.exp_avg", "<param>.exp_avg_sq"
+//   step_<N>/shard.rank_<R>.safetensors   rank R's blocks: "<param>", "<param>.exp_avg", "<param>.exp_avg_sq";
+//                                         rank 0's also the model state (DeepSeek-V3's routing biases),
+//                                         whole: it is the same on every rank
 //   step_<N>/trainer_state.json, manifest.json   as in an unsharded checkpoint
 //
 // A block replicated over some axes is written once, by its holder at coordinate 0 on those axes. The
@@ -35,13 +37,17 @@ std::string shard_file_name(int rank);  // "shard.rank_00003.safetensors"
 // Whether this rank writes the block it holds of `p` (exactly one holder of each block does).
 bool owns_block(const nn::Parameter& p, const RankContext& c);
 
+using StateTensors = std::vector<std::pair<std::string, Tensor>>;  // LanguageModel::state_tensors()
+
 // This rank's owned blocks of the parameters and of their moments (m[i], v[i] laid out like params[i]),
-// durably to `path`.
+// and on rank 0 the model state, durably to `path`.
 void write_rank_shards(const std::string& path, const std::vector<nn::Parameter*>& params,
-                       const std::vector<const Tensor*>& m, const std::vector<const Tensor*>& v, const RankContext& c);
-// The index of a checkpoint written by write_rank_shards on every rank of `c`'s mesh.
+                       const std::vector<const Tensor*>& m, const std::vector<const Tensor*>& v, const RankContext& c,
+                       const StateTensors& state = {});
+// The index of a checkpoint written by write_rank_shards on every rank of `c`'s mesh (state tensors are
+// listed with "state": true).
 nlohmann::json shard_index(const std::vector<nn::Parameter*>& params, const std::vector<TensorLayout>& layout,
-                           const RankContext& c);
+                           const RankContext& c, const StateTensors& state = {});
 
 // A sharded checkpoint directory opened for reading whole tensors.
 class ShardedCheckpoint {

@@ -264,6 +264,38 @@ class InProcessCommunicator final : public Communicator {
     s_.meet(group, me, nullptr, "barrier", rank_);
   }
 
+  void all_to_all_counts(const int64_t* send, int64_t* recv, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    const int me = begin(group);
+    s_.meet(group, me, send, "all_to_all_counts", rank_);
+    for (size_t i = 0; i < group.size(); ++i) recv[i] = static_cast<const int64_t*>(s_.input(group, static_cast<int>(i)))[me];
+    s_.meet(group, me, nullptr, "all_to_all_counts", rank_);
+  }
+
+  void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
+                    const std::vector<int>& group) override {
+    Blocking guard(*this);
+    struct Published {
+      const float* in;
+      const int64_t* counts;
+    } mine{in, send_counts};
+    const int me = begin(group);
+    const size_t g = group.size();
+    s_.meet(group, me, &mine, "all_to_all_v", rank_);
+    int64_t at = 0;
+    for (size_t i = 0; i < g; ++i) {
+      const auto* peer = static_cast<const Published*>(s_.input(group, static_cast<int>(i)));
+      int64_t offset = 0;  // where member i's block for me starts in its buffer
+      for (int j = 0; j < me; ++j) offset += peer->counts[j];
+      LOOM_ASSERT(peer->counts[me] == recv_counts[i], "all_to_all_v: member ", i, " sends ", peer->counts[me],
+                  " floats, rank ", rank_, " expects ", recv_counts[i]);
+      std::memcpy(out + at, peer->in + offset, static_cast<size_t>(recv_counts[i]) * sizeof(float));
+      at += recv_counts[i];
+      if (static_cast<int>(i) != me) stats.all_to_all_bytes += send_counts[i] * 4;
+    }
+    s_.meet(group, me, nullptr, "all_to_all_v", rank_);
+  }
+
  private:
   int begin(const std::vector<int>& group) {
     settle();  // (Blocking did already, in the collectives above)

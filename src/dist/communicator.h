@@ -28,10 +28,13 @@ namespace loom::dist {
 // transport uses underneath.
 struct CommStats {
   int64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, broadcast_bytes = 0;
+  int64_t all_to_all_bytes = 0;  // what this rank sends to the others (its block for itself excluded)
   int64_t calls = 0;
   double wait_seconds = 0;  // the caller's thread blocked in collectives (blocking calls and waits on started ones)
   int64_t started = 0;      // collectives started in the background (start_*)
-  int64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
+  int64_t total_bytes() const {
+    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes + all_to_all_bytes;
+  }
 };
 
 class Communicator {
@@ -51,6 +54,14 @@ class Communicator {
   // data[0..n) <- world rank `root`'s data[0..n) (root must be in the group).
   virtual void broadcast(float* data, int64_t n, int root, const std::vector<int>& group) = 0;
   virtual void barrier(const std::vector<int>& group) = 0;
+
+  // All-to-all with per-member sizes (expert parallelism's token dispatch; MPI_Alltoall + MPI_Alltoallv).
+  // Counts first: recv[i] <- member i's send[k], where k is this rank's place in the group (g each).
+  virtual void all_to_all_counts(const int64_t* send, int64_t* recv, const std::vector<int>& group) = 0;
+  // `in` holds g blocks back to back, block i (send_counts[i] floats) for member i; `out` receives g
+  // blocks back to back, block i (recv_counts[i] floats, from all_to_all_counts) from member i.
+  virtual void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
+                            const std::vector<int>& group) = 0;
 
   // All world ranks, in order.
   std::vector<int> world() const;

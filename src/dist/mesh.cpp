@@ -1,5 +1,6 @@
 #include "dist/mesh.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -15,11 +16,17 @@ PartitionSpec spec(std::initializer_list<std::optional<MeshAxis>> dims) {
   return PartitionSpec{std::vector<std::optional<MeshAxis>>(dims)};
 }
 
+constexpr MeshAxis kExpert = MeshAxis::Expert;
+
+// Whether the mode splits weights over the axis.
 bool uses_axis(ParallelMode mode, MeshAxis axis) {
-  if (axis == kData) return mode == ParallelMode::Fsdp || mode == ParallelMode::FsdpTp;
+  if (axis == kData) return mode == ParallelMode::Fsdp || mode == ParallelMode::FsdpTp || mode == ParallelMode::FsdpEp;
   if (axis == kTensor) return mode == ParallelMode::Tp || mode == ParallelMode::FsdpTp;
-  return false;
+  return is_expert_mode(mode);
 }
+
+constexpr ParallelMode kModes[] = {ParallelMode::Dp,     ParallelMode::Fsdp, ParallelMode::Tp,
+                                   ParallelMode::FsdpTp, ParallelMode::DpEp, ParallelMode::FsdpEp};
 
 int64_t parse_axis_size(const std::string& text, const std::string& part) {
   const std::string value = part.substr(part.find('=') + 1);
@@ -42,20 +49,36 @@ const char* parallel_mode_name(ParallelMode mode) {
     case ParallelMode::Fsdp: return "fsdp";
     case ParallelMode::Tp: return "tp";
     case ParallelMode::FsdpTp: return "fsdp_tp";
+    case ParallelMode::DpEp: return "dp_ep";
+    case ParallelMode::FsdpEp: return "fsdp_ep";
   }
   return "?";
 }
 
+bool is_expert_mode(ParallelMode mode) { return mode == ParallelMode::DpEp || mode == ParallelMode::FsdpEp; }
+
+std::vector<MeshAxis> batch_axes(ParallelMode mode) {
+  if (mode == ParallelMode::Tp) return {};
+  if (is_expert_mode(mode)) return {kData, kExpert};
+  return {kData};
+}
+
+int64_t batch_slices(const Mesh& mesh, ParallelMode mode) {
+  int64_t n = 1;
+  for (MeshAxis a : batch_axes(mode)) n *= mesh.axis_size(a);
+  return n;
+}
+
 ParallelMode parallel_mode_from_name(const std::string& name) {
-  for (ParallelMode m : {ParallelMode::Dp, ParallelMode::Fsdp, ParallelMode::Tp, ParallelMode::FsdpTp}) {
+  for (ParallelMode m : kModes) {
     if (name == parallel_mode_name(m)) return m;
   }
-  LOOM_FAIL("unknown parallel mode \"", name, "\": expected one of dp, fsdp, tp, fsdp_tp");
+  LOOM_FAIL("unknown parallel mode \"", name, "\": expected one of dp, fsdp, tp, fsdp_tp, dp_ep, fsdp_ep");
 }
 
 Mesh Mesh::parse(const std::string& text) {
   Mesh m;
-  bool seen_data = false, seen_tensor = false;
+  bool seen_data = false, seen_tensor = false, seen_expert = false;
   std::stringstream ss(text);
   std::string part;
   int parts = 0;
@@ -73,21 +96,28 @@ Mesh Mesh::parse(const std::string& text) {
       LOOM_CHECK(!seen_tensor, "mesh \"", text, "\" names the tensor axis twice");
       seen_tensor = true;
       m.tensor = parse_axis_size(text, part);
+    } else if (axis == "expert") {
+      LOOM_CHECK(!seen_expert, "mesh \"", text, "\" names the expert axis twice");
+      seen_expert = true;
+      m.expert = parse_axis_size(text, part);
     } else {
-      LOOM_FAIL("mesh \"", text, "\": unknown axis \"", axis, "\" (the mesh axes are data and tensor)");
+      LOOM_FAIL("mesh \"", text, "\": unknown axis \"", axis, "\" (the mesh axes are data, tensor and expert)");
     }
   }
   LOOM_CHECK(parts > 0, "mesh is empty: expected axis=size pairs like data=4,tensor=2");
   return m;
 }
 
-std::string Mesh::str() const { return "data=" + std::to_string(data) + ",tensor=" + std::to_string(tensor); }
+std::string Mesh::str() const {
+  std::string s = "data=" + std::to_string(data) + ",tensor=" + std::to_string(tensor);
+  return expert > 1 ? s + ",expert=" + std::to_string(expert) : s;
+}
 
 int64_t Mesh::axis_size(MeshAxis axis) const {
   switch (axis) {
     case MeshAxis::Data: return data;
     case MeshAxis::Tensor: return tensor;
-    case MeshAxis::Expert: return 1;
+    case MeshAxis::Expert: return expert;
   }
   return 1;
 }
@@ -95,30 +125,37 @@ int64_t Mesh::axis_size(MeshAxis axis) const {
 int64_t Mesh::coord(int64_t rank, MeshAxis axis) const {
   LOOM_ASSERT(rank >= 0 && rank < size(), "rank ", rank, " outside mesh ", str());
   switch (axis) {
-    case MeshAxis::Data: return rank / tensor;
+    case MeshAxis::Data: return rank / (tensor * expert);
     case MeshAxis::Tensor: return rank % tensor;
-    case MeshAxis::Expert: return 0;
+    case MeshAxis::Expert: return (rank / tensor) % expert;
   }
   return 0;
 }
 
-std::vector<int> Mesh::group(int64_t rank, MeshAxis axis) const {
+std::vector<int> Mesh::group(int64_t rank, MeshAxis axis) const { return group(rank, std::vector<MeshAxis>{axis}); }
+
+std::vector<int> Mesh::group(int64_t rank, const std::vector<MeshAxis>& axes) const {
+  auto free = [&](MeshAxis a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); };
   std::vector<int> ranks;
-  const int64_t d = coord(rank, kData), t = coord(rank, kTensor);
-  if (axis == kData) {
-    for (int64_t i = 0; i < data; ++i) ranks.push_back(static_cast<int>(rank_at(i, t)));
-  } else if (axis == kTensor) {
-    for (int64_t i = 0; i < tensor; ++i) ranks.push_back(static_cast<int>(rank_at(d, i)));
-  } else {
-    ranks.push_back(static_cast<int>(rank));
+  for (int64_t r = 0; r < size(); ++r) {
+    bool same = true;
+    for (MeshAxis a : {kData, kTensor, kExpert}) same = same && (free(a) || coord(r, a) == coord(rank, a));
+    if (same) ranks.push_back(static_cast<int>(r));
   }
   return ranks;
 }
 
 void validate_mesh_for_mode(const Mesh& mesh, ParallelMode mode) {
-  LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1, "mesh ", mesh.str(), ": axis sizes must be positive");
+  LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1 && mesh.expert >= 1, "mesh ", mesh.str(), ": axis sizes must be positive");
   const char* name = parallel_mode_name(mode);
+  LOOM_CHECK(is_expert_mode(mode) || mesh.expert == 1, "parallel mode ", name, " needs expert=1, but the mesh is ",
+             mesh.str(), " (the expert axis is used by dp_ep and fsdp_ep)");
   switch (mode) {
+    case ParallelMode::DpEp:
+    case ParallelMode::FsdpEp:
+      LOOM_CHECK(mesh.tensor == 1 && mesh.expert > 1, "parallel mode ", name,
+                 " needs tensor=1 and expert > 1, but the mesh is ", mesh.str(), " (e.g. --mesh data=2,expert=4)");
+      break;
     case ParallelMode::Dp:
     case ParallelMode::Fsdp:
       LOOM_CHECK(mesh.tensor == 1, "parallel mode ", name, " needs tensor=1, but the mesh is ", mesh.str(),
@@ -154,6 +191,15 @@ PartitionSpec spec_for(nn::ParamGroup group, ParallelMode mode, int ndim) {
     case ParamGroup::DenseOut:  // [out, in]: data splits out, tensor splits in (row parallel)
       LOOM_ASSERT(ndim == 2, "a dense_out parameter must be 2-D, got ", ndim, " dims");
       return spec({d, t});
+    case ParamGroup::DenseInWhole:  // [out, in]: data splits in; its output stays whole over tensor
+      LOOM_ASSERT(ndim == 2, "a dense_in_whole parameter must be 2-D, got ", ndim, " dims");
+      return spec({std::nullopt, d});
+    case ParamGroup::ExpertIn:  // [E, F, C]: expert splits E, tensor splits F, data splits C
+    case ParamGroup::ExpertOut: {  // [E, C, F]: expert splits E, data splits C, tensor splits F
+      LOOM_ASSERT(ndim == 3, "an expert parameter must be 3-D, got ", ndim, " dims");
+      const std::optional<MeshAxis> e = uses_axis(mode, kExpert) ? std::optional(kExpert) : std::nullopt;
+      return group == ParamGroup::ExpertIn ? spec({e, t, d}) : spec({e, d, t});
+    }
     case ParamGroup::Embedding:
     case ParamGroup::LmHead:
     case ParamGroup::Position:  // [rows, C]: tensor splits d_model
@@ -173,6 +219,7 @@ PartitionSpec spec_for_bias(nn::ParamGroup weight_group, ParallelMode mode) {
 }
 
 PartitionSpec batch_spec(ParallelMode mode) {
+  // Under dp_ep and fsdp_ep the rows split over data x expert; the spec names the outer axis.
   return mode == ParallelMode::Tp ? spec({std::nullopt, std::nullopt}) : spec({kData, std::nullopt});
 }
 
@@ -269,8 +316,20 @@ void validate_model_for_mesh(int64_t num_heads, int64_t num_kv_heads, const Mesh
 
 void validate_batch_for_mesh(int64_t batch_size, const Mesh& mesh, ParallelMode mode) {
   if (batch_spec(mode).is_replicated()) return;
+  if (is_expert_mode(mode)) {
+    LOOM_CHECK(batch_size % (mesh.data * mesh.expert) == 0, "training.batch_size=", batch_size,
+               " does not divide by data x expert = ", mesh.data, " x ", mesh.expert,
+               ": under ", parallel_mode_name(mode), " every rank reads an equal slice of the global batch");
+    return;
+  }
   LOOM_CHECK(batch_size % mesh.data == 0, "training.batch_size=", batch_size, " does not divide by data=", mesh.data,
              ": each data rank reads an equal slice of the global batch");
+}
+
+void validate_experts_for_mesh(int64_t n_routed, const Mesh& mesh, ParallelMode mode) {
+  if (!is_expert_mode(mode)) return;
+  LOOM_CHECK(n_routed % mesh.expert == 0, "model.n_routed=", n_routed, " does not divide by expert=", mesh.expert,
+             ": expert parallelism gives each expert rank n_routed / expert whole experts");
 }
 
 }  // namespace loom::dist

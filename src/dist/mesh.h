@@ -1,8 +1,10 @@
 // The device mesh, the four parallel modes, and where every parameter's shards live.
 //
-// The mesh is 2-D, (data, tensor), as in the JAX-LM design (seed, "Implementing Distributed Training").
-// Ranks are numbered with tensor fastest: rank = d * tensor + t, so a tensor group is a run of
-// neighbouring ranks (one node, when ranks are packed by node as mpirun and srun do by default).
+// The mesh is (data, tensor), as in the JAX-LM design (seed, "Implementing Distributed Training"), plus
+// an `expert` axis for mixture-of-experts models (expert parallelism, the dp_ep and fsdp_ep modes).
+// Ranks are numbered with tensor fastest, then expert: rank = (d * expert + e) * tensor + t, so a tensor
+// group is a run of neighbouring ranks (one node, when ranks are packed by node as mpirun and srun do by
+// default), and an expert group, which exchanges tokens in every MoE layer, comes next.
 //
 // A mode assigns each parameter group a PartitionSpec. loom's Linear weights are [out, in], so the 2-D
 // specs are the seed's JAX specs transposed:
@@ -17,6 +19,16 @@
 //                          | fsdp_tp; dense_out -> (data) under fsdp and fsdp_tp; else replicated (GPT-2)
 //   norm      [C]          | replicated everywhere (gains and LayerNorm biases)
 //   batch     [B, T]       | (data, None) | (data, None)   | replicated       | (data, None)
+//
+// DeepSeek-V3 adds three groups (docs/mesh.md has the whole table, with the expert modes):
+//   dense_in_whole [F, C]  | replicated   | (None, data)   | replicated       | (None, data)
+//     a Linear whose output a norm or the residual stream reads whole (MLA's wq_a and wkv_a, the
+//     router, MTP's proj): tensor parallelism cannot split its output, so the tensor ranks compute it
+//     redundantly.
+//   expert_in  [E, F, C]   | replicated   | (None, None, data) | (None, tensor, None) | (None, tensor, data)
+//   expert_out [E, C, F]   | replicated   | (None, data, None) | (None, None, tensor) | (None, data, tensor)
+//   under dp_ep: experts (expert, None, None), everything else replicated; fsdp_ep adds fsdp's data
+//   split on the other dims. The batch splits over data x expert in both.
 //
 // GPT-2's position table is laid out like the token table (both are read by a lookup and summed into
 // the residual stream, whose d_model the tensor axis splits). A Linear bias lives on its weight's output
@@ -33,29 +45,41 @@
 
 namespace loom::dist {
 
-enum class ParallelMode { Dp, Fsdp, Tp, FsdpTp };
+enum class ParallelMode { Dp, Fsdp, Tp, FsdpTp, DpEp, FsdpEp };
 
 const char* parallel_mode_name(ParallelMode mode);
-// "dp", "fsdp", "tp", "fsdp_tp"; anything else throws naming the value and the valid modes.
+// "dp", "fsdp", "tp", "fsdp_tp", "dp_ep", "fsdp_ep"; anything else throws naming the value and the valid modes.
 ParallelMode parallel_mode_from_name(const std::string& name);
 
 struct Mesh {
-  int64_t data = 1, tensor = 1;
+  int64_t data = 1, tensor = 1, expert = 1;
 
-  // "data=4,tensor=2" (either order; an axis left out is 1). Throws naming the text on anything else.
+  // "data=4,tensor=2" or "data=2,expert=4" (any order; an axis left out is 1). Throws naming the text on
+  // anything else.
   static Mesh parse(const std::string& text);
-  std::string str() const;  // "data=4,tensor=2"
-  int64_t size() const { return data * tensor; }
+  std::string str() const;  // "data=4,tensor=2", with ",expert=E" when expert > 1
+  int64_t size() const { return data * tensor * expert; }
   int64_t axis_size(MeshAxis axis) const;
   // A rank's coordinate on an axis (0 on axes the mesh does not have).
   int64_t coord(int64_t rank, MeshAxis axis) const;
-  int64_t rank_at(int64_t data_index, int64_t tensor_index) const { return data_index * tensor + tensor_index; }
+  int64_t rank_at(int64_t data_index, int64_t tensor_index, int64_t expert_index = 0) const {
+    return (data_index * expert + expert_index) * tensor + tensor_index;
+  }
   // The ranks that share every coordinate of `rank` but the one on `axis`, in axis order: the group a
   // collective over that axis runs on.
   std::vector<int> group(int64_t rank, MeshAxis axis) const;
+  // The ranks that share every coordinate of `rank` but those on `axes`, in rank order.
+  std::vector<int> group(int64_t rank, const std::vector<MeshAxis>& axes) const;
 };
 
-// dp and fsdp need tensor = 1; tp needs data = 1; fsdp_tp needs both > 1. Throws naming the mesh.
+// Whether the mode splits the batch over the expert axis too (dp_ep, fsdp_ep): the axes over which the
+// batch is split, in mesh order, and how many slices that makes.
+bool is_expert_mode(ParallelMode mode);
+std::vector<MeshAxis> batch_axes(ParallelMode mode);
+int64_t batch_slices(const Mesh& mesh, ParallelMode mode);
+
+// dp and fsdp need tensor = 1; tp needs data = 1; fsdp_tp needs both > 1; dp_ep and fsdp_ep need
+// tensor = 1 and expert > 1; every other mode expert = 1. Throws naming the mesh.
 void validate_mesh_for_mode(const Mesh& mesh, ParallelMode mode);
 // The mesh must use exactly the ranks that were started (a larger one is an error, so is a smaller one:
 // the extra ranks would idle). `launcher` names where `ranks` came from, for the message.
@@ -110,7 +134,10 @@ std::vector<TensorLayout> plan_layout_with_moments(const std::vector<ParamInfo>&
 // Checks what a model needs beyond divisible shapes: tensor parallelism splits whole attention heads, so
 // num_heads and num_kv_heads (from the model section) must divide by tensor. Throws naming the key.
 void validate_model_for_mesh(int64_t num_heads, int64_t num_kv_heads, const Mesh& mesh, ParallelMode mode);
-// The batch splits over data: batch_size must divide by it. Throws naming training.batch_size.
+// The batch splits over data (and expert): batch_size must divide by it. Throws naming training.batch_size.
 void validate_batch_for_mesh(int64_t batch_size, const Mesh& mesh, ParallelMode mode);
+// Expert parallelism gives each expert rank whole experts: n_routed must divide by expert. Throws naming
+// model.n_routed.
+void validate_experts_for_mesh(int64_t n_routed, const Mesh& mesh, ParallelMode mode);
 
 }  // namespace loom::dist

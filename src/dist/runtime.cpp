@@ -339,11 +339,9 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
   validate_mesh_for_mode(c.mesh, c.mode);
   validate_mesh_for_ranks(c.mesh, c.comm->size(), "the " + c.comm->kind() + " communicator");
   const nlohmann::json& mj = model.model_config().json();
-  // The sharded runtime covers the dense families. DeepSeek-V3's experts and routing biases (model state,
-  // not parameters) need expert parallelism, which is its own piece of work.
-  LOOM_CHECK(model.state_tensors().empty(), "model.arch=", model.model_config().arch(),
-             " cannot train on a mesh yet: its model state (",
-             model.state_tensors().front().first, ", ...) is not sharded; mesh training supports llama and gpt2");
+  // Model state (DeepSeek-V3's routing biases) stays whole and identical on every rank: the model updates
+  // it from loads summed over the ranks that split the batch.
+  if (mj.contains("n_routed")) validate_experts_for_mesh(mj.at("n_routed").get<int64_t>(), c.mesh, c.mode);
   if (mj.contains("num_heads")) {
     const int64_t heads = mj.at("num_heads").get<int64_t>();
     const int64_t kv = mj.value("num_kv_heads", int64_t{0}) > 0 ? mj.at("num_kv_heads").get<int64_t>() : heads;
@@ -366,8 +364,32 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
   return layout;
 }
 
+bool is_split_over(const nn::Parameter& p, MeshAxis axis) {
+  for (const auto& a : p.spec.dims) {
+    if (a == axis) return true;
+  }
+  return false;
+}
+
+Tensor data_gathered_value(const nn::Parameter& p) {
+  LOOM_ASSERT(p.dist, "data_gathered_value: '", p.name, "' is not sharded");
+  return gather_data_dims(p.value, p, *p.dist);
+}
+
+Tensor enter_tensor_split(const Tensor& x, const nn::Parameter& p) {
+  if (!p.dist || !is_split_over(p, MeshAxis::Tensor)) return x;
+  return ops::copy_to_group(x, p.dist->group(MeshAxis::Tensor));
+}
+
+Tensor leave_tensor_split(const Tensor& y, const nn::Parameter& p) {
+  if (!p.dist || !is_split_over(p, MeshAxis::Tensor)) return y;
+  return ops::all_reduce(y, p.dist->group(MeshAxis::Tensor));
+}
+
 Tensor gathered_value(const nn::Parameter& p) {
   LOOM_ASSERT(p.dist, "gathered_value: '", p.name, "' is not sharded");
+  LOOM_ASSERT(!is_split_over(p, MeshAxis::Expert), "gathered_value: '", p.name,
+              "' is split over the expert axis; its layer computes on its own experts (dist/expert.h)");
   const RankContext& c = *p.dist;
   Tensor t = gather_data_dims(p.value, p, c);
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
@@ -404,17 +426,23 @@ Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Pa
 }
 
 Tensor local_batch(const Tensor& global, const RankContext& c) {
-  if (batch_spec(c.mode).is_replicated() || c.mesh.data == 1) return global;
+  const int64_t slices = batch_slices(c.mesh, c.mode);
+  if (slices == 1) return global;
   const int64_t B = global.size(0);
   validate_batch_for_mesh(B, c.mesh, c.mode);
-  const int64_t n = B / c.mesh.data;
-  return global.slice(c.coord(MeshAxis::Data) * n, n);
+  const int64_t n = B / slices;
+  // The slice's index: the rank's place among the ranks that split the batch (data outer, expert inner).
+  const int64_t index = c.coord(MeshAxis::Data) * (is_expert_mode(c.mode) ? c.mesh.expert : 1) +
+                        (is_expert_mode(c.mode) ? c.coord(MeshAxis::Expert) : 0);
+  return global.slice(index * n, n);
 }
 
 void backward(const Tensor& loss, const std::vector<nn::Parameter*>& params, const RankContext& c,
               bool last_micro_batch) {
   OverlapState* s = overlap_of(c);
-  if (!s || !last_micro_batch || c.mesh.data == 1) {
+  // Buckets sum over data only; the expert modes' dense gradients sum over data x expert, and take the
+  // blocking path in finish_gradients.
+  if (!s || !last_micro_batch || c.mesh.data == 1 || is_expert_mode(c.mode)) {
     loss.backward();
     return;
   }
@@ -456,23 +484,31 @@ void finish_gradients(const std::vector<nn::Parameter*>& params, const RankConte
   }
   std::unordered_set<const nn::Parameter*> bucketed;
   if (OverlapState* s = overlap_of(c)) bucketed.swap(s->bucketed);
-  if (c.mesh.data == 1) return;
-  const Group data = c.group(MeshAxis::Data);
-  const float inv = 1.0f / static_cast<float>(c.mesh.data);
+  const int64_t slices = batch_slices(c.mesh, c.mode);
+  if (slices == 1) return;
+  const float inv = 1.0f / static_cast<float>(slices);
   for (nn::Parameter* p : params) {
     Tensor g = p->value.grad();
     if (!g.defined()) continue;
-    // A data-split parameter's gather already reduce-scattered its gradient; a bucket all-reduced others.
-    if (!has_data_dim(*p) && !bucketed.count(p)) c.comm->all_reduce_sum(g.data<float>(), g.numel(), data.ranks);
+    // Sum over the batch axes the parameter is replicated over. On an axis that splits it the sum is
+    // already done: FSDP's gather reduce-scattered the gradient, the expert all-to-all brought every
+    // member's tokens to the expert's holder. A bucket started during backward (dist::backward) already
+    // summed over data.
+    std::vector<MeshAxis> axes;
+    for (MeshAxis a : batch_axes(c.mode)) {
+      if (!is_split_over(*p, a) && c.mesh.axis_size(a) > 1) axes.push_back(a);
+    }
+    if (!axes.empty() && !bucketed.count(p)) c.comm->all_reduce_sum(g.data<float>(), g.numel(), c.mesh.group(c.rank, axes));
     cpu::scale_forward(g.data<float>(), g.data<float>(), inv, g.numel());
   }
 }
 
 double global_loss(double local_loss, const RankContext& c) {
-  if (c.mesh.data == 1 || batch_spec(c.mode).is_replicated()) return local_loss;
+  const int64_t slices = batch_slices(c.mesh, c.mode);
+  if (slices == 1) return local_loss;
   double v = local_loss;
-  c.comm->all_reduce_sum(&v, 1, c.mesh.group(c.rank, MeshAxis::Data));
-  return v / static_cast<double>(c.mesh.data);
+  c.comm->all_reduce_sum(&v, 1, c.batch_group().ranks);
+  return v / static_cast<double>(slices);
 }
 
 double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::vector<TensorLayout>& layout,
@@ -485,7 +521,7 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::ve
     if (!g.defined()) continue;
     // Each block once: on the holder whose coordinates are 0 on the axes the block is replicated over.
     bool owner = true;
-    for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor}) {
+    for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
       bool split = false;
       for (const auto& d : p->spec.dims) split = split || d == a;
       if (!split && c.coord(a) != 0) owner = false;

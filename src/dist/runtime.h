@@ -50,10 +50,15 @@ struct RankContext {
   int64_t bucket_bytes = int64_t{256} << 10;  // a gradient all-reduce starts when this much is final
   // The runtime's state for it (prefetched weights, gradient collectives in flight); made by shard_model.
   mutable std::shared_ptr<OverlapState> overlap_state;
+  // Expert parallelism: the most token rows one rank may receive for its experts in one MoE layer (0:
+  // no cap beyond the natural bound; see dist/expert.h). A larger count is an error naming both.
+  int64_t max_expert_rows = 0;
 
   int64_t coord(MeshAxis axis) const { return mesh.coord(rank, axis); }
   Group group(MeshAxis axis) const { return {comm, mesh.group(rank, axis)}; }
   Group world() const { return {comm, comm->world()}; }
+  // The ranks that split the batch with this one (data, and expert under dp_ep / fsdp_ep).
+  Group batch_group() const { return {comm, mesh.group(rank, batch_axes(mode))}; }
 };
 
 // Checks the mesh against the communicator, the mode and the model; plans the layout; then replaces
@@ -63,12 +68,23 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
 
 // A parameter gathered over every split axis, differentiably (nn::compute_value).
 Tensor gathered_value(const nn::Parameter& p);
+// A parameter gathered over `data` only (FSDP), differentiably, leaving tensor and expert splits local:
+// for layers that compute on their tensor or expert shards themselves (MoE experts).
+Tensor data_gathered_value(const nn::Parameter& p);
+// Megatron's f and g for a layer that computes on `p`'s tensor shards outside sharded_linear: x enters
+// (identity; its gradient sums over tensor) and the partial result leaves (sum over tensor). Identity
+// when p is not split over tensor.
+Tensor enter_tensor_split(const Tensor& x, const nn::Parameter& p);
+Tensor leave_tensor_split(const Tensor& y, const nn::Parameter& p);
+// Whether p is split over `axis`.
+bool is_split_over(const nn::Parameter& p, MeshAxis axis);
+
 // Linear's forward on a sharded weight (column- or row-parallel, FSDP gathers), see above.
 Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Parameter* bias,
                       ops::MatmulPrecision precision);
 
 // This rank's rows of a global [B, ...] batch tensor: rows [d*B/data, (d+1)*B/data) when the mode
-// splits the batch, else all of it.
+// splits the batch over data, slice d*expert + e of data*expert under dp_ep / fsdp_ep, else all of it.
 Tensor local_batch(const Tensor& global, const RankContext& context);
 // loss.backward() on a sharded model. When it is the step's last (or only) micro-batch and overlap is on,
 // the data-axis all-reduce of each gradient that needs one starts, in buckets of bucket_bytes, as soon as

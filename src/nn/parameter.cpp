@@ -13,6 +13,9 @@ const char* param_group_name(ParamGroup group) {
     case ParamGroup::Norm: return "norm";
     case ParamGroup::Bias: return "bias";
     case ParamGroup::Position: return "position";
+    case ParamGroup::DenseInWhole: return "dense_in_whole";
+    case ParamGroup::ExpertIn: return "expert_in";
+    case ParamGroup::ExpertOut: return "expert_out";
   }
   return "?";
 }

@@ -34,6 +34,10 @@ enum class ParamGroup {
   Norm,       // norm gains (and their biases)
   Bias,       // Linear biases
   Position,   // learned position embeddings
+  DenseInWhole,  // a Linear whose output is read whole (normed, or the residual stream): MLA's wq_a and
+                 // wkv_a, a MoE router, MTP's proj; tensor parallelism keeps it whole (dist/mesh.h)
+  ExpertIn,   // routed experts' w1, w3 [E, F, C]
+  ExpertOut,  // routed experts' w2 [E, C, F]
 };
 const char* param_group_name(ParamGroup group);
 

@@ -236,4 +236,54 @@ Tensor split_replicated(const Tensor& x, int dim, const dist::Group& group) {
   return out;
 }
 
+std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send, const dist::Group& group) {
+  LOOM_CHECK(static_cast<int>(send.size()) == group.size(), "exchange_counts: ", send.size(), " counts for a group of ",
+             group.size());
+  if (group.size() == 1) return send;
+  std::vector<int64_t> recv(send.size());
+  group.comm->all_to_all_counts(send.data(), recv.data(), group.ranks);
+  return recv;
+}
+
+namespace {
+Tensor all_to_all_values(const Tensor& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                         const dist::Group& group) {
+  int64_t C = 1;  // floats per row
+  for (int d = 1; d < x.ndim(); ++d) C *= x.size(d);
+  int64_t sent = 0, received = 0;
+  std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
+  for (size_t i = 0; i < send_rows.size(); ++i) {
+    send[i] = send_rows[i] * C;
+    recv[i] = recv_rows[i] * C;
+    sent += send_rows[i];
+    received += recv_rows[i];
+  }
+  LOOM_CHECK(sent == x.size(0), "all_to_all: send counts add up to ", sent, " rows, x has ", x.size(0));
+  Shape shape = x.shape();
+  shape[0] = received;
+  Tensor out = Tensor::empty(shape);
+  Tensor in = x.detach();
+  if (group.size() == 1) {
+    if (out.numel() > 0) std::memcpy(out.data<float>(), in.data<float>(), static_cast<size_t>(out.numel()) * sizeof(float));
+    return out;
+  }
+  group.comm->all_to_all_v(in.data<float>(), send.data(), out.data<float>(), recv.data(), group.ranks);
+  return out;
+}
+}  // namespace
+
+Tensor all_to_all(const Tensor& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                  const dist::Group& group) {
+  checked_dim(x, 0, "all_to_all");
+  LOOM_CHECK(static_cast<int>(send_rows.size()) == group.size() && static_cast<int>(recv_rows.size()) == group.size(),
+             "all_to_all: ", send_rows.size(), " send and ", recv_rows.size(), " receive counts for a group of ",
+             group.size());
+  Tensor out = all_to_all_values(x, send_rows, recv_rows, group);
+  autograd::record("all_to_all", {x}, {out}, [send_rows, recv_rows, group](const autograd::BackwardContext& ctx) {
+    // The rows go back where they came from: what this member received, it returns.
+    return TensorList{all_to_all_values(ctx.grad_output(0), recv_rows, send_rows, group)};
+  });
+  return out;
+}
+
 }  // namespace loom::ops

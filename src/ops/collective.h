@@ -8,6 +8,7 @@
 //   copy_to_group            identity (Megatron f)                all_reduce
 //   gather_replicated        concat the members' x along dim      keep this member's block
 //   split_replicated         keep this member's block along dim   all_gather along dim
+//   all_to_all               rows to member i: send_rows[i]       all_to_all with the counts swapped
 //
 // all_gather <-> reduce_scatter are for values each member uses on different data (FSDP's weights:
 // every data rank's loss adds to the weight's gradient). The *_replicated pair is for values the group
@@ -17,7 +18,9 @@
 // Legend: x is any contiguous f32 tensor; g the group size; dim splits into g equal blocks.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/tensor.h"
 #include "dist/communicator.h"
@@ -30,6 +33,13 @@ Tensor all_reduce(const Tensor& x, const dist::Group& group);
 Tensor copy_to_group(const Tensor& x, const dist::Group& group);
 Tensor gather_replicated(const Tensor& x, int dim, const dist::Group& group);   // [.., n, ..] -> [.., g*n, ..]
 Tensor split_replicated(const Tensor& x, int dim, const dist::Group& group);    // [.., g*n, ..] -> [.., n, ..]
+
+// x: [sum(send_rows), C], rows for member 0 first -> [sum(recv_rows), C], rows from member 0 first.
+// recv_rows comes from exchange_counts. Expert parallelism's dispatch and return.
+Tensor all_to_all(const Tensor& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                  const dist::Group& group);
+// recv[i] <- member i's send[this member's place]: how many rows each member will send here.
+std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send, const dist::Group& group);
 
 // Not recorded (no autodiff): the raw data movements the ops above are made of.
 Tensor all_gather_values(const Tensor& x, int dim, const dist::Group& group);

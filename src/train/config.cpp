@@ -134,7 +134,7 @@ json TrainConfig::to_json() const {
         {"temperature", sample.temperature},
         {"top_k", sample.top_k},
         {"top_p", sample.top_p}}},
-      {"parallel", {{"mode", parallel.mode}, {"mesh", parallel.mesh}}},
+      {"parallel", {{"mode", parallel.mode}, {"mesh", parallel.mesh}, {"max_expert_rows", parallel.max_expert_rows}}},
   };
 }
 
@@ -172,7 +172,8 @@ TrainConfig TrainConfig::from_json(const json& j) {
   const json& s = m["sample"];
   c.sample = {s["prompt"].get<std::string>(),  s["num_samples"].get<int64_t>(), s["max_new_tokens"].get<int64_t>(),
               s["temperature"].get<double>(), s["top_k"].get<int64_t>(),       s["top_p"].get<double>()};
-  c.parallel = {m["parallel"]["mode"].get<std::string>(), m["parallel"]["mesh"].get<std::string>()};
+  c.parallel = {m["parallel"]["mode"].get<std::string>(), m["parallel"]["mesh"].get<std::string>(),
+                m["parallel"]["max_expert_rows"].get<int64_t>()};
   c.validate();
   return c;
 }
@@ -227,6 +228,7 @@ void TrainConfig::validate() const {
   LOOM_CHECK(sample.top_p > 0 && sample.top_p <= 1, "config: sample.top_p must be in (0, 1], got ", sample.top_p);
 
   // The mode, the mesh, and what the model and batch need of them (the ranks are checked at launch).
+  check_non_negative(parallel.max_expert_rows, "parallel.max_expert_rows");
   try {
     const dist::ParallelMode mode = dist::parallel_mode_from_name(parallel.mode);
     const dist::Mesh mesh = dist::Mesh::parse(parallel.mesh);
@@ -238,6 +240,12 @@ void TrainConfig::validate() const {
       const int64_t kv = mj.contains("num_kv_heads") && mj["num_kv_heads"].get<int64_t>() > 0
                              ? mj["num_kv_heads"].get<int64_t>() : heads;
       dist::validate_model_for_mesh(heads, kv, mesh, mode);
+    }
+    if (mj.contains("n_routed") && mj["n_routed"].is_number_integer()) {
+      dist::validate_experts_for_mesh(mj["n_routed"].get<int64_t>(), mesh, mode);
+    } else {
+      LOOM_CHECK(!dist::is_expert_mode(mode), "parallel mode ", parallel.mode,
+                 " splits routed experts, but the model (", mj.value("arch", std::string("?")), ") has none");
     }
   } catch (const Error& e) {
     throw Error(std::string("config: parallel: ") + e.what());

@@ -83,8 +83,11 @@ struct SampleConfig {
 // How the run is spread over ranks (src/dist/mesh.h, docs/mesh.md): the device mesh and the parallel mode.
 // The mesh size must equal the number of ranks started (mpirun -np / srun -n); one rank trains alone.
 struct ParallelConfig {
-  std::string mode = "dp";                // "dp", "fsdp", "tp" or "fsdp_tp"
-  std::string mesh = "data=1,tensor=1";   // axis sizes, as --mesh takes them
+  std::string mode = "dp";                // "dp", "fsdp", "tp", "fsdp_tp", "dp_ep" or "fsdp_ep"
+  std::string mesh = "data=1,tensor=1";   // axis sizes, as --mesh takes them ("data=2,expert=4")
+  // Expert parallelism: the most token rows a rank may receive for its experts in one MoE layer; more
+  // is an error naming the counts instead of an allocation the machine cannot serve. 0: no cap.
+  int64_t max_expert_rows = 0;
 };
 
 struct TrainConfig {

@@ -332,7 +332,8 @@ std::string Trainer::save_sharded_checkpoint() {
   if (c.rank != 0) {
     const std::string tmp = dist::broadcast_text("", 0, c);
     if (!tmp.empty()) {  // empty: rank 0 found this step's checkpoint already saved
-      dist::write_rank_shards((fs::path(tmp) / dist::shard_file_name(c.rank)).string(), params, m, v, c);
+      dist::write_rank_shards((fs::path(tmp) / dist::shard_file_name(c.rank)).string(), params, m, v, c,
+                              model_->state_tensors());
       c.comm->barrier(world);
     }
     c.comm->barrier(world);
@@ -347,11 +348,11 @@ std::string Trainer::save_sharded_checkpoint() {
   std::vector<CheckpointFile> files;
   files.push_back({dist::kShardIndex, [&](const std::string& path) {
                      announce(fs::path(path).parent_path().string());
-                     const std::string text = dist::shard_index(params, layout_, c).dump(1) + "\n";
+                     const std::string text = dist::shard_index(params, layout_, c, model_->state_tensors()).dump(1) + "\n";
                      io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
                    }});
   files.push_back({dist::shard_file_name(0), [&](const std::string& path) {
-                     dist::write_rank_shards(path, params, m, v, c);
+                     dist::write_rank_shards(path, params, m, v, c, model_->state_tensors());
                      c.comm->barrier(world);  // every rank's file is now written and fsync'ed
                    }});
   for (int r = 1; r < c.comm->size(); ++r) files.push_back({dist::shard_file_name(r), [](const std::string&) {}});
@@ -393,6 +394,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
       for (nn::Parameter* p : params) {
         LOOM_CHECK(shards->contains(p->name), dir, "/", dist::kShardIndex, ": missing parameter '", p->name, "'");
         model_->load_parameter(p->name, shards->whole(p->name));
+      }
+      for (const auto& [name, t] : model_->state_tensors()) {  // the same on every rank
+        LOOM_CHECK(shards->contains(name), dir, "/", dist::kShardIndex, ": missing model state '", name, "'");
+        model_->load_state(name, shards->whole(name));
       }
       count = s.at("optimizer_steps").get<int64_t>();
     } else {
@@ -500,6 +505,7 @@ void Trainer::save_weights(const std::string& path) {
     io::NamedTensors tensors;
     auto params = model_->parameters();
     for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back(params[i]->name, whole[i]);
+    for (const auto& [name, t] : model_->state_tensors()) tensors.emplace_back(name, t);
     io::write_safetensors(path, tensors, {{"loom.model_config", model_->model_config().json().dump()}});
   }
   dist_->comm->barrier(dist_->comm->world());

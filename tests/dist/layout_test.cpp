@@ -51,6 +51,8 @@ bool valid(ParallelMode mode, const Mesh& m) {
     case ParallelMode::Fsdp: return m.tensor == 1;
     case ParallelMode::Tp: return m.data == 1;
     case ParallelMode::FsdpTp: return m.data > 1 && m.tensor > 1;
+    case ParallelMode::DpEp:
+    case ParallelMode::FsdpEp: return false;  // these meshes have no expert axis (expert_test.cpp covers it)
   }
   return false;
 }

@@ -30,9 +30,10 @@ struct Corpus : test::SyntheticCorpusDir {
   Corpus() : SyntheticCorpusDir("loom_mpi_cli") {}
 
   // The command line of a run: `ranks` 0 runs loom alone, else under mpirun -np ranks.
-  std::string command(int ranks, const fs::path& out, int64_t steps, const std::string& extra = "") const {
+  std::string command(int ranks, const fs::path& out, int64_t steps, const std::string& extra = "",
+                      const std::string& preset = "tiny") const {
     std::string cmd = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " : "";
-    cmd += std::string(LOOM_CLI) + " train --config tiny --out " + out.string();
+    cmd += std::string(LOOM_CLI) + " train --config " + preset + " --out " + out.string();
     for (const std::string& s : {std::string("model.vocab_size=64"), std::string("model.context_length=32"),
                                  std::string("training.batch_size=8"), std::string("training.threads=1"),
                                  "training.max_steps=" + std::to_string(steps), std::string("schedule.warmup_steps=2"),
@@ -84,6 +85,10 @@ void expect_same_run(const fs::path& ref, const fs::path& got) {
     EXPECT_LE(worst, 1e-5f) << name;
   }
 }
+
+// dsv3-tiny at a learning rate where its one noise-dominated embedding entry stays within 1e-5
+// (expert_test.cpp says why).
+const std::string kDeepSeekSets = "--set optimizer.lr=5e-4 --set optimizer.min_lr=5e-5";
 
 class MpiCli : public ::testing::Test {
  protected:
@@ -182,10 +187,13 @@ TEST_F(MpiCli, AMeshThatDoesNotMatchTheRanksIsRefused) {
   EXPECT_NE(r.log.find("needs 4 ranks"), std::string::npos) << r.log;
 }
 
-TEST_F(MpiCli, KillingOneRankEndsTheJobInBoundedTime) {
+namespace {
+// Kills one of 4 ranks of `mesh_args` (past step 6) with kill -9: the job must end in bounded time, and
+// the same command with --resume continue from the newest complete checkpoint.
+void kill_one_rank_and_resume(const std::string& mesh_args, const std::string& preset) {
   Corpus c;
   const fs::path out = c.dir / "killed", log = c.dir / "killed.log";
-  const std::string cmd = c.command(4, out, 100000, "--mesh data=2,tensor=2 --parallel fsdp_tp") + " >" + log.string() + " 2>&1";
+  const std::string cmd = c.command(4, out, 100000, mesh_args, preset) + " >" + log.string() + " 2>&1";
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -240,11 +248,48 @@ TEST_F(MpiCli, KillingOneRankEndsTheJobInBoundedTime) {
     if (n.rfind("step_", 0) == 0) newest = std::max<int64_t>(newest, std::stoll(n.substr(5)));
   }
   ASSERT_GE(newest, 6);
-  Ran r = sh(c.command(4, out, newest + 2, "--mesh data=2,tensor=2 --parallel fsdp_tp --resume"), c.dir / "resume.log");
+  Ran r = sh(c.command(4, out, newest + 2, mesh_args + " --resume", preset), c.dir / "resume.log");
   ASSERT_EQ(r.status, 0) << r.log;
   EXPECT_NE(r.log.find("resuming from step " + std::to_string(newest)), std::string::npos) << r.log;
   // And the run exports like any other (rank 0 wrote the gathered weights).
   r = sh(std::string(LOOM_CLI) + " export --run " + out.string() + " --out " + (c.dir / "hf").string(), c.dir / "export.log");
   EXPECT_EQ(r.status, 0) << r.log;
   EXPECT_TRUE(fs::exists(c.dir / "hf" / "model.safetensors"));
+}
+}  // namespace
+
+TEST_F(MpiCli, KillingOneRankEndsTheJobInBoundedTime) { kill_one_rank_and_resume("--mesh data=2,tensor=2 --parallel fsdp_tp", "tiny"); }
+
+// The same under expert parallelism (every MoE layer's all-to-all waits on the killed rank).
+TEST_F(MpiCli, KillingOneRankUnderExpertParallelismEndsTheJob) {
+  kill_one_rank_and_resume("--mesh data=2,expert=2 --parallel dp_ep " + kDeepSeekSets, "dsv3-tiny");
+}
+
+// dsv3-tiny on 4 ranks of expert parallelism equals one process (losses, weights and routing biases in
+// model.safetensors), and a checkpoint written with expert=4 resumes with expert=2 to the same end.
+TEST_F(MpiCli, DeepSeekExpertParallelEqualsOneProcessAndResumesOnAnotherExpertCount) {
+  Corpus c;
+  const fs::path ref = c.dir / "ref", ep = c.dir / "ep", resumed = c.dir / "resumed";
+  Ran r = sh(c.command(0, ref, 12, kDeepSeekSets, "dsv3-tiny"), c.dir / "ref.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, ep, 12, "--mesh data=2,expert=2 --parallel dp_ep " + kDeepSeekSets, "dsv3-tiny"), c.dir / "ep.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("mesh data=2,tensor=1,expert=2, mode dp_ep: 4 ranks over mpi"), std::string::npos) << r.log;
+  expect_same_run(ref, ep);
+
+  r = sh(c.command(4, resumed, 6, "--mesh expert=4 --parallel dp_ep " + kDeepSeekSets, "dsv3-tiny"), c.dir / "r1.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  // Expert shards per rank: with expert=4 each rank owns one expert of every expert tensor.
+  const fs::path step6 = resumed / "checkpoints" / "step_00000006";
+  for (int rank = 0; rank < 4; ++rank) {
+    auto f = io::SafetensorsFile::open((step6 / dist::shard_file_name(rank)).string());
+    EXPECT_TRUE(f.contains("layers.1.moe.experts.w1")) << rank;
+    EXPECT_EQ(f.info("layers.1.moe.experts.w1").shape, (std::vector<uint64_t>{1, 16, 32})) << rank;
+    EXPECT_EQ(f.contains("layers.1.moe.bias"), rank == 0) << "model state: rank 0 writes it, once";
+  }
+  r = sh(c.command(2, resumed, 12, "--mesh expert=2 --parallel fsdp_ep --resume " + kDeepSeekSets, "dsv3-tiny"),
+         c.dir / "r2.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, resumed);
 }

@@ -108,6 +108,36 @@ class MpiCommunicator final : public Communicator {
     ++stats.calls;
   }
 
+  void all_to_all_counts(const int64_t* send, int64_t* recv, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoall(send, 1, MPI_INT64_T, recv, 1, MPI_INT64_T, comm(group), &req));
+    wait(req, "all_to_all_counts", group);
+    ++stats.calls;
+  }
+
+  void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
+                    const std::vector<int>& group) override {
+    Blocking guard(*this);
+    const size_t g = group.size();
+    std::vector<int> sc(g), sd(g), rc(g), rd(g);
+    int64_t s_at = 0, r_at = 0;
+    const int me = index_in(group);
+    for (size_t i = 0; i < g; ++i) {
+      sc[i] = count(send_counts[i]);
+      rc[i] = count(recv_counts[i]);
+      sd[i] = count(s_at);
+      rd[i] = count(r_at);
+      s_at += send_counts[i];
+      r_at += recv_counts[i];
+      if (static_cast<int>(i) != me) stats.all_to_all_bytes += send_counts[i] * 4;
+    }
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT, comm(group), &req));
+    wait(req, "all_to_all_v", group);
+    ++stats.calls;
+  }
+
  private:
   // A reduce-scatter then an all-gather (2n(g-1)/g elements on the wire, like a ring, and O(n) memory),
   // each element summed over the members in group order by the member that owns its chunk: every member

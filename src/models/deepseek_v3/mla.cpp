@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/autograd.h"
+#include "dist/runtime.h"
 #include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"
@@ -64,13 +65,18 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(const std::string& name, cons
       wo(nn::join(name, "wo"), c.num_heads * c.d_v, c.d_model, key, nn::Init::normal(c.init_std), false),
       rope_cache(ops::make_rope_cache(c.context_length, c.d_rope, c.rope_theta)) {
   wo.weight.group = nn::ParamGroup::DenseOut;
+  // The down-projections feed norms (q_norm, kv_norm) and the RoPE key every head shares: tensor
+  // parallelism keeps them whole and splits the heads of wq_b, wkv_b and wo (docs/mesh.md).
+  wq_a.weight.group = nn::ParamGroup::DenseInWhole;
+  wkv_a.weight.group = nn::ParamGroup::DenseInWhole;
   for (Module* m : std::initializer_list<Module*>{&wq_a, &q_norm, &wq_b, &wkv_a, &kv_norm, &wkv_b, &wo}) add_child(m);
 }
 
 void MultiHeadLatentAttention::queries(const Tensor& x, const Tensor& positions, Tensor* q_nope, Tensor* q_rope) const {
   const int64_t B = x.size(0), T = x.size(1);
   Tensor q = wq_b.forward(q_norm.forward(wq_a.forward(x)));                      // [B, T, H*(N+P)]
-  q = ops::transpose(ops::reshape(q, {B, T, num_heads, d_nope + d_rope}), 1, 2);  // [B, H, T, N+P]
+  const int64_t H = q.size(-1) / (d_nope + d_rope);  // this rank's heads under tensor parallelism
+  q = ops::transpose(ops::reshape(q, {B, T, H, d_nope + d_rope}), 1, 2);  // [B, H, T, N+P]
   *q_nope = ops::narrow(q, -1, 0, d_nope);
   *q_rope = ops::rope(ops::narrow(q, -1, d_nope, d_rope), positions, rope_cache, kRopeStyle);
 }
@@ -85,16 +91,19 @@ Tensor MultiHeadLatentAttention::latent(const Tensor& x, const Tensor& positions
 Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents) const {
   const int64_t B = latents.size(0), S = latents.size(1), T = q_nope.size(2);
   Tensor c = ops::narrow(latents, -1, 0, kv_rank);            // [B, S, R]
-  Tensor k_rope = ops::narrow(latents, -1, kv_rank, d_rope);  // [B, S, P]
-  Tensor kv = ops::transpose(ops::reshape(wkv_b.forward(c), {B, S, num_heads, d_nope + d_v}), 1, 2);  // [B,H,S,N+Dv]
+  // Under tensor parallelism this rank's heads use the shared key: its gradient sums over the ranks (f).
+  Tensor k_rope = dist::enter_tensor_split(ops::narrow(latents, -1, kv_rank, d_rope), wkv_b.weight);  // [B, S, P]
+  Tensor kv_b = wkv_b.forward(c);                             // [B, S, H*(N+Dv)], this rank's heads
+  const int64_t H = kv_b.size(-1) / (d_nope + d_v);
+  Tensor kv = ops::transpose(ops::reshape(kv_b, {B, S, H, d_nope + d_v}), 1, 2);  // [B,H,S,N+Dv]
   Tensor k_nope = ops::narrow(kv, -1, 0, d_nope);             // [B, H, S, N]
   Tensor v = ops::narrow(kv, -1, d_nope, d_v);                // [B, H, S, Dv]
   // Every head sees the same RoPE key.
   Tensor shared = ops::reshape(k_rope, {B, 1, S, d_rope});
-  Tensor k = ops::concat({k_nope, ops::concat(TensorList(static_cast<size_t>(num_heads), shared), 1)}, -1);
+  Tensor k = ops::concat({k_nope, ops::concat(TensorList(static_cast<size_t>(H), shared), 1)}, -1);
   Tensor q = ops::concat({q_nope, q_rope}, -1);               // [B, H, T, N+P]
   Tensor o = ops::scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, scale);  // [B, H, T, Dv]
-  return ops::reshape(ops::transpose(o, 1, 2), {B, T, num_heads * d_v});
+  return ops::reshape(ops::transpose(o, 1, 2), {B, T, H * d_v});
 }
 
 Tensor MultiHeadLatentAttention::forward(const Tensor& x, const Tensor& positions) const {

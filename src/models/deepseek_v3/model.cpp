@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/autograd.h"
+#include "dist/expert.h"
+#include "dist/runtime.h"
 #include "io/json_checked.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
@@ -28,13 +30,14 @@ MoE::MoE(const std::string& name, const Config& c, RngKey key)
       alpha_seq(c.alpha_seq),
       router(nn::join(name, "router"), c.d_model, c.n_routed, key, init_of(c), false),
       w1(add_parameter(nn::make_parameter(nn::join(name, "experts.w1"), {c.n_routed, c.d_expert, c.d_model}, init_of(c),
-                                          key))),
+                                          key, nn::ParamGroup::ExpertIn))),
       w3(add_parameter(nn::make_parameter(nn::join(name, "experts.w3"), {c.n_routed, c.d_expert, c.d_model}, init_of(c),
-                                          key))),
+                                          key, nn::ParamGroup::ExpertIn))),
       w2(add_parameter(nn::make_parameter(nn::join(name, "experts.w2"), {c.n_routed, c.d_model, c.d_expert}, init_of(c),
-                                          key, nn::ParamGroup::DenseOut))),
+                                          key, nn::ParamGroup::ExpertOut))),
       bias(Tensor::zeros({c.n_routed})),
       bias_name(nn::join(name, "bias")) {
+  router.weight.group = nn::ParamGroup::DenseInWhole;  // every tensor rank routes every token
   add_child(&router);
   if (c.n_shared > 0) {
     shared = std::make_unique<nn::SwiGLU>(nn::join(name, "shared"), c.d_model, c.n_shared * c.d_expert, key, init_of(c));
@@ -47,7 +50,19 @@ Tensor MoE::forward(const Tensor& x, RoutingRecord* record) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   Tensor xf = ops::reshape(x, {B * T, C});                       // [N, C]
   ops::MoeRouting r = ops::moe_route(router.forward(xf), bias, top_k, route_scale);
-  Tensor y = ops::moe_experts(xf, r.expert_index, r.gates, w1.value, w3.value, w2.value, precision);  // [N, C]
+  Tensor y;  // [N, C]
+  if (!w1.dist) {
+    y = ops::moe_experts(xf, r.expert_index, r.gates, w1.value, w3.value, w2.value, precision);
+  } else if (dist::is_split_over(w1, dist::MeshAxis::Expert)) {
+    y = dist::expert_parallel_experts(xf, r.expert_index, r.gates, w1, w3, w2, precision);
+  } else {
+    // Sharded otherwise: FSDP gathers the data splits; under tensor parallelism each rank computes its
+    // d_expert slice of every expert (f on the inputs, g on the partial output, as a row-parallel MLP).
+    y = ops::moe_experts(dist::enter_tensor_split(xf, w1), r.expert_index, dist::enter_tensor_split(r.gates, w1),
+                         dist::data_gathered_value(w1), dist::data_gathered_value(w3), dist::data_gathered_value(w2),
+                         precision);
+    y = dist::leave_tensor_split(y, w2);
+  }
   if (shared) y = ops::add(y, shared->forward(xf));
   if (record != nullptr) {
     Tensor loss = ops::moe_sequence_balance_loss(r, B, T, alpha_seq);
@@ -91,6 +106,7 @@ MtpModule::MtpModule(const std::string& name, const Config& c, RngKey key)
       norm_e(nn::join(name, "norm_e"), c.d_model, c.norm_eps),
       proj(nn::join(name, "proj"), 2 * c.d_model, c.d_model, key, init_of(c), false),
       block(nn::join(name, "block"), c, key, /*moe=*/false) {
+  proj.weight.group = nn::ParamGroup::DenseInWhole;  // writes the residual stream whole
   add_child(&norm_h);
   add_child(&norm_e);
   add_child(&proj);
@@ -163,7 +179,8 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
   RoutingRecord record;
   Tensor h = trunk(ids, positions(0, T), &record);  // [B, T, C]
   Losses out;
-  out.main = ops::linear_cross_entropy(ln_final.forward(h), lm_head.weight.value, targets, -100, lm_head.precision);
+  const Tensor head = nn::compute_value(lm_head.weight);  // [V, C], gathered when sharded
+  out.main = ops::linear_cross_entropy(ln_final.forward(h), head, targets, -100, lm_head.precision);
   out.total = out.main;
   if (!mtp.empty()) {
     Tensor sum;
@@ -175,7 +192,7 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
       const MtpModule& m = *mtp[i];
       Tensor in = ops::concat({m.norm_h.forward(ops::narrow(h, 1, 0, n)), m.norm_e.forward(e)}, -1);  // [B, n, 2C]
       h = m.block.forward(m.proj.forward(in), positions(0, n), nullptr);
-      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h), lm_head.weight.value, ops::narrow(targets, 1, k, n),
+      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h), head, ops::narrow(targets, 1, k, n),
                                             -100, lm_head.precision);
       sum = sum.defined() ? ops::add(sum, ce) : ce;
     }
@@ -200,7 +217,8 @@ Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::loss: targets ", targets.describe(),
              " do not match ids ", ids.describe());
   Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
-  return ops::linear_cross_entropy(ln_final.forward(x), lm_head.weight.value, targets, -100, lm_head.precision);
+  return ops::linear_cross_entropy(ln_final.forward(x), nn::compute_value(lm_head.weight), targets, -100,
+                                   lm_head.precision);
 }
 
 std::unique_ptr<LatentCache> DeepSeekV3::make_latent_cache(int64_t batch, bool absorbed) const {
@@ -265,12 +283,20 @@ void add_counts(std::vector<std::vector<int64_t>>& into, const std::vector<Tenso
     for (int64_t e = 0; e < loads[l].numel(); ++e) into[l][static_cast<size_t>(e)] += p[e];
   }
 }
+
+void add_counts_from(std::vector<std::vector<int64_t>>& into, const std::vector<std::vector<int64_t>>& counts) {
+  if (into.size() != counts.size()) into.assign(counts.size(), {});
+  for (size_t l = 0; l < counts.size(); ++l) {
+    if (into[l].size() != counts[l].size()) into[l].assign(counts[l].size(), 0);
+    for (size_t e = 0; e < counts[l].size(); ++e) into[l][e] += counts[l][e];
+  }
+}
 }  // namespace
 
 void DeepSeekV3::record_training(const Losses& l) const {
   std::lock_guard<std::mutex> lock(training_mutex_);
   add_counts(step_load_, l.expert_load);
-  add_counts(window_load_, l.expert_load);
+  if (!rank_context()) add_counts(window_load_, l.expert_load);  // sharded: the global loads, at the step's end
   window_main_ += l.main.item();
   if (l.mtp.defined()) window_mtp_ += l.mtp.item();
   if (l.balance.defined()) window_balance_ += l.balance.item();
@@ -282,9 +308,26 @@ void DeepSeekV3::begin_training_step() {
   step_load_.clear();
 }
 
+const dist::RankContext* DeepSeekV3::rank_context() const {
+  return token_embeddings.weight.dist.get();  // shard_model points every parameter at the same context
+}
+
 void DeepSeekV3::end_training_step(bool applied) {
   std::lock_guard<std::mutex> lock(training_mutex_);
   const std::vector<MoE*> moes = moe_layers();
+  if (const dist::RankContext* c = rank_context()) {
+    // The global loads: every rank that splits the batch adds its counts, in group order, so every rank
+    // updates the same biases as one process would (exact: integer counts well below 2^53).
+    const dist::Group batch = c->batch_group();
+    std::vector<double> flat;
+    for (const auto& layer : step_load_) flat.insert(flat.end(), layer.begin(), layer.end());
+    if (batch.size() > 1 && !flat.empty()) c->comm->all_reduce_sum(flat.data(), static_cast<int64_t>(flat.size()), batch.ranks);
+    size_t at = 0;
+    for (auto& layer : step_load_) {
+      for (int64_t& v : layer) v = static_cast<int64_t>(flat[at++]);
+    }
+    add_counts_from(window_load_, step_load_);
+  }
   if (applied && config_.gamma > 0 && step_load_.size() == moes.size()) {
     const int64_t E = config_.n_routed;
     for (size_t l = 0; l < moes.size(); ++l) {

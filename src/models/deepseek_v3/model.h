@@ -108,7 +108,8 @@ class DeepSeekV3 : public models::LanguageModel {
   // The routing biases, layers.{i}.moe.bias.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   // Aux-loss-free balancing, after each applied optimizer step: per MoE layer, with load_i the token
-  // slots expert i received over the step's micro-batches,
+  // slots expert i received over the step's micro-batches (on a mesh: summed over the ranks that split
+  // the batch, so every rank applies the update of the global batch),
   //   bias_i += gamma * sign(mean load - load_i)
   // (the seed's update_bias; the sign is taken on integer counts, so it is exact).
   void begin_training_step() override;
@@ -131,6 +132,8 @@ class DeepSeekV3 : public models::LanguageModel {
 
  private:
   Tensor positions(int64_t start, int64_t t) const;
+  // The mesh this model is sharded over (dist::shard_model), or null for one process.
+  const dist::RankContext* rank_context() const;
   // What training forward passes measured (loss() with ctx.training), for the hooks above.
   void record_training(const Losses& l) const;
   mutable std::mutex training_mutex_;

@@ -86,7 +86,8 @@ constexpr const char* kDsv3Austen = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -173,7 +174,8 @@ constexpr const char* kDsv3Mini = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -260,7 +262,8 @@ constexpr const char* kDsv3Tiny = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";

@@ -73,7 +73,8 @@ constexpr const char* kGpt2Austen = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -147,7 +148,8 @@ constexpr const char* kGpt2Large = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -221,7 +223,8 @@ constexpr const char* kGpt2Medium = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -295,7 +298,8 @@ constexpr const char* kGpt2SmallUntied = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -369,7 +373,8 @@ constexpr const char* kGpt2Small = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -443,7 +448,8 @@ constexpr const char* kGpt2Xl = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";

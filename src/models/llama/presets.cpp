@@ -71,7 +71,8 @@ constexpr const char* kCs336Tinystories = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -143,7 +144,8 @@ constexpr const char* kDefault = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";
@@ -215,7 +217,8 @@ constexpr const char* kTiny = R"json({
   },
   "parallel": {
     "mode": "dp",
-    "mesh": "data=1,tensor=1"
+    "mesh": "data=1,tensor=1",
+    "max_expert_rows": 0
   }
 }
 )json";

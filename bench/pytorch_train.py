@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 PRESETS = {
     "cs336-tinystories": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10000.0),
+    "default": dict(vocab_size=2048, context_length=128, d_model=256, num_layers=4, num_heads=8, d_ff=704, rope_theta=10000.0),
     "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=192, rope_theta=10000.0),
     "gpt2-small": dict(arch="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12,
                        d_ff=3072, qkv_bias=True, tie_embeddings=True),

@@ -4,11 +4,18 @@ same training step (forward, backward, global-norm clip, AdamW) on synthetic tok
 
     /usr/bin/python3 bench/pytorch_train.py --preset cs336-tinystories --batch 8 --steps 10 --threads 2
     /usr/bin/python3 bench/pytorch_train.py --preset gpt2-small --context 256 --batch 4 --steps 5
+    $PEER_VENV/bin/python bench/pytorch_train.py --compile --bf16     # PyTorch 2.x (tools/peer_venv.sh)
 
 Prints one JSON line with tokens_per_s, ms_per_step, params and flops_per_token (PaLM: 6N + 12*L*d*T,
 N = the parameters in matrix multiplies: all but lookup tables, the head counted even when tied), so
-the two lines compare directly. GPT-2 here is nanoGPT's: nn.Linear/nn.LayerNorm/F.gelu(tanh), the
-attention written out (PyTorch 1.13 has no fused CPU attention for training), tied head.
+the two lines compare directly. GPT-2 here is nanoGPT's: nn.Linear/nn.LayerNorm/F.gelu(tanh), tied head.
+
+Attention is what a user would write on each version: F.scaled_dot_product_attention(is_causal=True) on
+PyTorch 2.x (its fused CPU kernels), and the written-out softmax(QK^T)V on 1.13, which has no SDPA; the
+JSON's "attention" field says which ran. --compile wraps the forward and the loss in torch.compile (the
+default inductor backend, which generates and compiles C++ on the CPU: it needs a C++ compiler); the
+backward it derives is compiled too, the clip and AdamW step stay eager, as in a typical user's loop.
+Compilation happens in the warm-up steps and is reported apart ("compile_s"), not in the timed steps.
 """
 import argparse
 import json
@@ -21,6 +28,7 @@ import torch.nn.functional as F
 
 PRESETS = {
     "cs336-tinystories": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344, rope_theta=10000.0),
+    "default": dict(vocab_size=2048, context_length=128, d_model=256, num_layers=4, num_heads=8, d_ff=704, rope_theta=10000.0),
     "tiny": dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=192, rope_theta=10000.0),
     "gpt2-small": dict(arch="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12,
                        d_ff=3072, qkv_bias=True, tie_embeddings=True),
@@ -41,8 +49,7 @@ class Gpt2Block(nn.Module):
         B, T, C = x.shape
         D = C // self.h
         q, k, v = (t.view(B, T, self.h, D).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(C, dim=2))
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        a = causal_attention(q, k, v, mask)
         x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -79,6 +86,17 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def causal_attention(q, k, v, mask):
+    """q, k, v: [B, H, T, D] -> [B, H, T, D]."""
+    if HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+
 def rope(x, cos, sin):
     xe, xo = x[..., 0::2], x[..., 1::2]
     return torch.stack((xe * cos - xo * sin, xe * sin + xo * cos), dim=-1).flatten(-2)
@@ -100,8 +118,7 @@ class Block(nn.Module):
         h = self.ln1(x)
         q, k, v = (p(h).view(B, T, self.h, D).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        a = causal_attention(q, k, v, mask)
         x = x + self.output_proj(a.transpose(1, 2).reshape(B, T, C))
         h = self.ln2(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -139,7 +156,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) around forward and loss")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the forward and loss (PyTorch >= 2.0)")
     args = ap.parse_args()
+    if args.compile and not hasattr(torch, "compile"):
+        ap.error(f"--compile needs PyTorch >= 2.0; this is {torch.__version__} (tools/peer_venv.sh installs one)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     c = dict(PRESETS[args.preset])
@@ -153,17 +173,24 @@ def main():
     stream = torch.randint(0, V, (B, T + 1))
     x, y = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
 
+    def forward_loss(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            return F.cross_entropy(model(x).view(-1, V).float(), y.view(-1))
+
+    loss_fn = torch.compile(forward_loss) if args.compile else forward_loss
+
     def step():
         opt.zero_grad(set_to_none=False)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss = F.cross_entropy(model(x).view(-1, V).float(), y.view(-1))
+        loss = loss_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss.item()
 
+    warm_start = time.perf_counter()
     for _ in range(args.warmup):
         step()
+    warm_seconds = time.perf_counter() - warm_start
     start = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
@@ -176,7 +203,9 @@ def main():
     tps = B * T * args.steps / seconds
     print(json.dumps({"framework": f"pytorch {torch.__version__}", "tokens_per_s": tps,
                       "ms_per_step": seconds * 1e3 / args.steps, "params": params, "flops_per_token": fpt,
-                      "gflops": tps * fpt / 1e9, "threads": args.threads, "precision": "bf16" if args.bf16 else "f32", "final_loss": loss}))
+                      "gflops": tps * fpt / 1e9, "threads": args.threads, "precision": "bf16" if args.bf16 else "f32", "final_loss": loss,
+                      "compiled": args.compile, "compile_s": warm_seconds if args.compile else 0.0,
+                      "attention": "sdpa" if HAS_SDPA else "explicit"}))
 
 
 if __name__ == "__main__":

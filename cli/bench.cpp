@@ -1,6 +1,8 @@
 // `loom bench peak`, `train`, `bandwidth` and `qmatmul`: one JSON line each, for the README's performance
-// table and docs/quant.md.
+// table and docs/quant.md. `loom bench roofline`: a per-op-family table and roofline.svg (docs/roofline.md).
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/peak.h"
@@ -8,6 +10,7 @@
 #include "core/parallel.h"
 #include "report/bandwidth.h"
 #include "report/benchmark.h"
+#include "report/roofline.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -98,6 +101,37 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
                               loom::train::MemoryBudget::from_setting(max_memory), "bench train");
     auto r = loom::report::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
+  });
+
+  auto* roof = cmd.add_subcommand("roofline",
+                                  "Profile a training step per op family against the machine's FMA peak and memory "
+                                  "bandwidth; print a table and write roofline.svg");
+  static std::string roof_preset = "tiny", roof_out = ".";
+  static std::vector<std::string> roof_sets;
+  static loom::report::RooflineOptions roof_options;
+  roof->add_option("--preset", roof_preset, "model preset or config file (tiny, cs336-tinystories, gpt2-small, ..., FILE.json)");
+  roof->add_option("--set", roof_sets, "override a config key of the preset (repeatable)");
+  roof->add_option("--batch", roof_options.batch_size, "batch size (default 8)");
+  roof->add_option("--steps", roof_options.steps, "profiled steps (default 3)");
+  roof->add_option("--warmup", roof_options.warmup_steps, "untimed steps first (default 1)");
+  roof->add_option("--threads", roof_options.threads, "threads (default: all)");
+  roof->add_flag("--bf16", roof_options.bf16, "bf16 mixed-precision GEMMs, as bench train --bf16");
+  roof->add_option("--bandwidth-mib", roof_options.bandwidth_mib, "buffer for the bandwidth measurement (default 512)");
+  roof->add_option("--out", roof_out, "folder for roofline.svg and roofline.json (default: .)");
+  roof->callback([] {
+    loom::models::ModelConfig model = loom::train::TrainConfig::load(roof_preset, roof_sets).model;
+    loom::train::check_memory(loom::train::training_step_memory(model, roof_options.batch_size, roof_options.bf16, "--batch"),
+                              loom::train::MemoryBudget::from_setting(""), "bench roofline");
+    auto r = loom::report::bench_roofline(model, roof_options);
+    std::filesystem::create_directories(roof_out);
+    const std::string svg_path = (std::filesystem::path(roof_out) / "roofline.svg").string();
+    std::ofstream svg(svg_path);
+    LOOM_CHECK(svg.good(), "bench roofline: cannot write ", svg_path);
+    svg << r.svg();
+    const std::string json_path = (std::filesystem::path(roof_out) / "roofline.json").string();
+    std::ofstream(json_path) << r.json() << "\n";
+    std::printf("%s", r.table().c_str());
+    std::printf("wrote %s and %s\n", svg_path.c_str(), json_path.c_str());
   });
 });
 

@@ -3,7 +3,10 @@
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/version.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -33,6 +36,11 @@ std::string describe(const std::filesystem::filesystem_error& e) {
 }  // namespace loom::cli
 
 int main(int argc, char** argv) {
+  // GNU OpenMP has read its wait policy from the environment before main runs: to give it loom's
+  // default (a bounded spin, core/parallel.h) when the user set none, the CLI runs itself once more
+  // with the variable set. The second run finds it set and goes on; if the exec fails, so does this one,
+  // with OpenMP's default.
+  if (loom::set_default_wait_policy_env()) execv("/proc/self/exe", argv);
   CLI::App app{"loom: language models from scratch, in C++"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("loom ") + loom::kVersion);

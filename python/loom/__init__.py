@@ -5,6 +5,14 @@ shape, value or file format is ValueError, an unreadable file OSError, an unavai
 RuntimeError. See docs/python.md.
 """
 
+import os as _os
+
+# GNU OpenMP reads its wait policy when the native library loads (just below): unless the user chose one,
+# a bounded spin (GOMP_SPINCOUNT, as the loom CLI sets; see src/core/parallel.h) that keeps the threads
+# from burning a shared CPU's time at every barrier. No effect if another module already loaded libgomp.
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "10000"
+
 from .checkpoint import load_checkpoint, load_safetensors, save_checkpoint, save_safetensors
 from .data import get_batch
 from .functional import (cross_entropy, embedding, linear, multihead_self_attention, rms_norm, rope,

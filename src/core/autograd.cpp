@@ -2,6 +2,7 @@
 
 #include <unordered_map>
 
+#include "core/profile.h"
 #include "ops/elementwise.h"
 
 namespace loom::autograd {
@@ -29,11 +30,16 @@ bool any_requires_grad(const TensorList& inputs) {
 }
 
 void record(const char* name, const TensorList& inputs, const TensorList& outputs, BackwardFn backward) {
+  if (!g_grad_enabled) return;
+  profile::Profile* profile = profile::active();  // null unless `loom bench roofline` (or a test) profiles
+  const int profile_index = profile != nullptr ? profile->on_record(name, inputs, outputs) : -1;
   if (!any_requires_grad(inputs)) return;
   LOOM_ASSERT(inputs.size() <= 64, "ops have at most 64 inputs");
   auto node = std::make_shared<Node>();
   node->name = name;
   node->backward = std::move(backward);
+  node->profile_index = profile_index;
+  if (profile_index >= 0) profile->ops[static_cast<size_t>(profile_index)].has_backward = true;
   node->inputs.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     Edge e;
@@ -118,6 +124,9 @@ void backward(const Tensor& root, const Tensor& grad_root) {
   root.grad_fn()->pending_grads.assign(root.grad_fn()->output_shapes.size(), Tensor());
   root.grad_fn()->pending_grads[static_cast<size_t>(root.output_index())] = seed;
   std::vector<std::shared_ptr<Node>> ready{root.grad_fn()};
+  profile::Profile* profile = profile::active();
+  const double profile_start = profile != nullptr ? profile::Profile::now() : 0.0;
+  double in_nodes = 0;
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
     ready.pop_back();
@@ -132,7 +141,16 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     }
     LOOM_CHECK(node->backward, "backward: the graph through '", node->name,
                "' was already used by an earlier backward()");
-    TensorList input_grads = node->backward(BackwardContext(grads, mask));
+    TensorList input_grads;
+    if (profile == nullptr) {
+      input_grads = node->backward(BackwardContext(grads, mask));
+    } else {
+      const double t0 = profile::Profile::now();
+      input_grads = node->backward(BackwardContext(grads, mask));
+      const double dt = profile::Profile::now() - t0;
+      in_nodes += dt;
+      profile->on_backward(node->profile_index, dt);
+    }
     node->backward = nullptr;  // release saved tensors
     grads.clear();
     LOOM_ASSERT(input_grads.size() <= node->inputs.size(), node->name, " returned ", input_grads.size(),
@@ -166,6 +184,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
       }
     }
   }
+  if (profile != nullptr) profile->backward_glue_seconds += profile::Profile::now() - profile_start - in_nodes;
 }
 
 }  // namespace loom::autograd

@@ -70,6 +70,7 @@ struct Node {
   std::vector<DType> output_dtypes;
   Device device;
   BackwardFn backward;
+  int profile_index = -1;  // this op's entry in the active profile::Profile when it was recorded, else -1
   // Scratch used by the engine during backward().
   TensorList pending_grads;
   int dependencies = 0;

@@ -76,26 +76,38 @@ std::string render_svg(const Chart& chart) {
   const double W = chart.width, H = chart.height;
   const double left = 70, right = 20, top = 40, bottom = 55;
   const double pw = W - left - right, ph = H - top - bottom;
+  // Coordinates are placed in axis space: log10 of the value on a log axis (NaN, so left out, for
+  // values <= 0), the value itself otherwise.
+  auto ax = [&](double x) { return !chart.log_x ? x : x > 0 ? std::log10(x) : std::numeric_limits<double>::quiet_NaN(); };
+  auto ay = [&](double y) { return !chart.log_y ? y : y > 0 ? std::log10(y) : std::numeric_limits<double>::quiet_NaN(); };
 
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& s : chart.series) {
     LOOM_CHECK(s.x.size() == s.y.size(), "plot: series '", s.label, "' has ", s.x.size(), " x values but ",
                s.y.size(), " y values");
+    LOOM_CHECK(s.point_labels.empty() || s.point_labels.size() == s.x.size(), "plot: series '", s.label, "' has ",
+               s.point_labels.size(), " point labels for ", s.x.size(), " points");
     for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
-      x0 = std::min(x0, s.x[i]);
-      x1 = std::max(x1, s.x[i]);
-      y0 = std::min(y0, s.y[i]);
-      y1 = std::max(y1, s.y[i]);
+      const double x = ax(s.x[i]), y = ay(s.y[i]);
+      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      x0 = std::min(x0, x);
+      x1 = std::max(x1, x);
+      y0 = std::min(y0, y);
+      y1 = std::max(y1, y);
     }
   }
-  LOOM_CHECK(std::isfinite(x0), "plot: chart '", chart.title, "' has no finite points");
+  LOOM_CHECK(std::isfinite(x0), "plot: chart '", chart.title, "' has no finite points",
+             chart.log_x || chart.log_y ? " (a log axis leaves out values <= 0)" : "");
   // Non-negative data that comes near zero gets zero on the axis (steps from 0, a learning rate from 0),
-  // so the eye reads proportions right.
-  if (x0 >= 0 && x0 < 0.25 * x1) x0 = 0;
-  if (y0 >= 0 && y0 < 0.25 * y1) y0 = 0;
+  // so the eye reads proportions right. A log axis spans whole decades instead.
+  if (chart.log_x) x0 = std::floor(x0), x1 = std::max(std::ceil(x1), x0 + 1);
+  else if (x0 >= 0 && x0 < 0.25 * x1) x0 = 0;
+  if (!chart.log_y && y0 >= 0 && y0 < 0.25 * y1) y0 = 0;
   if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) {
+  if (chart.log_y) {
+    y0 = std::floor(y0);
+    y1 = std::max(std::ceil(y1), y0 + 1);
+  } else if (y1 == y0) {
     double pad = y0 == 0 ? 1 : std::fabs(y0) * 0.1;
     y0 -= pad;
     y1 += pad;
@@ -104,8 +116,9 @@ std::string render_svg(const Chart& chart) {
     y0 = (y0 >= 0 && y0 - pad < 0) ? 0 : y0 - pad;  // positive data (lr, loss) never gets a negative axis
     y1 += pad;
   }
-  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
-  auto py = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * ph; };
+  auto px = [&](double x) { return left + (ax(x) - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + (1 - (ay(y) - y0) / (y1 - y0)) * ph; };
+  auto visible = [&](double x, double y) { return std::isfinite(ax(x)) && std::isfinite(ay(y)); };
 
   std::string svg;
   svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(chart.width) + "\" height=\"" +
@@ -115,21 +128,29 @@ std::string render_svg(const Chart& chart) {
   svg += "<text class=\"title\" x=\"" + fmt(left + pw / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" +
          escape_xml(chart.title) + "</text>\n";
 
-  // Grid and tick labels.
-  auto xt = nice_ticks(x0, x1, 8), yt = nice_ticks(y0, y1, 6);
+  // Grid and tick labels; ticks are values (px/py map them), one per decade on a log axis.
+  auto decades = [](double lo, double hi) {
+    std::vector<double> t;
+    for (double k = lo; k <= hi + 1e-9; k += 1) t.push_back(std::pow(10.0, k));
+    return t;
+  };
+  auto xt = chart.log_x ? decades(x0, x1) : nice_ticks(x0, x1, 8);
+  auto yt = chart.log_y ? decades(y0, y1) : nice_ticks(y0, y1, 6);
   double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  auto label_x = [&](double v) { return chart.log_x ? tick_label(v, v) : tick_label(v, xstep); };
+  auto label_y = [&](double v) { return chart.log_y ? tick_label(v, v) : tick_label(v, ystep); };
   svg += "<g class=\"grid\" stroke=\"#e0e0e0\" stroke-width=\"1\">\n";
   for (double v : xt) svg += "<line x1=\"" + fmt(px(v)) + "\" y1=\"" + fmt(top) + "\" x2=\"" + fmt(px(v)) + "\" y2=\"" + fmt(top + ph) + "\"/>\n";
   for (double v : yt) svg += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(py(v)) + "\" x2=\"" + fmt(left + pw) + "\" y2=\"" + fmt(py(v)) + "\"/>\n";
   svg += "</g>\n<g class=\"xticks\" text-anchor=\"middle\">\n";
   for (double v : xt) {
     svg += "<line x1=\"" + fmt(px(v)) + "\" y1=\"" + fmt(top + ph) + "\" x2=\"" + fmt(px(v)) + "\" y2=\"" + fmt(top + ph + 5) + "\" stroke=\"black\"/>";
-    svg += "<text x=\"" + fmt(px(v)) + "\" y=\"" + fmt(top + ph + 19) + "\">" + tick_label(v, xstep) + "</text>\n";
+    svg += "<text x=\"" + fmt(px(v)) + "\" y=\"" + fmt(top + ph + 19) + "\">" + label_x(v) + "</text>\n";
   }
   svg += "</g>\n<g class=\"yticks\" text-anchor=\"end\">\n";
   for (double v : yt) {
     svg += "<line x1=\"" + fmt(left - 5) + "\" y1=\"" + fmt(py(v)) + "\" x2=\"" + fmt(left) + "\" y2=\"" + fmt(py(v)) + "\" stroke=\"black\"/>";
-    svg += "<text x=\"" + fmt(left - 8) + "\" y=\"" + fmt(py(v) + 4) + "\">" + tick_label(v, ystep) + "</text>\n";
+    svg += "<text x=\"" + fmt(left - 8) + "\" y=\"" + fmt(py(v) + 4) + "\">" + label_y(v) + "</text>\n";
   }
   svg += "</g>\n";
   // Axes and their labels.
@@ -152,8 +173,8 @@ std::string render_svg(const Chart& chart) {
       }
       points.clear();
     };
-    for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+    for (size_t i = 0; i < s.x.size() && s.line; ++i) {
+      if (!visible(s.x[i], s.y[i])) {
         flush();
         continue;
       }
@@ -165,8 +186,12 @@ std::string render_svg(const Chart& chart) {
     flush();
     if (s.markers) {
       for (size_t i = 0; i < s.x.size(); ++i) {
-        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+        if (!visible(s.x[i], s.y[i])) continue;
         svg += "<circle cx=\"" + fmt(px(s.x[i])) + "\" cy=\"" + fmt(py(s.y[i])) + "\" r=\"3\" fill=\"" + s.color + "\"/>\n";
+        if (!s.point_labels.empty() && !s.point_labels[i].empty()) {
+          svg += "<text class=\"point-label\" x=\"" + fmt(px(s.x[i]) + 6) + "\" y=\"" + fmt(py(s.y[i]) - 5) +
+                 "\" font-size=\"11\">" + escape_xml(s.point_labels[i]) + "</text>\n";
+        }
       }
     }
     svg += "</g>\n";
@@ -174,9 +199,12 @@ std::string render_svg(const Chart& chart) {
 
   // Legend, top right inside the plot.
   if (chart.series.size() > 1 || (!chart.series.empty() && !chart.series[0].label.empty())) {
-    double lx = left + pw - 150, ly = top + 10;
+    size_t longest = 0;  // the box grows with the longest label (~7 px a character at 12 px)
+    for (const auto& s : chart.series) longest = std::max(longest, s.label.size());
+    const double lw = std::max(140.0, 48.0 + 7.0 * static_cast<double>(longest));
     double lh = 20.0 * static_cast<double>(chart.series.size()) + 8;
-    svg += "<g class=\"legend\"><rect x=\"" + fmt(lx) + "\" y=\"" + fmt(ly) + "\" width=\"140\" height=\"" + fmt(lh) +
+    double lx = left + pw - lw - 10, ly = chart.legend_bottom_right ? top + ph - lh - 10 : top + 10;
+    svg += "<g class=\"legend\"><rect x=\"" + fmt(lx) + "\" y=\"" + fmt(ly) + "\" width=\"" + fmt(lw) + "\" height=\"" + fmt(lh) +
            "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n";
     for (size_t i = 0; i < chart.series.size(); ++i) {
       const auto& s = chart.series[i];

@@ -1,5 +1,5 @@
-// Line charts as hand-written SVG (no plotting library): axes, "nice" 1-2-5 ticks, grid, labels,
-// polylines, optional point markers and a legend. `loom plot DIR` uses it to draw a run's loss and
+// Line charts as hand-written SVG (no plotting library): axes, "nice" 1-2-5 ticks (decades on a log
+// axis), grid, labels, polylines, optional point markers with text labels, and a legend. `loom plot DIR` uses it to draw a run's loss and
 // learning-rate curves from DIR/metrics.jsonl.
 #pragma once
 
@@ -13,6 +13,8 @@ struct Series {
   std::string color = "#1f77b4";
   std::vector<double> x, y;  // same length; non-finite y values break the line
   bool markers = false;      // a dot at each point (for sparse series such as validation loss)
+  bool line = true;          // false: markers only (a scatter)
+  std::vector<std::string> point_labels;  // empty, or one text per point drawn beside its marker
   double stroke_width = 1.5;
 };
 
@@ -23,6 +25,8 @@ struct Chart {
   std::vector<Series> series;
   int width = 800;
   int height = 450;
+  bool log_x = false, log_y = false;  // log10 axes (whole decades); points <= 0 are then left out
+  bool legend_bottom_right = false;   // the legend's corner (default: top right)
 };
 
 // Ticks covering [lo, hi] with a step of 1, 2 or 5 times a power of ten, about `target` of them; all

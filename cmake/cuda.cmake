@@ -4,11 +4,13 @@
 # them, OFF skips them. Kernels are compiled for Hopper (sm_90 machine code) with compute_90 PTX kept, so
 # newer GPUs run them too after the driver compiles the PTX. Sets:
 #   LOOM_HAVE_CUDA   ON when the backend is built (the object library loom_cuda)
+#   LOOM_HAVE_NCCL   ON when NCCL is found too (the NCCL communicator)
 #   LOOM_CUDA_LINK   what loom_lib links: cudart (static: it loads the driver itself at first use, so a
-#                    machine without a driver still runs loom), cuBLASLt
+#                    machine without a driver still runs loom), cuBLASLt, NCCL
 set(LOOM_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when the toolkit is found), ON, OFF")
 set_property(CACHE LOOM_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(LOOM_HAVE_CUDA OFF)
+set(LOOM_HAVE_NCCL OFF)
 set(LOOM_CUDA_LINK "")
 
 string(TOUPPER "${LOOM_CUDA}" loom_cuda_mode)
@@ -50,6 +52,17 @@ set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backends/cuda/*.cu
                                                ${CMAKE_SOURCE_DIR}/src/backends/cuda/*.cpp)
+# NCCL: the toolkit here ships it in lib/ beside lib64/.
+find_path(LOOM_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+find_library(LOOM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+             ${CUDAToolkit_LIBRARY_DIR}/../lib)
+if(LOOM_NCCL_INCLUDE_DIR AND LOOM_NCCL_LIBRARY)
+  set(LOOM_HAVE_NCCL ON)
+  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/backends/cuda/nccl/nccl_communicator.cpp)
+else()
+  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/backends/cuda/nccl/nccl_stub.cpp)
+endif()
+
 add_library(loom_cuda OBJECT ${LOOM_CUDA_SOURCES})
 set_target_properties(loom_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(loom_cuda PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src)
@@ -57,5 +70,9 @@ target_link_libraries(loom_cuda PRIVATE CUDA::cudart_static CUDA::cublasLt)
 # -lineinfo: source lines in profiles and compute-sanitizer reports, at no speed cost.
 target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
 list(APPEND LOOM_CUDA_LINK CUDA::cudart_static CUDA::cublasLt)
+if(LOOM_HAVE_NCCL)
+  target_include_directories(loom_cuda PRIVATE ${LOOM_NCCL_INCLUDE_DIR})
+  list(APPEND LOOM_CUDA_LINK ${LOOM_NCCL_LIBRARY})
+endif()
 message(STATUS "loom: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
-               "${CMAKE_CUDA_ARCHITECTURES})")
+               "${CMAKE_CUDA_ARCHITECTURES}, NCCL ${LOOM_HAVE_NCCL})")

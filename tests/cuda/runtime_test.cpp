@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include "backends/backend.h"
+#include "backends/cuda/nccl/nccl_communicator.h"
 #include "core/step_capture.h"
 #include "gpu_test.h"
 #include "ops/elementwise.h"
+#include "ops/norm.h"
 #include "ops/softmax.h"
 
 using namespace loom;
@@ -69,4 +71,22 @@ TEST(CudaDispatch, MixedDevicesAreRefusedNamingBoth) {
   EXPECT_TRUE(contains(m, "add")) << m;
   EXPECT_TRUE(contains(m, "cpu")) << m;
   EXPECT_TRUE(contains(m, "cuda:0")) << m;
+}
+
+TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present";
+  Tensor x = test::fake_cuda({4, 8});
+  Tensor w = test::fake_cuda({8});
+  for (const auto& [op, f] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"rms_norm", [&] { ops::rms_norm(x, w); }},
+           {"add", [&] { ops::add(x, x); }},
+           {"mul", [&] { ops::mul(x, x); }},
+           {"scale", [&] { ops::scale(x, 2.0f); }},
+           {"add_", [&] { ops::add_(x, x); }}}) {
+    const std::string m = message_of(f);
+    EXPECT_TRUE(contains(m, op + ": ")) << op << ": " << m;
+    EXPECT_TRUE(contains(m, "cuda:0")) << op << ": " << m;
+    EXPECT_TRUE(contains(m, cuda::unavailable_reason())) << op << ": " << m;
+  }
+  EXPECT_TRUE(contains(message_of([] { cuda::make_nccl_communicator(nullptr, 0); }), "nccl"));
 }

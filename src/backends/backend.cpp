@@ -3,7 +3,34 @@
 namespace loom {
 
 void unsupported_device(const char* op, Device device) {
-  LOOM_FAIL(op, ": no kernel for device ", device, " in this build (backends built: cpu)");
+  if (device.is_cuda() && cuda::built()) {
+    LOOM_FAIL(op, ": the CUDA backend has no kernel for this op yet (an input is on ", device,
+              "); move the tensors to the CPU with .to(Device::cpu()), or see docs/cuda.md for the ops it has");
+  }
+  LOOM_FAIL(op, ": no kernel for device ", device, " in this build (backends built: cpu",
+            cuda::built() ? ", cuda" : "", device.is_cuda() ? "; it was built without the CUDA toolkit" : "", ")");
+}
+
+Device dispatch_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+    } else {
+      LOOM_CHECK(t->device() == first->device(), op, ": tensors are on different devices (", first->device(),
+                 " and ", t->device(), ")");
+    }
+  }
+  LOOM_CHECK(first != nullptr, op, ": no defined tensor to dispatch on");
+  const Device device = first->device();
+  if (device.is_cuda()) cuda::check_device(op, device);
+  return device;
+}
+
+cuda::Context& cuda_context(const char* op, Device device) {
+  cuda::check_device(op, device);
+  return cuda::context(device.index());
 }
 
 }  // namespace loom

@@ -1,23 +1,35 @@
 // How ops reach kernels.
 //
 // An op (src/ops/<family>.cpp) validates its arguments, allocates outputs on the inputs' device, and
-// calls the kernel for that device: cpu::<kernel> from src/backends/cpu/<family>.h today, and
-// cuda::<kernel> from src/backends/cuda/<family>.h once that backend exists. Model code only ever calls
-// ops, so adding a backend touches ops and backends, never models.
+// calls the kernel for that device: cpu::<kernel> from src/backends/cpu/<family>.h, or
+// cuda::<kernel> from src/backends/cuda/<family>.h with the device's Context (its stream). Model code
+// only ever calls ops, so adding a backend touches ops and backends, never models.
+//
+// An op whose family has no CUDA kernel yet calls require_cpu(); given a CUDA tensor it throws an error
+// naming the op and the device (docs/cuda.md lists the ops that have CUDA kernels).
 #pragma once
 
+#include "backends/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace loom {
 
-// Throws a clear error for a device whose backend this build lacks.
+// Throws a clear error for a device whose backend this build lacks, or whose backend has no kernel
+// for `op` yet.
 [[noreturn]] void unsupported_device(const char* op, Device device);
 
-// Checks that every defined tensor is on the CPU backend (the only one built so far).
+// Checks that every defined tensor is on the CPU (ops with no kernel on another backend yet).
 inline void require_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors) {
     if (t != nullptr && t->defined() && !t->device().is_cpu()) unsupported_device(op, t->device());
   }
 }
+
+// For ops with kernels on several backends: the device all defined tensors share (an error names the
+// op and both devices otherwise), checked to be usable by this build and machine.
+Device dispatch_device(const char* op, std::initializer_list<const Tensor*> tensors);
+
+// The CUDA context (stream, device index) an op's kernels run with on `device`.
+cuda::Context& cuda_context(const char* op, Device device);
 
 }  // namespace loom

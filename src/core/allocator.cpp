@@ -5,6 +5,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cuda/runtime.h"
+
 namespace loom {
 namespace {
 
@@ -74,8 +76,8 @@ class CpuCachingAllocator final : public Allocator {
 }  // namespace
 
 Allocator& allocator_for(Device device) {
-  LOOM_CHECK(device.is_cpu(), "no allocator for device ", device,
-             ": this build of loom has only the CPU backend");
+  // A GPU's caching allocator (core/caching_allocator.h) lives with its context in the CUDA backend.
+  if (device.is_cuda()) return cuda::device_allocator(device.index());
   // Leaked on purpose: tensors held in static objects may be freed after main returns.
   static auto* cpu = new CpuCachingAllocator();
   return *cpu;

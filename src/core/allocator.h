@@ -3,7 +3,8 @@
 // Blocks are 64-byte aligned and kept in per-size free lists when released, so a training step that
 // requests the same sizes as the previous one gets every buffer from the cache: after the first step,
 // `system_allocations()` stops growing. This is what "a train step allocates nothing after its first
-// run" means here, and the test in tests/core checks it. (A CUDA allocator will follow the same shape.)
+// run" means here, and the test in tests/core checks it. A GPU's allocator (core/caching_allocator.h, with
+// segments, splitting and streams) gives the same promise through the same interface.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,10 @@
 #include "core/tensor.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "backends/cpu/elementwise.h"
+#include "backends/cuda/runtime.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
 
@@ -108,9 +110,19 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  Tensor out = empty(shape(), dtype(), target);
+  out.copy_from(*this);
+  return out;
+}
+
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return clone();
-  LOOM_CHECK(device().is_cpu(), "to(", target, "): only CPU tensors convert for now, got ", device());
+  if (!device().is_cpu()) {
+    // Through the host until the CUDA backend has a conversion kernel: correct, not fast.
+    return to(Device::cpu()).to(target).to(device());
+  }
   Tensor out = empty(shape(), target, device());
   const int64_t n = numel();
   auto load = [&](int64_t i) -> float {
@@ -149,7 +161,15 @@ Tensor Tensor::to(DType target) const {
 }
 
 void Tensor::fill_(float value) {
-  LOOM_CHECK(device().is_cpu(), "fill_: only CPU tensors for now, got ", device());
+  if (!device().is_cpu()) {
+    // Zero is all-zero bytes in every dtype; other values are filled on the host and copied.
+    if (value == 0.0f && !std::signbit(value)) {
+      cuda::zero(raw_data(), device(), nbytes(), "fill_");
+    } else {
+      copy_from(full(shape(), value, dtype(), Device::cpu()));
+    }
+    return;
+  }
   const int64_t n = numel();
   switch (dtype()) {
     case DType::F32: {
@@ -172,8 +192,12 @@ void Tensor::fill_(float value) {
 void Tensor::copy_from(const Tensor& src) {
   LOOM_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_from: source ", src.describe(),
              " does not match destination ", describe());
-  LOOM_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_from: only CPU tensors for now");
-  if (raw_data() == src.raw_data()) return;
+  if (raw_data() == src.raw_data() && device() == src.device()) return;
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    cuda::copy(raw_data(), device(), src.raw_data(), src.device(), nbytes(),
+               device().is_cpu() ? "copy to cpu" : "copy to cuda");
+    return;
+  }
   char* d = static_cast<char*>(raw_data());
   const char* s = static_cast<const char*>(src.raw_data());
   const int64_t n = static_cast<int64_t>(nbytes());

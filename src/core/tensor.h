@@ -76,6 +76,9 @@ class Tensor {
   Tensor clone() const;
   // A copy converted to `dtype` (f32 <-> bf16 rounds to nearest even; not recorded).
   Tensor to(DType dtype) const;
+  // The same values on `device` (host <-> GPU, GPU <-> GPU); *this when already there. Not recorded.
+  // Copies to the host wait for the device, so the result is ready to read.
+  Tensor to(Device device) const;
 
   // In place, not recorded.
   void fill_(float value);

@@ -2,6 +2,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/elementwise.h"
+#include "backends/cuda/elementwise.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -12,15 +13,25 @@ void check_binary(const Tensor& a, const Tensor& b, const char* op) {
   check_dtype(b, DType::F32, op, "b");
   LOOM_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", a.shape(), " vs ", b.shape());
   check_same_device(a, b, op);
-  require_cpu(op, {&a, &b});
+}
+
+// The CUDA context when the operands are on a GPU, else null (the CPU kernels run).
+const cuda::Context* gpu(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Device device = dispatch_device(op, tensors);
+  return device.is_cuda() ? &cuda_context(op, device) : nullptr;
 }
 
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   check_binary(a, b, "add");
+  const cuda::Context* cu = gpu("add", {&a, &b});  // before allocating, so errors name the op
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  cpu::add_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  if (cu != nullptr) {
+    cuda::add_forward(*cu, out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  } else {
+    cpu::add_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  }
   autograd::record("add", {a, b}, {out}, [](const autograd::BackwardContext& ctx) {
     const Tensor& g = ctx.grad_output(0);
     return TensorList{g, g};
@@ -30,6 +41,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   check_binary(a, b, "sub");
+  require_cpu("sub", {&a, &b});
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   cpu::axpby(out.data<float>(), 1.0f, a.data<float>(), -1.0f, b.data<float>(), a.numel());
   autograd::record("sub", {a, b}, {out}, [](const autograd::BackwardContext& ctx) {
@@ -41,8 +53,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   check_binary(a, b, "mul");
+  const cuda::Context* cu = gpu("mul", {&a, &b});  // before allocating, so errors name the op
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  cpu::mul_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  if (cu != nullptr) {
+    cuda::mul_forward(*cu, out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  } else {
+    cpu::mul_forward(out.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  }
   autograd::record("mul", {a, b}, {out}, [a, b](const autograd::BackwardContext& ctx) {
     const Tensor& g = ctx.grad_output(0);
     return TensorList{ctx.needs_input_grad(0) ? mul(g, b) : Tensor(),
@@ -53,9 +70,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor scale(const Tensor& a, float s) {
   check_dtype(a, DType::F32, "scale", "a");
-  require_cpu("scale", {&a});
+  const cuda::Context* cu = gpu("scale", {&a});  // before allocating, so errors name the op
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  cpu::scale_forward(out.data<float>(), a.data<float>(), s, a.numel());
+  if (cu != nullptr) {
+    cuda::scale_forward(*cu, out.data<float>(), a.data<float>(), s, a.numel());
+  } else {
+    cpu::scale_forward(out.data<float>(), a.data<float>(), s, a.numel());
+  }
   autograd::record("scale", {a}, {out}, [s](const autograd::BackwardContext& ctx) {
     return TensorList{scale(ctx.grad_output(0), s)};
   });
@@ -81,7 +102,11 @@ Tensor mean(const Tensor& a) {
 
 void add_(Tensor& dst, const Tensor& src) {
   check_binary(dst, src, "add_");
-  cpu::add_inplace(dst.data<float>(), src.data<float>(), dst.numel());
+  if (const cuda::Context* cu = gpu("add_", {&dst, &src})) {
+    cuda::add_inplace(*cu, dst.data<float>(), src.data<float>(), dst.numel());
+  } else {
+    cpu::add_inplace(dst.data<float>(), src.data<float>(), dst.numel());
+  }
 }
 
 }  // namespace loom::ops

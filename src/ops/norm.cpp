@@ -6,9 +6,11 @@
 #include "ops/norm.h"
 
 #include <cmath>
+#include <string_view>
 
 #include "backends/backend.h"
 #include "backends/cpu/norm.h"
+#include "backends/cuda/norm.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -31,7 +33,8 @@ int64_t check_norm_args(const Tensor& x, const Tensor& weight, const Tensor* bia
   }
   LOOM_CHECK(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got eps=", eps);
   check_same_device(x, weight, op);
-  require_cpu(op, {&x, &weight, bias});
+  // rms_norm has CUDA kernels (it dispatches itself); the other norms run on the CPU only so far.
+  if (std::string_view(op) != "rms_norm") require_cpu(op, {&x, &weight, bias});
   return C;
 }
 
@@ -46,20 +49,38 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
              x.describe());
   const int64_t rows = x.numel() / C;
   const bool recording = autograd::any_requires_grad({x, weight});
+  const Device device = dispatch_device("rms_norm", {&x, &weight});  // before allocating: errors name the op
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
-  if (x.dtype() == DType::F32) {
+  if (device.is_cuda()) {
+    const cuda::Context& cu = cuda_context("rms_norm", device);
+    if (x.dtype() == DType::F32) {
+      cuda::rms_norm_forward(cu, y.data<float>(), rstd_ptr, x.data<float>(), weight.data<float>(), rows, C, eps);
+    } else {
+      cuda::rms_norm_forward(cu, y.data<bf16>(), rstd_ptr, x.data<bf16>(), weight.data<float>(), rows, C, eps);
+    }
+  } else if (x.dtype() == DType::F32) {
     cpu::rms_norm_forward(y.data<float>(), rstd_ptr, x.data<float>(), weight.data<float>(), rows, C, eps);
   } else {
     cpu::rms_norm_forward(y.data<bf16>(), rstd_ptr, x.data<bf16>(), weight.data<float>(), rows, C, eps);
   }
   autograd::record("rms_norm", {x, weight}, {y}, [x, weight, rstd, rows, C](const autograd::BackwardContext& ctx) {
     const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
+    const Device device = dispatch_device("rms_norm backward", {&dy, &x, &weight});
     Tensor dx = ctx.needs_input_grad(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
     Tensor dw = ctx.needs_input_grad(1) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
     float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
-    if (x.dtype() == DType::F32) {
+    if (device.is_cuda()) {
+      const cuda::Context& cu = cuda_context("rms_norm backward", device);
+      if (x.dtype() == DType::F32) {
+        cuda::rms_norm_backward(cu, dx.defined() ? dx.data<float>() : nullptr, dw_ptr, dy.data<float>(),
+                                x.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      } else {
+        cuda::rms_norm_backward(cu, dx.defined() ? dx.data<bf16>() : nullptr, dw_ptr, dy.data<bf16>(),
+                                x.data<bf16>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      }
+    } else if (x.dtype() == DType::F32) {
       cpu::rms_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw_ptr, dy.data<float>(), x.data<float>(),
                              weight.data<float>(), rstd.data<float>(), rows, C);
     } else {

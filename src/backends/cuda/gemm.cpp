@@ -1,0 +1,151 @@
+// cuBLASLt GEMMs (gemm.h). Untested until a GPU run (docs/cuda.md).
+#include "backends/cuda/gemm.h"
+
+#include <array>
+#include <memory>
+#include <mutex>
+
+#include "backends/cuda/check.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int kMaxDevices = 64;
+
+struct LtState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+// One per device, made on first use and kept for the process (like the device's context).
+LtState& lt_state(const Context& ctx) {
+  static std::mutex mutex;
+  static auto* states = new std::array<std::unique_ptr<LtState>, kMaxDevices>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& s = (*states)[static_cast<size_t>(ctx.index)];
+  if (!s) {
+    auto made = std::make_unique<LtState>();
+    DeviceGuard guard(ctx.index, "gemm");
+    LOOM_CUBLAS_CHECK("gemm", cublasLtCreate(&made->handle));
+    made->workspace = device_allocator(ctx.index).allocate(kWorkspaceBytes);
+    s = std::move(made);
+  }
+  return *s;
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Owns the descriptors of one call.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
+  if (batch == 1) return;
+  int32_t count = static_cast<int32_t>(batch);
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                              sizeof(count)));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                              &stride, sizeof(stride)));
+}
+
+void validate(const GemmProblem& p) {
+  LOOM_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, "gemm: sizes must be >= 0, got M=", p.M, " N=", p.N, " K=", p.K);
+  LOOM_CHECK(p.input == DType::F32 || p.input == DType::BF16, "gemm: inputs must be f32 or bf16, got ", p.input);
+  LOOM_CHECK(p.output == DType::F32 || (p.output == DType::BF16 && p.input == DType::BF16),
+             "gemm: output must be f32, or bf16 with bf16 inputs; got ", p.input, " inputs and ", p.output,
+             " output");
+  LOOM_CHECK(p.lda >= (p.trans_a ? p.M : p.K) && p.ldb >= (p.trans_b ? p.K : p.N) && p.ldc >= p.N,
+             "gemm: leading dimensions too small: lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc, " for M=", p.M,
+             " N=", p.N, " K=", p.K, " trans_a=", p.trans_a, " trans_b=", p.trans_b);
+  LOOM_CHECK(p.epilogue == GemmEpilogue::None || p.bias != nullptr, "gemm: a bias epilogue needs a bias");
+  LOOM_CHECK(p.batch >= 1, "gemm: batch must be >= 1, got ", p.batch);
+  const int64_t limit = 0x7fffffff;
+  LOOM_CHECK(p.M <= limit && p.N <= limit && p.K <= limit && p.batch <= limit,
+             "gemm: sizes beyond cuBLASLt's 32-bit limits: M=", p.M, " N=", p.N, " K=", p.K, " batch=", p.batch);
+}
+
+}  // namespace
+
+void gemm(const Context& ctx, const GemmProblem& p) {
+  validate(p);
+  if (p.M == 0 || p.N == 0) return;
+  DeviceGuard guard(ctx.index, "gemm");
+  LtState& lt = lt_state(ctx);
+  Descriptors d;
+  // Column-major view: D^T[N,M] = opB'(B^T) @ opA'(A^T); cuBLASLt's "A" is our B and its "B" our A.
+  const cublasOperation_t op_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (p.epilogue != GemmEpilogue::None) {
+    const cublasLtEpilogue_t epi =
+        p.epilogue == GemmEpilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
+                                                              sizeof(p.bias)));
+    const cudaDataType_t bias_type = CUDA_R_32F;  // loom keeps biases in f32
+    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                              sizeof(bias_type)));
+    if (p.batch > 1) {
+      const int64_t bias_stride = 0;  // one bias for every batch
+      LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                                &bias_stride, sizeof(bias_stride)));
+    }
+  }
+  const cudaDataType_t in = cuda_type(p.input), out = cuda_type(p.output);
+  // Stored (pre-op) shapes, column-major: our row-major X[r, c] with ld is column-major [c, r] with ld.
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.a, in, p.trans_b ? p.K : p.N, p.trans_b ? p.N : p.K, p.ldb));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.b, in, p.trans_a ? p.M : p.K, p.trans_a ? p.K : p.M, p.lda));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.c, out, p.N, p.M, p.ldc));
+  set_batch(d.a, p.batch, p.stride_b);
+  set_batch(d.b, p.batch, p.stride_a);
+  set_batch(d.c, p.batch, p.stride_c);
+
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceCreate(&d.pref));
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                  &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulAlgoGetHeuristic(lt.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                                            &heuristic, &found));
+  LOOM_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for M=", p.M, " N=", p.N, " K=", p.K, " (", p.input,
+             " -> ", p.output, ", trans_a=", p.trans_a, " trans_b=", p.trans_b, ", epilogue ",
+             static_cast<int>(p.epilogue), ")");
+  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmul(lt.handle, d.op, &p.alpha, p.B, d.a, p.A, d.b, &p.beta, p.C, d.c, p.C,
+                                            d.c, &heuristic.algo, lt.workspace, kWorkspaceBytes, ctx.stream));
+}
+
+void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+          const float* bias, GemmEpilogue epilogue) {
+  gemm(ctx, GemmProblem{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, DType::F32, DType::F32,
+                        bias, epilogue});
+}
+
+void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
+               const float* bias, GemmEpilogue epilogue) {
+  gemm(ctx, GemmProblem{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, DType::BF16, DType::F32,
+                        bias, epilogue});
+}
+
+void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, bf16* C, int64_t ldc,
+               const float* bias, GemmEpilogue epilogue) {
+  gemm(ctx, GemmProblem{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, DType::BF16, DType::BF16,
+                        bias, epilogue});
+}
+
+}  // namespace loom::cuda

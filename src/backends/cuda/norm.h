@@ -1,0 +1,26 @@
+// CUDA kernels for RMSNorm over the last dimension: the contracts of backends/cpu/norm.h (same
+// legend, layouts and dtypes), on device memory, queued on ctx's stream.
+//
+// Legend: R rows, C the normalised dimension. x, y, dy, dx: [R, C] f32 or bf16; weight, dweight: [C]
+// f32; rstd: [R] f32. Outputs are overwritten; a null output means "not wanted".
+// dweight is deterministic: rows are cut into fixed chunks, each chunk sums into its own [C] partial,
+// and the partials are added in chunk order (as on the CPU, though the chunks differ, so the bits may).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/runtime.h"
+#include "core/dtype.h"
+
+namespace loom::cuda {
+
+void rms_norm_forward(const Context& ctx, float* y, float* rstd, const float* x, const float* weight, int64_t rows,
+                      int64_t C, float eps);
+void rms_norm_forward(const Context& ctx, bf16* y, float* rstd, const bf16* x, const float* weight, int64_t rows,
+                      int64_t C, float eps);
+void rms_norm_backward(const Context& ctx, float* dx, float* dweight, const float* dy, const float* x,
+                       const float* weight, const float* rstd, int64_t rows, int64_t C);
+void rms_norm_backward(const Context& ctx, bf16* dx, float* dweight, const bf16* dy, const bf16* x,
+                       const float* weight, const float* rstd, int64_t rows, int64_t C);
+
+}  // namespace loom::cuda

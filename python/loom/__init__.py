@@ -17,15 +17,18 @@ from .checkpoint import load_checkpoint, load_safetensors, save_checkpoint, save
 from .data import get_batch
 from .functional import (cross_entropy, embedding, linear, multihead_self_attention, rms_norm, rope,
                          scaled_dot_product_attention, silu, softmax, swiglu)
-from .mesh import Mesh, ShardedModel, batch_spec, validate_mesh_for_devices, validate_mesh_for_mode, validate_mode
+from .mesh import (MODES, Mesh, ShardedModel, batch_spec, validate_experts_for_mesh, validate_mesh_for_devices,
+                   validate_mesh_for_mode, validate_mode)
 from .model import Model, Run, TransformerBlock, TransformerLM, load_run
 from .optim import AdamW, clip_grad_norm, cosine_lr
 from .tokenizer import Tokenizer, train_bpe
 from .training import resolve_config, train
 
 __all__ = [
-    "AdamW", "Mesh", "Model", "Run", "Tokenizer", "TransformerBlock", "TransformerLM", "clip_grad_norm", "cosine_lr",
+    "AdamW", "MODES", "Mesh", "Model", "Run", "Tokenizer", "TransformerBlock", "TransformerLM", "clip_grad_norm",
+    "cosine_lr",
     "cross_entropy", "embedding", "get_batch", "linear", "load_checkpoint", "load_run", "load_safetensors",
     "multihead_self_attention", "resolve_config", "rms_norm", "rope", "save_checkpoint", "save_safetensors",
-    "scaled_dot_product_attention", "ShardedModel", "batch_spec", "silu", "softmax", "swiglu", "train", "train_bpe", "validate_mesh_for_devices", "validate_mesh_for_mode", "validate_mode",
+    "scaled_dot_product_attention", "ShardedModel", "batch_spec", "silu", "softmax", "swiglu", "train", "train_bpe",
+    "validate_experts_for_mesh", "validate_mesh_for_devices", "validate_mesh_for_mode", "validate_mode",
 ]

@@ -1,4 +1,4 @@
-"""The device mesh (docs/mesh.md): Mesh, the four modes and their validation, and ShardedModel.
+"""The device mesh (docs/mesh.md): Mesh, the six modes and their validation, and ShardedModel.
 
 ShardedModel simulates N devices in one process (ranks as threads, loom's in-process communicator), as
 JAX's ``--xla_force_host_platform_device_count=8`` does, so a test can check physically which device
@@ -12,6 +12,13 @@ holds which slice of every parameter and optimizer moment::
             s["device"], s["offset"], s["array"]  # 3, (16, 16), float32 array of shape (16, 16)
     loss = model.step(ids, targets)            # one AdamW step on the global batch
 
+Expert parallelism (DeepSeek-V3's routed experts split over the ``expert`` axis; tokens travel by
+all-to-all)::
+
+    mesh = loom.Mesh(data=2, expert=2)
+    model = loom.ShardedModel(dsv3_config, mesh, "dp_ep", seed=0)
+    model.layout()["layers.1.moe.w1"]["spec"]  # ("expert", None, None): each device holds n_routed/2 experts
+
 Invalid modes and meshes raise ValueError naming the values.
 """
 
@@ -24,17 +31,24 @@ from . import _loom
 from ._arrays import i32
 
 Mesh = _loom.Mesh
-MODES = ("dp", "fsdp", "tp", "fsdp_tp")
+MODES = ("dp", "fsdp", "tp", "fsdp_tp", "dp_ep", "fsdp_ep")
 
 
 def validate_mode(mode: str) -> None:
-    """Raises ValueError unless ``mode`` is one of dp, fsdp, tp, fsdp_tp."""
+    """Raises ValueError unless ``mode`` is one of dp, fsdp, tp, fsdp_tp, dp_ep, fsdp_ep."""
     _loom.validate_parallel_mode(str(mode))
 
 
 def validate_mesh_for_mode(mesh: Mesh, mode: str) -> None:
-    """dp and fsdp need tensor=1, tp needs data=1, fsdp_tp needs both > 1; else ValueError."""
+    """dp and fsdp need tensor=1, tp needs data=1, fsdp_tp needs both > 1, dp_ep and fsdp_ep need tensor=1
+    and expert > 1, and every other mode expert=1; else ValueError."""
     _loom.validate_mesh_for_mode(mesh, str(mode))
+
+
+def validate_experts_for_mesh(n_routed: int, mesh: Mesh, mode: str) -> None:
+    """Under dp_ep and fsdp_ep each expert device holds whole experts: ``n_routed`` must divide by
+    ``mesh.expert``; else ValueError naming model.n_routed."""
+    _loom.validate_experts_for_mesh(int(n_routed), mesh, str(mode))
 
 
 def validate_mesh_for_devices(mesh: Mesh, devices: int) -> None:
@@ -43,7 +57,8 @@ def validate_mesh_for_devices(mesh: Mesh, devices: int) -> None:
 
 
 def batch_spec(mode: str) -> tuple:
-    """The batch's partition spec: ("data", None), or (None, None) for tp."""
+    """The batch's partition spec: ("data", None), or (None, None) for tp. Under dp_ep and fsdp_ep the rows
+    split over data x expert (the spec names the outer axis)."""
     return _loom.batch_spec(str(mode))
 
 
@@ -51,15 +66,17 @@ class ShardedModel:
     """A model of any family sharded over ``mesh`` in ``mode``, with AdamW whose moments are sharded like
     their parameters. ``config`` is a model section ({"arch": ..., shapes}); missing keys take the
     family's defaults. ``overlap`` overlaps communication with compute (FSDP prefetch, background gradient
-    sums; docs/mesh.md); the results are the same bits with it off."""
+    sums; docs/mesh.md); the results are the same bits with it off. ``max_expert_rows`` (dp_ep, fsdp_ep)
+    caps the token rows one device may receive for its experts in one MoE layer: a step whose routing
+    sends more raises ValueError naming both counts (0: no cap)."""
 
     def __init__(self, config: Mapping, mesh: Mesh, mode: str, seed: int = 0, lr: float = 1e-3,
                  betas: tuple = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1,
-                 grad_clip: float = 1.0, overlap: bool = True):
+                 grad_clip: float = 1.0, overlap: bool = True, max_expert_rows: int = 0):
         self._lr = float(lr)
         self._native = _loom.ShardedModel(json.dumps(dict(config)), mesh, str(mode), int(seed), float(lr),
                                           float(betas[0]), float(betas[1]), float(eps), float(weight_decay),
-                                          float(grad_clip), bool(overlap))
+                                          float(grad_clip), bool(overlap), int(max_expert_rows))
 
     @property
     def mesh(self) -> Mesh:
@@ -70,11 +87,18 @@ class ShardedModel:
         return self._native.mode
 
     def step(self, ids, targets, lr: Optional[float] = None) -> float:
-        """One optimizer step on the global batch ``ids``/``targets`` (int [B, T]); each data device reads
-        its rows. Returns the batch's mean loss."""
+        """One training step on the global batch ``ids``/``targets`` (int [B, T]), as ``loom train`` takes
+        it: each data (x expert) device reads its rows; the forward is a training one (dropout,
+        DeepSeek-V3's MTP and balance losses) and DeepSeek-V3's routing biases move afterwards on the
+        global expert loads. Returns the batch's mean loss."""
         return self._native.step(i32(ids), i32(targets), self._lr if lr is None else float(lr))
 
     def layout(self) -> dict:
         """name -> {"spec", "global_shape", "group", "shards": [{"device", "offset", "array"}]} for every
         parameter and its moments ("<name>.exp_avg", "<name>.exp_avg_sq"); arrays are copies."""
         return self._native.layout()
+
+    def state(self) -> dict:
+        """Model state that is not a parameter (DeepSeek-V3's routing biases ``layers.N.moe.bias``):
+        name -> list of one array copy per device (replicated: every device's must agree)."""
+        return self._native.state()

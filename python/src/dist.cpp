@@ -2,7 +2,9 @@
 // the layout table, and ShardedModel: one model sharded over N simulated devices, the ranks of an
 // in-process communicator (threads), like JAX's --xla_force_host_platform_device_count. It exposes, for
 // every parameter and optimizer moment, its partition spec, global shape and each device's shard
-// (device, offset, array), and trains on global batches exactly as one process would.
+// (device, offset, array), and trains on global batches exactly as one process would. The expert axis
+// (dp_ep, fsdp_ep; dist/expert.h) is there too: routed experts split over it, tokens exchanged between
+// the expert ranks by the in-process all-to-all.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -12,6 +14,7 @@
 #include "convert.h"
 #include "dist/communicator.h"
 #include "dist/runtime.h"
+#include "core/rng.h"
 #include "io/json.h"
 #include "models/model_config.h"
 #include "train/optimizer.h"
@@ -41,24 +44,36 @@ nb::tuple int_tuple(const std::vector<int64_t>& v) {
 class ShardedModel {
  public:
   ShardedModel(const std::string& model_json, const dist::Mesh& mesh, const std::string& mode, uint64_t seed,
-               train::AdamWOptions adamw, double grad_clip, bool overlap)
-      : mesh_(mesh), mode_(dist::parallel_mode_from_name(mode)), clip_(grad_clip) {
+               train::AdamWOptions adamw, double grad_clip, bool overlap, int64_t max_expert_rows)
+      : mesh_(mesh), mode_(dist::parallel_mode_from_name(mode)), clip_(grad_clip), seed_(seed) {
     dist::validate_mesh_for_mode(mesh_, mode_);
     LOOM_CHECK(grad_clip >= 0, "ShardedModel: grad_clip must be >= 0, got ", grad_clip);
+    LOOM_CHECK(max_expert_rows >= 0, "ShardedModel: max_expert_rows must be >= 0 (0: no cap), got ", max_expert_rows);
     const models::ModelConfig config = models::ModelConfig::from_json(io::parse_json(model_json, "ShardedModel config"));
     world_ = std::make_unique<dist::InProcessWorld>(static_cast<int>(mesh_.size()));
     for (int r = 0; r < mesh_.size(); ++r) {
       ranks_.push_back(Rank{});
       Rank& k = ranks_.back();
-      k.ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh_, mode_, &world_->communicator(r), r, overlap});
+      auto ctx = std::make_shared<dist::RankContext>();  // fields by name: the struct grows
+      ctx->mesh = mesh_;
+      ctx->mode = mode_;
+      ctx->comm = &world_->communicator(r);
+      ctx->rank = r;
+      ctx->overlap = overlap;
+      ctx->max_expert_rows = max_expert_rows;
+      k.ctx = std::move(ctx);
       k.model = config.build(seed);
       k.layout = dist::shard_model(*k.model, k.ctx);  // plans, checks, keeps this device's blocks
       k.opt = std::make_unique<train::AdamW>(k.model->parameters(), adamw);
     }
   }
 
-  // One optimizer step on the global batch; returns the global loss (as one process computes it).
+  // One training step on the global batch, as the trainer takes it (training forward: dropout, and
+  // DeepSeek-V3's MTP and balance losses; its routing biases move afterwards on the global expert
+  // loads); returns the global loss (as one process computes it).
   double step(const Tensor& ids, const Tensor& targets, float lr) {
+    // Every rank uses the same dropout key, as the ranks of `loom train --mesh` do.
+    const models::ForwardContext fwd = models::ForwardContext::train(RngKey::from_seed(seed_).fold_in(steps_++));
     std::vector<double> loss(ranks_.size());
     std::vector<std::exception_ptr> errors(ranks_.size());
     std::vector<std::thread> threads;
@@ -67,13 +82,15 @@ class ShardedModel {
         try {
           Rank& k = ranks_[r];
           auto params = k.model->parameters();
+          k.model->begin_training_step();
           k.opt->zero_grad();
-          Tensor l = k.model->loss(dist::local_batch(ids, *k.ctx), dist::local_batch(targets, *k.ctx));
+          Tensor l = k.model->loss(dist::local_batch(ids, *k.ctx), dist::local_batch(targets, *k.ctx), fwd);
           loss[r] = dist::global_loss(l.item(), *k.ctx);
           dist::backward(l, params, *k.ctx);  // starts the gradient all-reduces as they become final
           dist::finish_gradients(params, *k.ctx);
           if (clip_ > 0) dist::clip_grad_norm(params, k.layout, *k.ctx, clip_);
           k.opt->step(lr);
+          k.model->end_training_step(true);  // collective under expert modes: every rank calls it
         } catch (const std::exception& e) {
           errors[r] = std::current_exception();
           world_->abort(static_cast<int>(r), e.what());
@@ -117,6 +134,19 @@ class ShardedModel {
     return out;
   }
 
+  // The model state that is not a parameter (DeepSeek-V3's routing biases), name -> array per device:
+  // replicated, so every device's copy must agree.
+  nb::dict state() {
+    nb::dict out;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      for (const auto& [name, t] : ranks_[r].model->state_tensors()) {
+        if (r == 0) out[name.c_str()] = nb::list();
+        nb::list(out[name.c_str()]).append(to_numpy_copy(t));
+      }
+    }
+    return out;
+  }
+
   const dist::Mesh& mesh() const { return mesh_; }
   std::string mode() const { return dist::parallel_mode_name(mode_); }
 
@@ -130,6 +160,8 @@ class ShardedModel {
   dist::Mesh mesh_;
   dist::ParallelMode mode_;
   double clip_;
+  uint64_t seed_;
+  uint64_t steps_ = 0;
   std::unique_ptr<dist::InProcessWorld> world_;
   std::vector<Rank> ranks_;
 };
@@ -139,20 +171,38 @@ class ShardedModel {
 void bind_dist(nb::module_& m) {
   nb::class_<dist::Mesh>(m, "Mesh")
       .def("__init__",
-           [](dist::Mesh* self, int64_t data, int64_t tensor) {
-             LOOM_CHECK(data >= 1 && tensor >= 1, "Mesh: axis sizes must be positive, got data=", data, " tensor=", tensor);
-             new (self) dist::Mesh{data, tensor};
+           [](dist::Mesh* self, int64_t data, int64_t tensor, int64_t expert) {
+             LOOM_CHECK(data >= 1 && tensor >= 1 && expert >= 1, "Mesh: axis sizes must be positive, got data=", data,
+                        " tensor=", tensor, " expert=", expert);
+             new (self) dist::Mesh{data, tensor, expert};
            },
-           nb::arg("data") = 1, nb::arg("tensor") = 1)
+           nb::arg("data") = 1, nb::arg("tensor") = 1, nb::arg("expert") = 1)
       .def_static("parse", &dist::Mesh::parse)
       .def_prop_ro("data", [](const dist::Mesh& s) { return s.data; })
       .def_prop_ro("tensor", [](const dist::Mesh& s) { return s.tensor; })
+      .def_prop_ro("expert", [](const dist::Mesh& s) { return s.expert; })
       .def_prop_ro("size", &dist::Mesh::size)
-      .def_prop_ro("shape", [](const dist::Mesh& s) { return nb::make_tuple(s.data, s.tensor); })
-      .def("coords", [](const dist::Mesh& s, int64_t rank) {
-        LOOM_CHECK(rank >= 0 && rank < s.size(), "Mesh.coords: device ", rank, " outside [0, ", s.size(), ")");
-        return nb::make_tuple(s.coord(rank, dist::MeshAxis::Data), s.coord(rank, dist::MeshAxis::Tensor));
-      })
+      // (data, tensor), and (data, tensor, expert) when the mesh has an expert axis, as str() writes it.
+      .def_prop_ro("shape",
+                   [](const dist::Mesh& s) {
+                     if (s.expert > 1) return nb::make_tuple(s.data, s.tensor, s.expert);
+                     return nb::make_tuple(s.data, s.tensor);
+                   })
+      .def("coords",
+           [](const dist::Mesh& s, int64_t rank) {
+             LOOM_CHECK(rank >= 0 && rank < s.size(), "Mesh.coords: device ", rank, " outside [0, ", s.size(), ")");
+             const int64_t d = s.coord(rank, dist::MeshAxis::Data), t = s.coord(rank, dist::MeshAxis::Tensor);
+             return s.expert > 1 ? nb::make_tuple(d, t, s.coord(rank, dist::MeshAxis::Expert)) : nb::make_tuple(d, t);
+           })
+      .def("coord",
+           [](const dist::Mesh& s, int64_t rank, const std::string& axis) {
+             LOOM_CHECK(rank >= 0 && rank < s.size(), "Mesh.coord: device ", rank, " outside [0, ", s.size(), ")");
+             if (axis == "data") return s.coord(rank, dist::MeshAxis::Data);
+             if (axis == "tensor") return s.coord(rank, dist::MeshAxis::Tensor);
+             LOOM_CHECK(axis == "expert", "Mesh.coord: unknown axis \"", axis,
+                        "\" (the mesh axes are data, tensor and expert)");
+             return s.coord(rank, dist::MeshAxis::Expert);
+           })
       .def("__repr__", [](const dist::Mesh& s) { return "Mesh(" + s.str() + ")"; })
       .def("__str__", &dist::Mesh::str);
 
@@ -163,6 +213,9 @@ void bind_dist(nb::module_& m) {
   m.def("validate_mesh_for_devices", [](const dist::Mesh& mesh, int64_t devices) {
     dist::validate_mesh_for_ranks(mesh, devices, "the caller");
   });
+  m.def("validate_experts_for_mesh", [](int64_t n_routed, const dist::Mesh& mesh, const std::string& mode) {
+    dist::validate_experts_for_mesh(n_routed, mesh, dist::parallel_mode_from_name(mode));
+  });
   m.def("batch_spec", [](const std::string& mode) {
     return spec_tuple(dist::batch_spec(dist::parallel_mode_from_name(mode)), 2);
   });
@@ -171,9 +224,9 @@ void bind_dist(nb::module_& m) {
       .def("__init__",
            [](ShardedModel* self, const std::string& model_json, const dist::Mesh& mesh, const std::string& mode,
               uint64_t seed, float lr, float beta1, float beta2, float eps, float weight_decay, double grad_clip,
-              bool overlap) {
+              bool overlap, int64_t max_expert_rows) {
              new (self) ShardedModel(model_json, mesh, mode, seed, {lr, beta1, beta2, eps, weight_decay}, grad_clip,
-                                     overlap);
+                                     overlap, max_expert_rows);
            })
       .def("step",
            [](ShardedModel& self, In<int32_t> ids, In<int32_t> targets, float lr) {
@@ -181,6 +234,7 @@ void bind_dist(nb::module_& m) {
              return without_gil([&] { return self.step(a, b, lr); });
            })
       .def("layout", &ShardedModel::layout)
+      .def("state", &ShardedModel::state)
       .def_prop_ro("mesh", &ShardedModel::mesh)
       .def_prop_ro("mode", &ShardedModel::mode);
 }

@@ -238,7 +238,8 @@ TEST_F(DeepSeekOnMesh, ReceivedRowsOverTheCapAreAClearError) {
   const Mesh mesh{1, 1, 2};
   const std::string e = error_of([&] {
     dist::run_in_process(2, [&](int rank, dist::Communicator& comm) {
-      auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{.mesh = mesh, .mode = ParallelMode::DpEp, .comm = &comm, .rank = rank, .max_expert_rows = 40});
+      auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, ParallelMode::DpEp, &comm, rank});
+      ctx->max_expert_rows = 40;
       auto model = build(true);  // every token picks experts 0 and 1, both on expert rank 0
       dist::shard_model(*model, ctx);
       auto [ids, targets] = batch_of(0);

@@ -95,6 +95,34 @@ class NcclCommunicator final : public dist::Communicator {
     bootstrap_->barrier(group);
   }
 
+  // The counts live on the host (they size the receiving buffers), so they travel over the bootstrap.
+  void all_to_all_counts(const int64_t* send, int64_t* recv, const std::vector<int>& group) override {
+    bootstrap_->all_to_all_counts(send, recv, group);
+    ++stats.calls;
+  }
+  // Device buffers: one grouped send and receive per member (NCCL has no all-to-all-v of its own).
+  void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
+                    const std::vector<int>& group) override {
+    const int me = index_in(group);
+    run("all_to_all_v", group, [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      int64_t s_at = 0, r_at = 0;
+      for (size_t i = 0; i < group.size() && r == ncclSuccess; ++i) {
+        const int peer = static_cast<int>(i);
+        if (send_counts[i] > 0) r = ncclSend(in + s_at, count(send_counts[i]), ncclFloat32, peer, c, s);
+        if (r == ncclSuccess && recv_counts[i] > 0) r = ncclRecv(out + r_at, count(recv_counts[i]), ncclFloat32, peer, c, s);
+        s_at += send_counts[i];
+        r_at += recv_counts[i];
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (static_cast<int>(i) != me) stats.all_to_all_bytes += send_counts[i] * 4;
+    }
+    ++stats.calls;
+  }
+
  private:
   static size_t count(int64_t n) {
     LOOM_CHECK(n >= 0, "nccl: negative element count ", n);

@@ -290,6 +290,21 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   });
 }
 
+void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+  LOOM_ASSERT(K % 32 == 0);
+  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+}
+
+void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy, KernelPath path) {
+  LOOM_ASSERT(n0 % 8 == 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows() && w.cols() % 32 == 0);
+  if (n0 == n1 || M == 0) return;
+  const detail::KernelTable& kernels = kernels_for(path);
+  const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
+  tile_for(kernels, w.type())(w.data(), w.row_bytes(), packed, a, M, w.cols() / 32, n0, n1, y, ldy);
+}
+
 void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {
   const int64_t N = w.rows(), K = w.cols();
   check_activations(M, K);

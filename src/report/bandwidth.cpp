@@ -154,7 +154,7 @@ void quantize_linear(nn::Linear& l, quant::QuantType type) {
 std::string DecodeBenchResult::to_json() const {
   nlohmann::json j = {{"prefill_tok_per_s", prefill_tok_per_s}, {"decode_tok_per_s", decode_tok_per_s},
                       {"weight_bytes", weight_bytes}, {"decode_weight_gb_per_s", decode_weight_gb_per_s},
-                      {"threads", threads}};
+                      {"threads", threads}, {"parallel_regions_per_token", parallel_regions_per_token}};
   return j.dump();
 }
 
@@ -175,6 +175,7 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
   c.context_length = o.prompt_tokens + o.new_tokens;
   c.validate();
   llama::TransformerLM model(c, 1);
+  model.fused_decode = o.fused;
   DecodeBenchResult r;
   r.threads = threads;
   const bool quantized = o.weights != "f32";
@@ -199,6 +200,7 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
     Tensor logits = model.decode(Tensor::from_vector<int32_t>({1, o.prompt_tokens}, prompt), *cache);
     best_prefill = std::min(best_prefill, now_seconds() - t0);
     int32_t next = 1;
+    const int64_t regions0 = parallel_regions();
     t0 = now_seconds();
     for (int64_t t = 0; t < o.new_tokens; ++t) {
       // Greedy choice of the next token: the decode loop's own work besides the model.
@@ -207,6 +209,7 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
       logits = model.decode(Tensor::from_vector<int32_t>({1, 1}, {next}), *cache);
     }
     best_decode = std::min(best_decode, now_seconds() - t0);
+    r.parallel_regions_per_token = static_cast<double>(parallel_regions() - regions0) / static_cast<double>(o.new_tokens);
   }
   set_num_threads(saved);
   r.prefill_tok_per_s = static_cast<double>(o.prompt_tokens) / best_prefill;

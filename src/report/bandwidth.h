@@ -41,6 +41,7 @@ struct DecodeBenchOptions {
   int64_t prompt_tokens = 4, new_tokens = 64;
   int threads = 0;               // 0: loom::num_threads()
   int repeats = 3;               // prefill + decode runs; the best is reported
+  bool fused = true;             // TransformerLM::fused_decode (false: the op-by-op decode step)
 };
 
 struct DecodeBenchResult {
@@ -48,6 +49,7 @@ struct DecodeBenchResult {
   int64_t weight_bytes = 0;          // bytes of the matmul weights a decode step reads (layers + head)
   double decode_weight_gb_per_s = 0; // weight_bytes * decode_tok_per_s
   int threads = 0;
+  double parallel_regions_per_token = 0;  // parallel regions (core/parallel.h) per decode step
   std::string to_json() const;
 };
 

@@ -5,6 +5,7 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -303,6 +304,21 @@ void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& 
   const detail::KernelTable& kernels = kernels_for(path);
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
   tile_for(kernels, w.type())(w.data(), w.row_bytes(), packed, a, M, w.cols() / 32, n0, n1, y, ldy);
+}
+
+void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes) {
+  if (n0 >= n1) return;
+  const uint8_t* begin;
+  int64_t size;
+  if (const int64_t pb = detail::packed_block_bytes(w.type()); w.packed() != nullptr && pb > 0 && n0 + 8 <= n1) {
+    begin = w.packed() + (n0 / 8) * (w.cols() / 32) * pb;  // the 8-row groups from n0 on, back to back
+    size = (n1 - n0) / 8 * (w.cols() / 32) * pb;
+  } else {
+    begin = w.data() + n0 * w.row_bytes();
+    size = (n1 - n0) * w.row_bytes();
+  }
+  size = std::min(size, bytes);
+  for (int64_t off = 0; off < size; off += 64) __builtin_prefetch(begin + off, 0, 3);
 }
 
 void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {

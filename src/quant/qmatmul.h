@@ -95,6 +95,10 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
 void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto);
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
                            int64_t ldy, KernelPath path = KernelPath::Auto);
+// Asks the CPU to start loading the first `bytes` of what quantized_matmul_rows(..., n0, n1, ...) will
+// read (a thread about to wait for its team calls it for its next share: the wait then overlaps the
+// first DRAM misses, which the kernels' own prefetching, running ahead of the loads, does not cover).
+void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes);
 
 // The oracle: the same activation quantization, then sum over k of dequantized W[n,k] * d_b * q[k]
 // in double. Single-threaded and slow; what every path is tested against.

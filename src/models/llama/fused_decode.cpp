@@ -1,5 +1,6 @@
 #include "models/llama/fused_decode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -88,9 +89,25 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
     auto rows = [&](const nn::Linear& l, int64_t n0, int64_t n1, float* out) {
       quant::quantized_matmul_rows(my_act, 1, *l.quantized, n0, n1, out, 0);
     };
+    // Before a barrier: the first bytes of this thread's next share start loading during the wait.
+    constexpr int64_t kPrefetchBytes = 4096;
+    auto prefetch = [&](const nn::Linear& l, int64_t n0, int64_t n1) {
+      quant::prefetch_matmul_rows(*l.quantized, n0, n1, kPrefetchBytes);
+    };
     auto norm_and_quantize = [&](const nn::RMSNorm& norm, const float* in) {
       cpu::rms_norm_forward(my_xn, nullptr, in, norm.weight.value.data<float>(), 1, C, norm.eps);
       quant::quantize_activation_rows(my_xn, 1, C, my_act);
+    };
+    const auto [h0, h1] = team.share(H + 2 * Hkv);  // q, k, v heads
+    const auto [a0, a1] = team.share(H);            // attention: query heads
+    const auto [c0, c1] = team.share(C, 16);        // output_proj, w2 rows
+    const auto [f0, f1] = team.share(F, 16);        // w1, w3 rows
+    const auto [v0, v1] = team.share(V, 16);        // head rows
+    // The q/k/v rows of heads [h0, h1) of layer b, by matrix.
+    auto prefetch_qkv = [&](const nn::TransformerBlock& b) {
+      prefetch(b.attn.q_proj, std::min(h0, H) * D, std::min(h1, H) * D);
+      prefetch(b.attn.k_proj, std::clamp(h0 - H, int64_t{0}, Hkv) * D, std::clamp(h1 - H, int64_t{0}, Hkv) * D);
+      prefetch(b.attn.v_proj, std::clamp(h0 - H - Hkv, int64_t{0}, Hkv) * D, std::clamp(h1 - H - Hkv, int64_t{0}, Hkv) * D);
     };
     for (int64_t li = 0; li < L; ++li) {
       const nn::TransformerBlock& b = *m.layers[static_cast<size_t>(li)];
@@ -103,8 +120,8 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
       float* vc = kv.v.data<float>();
 
       // 1. q/k/v: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of v_proj.
+      if (li == 0) prefetch_qkv(b);
       norm_and_quantize(b.ln1, x);
-      const auto [h0, h1] = team.share(H + 2 * Hkv);
       for (int64_t hd = h0; hd < h1; ++hd) {
         if (hd < H) {
           float* qh = q + hd * D;
@@ -120,8 +137,8 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
         }
       }
       team.barrier();
-      // 2. attention of each query head over the cache's rows [0, P].
-      const auto [a0, a1] = team.share(H);
+      // 2. attention of each query head over the cache's rows [0, P] (output_proj's rows load meanwhile).
+      prefetch(b.attn.output_proj, c0, c1);
       for (int64_t hd = a0; hd < a1; ++hd) {
         const int64_t j = hd / group;
         cpu::attention_decode_row(y + hd * D, q + hd * D, kc + j * cap * D, D, vc + j * cap * D, D, P + 1, D, D, scale,
@@ -130,25 +147,30 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
       team.barrier();
       // 3. x += output_proj(y).
       quant::quantize_activation_rows(y, 1, C, my_act);
-      const auto [c0, c1] = team.share(C, 16);
       rows(b.attn.output_proj, c0, c1, o);
       for (int64_t n = c0; n < c1; ++n) x[n] = x[n] + o[n];
+      prefetch(b.ffn.w1, f0, f1);
+      prefetch(b.ffn.w3, f0, f1);
       team.barrier();
       // 4. h = swiglu(w1 x_n, w3 x_n).
       norm_and_quantize(b.ln2, x);
-      const auto [f0, f1] = team.share(F, 16);
       rows(b.ffn.w1, f0, f1, g);
       rows(b.ffn.w3, f0, f1, u);
       cpu::swiglu_forward(h + f0, g + f0, u + f0, f1 - f0);
+      prefetch(b.ffn.w2, c0, c1);
       team.barrier();
       // 5. x += w2 h.
       quant::quantize_activation_rows(h, 1, F, my_act);
       rows(b.ffn.w2, c0, c1, o);
       for (int64_t n = c0; n < c1; ++n) x[n] = x[n] + o[n];
+      if (li + 1 < L) {
+        prefetch_qkv(*m.layers[static_cast<size_t>(li + 1)]);
+      } else {
+        prefetch(m.lm_head, v0, v1);
+      }
       team.barrier();
     }
     norm_and_quantize(m.ln_final, x);
-    const auto [v0, v1] = team.share(V, 16);
     rows(m.lm_head, v0, v1, logits.data<float>());
   });
   return logits;

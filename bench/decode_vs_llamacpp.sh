@@ -2,8 +2,8 @@
 # loom's decode and prefill speed beside llama.cpp's on the same GGUF, interleaved in one script.
 #
 # Each round runs, back to back: llama.cpp (PyPI's xllamacpp, its own timings), `loom chat --stats`
-# (the fused quantized decode step), and `loom bench decode` on the same shape fused and op by op
-# (--unfused; also prints the parallel regions per token). Every engine gets the same prompt (the
+# (the fused quantized decode step), and `loom bench decode --gguf` on the same file, fused and op by op
+# (--unfused; it also counts the parallel regions per token). Every engine gets the same prompt (the
 # SmolLM2 default-system ChatML prompt, 42 tokens) and 96 greedy tokens, THREADS threads. Rounds
 # alternate, so a busy machine slows every engine of a round alike: compare within a round (the
 # ratios), not across rounds. The second half repeats it all with OMP_WAIT_POLICY=passive (OpenMP
@@ -60,8 +60,8 @@ def loom_chat():
     return int(m[1]), float(m[2]), int(m[3]), float(m[4])
 
 def loom_bench(fused):
-    args = [LOOM, "bench", "decode", "--threads", str(THREADS), "--prompt-tokens", "42", "--new-tokens", str(N),
-            "--repeats", "1"] + ([] if fused else ["--unfused"])
+    args = [LOOM, "bench", "decode", "--gguf", GGUF, "--threads", str(THREADS), "--prompt-tokens", "42",
+            "--new-tokens", str(N), "--repeats", "1"] + ([] if fused else ["--unfused"])
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 llamacpp()  # warm-up: loads pages, starts its threads
@@ -76,8 +76,10 @@ for rnd in range(ROUNDS):
     print(f"round {rnd}: llama.cpp prefill {c[0]} tok {c[1]:.0f} tok/s, decode {c[2]} tok {c[3]:.1f} tok/s | "
           f"loom chat prefill {l[0]} tok {l[1]:.0f} tok/s, decode {l[2]} tok {l[3]:.1f} tok/s | "
           f"loom/llama.cpp prefill {l[1] / c[1]:.2f}x decode {l[3] / c[3]:.2f}x | "
-          f"bench decode fused {f['decode_tok_per_s']:.1f} tok/s ({f['parallel_regions_per_token']:.0f} regions/token), "
-          f"op by op {u['decode_tok_per_s']:.1f} tok/s ({u['parallel_regions_per_token']:.0f} regions/token)", flush=True)
+          f"bench decode fused {f['decode_tok_per_s']:.1f} tok/s ({f['parallel_regions_per_token']:.0f} regions/token, "
+          f"{f['decode_cpu_ms_per_token']:.2f} CPU ms/token), op by op {u['decode_tok_per_s']:.1f} tok/s "
+          f"({u['parallel_regions_per_token']:.0f} regions/token, {u['decode_cpu_ms_per_token']:.2f} CPU ms/token)",
+          flush=True)
 for k, v in ratios.items():
     print(f"{k}: {min(v):.2f}-{max(v):.2f}x (median {sorted(v)[len(v) // 2]:.2f}x)")
 PY

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backends/cpu/activation.h"
-#include "backends/cpu/attention_decode.h"
+#include "backends/cpu/attention.h"
 #include "backends/cpu/norm.h"
 #include "backends/cpu/rope.h"
 #include "core/parallel.h"
@@ -73,9 +73,9 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
   float* g = o + C;
   float* u = g + F;
   float* h = u + F;
-  // Per thread: the normed row [C], its quantized blocks [max(C, F) / 32], attention scores [P + 1].
+  // Per thread: the normed row [C], its quantized blocks [max(C, F) / 32].
   const int64_t act_blocks = std::max(C, F) / 32;
-  std::vector<float> xn(static_cast<size_t>(threads * C)), scores(static_cast<size_t>(threads * (P + 1)));
+  std::vector<float> xn(static_cast<size_t>(threads * C));
   std::vector<quant::ActBlock> act(static_cast<size_t>(threads * act_blocks));
   Tensor logits = Tensor::empty({1, 1, V});
   std::memcpy(x, m.token_embeddings.weight.value.data<float>() + token * C, static_cast<size_t>(C) * sizeof(float));
@@ -83,7 +83,6 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
   parallel_team(threads, [&](Team& team) {
     const int r = team.rank();
     float* my_xn = xn.data() + r * C;
-    float* my_scores = scores.data() + r * (P + 1);
     quant::ActBlock* my_act = act.data() + r * act_blocks;
     // out[n] for n in [n0, n1): row n of the layer's weight times this thread's quantized activations.
     auto rows = [&](const nn::Linear& l, int64_t n0, int64_t n1, float* out) {
@@ -139,10 +138,21 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
       team.barrier();
       // 2. attention of each query head over the cache's rows [0, P] (output_proj's rows load meanwhile).
       prefetch(b.attn.output_proj, c0, c1);
+      // The flash kernel the op-by-op path runs, on one query row, with the cache's rows read in place
+      // (no copy of the cache per step): bit for bit that path's attention (the 8-bit quantization of
+      // the activations after it turns any other summation order into visibly different logits).
       for (int64_t hd = a0; hd < a1; ++hd) {
         const int64_t j = hd / group;
-        cpu::attention_decode_row(y + hd * D, q + hd * D, kc + j * cap * D, D, vc + j * cap * D, D, P + 1, D, D, scale,
-                                  my_scores);
+        cpu::AttentionProblem ap;
+        ap.tq = 1;
+        ap.tk = P + 1;
+        ap.d = ap.dv = D;
+        ap.scale = scale;
+        ap.causal = true;
+        ap.q = ap.out = {D, 0, D};
+        ap.k = ap.v = {cap * D, 0, D};
+        float lse;
+        cpu::flash_attention_forward(ap, q + hd * D, kc + j * cap * D, vc + j * cap * D, y + hd * D, &lse);
       }
       team.barrier();
       // 3. x += output_proj(y).

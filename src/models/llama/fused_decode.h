@@ -11,15 +11,17 @@
 //   1. every thread: x_n = rms_norm(x) and its 8-bit quantization (C values: cheaper to repeat than to
 //      share); its share of the q/k/v heads (the three matrices as one list of H + 2 Hkv heads): q
 //      rotated in place, k rotated into the cache's row P, v copied there.
-//   2. its share of the H query heads: attention of q_h over cache rows [0, P] (cpu/attention_decode.h:
-//      read in place, no transposed copy of K).
+//   2. its share of the H query heads: attention of q_h over cache rows [0, P], by the flash kernel the
+//      op-by-op path runs, reading the cache in place (that path first copies the cache out, per layer).
 //   3. every thread quantizes the attention output; its share of output_proj's rows, added to x.
 //   4. every thread: rms_norm + quantization; its share of the F rows of w1 and w3, and swiglu on them.
 //   5. every thread quantizes h [F]; its share of w2's rows, added to x.
 // then the final norm and its share of the head's V rows. Shares are contiguous and start on multiples
 // of 8 rows (the kernels' interleaved groups), so every matmul output is bit for bit the op-by-op
-// path's, and so are the norms, RoPE, SwiGLU and residual adds (the same kernels on the same rows);
-// only the attention's summation order differs from the flash kernels the op-by-op path runs.
+// path's, and so are the norms, RoPE, attention, SwiGLU and residual adds (the same kernels on the same
+// rows): the logits are the op-by-op path's bits, which are the full forward's. (Bitwise matters here:
+// the 8-bit activation rounding after each op turns a last-bit difference, e.g. another summation
+// order in the attention, into logits ~1% apart now and then, and a different greedy text.)
 #pragma once
 
 #include <string>

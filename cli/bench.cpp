@@ -79,6 +79,9 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)");
   dec->add_option("--layers", dec_options.num_layers, "layers (default 30)");
   dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)");
+  dec->add_option("--gguf", dec_options.gguf, "time this Llama GGUF file (matrices kept quantized) instead of a synthetic model");
+  dec->add_flag("!--unfused", dec_options.fused,
+                "decode op by op (one parallel region per op) instead of the fused quantized step");
   dec->callback([] { std::printf("%s\n", loom::report::bench_decode(dec_options).to_json().c_str()); });
 
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");

@@ -1,6 +1,10 @@
 #include "core/parallel.h"
 
+#include <chrono>
 #include <cstdlib>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/thread_count.h"
@@ -13,6 +17,45 @@ int g_threads = 0;  // 0: not set, use OpenMP's default
 bool set_default_wait_policy_env() {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return false;
   return ::setenv("GOMP_SPINCOUNT", kDefaultSpinCount, /*overwrite=*/0) == 0;
+}
+
+namespace detail {
+std::atomic<int64_t> g_parallel_regions{0};
+}
+
+int64_t parallel_regions() { return detail::g_parallel_regions.load(std::memory_order_relaxed); }
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+}  // namespace
+
+// A counting barrier with a generation number. The last thread to arrive resets the count and bumps
+// the generation; the others watch the generation, spinning for up to kSpinMicros and then sleeping in
+// std::atomic::wait (a futex on Linux). The sleeper count lets the last thread skip the wake-up system
+// call when nobody sleeps: with both sides sequentially consistent, either the arriving thread sees the
+// sleeper's increment, or the sleeper's wait sees the new generation and does not block.
+void TeamBarrier::arrive_and_wait(int team_size) {
+  const uint32_t gen = generation_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) == team_size - 1) {
+    arrived_.store(0, std::memory_order_relaxed);  // before the new generation releases anyone
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int i = 1;; ++i) {
+    if (generation_.load(std::memory_order_acquire) != gen) return;
+    cpu_relax();
+    if (i % 64 == 0 && Clock::now() > deadline) break;
+  }
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  while (generation_.load(std::memory_order_seq_cst) == gen) generation_.wait(gen, std::memory_order_seq_cst);
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }

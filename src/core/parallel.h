@@ -7,7 +7,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -33,6 +35,14 @@ bool set_default_wait_policy_env();
 int num_threads();
 void set_num_threads(int n);  // n in [1, kMaxThreads] (core/thread_count.h)
 
+// Parallel regions started so far by parallel_for and parallel_team, process-wide: how a caller (a
+// benchmark, a test) sees what one step of its work costs in fork/join. Counting costs one relaxed
+// atomic increment per region.
+int64_t parallel_regions();
+namespace detail {
+extern std::atomic<int64_t> g_parallel_regions;
+}
+
 // Calls fn(chunk_begin, chunk_end) over [begin, end) in chunks of about `grain` items.
 template <typename Fn>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, Fn&& fn) {
@@ -47,6 +57,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, Fn&& fn) {
   // Chunks are handed out one at a time (dynamic), not in fixed halves: uneven chunks (causal attention
   // heads) balance, and when another process takes a core for a time slice the thread still running
   // takes over the chunks of the one that is not. Which thread runs a chunk never changes its result.
+  detail::g_parallel_regions.fetch_add(1, std::memory_order_relaxed);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads())
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t b = begin + c * grain;
@@ -71,6 +82,72 @@ T parallel_reduce_chunks(int64_t begin, int64_t end, int64_t grain, T init, Fn&&
   T total = init;
   for (const T& p : partial) total += p;
   return total;
+}
+
+// ---- a team of threads that stays together across phases -----------------------------------------
+//
+// parallel_for forks and joins a team per call. A computation made of many small dependent steps (one
+// decode step of a small model: ~150 matmuls, norms and attentions of a few microseconds each) spends
+// more in those forks and joins than in its work, and far more when OpenMP's threads sleep between
+// regions (OMP_WAIT_POLICY=passive) or the machine is busy. parallel_team forks once and runs fn on
+// every thread of the team; the steps are separated by team.barrier(), which spins for a bounded time
+// (kSpinMicros) and then sleeps on a futex, so a waiting thread neither burns a core indefinitely on a
+// loaded machine nor pays a kernel wake-up for the short waits of a balanced step.
+
+class TeamBarrier {
+ public:
+  // How long a thread that reaches the barrier early spins before it sleeps. Longer than the imbalance
+  // of a balanced step (a few microseconds), far shorter than a scheduler time slice.
+  static constexpr int64_t kSpinMicros = 50;
+  // Returns when `team_size` threads (the same number on every call) have called it.
+  void arrive_and_wait(int team_size);
+
+ private:
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  std::atomic<int> sleepers_{0};
+};
+
+class Team {
+ public:
+  Team(int rank, int size, TeamBarrier* barrier) : rank_(rank), size_(size), barrier_(barrier) {}
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Every thread of the team must call it the same number of times.
+  void barrier() {
+    if (size_ > 1) barrier_->arrive_and_wait(size_);
+  }
+  // This thread's part of [0, n): size() contiguous parts of ceil(n / size()) rounded up to a multiple
+  // of `align` (the last parts may be shorter or empty). Depends only on n, align and size().
+  std::pair<int64_t, int64_t> share(int64_t n, int64_t align = 1) const {
+    const int64_t per = ((n + size_ - 1) / size_ + align - 1) / align * align;
+    return {std::min<int64_t>(n, rank_ * per), std::min<int64_t>(n, (rank_ + 1) * per)};
+  }
+
+ private:
+  int rank_, size_;
+  TeamBarrier* barrier_;
+};
+
+// Runs fn(team) once on each of `threads` threads (num_threads() when 0) in one parallel region; on the
+// calling thread alone when threads is 1 or when called inside a parallel region. fn must not throw (an
+// exception cannot leave an OpenMP region): check everything before.
+template <typename Fn>
+void parallel_team(int threads, Fn&& fn) {
+  if (threads <= 0) threads = num_threads();
+  if (threads == 1 || omp_in_parallel()) {
+    Team solo(0, 1, nullptr);
+    fn(solo);
+    return;
+  }
+  detail::g_parallel_regions.fetch_add(1, std::memory_order_relaxed);
+  TeamBarrier barrier;
+#pragma omp parallel num_threads(threads)
+  {
+    // OpenMP may start fewer threads than asked (OMP_THREAD_LIMIT): every member sees the real size.
+    Team team(omp_get_thread_num(), omp_get_num_threads(), &barrier);
+    fn(team);
+  }
 }
 
 }  // namespace loom

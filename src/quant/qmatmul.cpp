@@ -5,6 +5,7 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -288,6 +289,36 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     tile(w.data(), w.row_bytes(), packed, a.data(), M, nb, n0, n1, y, N);
   });
+}
+
+void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+  LOOM_ASSERT(K % 32 == 0);
+  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+}
+
+void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy, KernelPath path) {
+  LOOM_ASSERT(n0 % 8 == 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows() && w.cols() % 32 == 0);
+  if (n0 == n1 || M == 0) return;
+  const detail::KernelTable& kernels = kernels_for(path);
+  const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
+  tile_for(kernels, w.type())(w.data(), w.row_bytes(), packed, a, M, w.cols() / 32, n0, n1, y, ldy);
+}
+
+void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes) {
+  if (n0 >= n1) return;
+  const uint8_t* begin;
+  int64_t size;
+  if (const int64_t pb = detail::packed_block_bytes(w.type()); w.packed() != nullptr && pb > 0 && n0 + 8 <= n1) {
+    begin = w.packed() + (n0 / 8) * (w.cols() / 32) * pb;  // the 8-row groups from n0 on, back to back
+    size = (n1 - n0) / 8 * (w.cols() / 32) * pb;
+  } else {
+    begin = w.data() + n0 * w.row_bytes();
+    size = (n1 - n0) * w.row_bytes();
+  }
+  size = std::min(size, bytes);
+  for (int64_t off = 0; off < size; off += 64) __builtin_prefetch(begin + off, 0, 3);
 }
 
 void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {

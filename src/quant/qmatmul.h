@@ -85,6 +85,21 @@ void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, K
 void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y,
                       KernelPath path = KernelPath::Auto);
 
+// One thread's part of quantized_matmul, for callers that run their own team of threads (the fused
+// decode step: models/llama/fused_decode.h). Both run on the calling thread only.
+//   quantize_activation_rows: quantize_activations without the thread split (the same bytes).
+//   quantized_matmul_rows: y[m * ldy + n] for n in [n0, n1) and m in [0, M) from activations a [M, K/32]
+//     already quantized; n0 must be a multiple of 8 (the interleaved row groups). Every output is
+//     bit for bit quantized_matmul's with the same path.
+// Neither checks its arguments beyond assertions: check the matrix (has_matmul_kernels, K) before.
+void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto);
+void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy, KernelPath path = KernelPath::Auto);
+// Asks the CPU to start loading the first `bytes` of what quantized_matmul_rows(..., n0, n1, ...) will
+// read (a thread about to wait for its team calls it for its next share: the wait then overlaps the
+// first DRAM misses, which the kernels' own prefetching, running ahead of the loads, does not cover).
+void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes);
+
 // The oracle: the same activation quantization, then sum over k of dequantized W[n,k] * d_b * q[k]
 // in double. Single-threaded and slow; what every path is tested against.
 void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y);

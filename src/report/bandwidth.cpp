@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -14,12 +15,21 @@
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/parallel.h"
+#include "train/memory.h"
+#include "train/run.h"
 
 namespace loom::report {
 namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process (every thread), in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Copies of the weights that together exceed any last-level cache, cycled through so that every call
@@ -154,7 +164,8 @@ void quantize_linear(nn::Linear& l, quant::QuantType type) {
 std::string DecodeBenchResult::to_json() const {
   nlohmann::json j = {{"prefill_tok_per_s", prefill_tok_per_s}, {"decode_tok_per_s", decode_tok_per_s},
                       {"weight_bytes", weight_bytes}, {"decode_weight_gb_per_s", decode_weight_gb_per_s},
-                      {"threads", threads}};
+                      {"threads", threads}, {"parallel_regions_per_token", parallel_regions_per_token},
+                      {"decode_cpu_ms_per_token", decode_cpu_ms_per_token}};
   return j.dump();
 }
 
@@ -164,34 +175,54 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
   const int saved = num_threads();
   const int threads = o.threads > 0 ? o.threads : saved;
   set_num_threads(threads);
-  llama::Config c;
-  c.vocab_size = o.vocab_size;
-  c.d_model = o.d_model;
-  c.num_layers = o.num_layers;
-  c.num_heads = o.num_heads;
-  c.num_kv_heads = o.num_kv_heads;
-  c.d_ff = o.d_ff;
-  c.rope_theta = 100000.0f;
-  c.context_length = o.prompt_tokens + o.new_tokens;
-  c.validate();
-  llama::TransformerLM model(c, 1);
+  std::unique_ptr<models::LanguageModel> loaded;
+  std::unique_ptr<llama::TransformerLM> synthetic;
   DecodeBenchResult r;
   r.threads = threads;
-  const bool quantized = o.weights != "f32";
-  for (auto& layer : model.layers) {
-    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
-                          &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
-      if (quantized) quantize_linear(*l, weight_type(o.weights, "--weights"));
-      r.weight_bytes += quantized ? l->quantized->nbytes() : static_cast<int64_t>(l->weight.value.nbytes());
+  if (!o.gguf.empty()) {
+    loaded = train::load_weights(o.gguf, train::MemoryBudget::of_machine(),
+                                 [](const models::ModelConfig& m) { return train::generation_memory(m); },
+                                 /*quantized_gguf=*/true).model;
+  } else {
+    llama::Config c;
+    c.vocab_size = o.vocab_size;
+    c.d_model = o.d_model;
+    c.num_layers = o.num_layers;
+    c.num_heads = o.num_heads;
+    c.num_kv_heads = o.num_kv_heads;
+    c.d_ff = o.d_ff;
+    c.rope_theta = 100000.0f;
+    c.context_length = o.prompt_tokens + o.new_tokens;
+    c.validate();
+    synthetic = std::make_unique<llama::TransformerLM>(c, 1);
+    const bool quantized = o.weights != "f32";
+    for (auto& layer : synthetic->layers) {
+      for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
+                            &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
+        if (quantized) quantize_linear(*l, weight_type(o.weights, "--weights"));
+      }
     }
+    if (quantized && o.head != "f32") quantize_linear(synthetic->lm_head, weight_type(o.head, "--head"));
   }
-  if (quantized && o.head != "f32") quantize_linear(model.lm_head, weight_type(o.head, "--head"));
-  r.weight_bytes += model.lm_head.quantized ? model.lm_head.quantized->nbytes()
-                                            : static_cast<int64_t>(model.lm_head.weight.value.nbytes());
+  models::LanguageModel& model = loaded ? *loaded : *synthetic;
+  const int64_t V = model.vocab_size();
+  LOOM_CHECK(o.prompt_tokens + o.new_tokens <= model.context_length(), "bench decode: ", o.prompt_tokens, " + ",
+             o.new_tokens, " tokens exceed the model's context length ", model.context_length());
+  if (auto* l = dynamic_cast<llama::TransformerLM*>(&model)) {
+    l->fused_decode = o.fused;
+    for (auto& layer : l->layers) {
+      for (nn::Linear* lin : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
+                              &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
+        r.weight_bytes += lin->quantized ? lin->quantized->nbytes() : static_cast<int64_t>(lin->weight.value.nbytes());
+      }
+    }
+    r.weight_bytes += l->lm_head.quantized ? l->lm_head.quantized->nbytes()
+                                           : static_cast<int64_t>(l->lm_head.weight.value.nbytes());
+  }
 
   autograd::NoGradGuard no_grad;
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % V);
   double best_prefill = 1e30, best_decode = 1e30;
   for (int rep = 0; rep < o.repeats; ++rep) {
     auto cache = model.make_decode_cache(1);
@@ -199,14 +230,19 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
     Tensor logits = model.decode(Tensor::from_vector<int32_t>({1, o.prompt_tokens}, prompt), *cache);
     best_prefill = std::min(best_prefill, now_seconds() - t0);
     int32_t next = 1;
+    const int64_t regions0 = parallel_regions();
+    const double cpu0 = process_cpu_seconds();
     t0 = now_seconds();
     for (int64_t t = 0; t < o.new_tokens; ++t) {
       // Greedy choice of the next token: the decode loop's own work besides the model.
-      const float* last = logits.data<float>() + (logits.numel() - c.vocab_size);
-      next = static_cast<int32_t>(std::max_element(last, last + c.vocab_size) - last);
+      const float* last = logits.data<float>() + (logits.numel() - V);
+      next = static_cast<int32_t>(std::max_element(last, last + V) - last);
       logits = model.decode(Tensor::from_vector<int32_t>({1, 1}, {next}), *cache);
     }
-    best_decode = std::min(best_decode, now_seconds() - t0);
+    const double seconds = now_seconds() - t0, cpu = process_cpu_seconds() - cpu0;
+    if (seconds < best_decode) r.decode_cpu_ms_per_token = 1e3 * cpu / static_cast<double>(o.new_tokens);
+    best_decode = std::min(best_decode, seconds);
+    r.parallel_regions_per_token = static_cast<double>(parallel_regions() - regions0) / static_cast<double>(o.new_tokens);
   }
   set_num_threads(saved);
   r.prefill_tok_per_s = static_cast<double>(o.prompt_tokens) / best_prefill;

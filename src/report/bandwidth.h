@@ -41,6 +41,9 @@ struct DecodeBenchOptions {
   int64_t prompt_tokens = 4, new_tokens = 64;
   int threads = 0;               // 0: loom::num_threads()
   int repeats = 3;               // prefill + decode runs; the best is reported
+  bool fused = true;             // TransformerLM::fused_decode (false: the op-by-op decode step)
+  std::string gguf;              // a Llama GGUF file to time instead (its matrices kept quantized; the
+                                 // shape and type options are then ignored)
 };
 
 struct DecodeBenchResult {
@@ -48,10 +51,12 @@ struct DecodeBenchResult {
   int64_t weight_bytes = 0;          // bytes of the matmul weights a decode step reads (layers + head)
   double decode_weight_gb_per_s = 0; // weight_bytes * decode_tok_per_s
   int threads = 0;
+  double parallel_regions_per_token = 0;  // parallel regions (core/parallel.h) per decode step
+  double decode_cpu_ms_per_token = 0;     // process CPU time per decode step, all threads (spinning included)
   std::string to_json() const;
 };
 
-// A synthetic (randomly initialised) Llama of the given shape, its Linear weights quantized as asked,
+// A synthetic (randomly initialised) Llama (or options.gguf's model) of the given shape, its Linear weights quantized as asked,
 // timed on a prefill of prompt_tokens and new_tokens single-token decode steps through the KV cache.
 DecodeBenchResult bench_decode(const DecodeBenchOptions& options);
 

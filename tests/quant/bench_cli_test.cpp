@@ -53,6 +53,25 @@ TEST(QuantBenchCli, DecodeAndBandwidthRun) {
   EXPECT_GT(j["decode_tok_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["weight_bytes"].get<int64_t>(), 0);
 
+  // The fused quantized step: one parallel region per token; op by op, one per matmul at least.
+  r = run_cli("bench decode --layers 2 --vocab 128 --prompt-tokens 3 --new-tokens 2 --repeats 1 --threads 2", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["parallel_regions_per_token"].get<double>(), 1.0) << r.output;
+  EXPECT_GT(last_json_line(r.output)["decode_cpu_ms_per_token"].get<double>(), 0.0) << r.output;
+  r = run_cli("bench decode --layers 2 --vocab 128 --prompt-tokens 3 --new-tokens 2 --repeats 1 --threads 2 --unfused",
+              false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_GE(last_json_line(r.output)["parallel_regions_per_token"].get<double>(), 15.0) << r.output;
+  // A real GGUF file instead of the synthetic model.
+  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/gguf/fixtures/tiny_llama.gguf --prompt-tokens 2 "
+              "--new-tokens 2 --repeats 1 --threads 1", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_GT(last_json_line(r.output)["weight_bytes"].get<int64_t>(), 0) << r.output;
+  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/gguf/fixtures/tiny_llama.gguf --prompt-tokens 2000 "
+              "--new-tokens 2 --repeats 1 --threads 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("2000 + 2 tokens exceed the model's context length"), std::string::npos) << r.output;
+
   r = run_cli("bench decode --layers 1 --vocab 128 --weights Q2_K --new-tokens 1 --repeats 1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("--weights Q2_K"), std::string::npos) << r.output;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/autograd.h"
+#include "models/llama/fused_decode.h"
 #include "ops/loss.h"
 
 namespace loom::llama {
@@ -68,6 +69,11 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
   LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "TransformerLM: ", start, " cached + ", t,
              " new tokens exceed context_length ", config_.context_length);
   autograd::NoGradGuard no_grad;
+  if (t == 1 && ids.size(0) == 1 && fused_decode && fused_decode_unsupported(*this).empty()) {
+    Tensor logits = fused_decode_step(*this, ids.data<int32_t>()[0], cache);
+    cache.advance(1);
+    return logits;
+  }
   Tensor pos = positions_cache_.slice(start, t);
   Tensor x = token_embeddings.forward(ids);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, cache, static_cast<int64_t>(i));

@@ -46,6 +46,11 @@ class TransformerLM : public models::LanguageModel {
 
   const Config& config() const { return config_; }
 
+  // Single-token decoding (forward_cached with B = 1, t = 1) of a model whose Linear layers are all held
+  // quantized runs fused_decode_step (models/llama/fused_decode.h): one parallel region per token instead
+  // of one per op. false takes the op-by-op path, the reference the fused step is tested against.
+  bool fused_decode = true;
+
   Config config_;
   nn::Embedding token_embeddings;
   std::vector<std::unique_ptr<nn::TransformerBlock>> layers;

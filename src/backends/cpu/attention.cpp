@@ -31,7 +31,9 @@
 #include <utility>
 #include <vector>
 
-#include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>  // the AVX2 micro-kernel and score rows
+#endif
 
 #include "backends/cpu/philox.h"
 #include "backends/cpu/rope.h"

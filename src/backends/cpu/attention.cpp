@@ -8,7 +8,8 @@
 //   * Scores live in the log2 domain: Q is pre-multiplied by scale*log2(e), so probabilities are
 //     exp2(S - m), as the FlashAttention-2 kernels do (softmax_scale_log2).
 //   * All products go through one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of
-//     16, an 8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be
+//     16, an 8 x 32 tile of accumulators (6 x 16 in ymm registers on AVX2 builds, which have 16 vector
+//     registers, not 32), B rows loaded as vectors and A elements broadcast. A may be
 //     read transposed (P^T dO, dS^T Q) through its strides, so P^T and dS^T are never formed.
 //   * Causal diagonal blocks are trimmed per 8-row tile (for_each_row_tile): work beyond a tile's
 //     last visible key is skipped rather than computed and masked.

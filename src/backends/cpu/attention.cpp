@@ -8,7 +8,8 @@
 //   * Scores live in the log2 domain: Q is pre-multiplied by scale*log2(e), so probabilities are
 //     exp2(S - m), as the FlashAttention-2 kernels do (softmax_scale_log2).
 //   * All products go through one register-tiled micro-GEMM: C[M x N] (+)= A B with N a multiple of
-//     16, an 8 x 32 tile of accumulators, B rows loaded as vectors and A elements broadcast. A may be
+//     16, an 8 x 32 tile of accumulators (6 x 16 in ymm registers on AVX2 builds, which have 16 vector
+//     registers, not 32), B rows loaded as vectors and A elements broadcast. A may be
 //     read transposed (P^T dO, dS^T Q) through its strides, so P^T and dS^T are never formed.
 //   * Causal diagonal blocks are trimmed per 8-row tile (for_each_row_tile): work beyond a tile's
 //     last visible key is skipped rather than computed and masked.
@@ -30,6 +31,10 @@
 #include <memory>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>  // the AVX2 micro-kernel and score rows
+#endif
 
 #include "backends/cpu/philox.h"
 #include "backends/cpu/rope.h"
@@ -113,6 +118,54 @@ constexpr std::array<TileFn, 2 * sizeof...(MRs)> make_tiles(std::integer_sequenc
   return {&gemm_tile<MRs + 1, 1, kAccumulate>..., &gemm_tile<MRs + 1, 2, kAccumulate>...};
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// The AVX2 build: a 16-float f32x16 is two ymm, so the 8 x 32 tile above needs 32 accumulator registers
+// of the 16 there are, and GCC spills them and builds its broadcasts through the stack (~14 memory
+// operations per FMA at D = 32). This 6 x 16 tile keeps 12 ymm accumulators, 2 B vectors and one
+// broadcast in registers. Each element still sums its k products in order with one FMA each, so the
+// results are bitwise those of the generic tile.
+template <int MR, bool kAccumulate>
+void gemm_tile_avx2(float* c, int64_t ldc, const float* a, int64_t sam, int64_t sak, const float* b, int64_t ldb,
+                    int64_t kdim) {
+  __m256 lo[MR], hi[MR];
+#pragma GCC unroll 6
+  for (int m = 0; m < MR; ++m) {
+    lo[m] = kAccumulate ? _mm256_loadu_ps(c + m * ldc) : _mm256_setzero_ps();
+    hi[m] = kAccumulate ? _mm256_loadu_ps(c + m * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < kdim; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(b + kk * ldb), b1 = _mm256_loadu_ps(b + kk * ldb + 8);
+    const float* ak = a + kk * sak;
+#pragma GCC unroll 6
+    for (int m = 0; m < MR; ++m) {
+      const __m256 av = _mm256_broadcast_ss(ak + m * sam);
+      lo[m] = _mm256_fmadd_ps(av, b0, lo[m]);
+      hi[m] = _mm256_fmadd_ps(av, b1, hi[m]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(c + m * ldc, lo[m]);
+    _mm256_storeu_ps(c + m * ldc + 8, hi[m]);
+  }
+}
+
+template <bool kAccumulate, int... MRs>
+constexpr std::array<TileFn, sizeof...(MRs)> make_avx2_tiles(std::integer_sequence<int, MRs...>) {
+  return {&gemm_tile_avx2<MRs + 1, kAccumulate>...};
+}
+
+template <bool kAccumulate>
+void gemm(float* c, int64_t ldc, const float* a, int64_t sam, int64_t sak, const float* b, int64_t ldb,
+          int64_t m, int64_t n, int64_t kdim) {
+  static constexpr auto tiles = make_avx2_tiles<kAccumulate>(std::make_integer_sequence<int, 6>{});
+  for (int64_t m0 = 0; m0 < m; m0 += 6) {
+    const int mr = static_cast<int>(std::min<int64_t>(6, m - m0));
+    for (int64_t n0 = 0; n0 < n; n0 += 16)
+      tiles[static_cast<size_t>(mr - 1)](c + m0 * ldc + n0, ldc, a + m0 * sam, sam, sak, b + n0, ldb, kdim);
+  }
+}
+#else
 template <bool kAccumulate>
 void gemm(float* c, int64_t ldc, const float* a, int64_t sam, int64_t sak, const float* b, int64_t ldb,
           int64_t m, int64_t n, int64_t kdim) {
@@ -126,6 +179,82 @@ void gemm(float* c, int64_t ldc, const float* a, int64_t sam, int64_t sak, const
     }
   }
 }
+#endif
+
+// ---- score rows ----------------------------------------------------------------------------------
+// row_max(s, n) = max(s[0..n)); exp2_row(s, n, m): s[j] = exp2(s[j] - m) in place, returning the sum of
+// the new s[j] (summed as 16 lanes, then simd::reduce_sum's butterfly). n % 16 == 0.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// On AVX2, GCC lowers simd::exp2 on f32x16 to scalar compares and blends through the stack; these are the
+// same operations on two ymm halves (clamps as max/min that keep a NaN; the same FMA polynomial), so the
+// values and the summation order, hence the bits, are those of the generic path.
+inline __m256 exp2_avx2(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);  // max/min return x when x is NaN
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(x, magic), magic);
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return _mm256_andnot_ps(underflow, r);
+}
+
+float row_max(const float* s, int64_t n) {
+  __m256 lo = _mm256_set1_ps(-kInf), hi = lo;
+  for (int64_t j = 0; j < n; j += 16) {
+    lo = _mm256_max_ps(lo, _mm256_loadu_ps(s + j));
+    hi = _mm256_max_ps(hi, _mm256_loadu_ps(s + j + 8));
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_max_ps(lo, hi));
+  return std::max(std::max(std::max(t[0], t[1]), std::max(t[2], t[3])), std::max(std::max(t[4], t[5]), std::max(t[6], t[7])));
+}
+
+float exp2_row(float* s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 lo = _mm256_setzero_ps(), hi = lo;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m256 e0 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    const __m256 e1 = exp2_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), mv));
+    _mm256_storeu_ps(s + j, e0);
+    _mm256_storeu_ps(s + j + 8, e1);
+    lo = _mm256_add_ps(lo, e0);
+    hi = _mm256_add_ps(hi, e1);
+  }
+  // reduce_sum's butterfly: lanes l and l+8, then l and l+4, l+2, l+1.
+  __m256 v = _mm256_add_ps(lo, hi);
+  v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+  v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+  return _mm256_cvtss_f32(v);
+}
+#else
+float row_max(const float* s, int64_t n) {
+  f32x16 vm = simd::splat(-kInf);
+  for (int64_t j = 0; j < n; j += 16) vm = simd::vmax(vm, simd::load(s + j));
+  return simd::reduce_max(vm);
+}
+
+float exp2_row(float* s, int64_t n, float m) {
+  const f32x16 mv = simd::splat(m);
+  f32x16 vs{};
+  for (int64_t j = 0; j < n; j += 16) {
+    const f32x16 e = simd::exp2(simd::load(s + j) - mv);
+    simd::store(s + j, e);
+    vs += e;
+  }
+  return simd::reduce_sum(vs);
+}
+#endif
 
 // ---- packing -------------------------------------------------------------------------------------
 
@@ -346,22 +475,13 @@ void flash_forward_head(const AttentionProblem& p, const Dims& dims, int64_t n, 
       // Online softmax: rescale what was accumulated under the old row max, then add this block.
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = s + r * kBlockK;
-        f32x16 vm = simd::splat(-kInf);
-        for (int64_t j = 0; j < wp; j += 16) vm = simd::vmax(vm, simd::load(sr + j));
-        const float m_new = std::max(w.m[r], simd::reduce_max(vm));
+        const float m_new = std::max(w.m[r], row_max(sr, wp));
         if (m_new == -kInf) {  // no visible key yet: p = 0 (exp2(-inf) is exactly 0)
           std::fill(sr, sr + wp, 0.0f);
           continue;
         }
         const float alpha = std::exp2(w.m[r] - m_new);  // 0 on the first visible block
-        const f32x16 mv = simd::splat(m_new);
-        f32x16 vs{};
-        for (int64_t j = 0; j < wp; j += 16) {
-          const f32x16 e = simd::exp2(simd::load(sr + j) - mv);
-          simd::store(sr + j, e);
-          vs += e;
-        }
-        w.l[r] = w.l[r] * alpha + simd::reduce_sum(vs);  // the normaliser: before dropout
+        w.l[r] = w.l[r] * alpha + exp2_row(sr, wp, m_new);  // the normaliser: before dropout
         // Dropped probabilities leave P V; 1/(1-p) is applied with 1/l at the end. Keys past the row's
         // visible ones are already exact zeros.
         if (dropout) drop_row(p, rule, n, i0 + r, j0, visible_columns(p, i0 + r, j0, wp), sr, sr, 1.0f);
@@ -454,9 +574,7 @@ void flash_backward_head(const AttentionProblem& p, const Dims& dims, int64_t n,
       mask_scores(p, s, kBlockK, i0, rows, j0, wp);
       // P = exp2(S - lse): masked scores (-inf) and rows without keys (lse = +inf) give exact zeros.
       for (int64_t r = 0; r < rows; ++r) {
-        float* sr = s + r * kBlockK;
-        const f32x16 lv = simd::splat(lse[n * p.tq + i0 + r]);
-        for (int64_t j = 0; j < wp; j += 16) simd::store(sr + j, simd::exp2(simd::load(sr + j) - lv));
+        exp2_row(s + r * kBlockK, wp, lse[n * p.tq + i0 + r]);
       }
       // The probabilities that reached the output: P, or Z o P (zero past each row's visible keys: the
       // dV product below reads all wp columns).

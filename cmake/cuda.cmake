@@ -7,6 +7,8 @@
 #   LOOM_HAVE_NCCL   ON when NCCL is found too (the NCCL communicator)
 #   LOOM_CUDA_LINK   what loom_lib links: cudart (static: it loads the driver itself at first use, so a
 #                    machine without a driver still runs loom), cuBLASLt, NCCL
+# (Re)written at generate time when the backend is on; gone when it is off.
+file(REMOVE ${CMAKE_BINARY_DIR}/cuda_link_flags.txt)
 set(LOOM_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when the toolkit is found), ON, OFF")
 set_property(CACHE LOOM_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(LOOM_HAVE_CUDA OFF)
@@ -74,5 +76,13 @@ if(LOOM_HAVE_NCCL)
   target_include_directories(loom_cuda PRIVATE ${LOOM_NCCL_INCLUDE_DIR})
   list(APPEND LOOM_CUDA_LINK ${LOOM_NCCL_LIBRARY})
 endif()
+# What a program linking build/libloom.a outside CMake must add (tools/fuzz.sh reads it): the static
+# CUDA runtime, cuBLASLt, NCCL, and what the static runtime itself needs.
+set(LOOM_CUDA_LINK_FLAGS "$<TARGET_LINKER_FILE:CUDA::cudart_static> $<TARGET_LINKER_FILE:CUDA::cublasLt>")
+if(LOOM_HAVE_NCCL)
+  string(APPEND LOOM_CUDA_LINK_FLAGS " ${LOOM_NCCL_LIBRARY}")
+endif()
+string(APPEND LOOM_CUDA_LINK_FLAGS " -ldl -lrt -lpthread\n")
+file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/cuda_link_flags.txt CONTENT "${LOOM_CUDA_LINK_FLAGS}")
 message(STATUS "loom: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
                "${CMAKE_CUDA_ARCHITECTURES}, NCCL ${LOOM_HAVE_NCCL})")

@@ -44,7 +44,8 @@ sources_of() {
 libs_of() {
   case "$1" in
     tokenizer_json) echo -lpcre2-8 -lpthread ;;
-    config) echo build/libloom.a -ldnnl -lgomp -lpcre2-8 -lz -lpthread ;;
+    # A build with the CUDA backend puts its objects in libloom.a: add the libraries CMake listed for it.
+    config) echo build/libloom.a -ldnnl -lgomp -lpcre2-8 -lz -lpthread $(cat build/cuda_link_flags.txt 2>/dev/null) ;;
   esac
 }
 corpora_of() {

@@ -155,12 +155,7 @@ Tensor scatter_data_values(Tensor g, const nn::Parameter& p, const RankContext& 
   }
   return g;
 }
-bool has_data_dim(const nn::Parameter& p) {
-  for (const auto& a : p.spec.dims) {
-    if (a == MeshAxis::Data) return true;
-  }
-  return false;
-}
+bool has_data_dim(const nn::Parameter& p) { return is_split_over(p, MeshAxis::Data); }
 // The one dimension the spec splits over data, or -1 (none, or several: those take the blocking path).
 int data_dim(const nn::Parameter& p) {
   int found = -1;
@@ -522,9 +517,7 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::ve
     // Each block once: on the holder whose coordinates are 0 on the axes the block is replicated over.
     bool owner = true;
     for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
-      bool split = false;
-      for (const auto& d : p->spec.dims) split = split || d == a;
-      if (!split && c.coord(a) != 0) owner = false;
+      if (!is_split_over(*p, a) && c.coord(a) != 0) owner = false;
     }
     if (owner) total += cpu::sum_of_squares(g.data<float>(), g.numel());
   }

@@ -49,7 +49,7 @@ struct RankContext {
   bool overlap = true;
   int64_t bucket_bytes = int64_t{256} << 10;  // a gradient all-reduce starts when this much is final
   // The runtime's state for it (prefetched weights, gradient collectives in flight); made by shard_model.
-  mutable std::shared_ptr<OverlapState> overlap_state;
+  mutable std::shared_ptr<OverlapState> overlap_state{};
   // Expert parallelism: the most token rows one rank may receive for its experts in one MoE layer (0:
   // no cap beyond the natural bound; see dist/expert.h). A larger count is an error naming both.
   int64_t max_expert_rows = 0;

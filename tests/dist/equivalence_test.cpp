@@ -12,6 +12,7 @@
 #include "models/llama/model.h"
 #include "ops/elementwise.h"
 #include "train/optimizer.h"
+#include "support/synthetic_batch.h"
 
 using namespace loom;
 using dist::Mesh;
@@ -47,22 +48,7 @@ std::unique_ptr<models::LanguageModel> build(const std::string& arch) {
 }
 
 // The global batch of a step: ids and next-token targets from a fixed integer hash.
-std::pair<Tensor, Tensor> batch_of(int step) {
-  std::vector<int32_t> seq(static_cast<size_t>(kBatch * (kSeq + 1)));
-  uint32_t h = 2166136261u ^ static_cast<uint32_t>(step);
-  for (auto& v : seq) {
-    h = (h ^ 0x9e3779b9u) * 16777619u;
-    v = static_cast<int32_t>((h >> 7) % kVocab);
-  }
-  std::vector<int32_t> ids, targets;
-  for (int64_t b = 0; b < kBatch; ++b) {
-    for (int64_t t = 0; t < kSeq; ++t) {
-      ids.push_back(seq[static_cast<size_t>(b * (kSeq + 1) + t)]);
-      targets.push_back(seq[static_cast<size_t>(b * (kSeq + 1) + t + 1)]);
-    }
-  }
-  return {Tensor::from_vector<int32_t>({kBatch, kSeq}, ids), Tensor::from_vector<int32_t>({kBatch, kSeq}, targets)};
-}
+std::pair<Tensor, Tensor> batch_of(int step) { return loom::test::synthetic_batch(step, kBatch, kSeq, kVocab); }
 
 // lr 1e-3: GPT-2's key bias has a mathematically zero gradient (q.b_k is the same for every key, and
 // softmax ignores a constant), so its "gradient" is rounding noise that AdamW normalises into lr-sized

@@ -16,6 +16,7 @@
 #include "ops/collective.h"
 #include "ops/elementwise.h"
 #include "train/optimizer.h"
+#include "support/synthetic_batch.h"
 
 using namespace loom;
 using dist::Mesh;
@@ -53,22 +54,7 @@ deepseek_v3::Config tiny() {
   return c;
 }
 
-std::pair<Tensor, Tensor> batch_of(int step) {
-  std::vector<int32_t> seq(static_cast<size_t>(kBatch * (kSeq + 1)));
-  uint32_t h = 2166136261u ^ static_cast<uint32_t>(step);
-  for (auto& v : seq) {
-    h = (h ^ 0x9e3779b9u) * 16777619u;
-    v = static_cast<int32_t>((h >> 7) % kVocab);
-  }
-  std::vector<int32_t> ids, targets;
-  for (int64_t b = 0; b < kBatch; ++b) {
-    for (int64_t t = 0; t < kSeq; ++t) {
-      ids.push_back(seq[static_cast<size_t>(b * (kSeq + 1) + t)]);
-      targets.push_back(seq[static_cast<size_t>(b * (kSeq + 1) + t + 1)]);
-    }
-  }
-  return {Tensor::from_vector<int32_t>({kBatch, kSeq}, ids), Tensor::from_vector<int32_t>({kBatch, kSeq}, targets)};
-}
+std::pair<Tensor, Tensor> batch_of(int step) { return loom::test::synthetic_batch(step, kBatch, kSeq, kVocab); }
 
 // lr 5e-4: one embedding entry (token 481, column 10) gets a gradient that is mostly rounding noise,
 // which AdamW normalises into lr-sized steps in any implementation; its drift is proportional to lr
@@ -146,7 +132,9 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, int64_t* 
     for (int s = 0; s < kSteps; ++s) one_step(*model, s, ctx.get(), opt, layout, mine, true);
     const auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i]->name == w1.name) EXPECT_EQ(opt.exp_avg(i).shape(), w1.value.shape());
+      if (params[i]->name == w1.name) {
+        EXPECT_EQ(opt.exp_avg(i).shape(), w1.value.shape());
+      }
     }
     rank_biases[static_cast<size_t>(rank)] = mine.biases;
     for (nn::Parameter* p : model->parameters()) {

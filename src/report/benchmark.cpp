@@ -1,9 +1,12 @@
 #include "report/benchmark.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/peak.h"
+#include "core/allocator.h"
 #include "core/parallel.h"
 #include "models/model.h"
 #include "models/stats.h"
@@ -14,10 +17,34 @@ using loom::train::AdamWOptions;
 
 namespace loom::report {
 
+namespace {
+
+// A "Key:   N kB" line of /proc/self/status (VmRSS: resident now, VmHWM: the peak since exec), in MiB;
+// -1 without procfs. The same source bench/pytorch_train.py reads, so the two columns compare.
+double proc_status_mib(const char* key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double mib = -1;
+  const size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    long long kib = 0;
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':' && std::sscanf(line + n + 1, "%lld", &kib) == 1) {
+      mib = static_cast<double>(kib) / 1024.0;
+      break;
+    }
+  }
+  std::fclose(f);
+  return mib;
+}
+
+}  // namespace
+
 std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
                       {"flops_per_token", flops_per_token}, {"gflops", gflops}, {"peak_gflops", peak_gflops},
-                      {"mfu", mfu}, {"threads", threads}, {"precision", precision}, {"final_loss", final_loss}};
+                      {"mfu", mfu}, {"start_rss_mib", start_rss_mib},
+                      {"peak_rss_mib", peak_rss_mib}, {"tensor_peak_mib", tensor_peak_mib}, {"threads", threads}, {"precision", precision}, {"final_loss", final_loss}};
   return j.dump();
 }
 
@@ -26,6 +53,9 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   LOOM_CHECK(options.steps > 0, "bench: steps must be positive, got ", options.steps);
   if (options.threads > 0) set_num_threads(options.threads);
   const int threads = num_threads();
+  const double start_rss_mib = proc_status_mib("VmRSS");
+  Allocator& allocator = allocator_for(Device::cpu());
+  allocator.reset_peak();
 
   std::unique_ptr<models::LanguageModel> built = config.build(options.seed);
   models::LanguageModel& model = *built;
@@ -63,6 +93,8 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.steps; ++i) step();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double peak_rss_mib = proc_status_mib("VmHWM");  // before the FMA peak's own buffers
+  const double tensor_peak_mib = static_cast<double>(allocator.stats().peak_bytes_in_use) / (1024.0 * 1024.0);
 
   TrainBenchResult r;
   r.threads = threads;
@@ -76,6 +108,9 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   r.peak_gflops = cpu::measure_fma_peak(threads).gflops;
   r.mfu = r.gflops / r.peak_gflops;
   r.final_loss = loss_value;
+  r.start_rss_mib = start_rss_mib;
+  r.peak_rss_mib = peak_rss_mib;
+  r.tensor_peak_mib = tensor_peak_mib;
   return r;
 }
 

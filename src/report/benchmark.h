@@ -30,6 +30,12 @@ struct TrainBenchResult {
   double peak_gflops = 0;  // measured FMA peak on the same threads
   double mfu = 0;          // gflops / peak_gflops
   double final_loss = 0;
+  // Memory, in MiB (-1 where /proc/self/status cannot be read). RSS counts everything the process
+  // touched: code, libraries, OpenMP/oneDNN state, the allocator's cached blocks, as PyTorch's does.
+  double start_rss_mib = 0;    // VmRSS when bench_train starts: the process before the model exists
+  double peak_rss_mib = 0;     // VmHWM after the timed steps: the process's peak, warm-up steps included
+  double tensor_peak_mib = 0;  // the CPU allocator's peak bytes in use (weights, gradients, moments,
+                               // activations alive at once), over the model's build and all steps
   int threads = 0;
   std::string precision = "f32";
   std::string to_json() const;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,25 @@ TEST(Memory, MaxMemoryIsTheBudgetWhenGiven) {
   EXPECT_TRUE(has(bad.output, "\"lots\"")) << bad.output;
   CliResult bench = run_loom({"bench", "train", "--preset", "tiny", "--batch", "100000000", "--steps", "1"});
   expect_refused_fast(bench, {"--batch=100000000"});
+}
+
+// `loom bench train` reports its own memory (the README's peak-RSS column): the process's peak, what it
+// held before the model existed, and the tensors' peak. Weights, gradients and both AdamW moments (16
+// bytes a parameter) are alive together after a step, so the tensor peak and the RSS growth cover them,
+// and the process cannot have peaked above what the kernel measured for it from outside.
+TEST(Memory, BenchTrainReportsItsPeakRss) {
+  CliResult r = run_loom({"bench", "train", "--preset", "default", "--batch", "2", "--steps", "1", "--warmup", "0",
+                          "--threads", "1"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string line = r.output.substr(r.output.rfind('{'));
+  const nlohmann::json j = nlohmann::json::parse(line);
+  const double start = j.at("start_rss_mib"), peak = j.at("peak_rss_mib"), tensors = j.at("tensor_peak_mib");
+  const double weights_mib = 16.0 * j.at("params").get<double>() / (1 << 20);
+  EXPECT_GT(start, 1) << line;
+  EXPECT_GE(tensors, weights_mib) << line;
+  EXPECT_GE(peak - start, weights_mib) << line;
+  EXPECT_LT(tensors, peak) << line;
+  EXPECT_LE(peak * 1024, static_cast<double>(r.max_rss_kib) + 1024) << line << " against wait4's " << r.max_rss_kib;
 }
 
 TEST(Memory, BudgetSizesParseWithBinaryUnits) {

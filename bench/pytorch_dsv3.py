@@ -5,6 +5,7 @@ aux-loss-free bias update) on synthetic tokens, timed the same way.
 
     /usr/bin/python3 bench/pytorch_dsv3.py --config configs/dsv3-mini.json --batch 8 --steps 3 --threads 2
     /usr/bin/python3 bench/pytorch_dsv3.py --config configs/dsv3-mini.json --count   # parameters only
+    $PEER_VENV/bin/python bench/pytorch_dsv3.py --compile [--bf16]      # PyTorch 2.x (tools/peer_venv.sh)
 
 The model is read from a loom config JSON (its "model" section, arch deepseek_v3). It is an independent
 restatement of the seed, not of loom:
@@ -19,10 +20,16 @@ restatement of the seed, not of loom:
 MTP follows loom's batches of T + 1 tokens: module k scores the T - k positions it can (the seed feeds
 T + 1 + n_mtp tokens and scores T); the step's work differs by one position in 256.
 
+--compile wraps the model's loss (forward, routing, balance loss and MTP) in torch.compile, as a user of
+PyTorch 2.x would; the expert loop's per-expert token counts are data (`counts.tolist()`), so TorchDynamo
+splits the graph there and compiles the pieces, recompiling for new per-expert row counts until it marks
+them dynamic. The warm-up steps (default 2 with --compile) absorb that; "compile_s" is their time.
+
 Prints one JSON line: tokens_per_s and ms_per_step (total wall time / steps, as `loom bench train`),
 median_ms_per_step (per-step wall times), cpu_ms_per_step (process CPU time per step: less sensitive
 to other jobs on a shared machine), params, params_per_token (the seed's "used per token": all minus
-the embedding table and the MTP modules, with top_k of the routed experts) and final_loss.
+the embedding table and the MTP modules, with top_k of the routed experts), final_loss, and the memory
+fields of bench/pytorch_train.py (start_rss_mib, peak_rss_mib, children_peak_rss_mib).
 """
 import argparse
 import json
@@ -35,6 +42,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from pytorch_train import memory_fields, proc_status_mib
 
 MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "n_dense", "num_heads", "q_rank", "kv_rank",
               "d_nope", "d_rope", "d_v", "d_ff", "n_shared", "n_routed", "top_k", "d_expert", "route_scale", "gamma",
@@ -237,15 +246,21 @@ class DeepSeekV3(nn.Module):
 
 
 def main():
+    start_rss_mib = proc_status_mib("VmRSS")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "dsv3-mini.json"))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=-1, help="untimed steps first (default 1; 2 with --compile)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16) around the forward and loss")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model's loss (PyTorch >= 2.0)")
     ap.add_argument("--count", action="store_true", help="print the parameter counts and exit")
     args = ap.parse_args()
+    if args.compile and not hasattr(torch, "compile"):
+        ap.error(f"--compile needs PyTorch >= 2.0; this is {torch.__version__} (tools/peer_venv.sh installs one)")
+    if args.warmup < 0:
+        args.warmup = 2 if args.compile else 1
     for name in ("batch", "steps", "threads"):
         if getattr(args, name) <= 0:
             sys.exit(f"--{name} must be positive, got {getattr(args, name)}")
@@ -262,11 +277,12 @@ def main():
     stream = torch.randint(0, V, (B, T + 1))
     ids, targets = stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
     moes = [layer.moe for layer in model.layers if layer.moe is not None]
+    loss_fn = torch.compile(model.loss) if args.compile else model.loss
 
     def step():
         opt.zero_grad(set_to_none=False)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, _, _, _, loads = model.loss(ids, targets)
+            loss, _, _, _, loads = loss_fn(ids, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -275,8 +291,10 @@ def main():
                 moe.bias += c["gamma"] * torch.sign(load.mean() - load)
         return loss.item()
 
+    warm_start = time.perf_counter()
     for _ in range(args.warmup):
         step()
+    warm_seconds = time.perf_counter() - warm_start
     walls, cpus = [], []
     for _ in range(args.steps):
         w0, c0 = time.perf_counter(), time.process_time()
@@ -288,7 +306,8 @@ def main():
                       "ms_per_step": seconds * 1e3 / args.steps, "median_ms_per_step": statistics.median(walls) * 1e3,
                       "cpu_ms_per_step": sum(cpus) * 1e3 / args.steps, "params": params,
                       "params_per_token": model.params_per_token(), "batch": B, "seq": T, "threads": args.threads,
-                      "precision": "bf16" if args.bf16 else "f32", "final_loss": loss}))
+                      "precision": "bf16" if args.bf16 else "f32", "final_loss": loss, "compiled": args.compile,
+                      "compile_s": warm_seconds if args.compile else 0.0, **memory_fields(start_rss_mib)}))
 
 
 if __name__ == "__main__":

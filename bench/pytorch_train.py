@@ -16,10 +16,18 @@ JSON's "attention" field says which ran. --compile wraps the forward and the los
 default inductor backend, which generates and compiles C++ on the CPU: it needs a C++ compiler); the
 backward it derives is compiled too, the clip and AdamW step stay eager, as in a typical user's loop.
 Compilation happens in the warm-up steps and is reported apart ("compile_s"), not in the timed steps.
+
+Memory, as `loom bench train` reports it (MiB, from /proc/self/status): "start_rss_mib" is the process
+after `import torch` and before the model exists (PyTorch's import alone is a few hundred MiB: its
+libraries, oneDNN, and with 2.x from PyPI the CUDA runtime's host side), "peak_rss_mib" the process's
+peak (VmHWM) after the timed steps, warm-up and compilation included; peak - start is what the model and
+its training step added. torch.compile compiles the generated C++ in worker processes, which are not in
+this process's RSS; "children_peak_rss_mib" gives the largest of them (getrusage(RUSAGE_CHILDREN)).
 """
 import argparse
 import json
 import math
+import resource
 import time
 
 import torch
@@ -147,7 +155,26 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
+def proc_status_mib(key):
+    """VmRSS (resident now) or VmHWM (peak since exec) of this process, in MiB; -1 without procfs."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return -1.0
+
+
+def memory_fields(start_rss_mib):
+    """The JSON's memory fields, read after the timed steps (loom's names and meanings)."""
+    return {"start_rss_mib": start_rss_mib, "peak_rss_mib": proc_status_mib("VmHWM"),
+            "children_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
 def main():
+    start_rss_mib = proc_status_mib("VmRSS")
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="cs336-tinystories", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=8)
@@ -205,7 +232,7 @@ def main():
                       "ms_per_step": seconds * 1e3 / args.steps, "params": params, "flops_per_token": fpt,
                       "gflops": tps * fpt / 1e9, "threads": args.threads, "precision": "bf16" if args.bf16 else "f32", "final_loss": loss,
                       "compiled": args.compile, "compile_s": warm_seconds if args.compile else 0.0,
-                      "attention": "sdpa" if HAS_SDPA else "explicit"}))
+                      "attention": "sdpa" if HAS_SDPA else "explicit", **memory_fields(start_rss_mib)}))
 
 
 if __name__ == "__main__":

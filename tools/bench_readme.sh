@@ -20,13 +20,15 @@
 # Every run is stopped after LIMIT seconds (default 600) and reported as "did not finish N steps in M s"
 # instead of hanging. On a CPU without bf16 instructions (no avx512_bf16/amx_bf16) PyTorch's bf16
 # autocast is emulated and very slow (PyTorch 1.13 did not finish 4 GPT-2 steps in 24 minutes on Zen 3),
-# so there its bf16 rows run for the first preset only, 1 warm-up + 1 timed step under BF16_LIMIT
-# (default 120 s); BF16_PEERS=all|first|none overrides.
+# so there its bf16 rows run for the first preset in the first round only, 1 warm-up + 1 timed step
+# under BF16_LIMIT (default 120 s); BF16_PEERS=all|first|none overrides.
 # Results: one line per run in OUT (default bench-results.txt), then the Markdown tables of
-# bench/bench_readme_summary.py, and the total time. A full run of the defaults took ~NN minutes on a
-# quiet 2-core Zen 3 (see the README); run it on an otherwise idle machine:
-#   TORCH_PY=/tmp/torch2venv/bin/python tools/bench_readme.sh
-#   PRESETS=cs336-tinystories ROUNDS=2 tools/bench_readme.sh      # one preset, two rounds
+# bench/bench_readme_summary.py, and the total time. On a 2-core Zen 3 (AVX2) one round took 859 s
+# (14 min; 2026-12-01, raised above other jobs, torch.compile's cache warm for cs336 only), of which
+# 240 s were the two bf16 PyTorch rows that ran out their time; ROUNDS=2 adds ~10 min. Run it on an
+# otherwise idle machine:
+#   TORCH_PY=/tmp/torch2venv/bin/python ROUNDS=2 tools/bench_readme.sh
+#   PRESETS=cs336-tinystories tools/bench_readme.sh      # one preset
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${THREADS:-2}
@@ -139,7 +141,7 @@ bf16_limit=${BF16_LIMIT:-$([ "$has_bf16" = 1 ] && echo "$limit" || echo 120)}
 first_preset=${presets%% *}
 case "$bf16_peers" in
   all) ;;
-  first) log "pytorch bf16: no bf16 instructions on this CPU (autocast is emulated): its rows run for $first_preset only, 1 warm-up + 1 step, stopped after $bf16_limit s (BF16_PEERS=all runs them everywhere)" ;;
+  first) log "pytorch bf16: no bf16 instructions on this CPU (autocast is emulated): its rows run for $first_preset in round 1 only, 1 warm-up + 1 step, stopped after $bf16_limit s (BF16_PEERS=all runs them everywhere)" ;;
   none) log "pytorch bf16: skipped (BF16_PEERS=none)" ;;
   *) echo "BF16_PEERS must be all, first or none, got '$bf16_peers'" >&2; exit 2 ;;
 esac
@@ -163,7 +165,7 @@ for r in $(seq "$rounds"); do
     fi
     [ "$torch1" = 1 ] && run "$p" "pytorch1 eager f32" "$r" "$steps" "$warm" "$limit" "${py1[@]}"
     run "$p" "loom bf16" "$r" "$steps" "$warm" "$limit" "${loom[@]}" --bf16
-    if [ "$bf16_peers" = all ] || { [ "$bf16_peers" = first ] && [ "$p" = "$first_preset" ]; }; then
+    if [ "$bf16_peers" = all ] || { [ "$bf16_peers" = first ] && [ "$p" = "$first_preset" ] && [ "$r" = 1 ]; }; then
       bs=$steps bw=$warm
       [ "$bf16_peers" = first ] && bs=1 bw=1
       if [ "$torch2" = 1 ]; then

@@ -25,8 +25,8 @@
 # Results: one line per run in OUT (default bench-results.txt), then the Markdown tables of
 # bench/bench_readme_summary.py, and the total time. On a 2-core Zen 3 (AVX2) one round took 859 s
 # (14 min; 2026-12-01, raised above other jobs, torch.compile's cache warm for cs336 only), of which
-# 240 s were the two bf16 PyTorch rows that ran out their time; ROUNDS=2 adds ~10 min. Run it on an
-# otherwise idle machine:
+# 240 s were the two bf16 PyTorch rows that ran out their time; ROUNDS=2 took 1146 s (19 min, the cache
+# warm). Run it on an otherwise idle machine:
 #   TORCH_PY=/tmp/torch2venv/bin/python ROUNDS=2 tools/bench_readme.sh
 #   PRESETS=cs336-tinystories tools/bench_readme.sh      # one preset
 set -euo pipefail

@@ -73,7 +73,7 @@ def main():
     text = "\n".join(head)
     v1 = (re.search(r"pytorch 1: \S+ \(([\w.]+)", text) or [None, "1.x"])[1]
     v2 = (re.search(r"pytorch 2: \S+ \(([\w.]+)", text) or [None, "2.x"])[1]
-    v1, v2 = re.sub(r"a0$", "", v1), v2.split("+")[0]
+    v1, v2 = (re.match(r"\d+\.\d+", v1) or [v1])[0], (re.match(r"\d+\.\d+", v2) or [v2])[0]
     peak = statistics.median(peaks) if peaks else float("nan")
     for line in head:
         if not line.startswith("pytorch"):

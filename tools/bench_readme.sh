@@ -38,7 +38,6 @@ torch_py=${TORCH_PY:-/tmp/torch2venv/bin/python}
 limit=${LIMIT:-600}
 out=${OUT:-bench-results.txt}
 script_start=$(date +%s)
-: > "$out"
 log() { echo "$*" | tee -a "$out"; }
 export OMP_NUM_THREADS=$threads
 
@@ -95,6 +94,12 @@ preset_warmup() { case $1 in cs336-tinystories) echo 2 ;; *) echo 1 ;; esac; }
 for p in $presets; do
   preset_loom "$p" >/dev/null || { echo "unknown preset '$p' in PRESETS (cs336-tinystories, gpt2-small, dsv3-mini)" >&2; exit 2; }
 done
+for v in THREADS=$threads ROUNDS=$rounds LIMIT=$limit CS336_STEPS=$(preset_steps cs336-tinystories) \
+         GPT2_STEPS=$(preset_steps gpt2-small) DSV3_STEPS=$(preset_steps dsv3-mini) BF16_LIMIT=${BF16_LIMIT:-1}; do
+  [[ "${v#*=}" =~ ^[1-9][0-9]*$ ]] || { echo "${v%%=*} must be a positive whole number, got '${v#*=}'" >&2; exit 2; }
+done
+case "${BF16_PEERS:-all}" in all|first|none) ;; *) echo "BF16_PEERS must be all, first or none, got '$BF16_PEERS'" >&2; exit 2 ;; esac
+: > "$out"
 
 # run PRESET VARIANT ROUND STEPS WARMUP LIMIT CMD...: one result line
 #   "PRESET | VARIANT | round R | load A B C | WALL s | JSON"  or  "... | did not finish N steps in M s"

@@ -1,52 +1,13 @@
-// CPU kernels for activations, SwiGLU and dropout: the run-time choice of instruction set, and the
-// plain std:: oracles. The kernels themselves are activation.inc, compiled once per instruction set
-// (isa.h). Legend and conventions: see activation.h.
+// The plain std:: oracles of the activation kernels. The kernels themselves are activation.inc,
+// compiled once per instruction set (isa.h) and chosen at run time by dispatch.cpp. Legend and
+// conventions: see activation.h.
 #include "backends/cpu/activation.h"
 
 #include <cmath>
 
-#include "backends/cpu/isa.h"
-#include "backends/cpu/kernels.h"
+#include "core/rng.h"
 
 namespace loom::cpu {
-
-void silu_forward(float* y, const float* x, int64_t n) { LOOM_CPU_DISPATCH(silu_forward, y, x, n); }
-void silu_forward(bf16* y, const bf16* x, int64_t n) { LOOM_CPU_DISPATCH(silu_forward, y, x, n); }
-void silu_backward(float* dx, const float* dy, const float* x, int64_t n) { LOOM_CPU_DISPATCH(silu_backward, dx, dy, x, n); }
-void silu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n) { LOOM_CPU_DISPATCH(silu_backward, dx, dy, x, n); }
-
-void gelu_forward(float* y, const float* x, int64_t n, bool tanh_approximation) {
-  LOOM_CPU_DISPATCH(gelu_forward, y, x, n, tanh_approximation);
-}
-void gelu_forward(bf16* y, const bf16* x, int64_t n, bool tanh_approximation) {
-  LOOM_CPU_DISPATCH(gelu_forward, y, x, n, tanh_approximation);
-}
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool tanh_approximation) {
-  LOOM_CPU_DISPATCH(gelu_backward, dx, dy, x, n, tanh_approximation);
-}
-void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n, bool tanh_approximation) {
-  LOOM_CPU_DISPATCH(gelu_backward, dx, dy, x, n, tanh_approximation);
-}
-
-void swiglu_forward(float* y, const float* gate, const float* up, int64_t n) {
-  LOOM_CPU_DISPATCH(swiglu_forward, y, gate, up, n);
-}
-void swiglu_forward(bf16* y, const bf16* gate, const bf16* up, int64_t n) {
-  LOOM_CPU_DISPATCH(swiglu_forward, y, gate, up, n);
-}
-void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
-  LOOM_CPU_DISPATCH(swiglu_backward, dgate, dup, dy, gate, up, n);
-}
-void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dy, const bf16* gate, const bf16* up, int64_t n) {
-  LOOM_CPU_DISPATCH(swiglu_backward, dgate, dup, dy, gate, up, n);
-}
-
-void dropout_forward(float* y, const float* x, int64_t n, float p, RngKey key) {
-  LOOM_CPU_DISPATCH(dropout_forward, y, x, n, p, key);
-}
-void dropout_forward(bf16* y, const bf16* x, int64_t n, float p, RngKey key) {
-  LOOM_CPU_DISPATCH(dropout_forward, y, x, n, p, key);
-}
 
 // ---- plain std:: oracles ------------------------------------------------------------------------
 

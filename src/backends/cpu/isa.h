@@ -7,7 +7,7 @@
 //                        baseline flags: the reference the other two are tested against;
 //   kernels_avx2.cpp     + AVX2 and FMA (Haswell, Zen 1-3): 8-float registers, the 6x16 attention tile;
 //   kernels_avx512.cpp   + AVX-512 F/BW/VL/DQ (Skylake-X, Sapphire Rapids, Zen 4/5): 16-float registers.
-// The kernel families' own files (activation.cpp, attention.cpp) call the copy cpu_isa() names.
+// dispatch.cpp holds the families' API functions; each calls the copy cpu_isa() names.
 //
 // The choice: LOOM_CPU_ISA=scalar|avx2|avx512 if set (an error if this CPU cannot run it: the tests use
 // it to run one variant on purpose), else the widest the CPU and the OS support (CPUID, and XGETBV for

@@ -1,5 +1,5 @@
-// Philox4x32-10 random words, 64 at a time, for the kernels that draw dropout masks (activation.cpp's
-// dropout, attention.cpp's dropout on the attention probabilities).
+// Philox4x32-10 random words, 64 at a time, for the kernels that draw dropout masks (activation.inc's
+// dropout, attention.inc's dropout on the attention probabilities).
 //
 // The same rounds as core/rng.cpp's philox4x32, which stays the definition: element i of a stream is
 // random_bits(key, i) = word i % 4 of the block with counter i / 4. The tests check the kernels' masks

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/isa.h"
 #include "backends/cpu/peak.h"
 #include "core/autograd.h"
 #include "core/error.h"
@@ -294,7 +295,8 @@ std::string fixed(double v, int decimals) {
 std::string RooflineReport::table() const {
   std::string s;
   s += "model: " + preset_description + "\n";
-  s += str("threads ", threads, ", ", bf16 ? "bf16 GEMMs" : "f32", "; FMA peak ", fixed(peak_gflops, 1), " GFLOP/s",
+  s += str("threads ", threads, ", ", bf16 ? "bf16 GEMMs" : "f32", ", ", cpu::cpu_isa_name(cpu::cpu_isa()),
+           " kernels; FMA peak ", fixed(peak_gflops, 1), " GFLOP/s",
            bf16_peak_gflops > 0 ? ", bf16 dot-product peak " + fixed(bf16_peak_gflops, 1) + " GFLOP/s"
                                 : std::string(", no bf16 dot-product instruction"),
            ", read bandwidth ", fixed(bandwidth_gb_per_s, 1), " GB/s (ridge at ",
@@ -329,7 +331,8 @@ std::string RooflineReport::json() const {
                       {"bandwidth_gb_per_s", bandwidth_gb_per_s}, {"step_seconds", step_seconds},
                       {"tokens_per_step", tokens_per_step}, {"model_flops_per_step", model_flops_per_step},
                       {"counted_flops_per_step", counted_flops_per_step},
-                      {"palm_counted_flops_per_step", palm_counted_flops_per_step}};
+                      {"palm_counted_flops_per_step", palm_counted_flops_per_step},
+                      {"cpu_kernels", cpu::cpu_isa_name(cpu::cpu_isa())}};
   j["families"] = nlohmann::json::array();
   for (const auto& r : families) {
     j["families"].push_back({{"family", r.family}, {"seconds", r.seconds}, {"flops", r.flops},

@@ -1,6 +1,6 @@
 // The API functions of the kernel families compiled once per instruction set (activation.h,
 // attention.h): each forwards to the copy cpu_isa() names (isa.h). The kernels are activation.inc and
-// attention.inc, built by kernels_scalar.cpp, kernels_avx2.cpp and kernels_avx512.cpp.
+// attention.inc, built by isa_scalar.cpp, isa_avx2.cpp and isa_avx512.cpp.
 #include "backends/cpu/activation.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/isa.h"

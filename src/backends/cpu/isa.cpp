@@ -32,7 +32,7 @@ Features read_features() {
   const bool ymm_state = (xcr0_lo & 0x6) == 0x6, zmm_state = (xcr0_lo & 0xe6) == 0xe6;
   if (!ymm_state || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   f.avx2 = ((b >> 5) & 1) && fma;
-  // AVX-512 F (EBX bit 16), DQ (17), BW (30), VL (31): what kernels_avx512.cpp is compiled for.
+  // AVX-512 F (EBX bit 16), DQ (17), BW (30), VL (31): what isa_avx512.cpp is compiled for.
   f.avx512 = f.avx2 && zmm_state && ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
   return f;
 }

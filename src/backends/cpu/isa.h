@@ -3,10 +3,10 @@
 // Why: a binary must run on every x86-64 CPU it is copied to, and use what each one has. The kernels
 // whose speed depends on the vector width (activations and dropout, flash attention with its Philox
 // draws) are compiled three times, each copy in its own translation unit with its own target:
-//   kernels_scalar.cpp   the portable C++ (GCC vector extensions, `omp simd`), built for the build's
-//                        baseline flags: the reference the other two are tested against;
-//   kernels_avx2.cpp     + AVX2 and FMA (Haswell, Zen 1-3): 8-float registers, the 6x16 attention tile;
-//   kernels_avx512.cpp   + AVX-512 F/BW/VL/DQ (Skylake-X, Sapphire Rapids, Zen 4/5): 16-float registers.
+//   isa_scalar.cpp  the portable C++ (GCC vector extensions, `omp simd`), built for the build's
+//                   baseline flags: the reference the other two are tested against;
+//   isa_avx2.cpp    + AVX2 and FMA (Haswell, Zen 1-3): 8-float registers, the 6x16 attention tile;
+//   isa_avx512.cpp  + AVX-512 F/BW/VL/DQ (Skylake-X, Sapphire Rapids, Zen 4/5): 16-float registers.
 // dispatch.cpp holds the families' API functions; each calls the copy cpu_isa() names.
 //
 // The choice: LOOM_CPU_ISA=scalar|avx2|avx512 if set (an error if this CPU cannot run it: the tests use

@@ -1,7 +1,7 @@
 // Which instruction set the SIMD code of the file being compiled targets, for the headers and kernel
 // bodies that have per-ISA code (philox.h, attention.inc, activation.inc). See isa.h.
 //
-// kernels_scalar.cpp, kernels_avx2.cpp and kernels_avx512.cpp define, before including anything:
+// isa_scalar.cpp, isa_avx2.cpp and isa_avx512.cpp define, before including anything:
 //   LOOM_KERNEL_ISA  0 (portable C++), 2 (AVX2 + FMA intrinsics) or 3 (AVX-512 intrinsics);
 //   LOOM_KERNEL_NS   the namespace their copies live in (isa_scalar, isa_avx2, isa_avx512).
 // Everywhere else both follow the compiler's flags, as before run-time dispatch existed.

@@ -1,12 +1,12 @@
 // The CPU kernels' AVX2 + FMA copy (isa.h): Haswell and later, Zen 1-3. Only the code after the
-// target pragma is compiled for AVX2 (kernels_prologue.h says why the headers come first).
+// target pragma is compiled for AVX2 (isa_prologue.h says why the headers come first).
 #define LOOM_KERNEL_NS isa_avx2
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOOM_KERNEL_ISA 2
 #else
 #define LOOM_KERNEL_ISA 0  // not x86: cpu_isa_supported(Avx2) is false; the portable code keeps the link whole
 #endif
-#include "backends/cpu/kernels_prologue.h"
+#include "backends/cpu/isa_prologue.h"
 
 #if LOOM_KERNEL_ISA == 2
 #if defined(__clang__)

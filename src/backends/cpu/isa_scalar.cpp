@@ -3,7 +3,7 @@
 // are tested against). No intrinsics: GCC vector extensions and `omp simd` only.
 #define LOOM_KERNEL_ISA 0
 #define LOOM_KERNEL_NS isa_scalar
-#include "backends/cpu/kernels_prologue.h"
+#include "backends/cpu/isa_prologue.h"
 
 #include "backends/cpu/philox.h"
 #include "backends/cpu/simd_math.h"

@@ -1,6 +1,7 @@
 // Entry point of the `loom` CLI: builds the subcommands that cli/*.cpp registered and runs one.
 // Exit statuses: cli/exit_codes.h.
 #include "cli/command.h"
+#include "backends/cpu/isa.h"
 #include "cli/exit_codes.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     command.setup(*sub);
   }
   try {
+    loom::cpu::cpu_isa();  // a LOOM_CPU_ISA this CPU cannot run is an error before any work (isa.h)
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);  // prints the help, the version, or what does not parse

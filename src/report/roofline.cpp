@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/isa.h"
 #include "backends/cpu/peak.h"
 #include "core/autograd.h"
 #include "core/error.h"
@@ -145,6 +146,24 @@ OpCost op_cost(const profile::OpRecord& op) {
   } else if (one_of(n, {"all_reduce", "all_gather", "reduce_scatter", "copy_to_group", "gather_replicated",
                         "split_replicated"})) {
     c.family = "communication";
+  } else if (n == "moe_experts" && op.inputs.size() >= 5 && op.inputs[2].shape.ndim() == 3) {
+    // x [N, C], gates [N, K], w1, w3 [E, F, C], w2 [E, C, F]: each of the P = N·K routed slots runs its
+    // expert's three GEMMs (2·F·C each), SwiGLU between them and the gated combine (backends/cpu/moe.h).
+    // The backward: dau = dy w2 always, dx two GEMMs, each weight gradient one; the SwiGLU gradient.
+    const double C = static_cast<double>(op.inputs[0].shape.back());
+    const double N = numel(op.inputs[0]) / std::max(C, 1.0);
+    const double K = static_cast<double>(op.inputs[1].shape.back());
+    const double F = static_cast<double>(op.inputs[2].shape[1]);
+    const double P = N * K, gemm = 2 * P * F * C;
+    c.family = "moe";
+    c.forward_flops = 3 * gemm + 5 * P * F + 2 * P * C;
+    c.palm_flops = 3 * gemm;
+    if (op.has_backward) {
+      const double weights = (needs(op, 2) ? gemm : 0) + (needs(op, 3) ? gemm : 0) + (needs(op, 4) ? gemm : 0);
+      const double gemms = gemm + (needs(op, 0) ? 2 * gemm : 0) + weights;
+      c.backward_flops = gemms + 10 * P * F + P * C;
+      c.palm_flops += gemms;
+    }
   } else if (n.rfind("moe", 0) == 0) {
     c.family = "moe";
   } else {
@@ -294,7 +313,8 @@ std::string fixed(double v, int decimals) {
 std::string RooflineReport::table() const {
   std::string s;
   s += "model: " + preset_description + "\n";
-  s += str("threads ", threads, ", ", bf16 ? "bf16 GEMMs" : "f32", "; FMA peak ", fixed(peak_gflops, 1), " GFLOP/s",
+  s += str("threads ", threads, ", ", bf16 ? "bf16 GEMMs" : "f32", ", ", cpu::cpu_isa_name(cpu::cpu_isa()),
+           " kernels; FMA peak ", fixed(peak_gflops, 1), " GFLOP/s",
            bf16_peak_gflops > 0 ? ", bf16 dot-product peak " + fixed(bf16_peak_gflops, 1) + " GFLOP/s"
                                 : std::string(", no bf16 dot-product instruction"),
            ", read bandwidth ", fixed(bandwidth_gb_per_s, 1), " GB/s (ridge at ",
@@ -329,7 +349,8 @@ std::string RooflineReport::json() const {
                       {"bandwidth_gb_per_s", bandwidth_gb_per_s}, {"step_seconds", step_seconds},
                       {"tokens_per_step", tokens_per_step}, {"model_flops_per_step", model_flops_per_step},
                       {"counted_flops_per_step", counted_flops_per_step},
-                      {"palm_counted_flops_per_step", palm_counted_flops_per_step}};
+                      {"palm_counted_flops_per_step", palm_counted_flops_per_step},
+                      {"cpu_kernels", cpu::cpu_isa_name(cpu::cpu_isa())}};
   j["families"] = nlohmann::json::array();
   for (const auto& r : families) {
     j["families"].push_back({{"family", r.family}, {"seconds", r.seconds}, {"flops", r.flops},

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "backends/cpu/isa.h"
 #include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
@@ -94,6 +95,27 @@ TEST(Roofline, CostOfALinearIsTwoMnkEachWay) {
   EXPECT_EQ(unknown.forward_flops, 0.0);
 }
 
+TEST(Roofline, CostOfTheRoutedExpertsIsTheirGemms) {
+  // N 10 tokens, C 8, K 2 of E 4 experts, F 6: P = 20 slots, three 2·F·C GEMMs each way.
+  profile::OpRecord op;
+  op.name = "moe_experts";
+  op.inputs = {{Shape{10, 8}, DType::F32, true}, {Shape{10, 2}, DType::F32, true}, {Shape{4, 6, 8}, DType::F32, true},
+               {Shape{4, 6, 8}, DType::F32, true}, {Shape{4, 8, 6}, DType::F32, true}};
+  op.outputs = {{Shape{10, 8}, DType::F32, true}};
+  op.has_backward = true;
+  const double gemm = 2.0 * 20 * 6 * 8;
+  auto c = report::op_cost(op);
+  EXPECT_EQ(c.family, "moe");
+  EXPECT_DOUBLE_EQ(c.palm_flops, 3 * gemm + 6 * gemm);  // dau, dx (two), dw1, dw3, dw2
+  EXPECT_GT(c.forward_flops, 3 * gemm);                 // + SwiGLU and the combine
+  EXPECT_GT(c.backward_flops, 6 * gemm);
+  for (auto& in : op.inputs) in.requires_grad = false;  // frozen experts, no dx: dau only
+  EXPECT_DOUBLE_EQ(report::op_cost(op).palm_flops, 3 * gemm + gemm);
+  op.name = "moe_route";
+  EXPECT_EQ(report::op_cost(op).family, "moe");
+  EXPECT_EQ(report::op_cost(op).forward_flops, 0.0);
+}
+
 TEST(Plot, LogAxesPlaceDecadesEvenlyAndLeaveOutNonPositivePoints) {
   report::Chart c;
   c.log_x = c.log_y = true;
@@ -174,8 +196,16 @@ TEST(Roofline, CommandWritesTheChartAndRefusesBadArguments) {
   std::ifstream json(dir / "roofline.json");
   auto j = nlohmann::json::parse(json);
   EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["cpu_kernels"], cpu::cpu_isa_name(cpu::cpu_isa()));  // the child saw the same CPU and environment
   fs::remove_all(dir);
   auto bad = test::run_cli("bench roofline --preset tiny --steps 0");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("steps must be positive, got 0"), std::string::npos) << bad.output;
+  // A kernel instruction set the user asks for by name must exist and run here: an error, before any work.
+  cpu::cpu_isa();  // this process's choice is made (from its own environment) before the variable changes
+  ::setenv("LOOM_CPU_ISA", "avx3", 1);
+  auto bad_isa = test::run_cli("bench roofline --preset tiny --steps 1");
+  ::unsetenv("LOOM_CPU_ISA");
+  EXPECT_EQ(bad_isa.status, 1);
+  EXPECT_NE(bad_isa.output.find("'avx3' is not one of scalar, avx2, avx512"), std::string::npos) << bad_isa.output;
 }

@@ -1,5 +1,5 @@
-// Philox4x32-10 random words, 64 at a time, for the kernels that draw dropout masks (activation.cpp's
-// dropout, attention.cpp's dropout on the attention probabilities).
+// Philox4x32-10 random words, 64 at a time, for the kernels that draw dropout masks (activation.inc's
+// dropout, attention.inc's dropout on the attention probabilities).
 //
 // The same rounds as core/rng.cpp's philox4x32, which stays the definition: element i of a stream is
 // random_bits(key, i) = word i % 4 of the block with counter i / 4. The tests check the kernels' masks
@@ -9,17 +9,20 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#include "backends/cpu/kernel_isa.h"
+
+#if LOOM_KERNEL_ISA >= 3
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 intrinsics at -O3 (GCC bug
 // 105593, the _mm512_undefined_* placeholders, reported where they are inlined, so in the files that
 // include this header); the intrinsics themselves are fine.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-#elif defined(__AVX2__)
+#elif LOOM_KERNEL_ISA == 2
 #include <immintrin.h>
 #endif
 
 namespace loom::cpu::philox {
+inline namespace LOOM_KERNEL_NS {  // one copy per instruction set: kernel_isa.h
 
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
@@ -49,7 +52,7 @@ inline void philox_block(uint64_t block, uint32_t key0, uint32_t key1, uint32_t&
 
 // 64 random words, element order, for elements 4*first .. 4*first + 63 (blocks first .. first + 15);
 // `first` must be a multiple of 16 so that the low counter word does not carry within the tile.
-#if defined(__AVX512F__)
+#if LOOM_KERNEL_ISA >= 3
 // AVX-512: 16 blocks side by side, one per lane. The 32x32->64-bit products come from vpmuludq on the
 // even and (shifted) odd lanes; GCC's own vectorisation of philox_block widens to 64-bit lanes and uses
 // the slow vpmullq. The four output words are then transposed into element order.
@@ -89,7 +92,7 @@ inline void philox_tile(uint64_t first, uint32_t key0, uint32_t key1, uint32_t* 
   _mm512_storeu_si512(bits + 32, _mm512_shuffle_i32x4(v2, v3, 0x88));  // blocks 8..11
   _mm512_storeu_si512(bits + 48, _mm512_shuffle_i32x4(v2, v3, 0xDD));  // blocks 12..15
 }
-#elif defined(__AVX2__)
+#elif LOOM_KERNEL_ISA == 2
 // AVX2: the same, 8 blocks per ymm, two halves of the tile (the scalar loop costs attention with
 // dropout ~30% of its time on Zen 3). Blends take the odd lanes' products; the transpose is per half.
 inline void philox_tile(uint64_t first, uint32_t key0, uint32_t key1, uint32_t* bits) {
@@ -139,4 +142,5 @@ inline void philox_tile(uint64_t first, uint32_t key0, uint32_t key1, uint32_t* 
 // (bits >> 8) < ceil(p * 2^24): the comparison is exact, so the mask matches random_uniform bit for bit.
 inline uint32_t drop_threshold(float p) { return static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0)); }
 
+}  // namespace LOOM_KERNEL_NS
 }  // namespace loom::cpu::philox

@@ -11,9 +11,11 @@
 #include <bit>
 #include <cstdint>
 
+#include "backends/cpu/kernel_isa.h"
 #include "core/dtype.h"
 
 namespace loom::cpu::simd {
+inline namespace LOOM_KERNEL_NS {  // one copy per instruction set: kernel_isa.h
 
 // e^x. Cephes expf (S. Moshier): x = n*ln2 + r with ln2 split in two for an exact reduction,
 // e^r by a degree-6 polynomial on |r| <= ln2/2, 2^n assembled in the exponent bits.
@@ -76,4 +78,5 @@ inline void store(bf16* p, int64_t i, float v) {
   p[i].bits = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+}  // namespace LOOM_KERNEL_NS
 }  // namespace loom::cpu::simd

@@ -12,9 +12,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/kernel_isa.h"
+
 namespace loom::cpu {
 
 namespace simd {
+inline namespace LOOM_KERNEL_NS {  // one copy per instruction set: kernel_isa.h
 
 using f32x16 = float __attribute__((vector_size(64)));
 using i32x16 = int32_t __attribute__((vector_size(64)));
@@ -83,6 +86,7 @@ inline f32x16 exp2(f32x16 x) {
 
 inline f32x16 exp(f32x16 x) { return exp2(x * 1.4426950408889634f); }
 
+}  // namespace LOOM_KERNEL_NS
 }  // namespace simd
 
 // y = softmax(x) over n for each (outer, inner). A row that is entirely -inf gives zeros (not NaN).

@@ -1,0 +1,33 @@
+// The CPU kernels' AVX2 + FMA copy (isa.h): Haswell and later, Zen 1-3. Only the code after the
+// target pragma is compiled for AVX2 (isa_prologue.h says why the headers come first).
+#define LOOM_KERNEL_NS isa_avx2
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOOM_KERNEL_ISA 2
+#else
+#define LOOM_KERNEL_ISA 0  // not x86: cpu_isa_supported(Avx2) is false; the portable code keeps the link whole
+#endif
+#include "backends/cpu/isa_prologue.h"
+
+#if LOOM_KERNEL_ISA == 2
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#endif
+
+#include "backends/cpu/philox.h"
+#include "backends/cpu/simd_math.h"
+#include "backends/cpu/softmax.h"
+
+#include "backends/cpu/activation.inc"
+#include "backends/cpu/attention.inc"
+
+#if LOOM_KERNEL_ISA == 2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

@@ -19,6 +19,10 @@ all-to-all)::
     model = loom.ShardedModel(dsv3_config, mesh, "dp_ep", seed=0)
     model.layout()["layers.1.moe.w1"]["spec"]  # ("expert", None, None): each device holds n_routed/2 experts
 
+Under fsdp_ep the dense weights are split over data and expert folded into one axis, as JAX writes it:
+``layout()["layers.0.attn.wq_b.weight"]["spec"] == (None, ("data", "expert"))``; ``mesh.coord(device,
+("data", "expert"))`` is a device's block index on such a dimension.
+
 Invalid modes and meshes raise ValueError naming the values.
 """
 
@@ -58,7 +62,7 @@ def validate_mesh_for_devices(mesh: Mesh, devices: int) -> None:
 
 def batch_spec(mode: str) -> tuple:
     """The batch's partition spec: ("data", None), or (None, None) for tp. Under dp_ep and fsdp_ep the rows
-    split over data x expert (the spec names the outer axis)."""
+    split over data x expert: (("data", "expert"), None), device d * expert + e taking slice d * expert + e."""
     return _loom.batch_spec(str(mode))
 
 

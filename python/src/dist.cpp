@@ -22,17 +22,30 @@
 namespace loom::python {
 namespace {
 
+// JAX's PartitionSpec entries: None, an axis name, or a tuple of names for axes folded into one
+// dimension (fsdp_ep's dense weights: ("data", "expert")).
 nb::tuple spec_tuple(const dist::PartitionSpec& spec, int ndim) {
   nb::list dims;
   for (int i = 0; i < ndim; ++i) {
-    const auto& a = spec.dims.empty() ? std::nullopt : spec.dims[static_cast<size_t>(i)];
-    if (a) {
-      dims.append(nb::str(dist::mesh_axis_name(*a)));
+    const dist::DimSplit split = spec.dims.empty() ? dist::DimSplit() : spec.dims[static_cast<size_t>(i)];
+    if (split.axes.size() == 1) {
+      dims.append(nb::str(dist::mesh_axis_name(split.axes[0])));
+    } else if (split) {
+      nb::list names;
+      for (dist::MeshAxis a : split.axes) names.append(nb::str(dist::mesh_axis_name(a)));
+      dims.append(nb::tuple(names));
     } else {
       dims.append(nb::none());
     }
   }
   return nb::tuple(dims);
+}
+
+dist::MeshAxis axis_from_name(const std::string& axis) {
+  if (axis == "data") return dist::MeshAxis::Data;
+  if (axis == "tensor") return dist::MeshAxis::Tensor;
+  LOOM_CHECK(axis == "expert", "Mesh.coord: unknown axis \"", axis, "\" (the mesh axes are data, tensor and expert)");
+  return dist::MeshAxis::Expert;
 }
 
 nb::tuple int_tuple(const std::vector<int64_t>& v) {
@@ -197,11 +210,15 @@ void bind_dist(nb::module_& m) {
       .def("coord",
            [](const dist::Mesh& s, int64_t rank, const std::string& axis) {
              LOOM_CHECK(rank >= 0 && rank < s.size(), "Mesh.coord: device ", rank, " outside [0, ", s.size(), ")");
-             if (axis == "data") return s.coord(rank, dist::MeshAxis::Data);
-             if (axis == "tensor") return s.coord(rank, dist::MeshAxis::Tensor);
-             LOOM_CHECK(axis == "expert", "Mesh.coord: unknown axis \"", axis,
-                        "\" (the mesh axes are data, tensor and expert)");
-             return s.coord(rank, dist::MeshAxis::Expert);
+             return s.coord(rank, axis_from_name(axis));
+           })
+      // A spec entry's tuple of folded axes, ("data", "expert"): the device's block index d * expert + e.
+      .def("coord",
+           [](const dist::Mesh& s, int64_t rank, const std::vector<std::string>& axes) {
+             LOOM_CHECK(rank >= 0 && rank < s.size(), "Mesh.coord: device ", rank, " outside [0, ", s.size(), ")");
+             std::vector<dist::MeshAxis> split;
+             for (const std::string& a : axes) split.push_back(axis_from_name(a));
+             return s.split_coord(rank, dist::DimSplit::folded(split));
            })
       .def("__repr__", [](const dist::Mesh& s) { return "Mesh(" + s.str() + ")"; })
       .def("__str__", &dist::Mesh::str);

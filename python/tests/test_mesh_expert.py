@@ -42,7 +42,7 @@ def test_expert_axis_and_validation():
             loom.validate_mesh_for_mode(loom.Mesh(data=2), mode)
         with pytest.raises(ValueError, match="needs tensor=1 and expert > 1, but the mesh is data=1,tensor=2,expert=2"):
             loom.validate_mesh_for_mode(loom.Mesh(tensor=2, expert=2), mode)
-        assert loom.batch_spec(mode) == ("data", None)
+        assert loom.batch_spec(mode) == (("data", "expert"), None)  # rows over data x expert
     with pytest.raises(ValueError, match="parallel mode fsdp needs expert=1, but the mesh is data=2,tensor=1,expert=2"):
         loom.validate_mesh_for_mode(mesh, "fsdp")
     with pytest.raises(ValueError, match="model.n_routed=6 does not divide by expert=4"):
@@ -62,7 +62,11 @@ def test_every_device_holds_its_experts(mode, shape):
     layout = loom.ShardedModel(DSV3, mesh, mode, seed=3).layout()
     assert set(layout) == {n + s for n in whole for s in ("", ".exp_avg", ".exp_avg_sq")}
     sizes = {"data": mesh.data, "tensor": mesh.tensor, "expert": mesh.expert}
-    seen_routed = 0
+
+    def size(axis):  # an axis name, or a tuple of axes folded into one dimension
+        return int(np.prod([sizes[a] for a in axis])) if isinstance(axis, tuple) else sizes[axis]
+
+    seen_routed = seen_folded = 0
     for name, t in layout.items():
         base = name.replace(".exp_avg_sq", "").replace(".exp_avg", "")
         glob = whole[base]
@@ -77,14 +81,21 @@ def test_every_device_holds_its_experts(mode, shape):
                 assert "data" in spec[1:], name
             for s in t["shards"]:
                 assert s["array"].shape[0] == DSV3["n_routed"] // mesh.expert
-        else:
-            assert "expert" not in spec, name  # shared experts, MLA, router follow the dense rules
+        else:  # shared experts, MLA, router follow the dense rules
             if mode == "dp_ep":
+                assert spec == (None,) * glob.ndim, name
+            elif t["group"] in ("dense_in", "dense_out", "dense_in_whole"):
+                # fsdp's split with the expert axis folded into data: 1/(data x expert) on every device
+                assert spec in ((None, ("data", "expert")), (("data", "expert"), None)), name
+                seen_folded += 1
+                for s in t["shards"]:
+                    assert s["array"].size * mesh.size == glob.size, name
+            else:  # norms and tables stay whole, as under fsdp
                 assert spec == (None,) * glob.ndim, name
         cover = np.zeros(glob.shape, dtype=np.int64)
         for s in t["shards"]:
             for dim, axis in enumerate(spec):
-                n = glob.shape[dim] // (sizes[axis] if axis else 1)
+                n = glob.shape[dim] // (size(axis) if axis else 1)
                 assert s["array"].shape[dim] == n, name
                 assert s["offset"][dim] == (mesh.coord(s["device"], axis) * n if axis else 0), name
             block = tuple(slice(o, o + k) for o, k in zip(s["offset"], s["array"].shape))
@@ -95,6 +106,10 @@ def test_every_device_holds_its_experts(mode, shape):
                 assert not s["array"].any()
         assert (cover == cover.flat[0]).all()
     assert seen_routed == 3 * 3  # w1, w3, w2 and their two moments, in the one MoE layer
+    # 26 dense weights: MLA's 5 in each of 3 blocks (2 layers, MTP's), 2 dense MLPs and the shared expert
+    # (3 each), the router and MTP's projection; each with its two moments.
+    assert seen_folded == (0 if mode == "dp_ep" else 3 * 26)
+
 
 
 def batch(seed, skew=False):

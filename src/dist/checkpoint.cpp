@@ -18,10 +18,9 @@ std::string shard_file_name(int rank) {
 }
 
 bool owns_block(const nn::Parameter& p, const RankContext& c) {
+  // A (data, expert) dimension splits over both: every rank of that grid owns its block.
   for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
-    bool split = false;
-    for (const auto& d : p.spec.dims) split = split || d == a;
-    if (!split && c.coord(a) != 0) return false;
+    if (!p.spec.splits_over(a) && c.coord(a) != 0) return false;
   }
   return true;
 }

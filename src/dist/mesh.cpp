@@ -12,9 +12,7 @@ namespace {
 constexpr MeshAxis kData = MeshAxis::Data;
 constexpr MeshAxis kTensor = MeshAxis::Tensor;
 
-PartitionSpec spec(std::initializer_list<std::optional<MeshAxis>> dims) {
-  return PartitionSpec{std::vector<std::optional<MeshAxis>>(dims)};
-}
+PartitionSpec spec(std::initializer_list<DimSplit> dims) { return PartitionSpec{std::vector<DimSplit>(dims)}; }
 
 constexpr MeshAxis kExpert = MeshAxis::Expert;
 
@@ -134,6 +132,25 @@ int64_t Mesh::coord(int64_t rank, MeshAxis axis) const {
 
 std::vector<int> Mesh::group(int64_t rank, MeshAxis axis) const { return group(rank, std::vector<MeshAxis>{axis}); }
 
+int64_t Mesh::split_size(const DimSplit& split) const {
+  int64_t n = 1;
+  for (MeshAxis a : split.axes) n *= axis_size(a);
+  return n;
+}
+
+int64_t Mesh::split_coord(int64_t rank, const DimSplit& split) const {
+  int64_t c = 0;
+  for (MeshAxis a : split.axes) c = c * axis_size(a) + coord(rank, a);
+  return c;
+}
+
+std::vector<int> Mesh::split_group(int64_t rank, const DimSplit& split) const {
+  std::vector<int> ranks = group(rank, split.axes);
+  std::stable_sort(ranks.begin(), ranks.end(),
+                   [&](int a, int b) { return split_coord(a, split) < split_coord(b, split); });
+  return ranks;
+}
+
 std::vector<int> Mesh::group(int64_t rank, const std::vector<MeshAxis>& axes) const {
   auto free = [&](MeshAxis a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); };
   std::vector<int> ranks;
@@ -182,8 +199,12 @@ void validate_mesh_for_ranks(const Mesh& mesh, int64_t ranks, const std::string&
 PartitionSpec spec_for(nn::ParamGroup group, ParallelMode mode, int ndim) {
   using nn::ParamGroup;
   const bool data = uses_axis(mode, kData), tensor = uses_axis(mode, kTensor);
-  const std::optional<MeshAxis> d = data ? std::optional(kData) : std::nullopt;
-  const std::optional<MeshAxis> t = tensor ? std::optional(kTensor) : std::nullopt;
+  // FSDP's split of the dense weights: over the ranks that split the batch, so under fsdp_ep over data
+  // with the expert axis folded in (torchtitan's dp_shard); the routed experts, split over expert already,
+  // take data alone on another dimension.
+  const DimSplit d = !data ? DimSplit() : mode == ParallelMode::FsdpEp ? DimSplit::folded({kData, kExpert}) : DimSplit(kData);
+  const DimSplit d_expert = data ? DimSplit(kData) : DimSplit();
+  const DimSplit t = tensor ? DimSplit(kTensor) : DimSplit();
   switch (group) {
     case ParamGroup::DenseIn:  // [out, in]: tensor splits out (column parallel), data splits in
       LOOM_ASSERT(ndim == 2, "a dense_in parameter must be 2-D, got ", ndim, " dims");
@@ -197,8 +218,8 @@ PartitionSpec spec_for(nn::ParamGroup group, ParallelMode mode, int ndim) {
     case ParamGroup::ExpertIn:  // [E, F, C]: expert splits E, tensor splits F, data splits C
     case ParamGroup::ExpertOut: {  // [E, C, F]: expert splits E, data splits C, tensor splits F
       LOOM_ASSERT(ndim == 3, "an expert parameter must be 3-D, got ", ndim, " dims");
-      const std::optional<MeshAxis> e = uses_axis(mode, kExpert) ? std::optional(kExpert) : std::nullopt;
-      return group == ParamGroup::ExpertIn ? spec({e, t, d}) : spec({e, d, t});
+      const DimSplit e = uses_axis(mode, kExpert) ? DimSplit(kExpert) : DimSplit();
+      return group == ParamGroup::ExpertIn ? spec({e, t, d_expert}) : spec({e, d_expert, t});
     }
     case ParamGroup::Embedding:
     case ParamGroup::LmHead:
@@ -206,7 +227,7 @@ PartitionSpec spec_for(nn::ParamGroup group, ParallelMode mode, int ndim) {
       LOOM_ASSERT(ndim == 2, "an embedding-like parameter must be 2-D, got ", ndim, " dims");
       return spec({std::nullopt, t});
     case ParamGroup::Norm:
-      return PartitionSpec{std::vector<std::optional<MeshAxis>>(static_cast<size_t>(ndim))};
+      return PartitionSpec{std::vector<DimSplit>(static_cast<size_t>(ndim))};
     case ParamGroup::Bias:
       LOOM_ASSERT(false, "spec_for(Bias): a bias's spec depends on its weight; use spec_for_bias");
   }
@@ -219,8 +240,10 @@ PartitionSpec spec_for_bias(nn::ParamGroup weight_group, ParallelMode mode) {
 }
 
 PartitionSpec batch_spec(ParallelMode mode) {
-  // Under dp_ep and fsdp_ep the rows split over data x expert; the spec names the outer axis.
-  return mode == ParallelMode::Tp ? spec({std::nullopt, std::nullopt}) : spec({kData, std::nullopt});
+  // Under dp_ep and fsdp_ep the rows split over data x expert (slice d * expert + e).
+  if (mode == ParallelMode::Tp) return spec({std::nullopt, std::nullopt});
+  if (is_expert_mode(mode)) return spec({DimSplit::folded({kData, kExpert}), std::nullopt});
+  return spec({kData, std::nullopt});
 }
 
 std::vector<ParamInfo> param_infos(const std::vector<nn::Parameter*>& params) {
@@ -247,14 +270,15 @@ Shard shard_of(const std::string& name, const Shape& global_shape, const Partiti
   s.offset.assign(static_cast<size_t>(global_shape.ndim()), 0);
   s.shape = global_shape;
   for (size_t i = 0; i < spec.dims.size(); ++i) {
-    if (!spec.dims[i]) continue;
-    const MeshAxis axis = *spec.dims[i];
-    const int64_t n = mesh.axis_size(axis), size = global_shape[static_cast<int>(i)];
+    const DimSplit& split = spec.dims[i];
+    if (!split) continue;
+    const int64_t n = mesh.split_size(split), size = global_shape[static_cast<int>(i)];
+    const std::string axes = split.axes.size() == 1 ? "the " + split.str() + " axis of size " + std::to_string(n)
+                                                    : "the " + split.str() + " axes (" + std::to_string(n) + " ranks)";
     LOOM_CHECK(size % n == 0, "parameter '", name, "' has shape ", global_shape, ": its dimension ", i, " of size ",
-               size, " does not divide by the ", mesh_axis_name(axis), " axis of size ", n, " (spec ", spec.str(),
-               ", mesh ", mesh.str(), ")");
+               size, " does not divide by ", axes, " (spec ", spec.str(), ", mesh ", mesh.str(), ")");
     s.shape[static_cast<int>(i)] = size / n;
-    s.offset[i] = mesh.coord(rank, axis) * (size / n);
+    s.offset[i] = mesh.split_coord(rank, split) * (size / n);
   }
   return s;
 }

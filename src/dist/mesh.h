@@ -27,8 +27,11 @@
 //     redundantly.
 //   expert_in  [E, F, C]   | replicated   | (None, None, data) | (None, tensor, None) | (None, tensor, data)
 //   expert_out [E, C, F]   | replicated   | (None, data, None) | (None, None, tensor) | (None, data, tensor)
-//   under dp_ep: experts (expert, None, None), everything else replicated; fsdp_ep adds fsdp's data
-//   split on the other dims. The batch splits over data x expert in both.
+//   under dp_ep: experts (expert, None, None), everything else replicated. fsdp_ep: experts
+//   (expert, None, data) / (expert, data, None); the dense groups (dense_in, dense_out, dense_in_whole)
+//   take fsdp's spec with the expert axis folded into data, e.g. dense_in (None, (data, expert)): every
+//   rank that splits the batch holds 1/(data x expert) of them. The batch splits over (data, expert) in
+//   both.
 //
 // GPT-2's position table is laid out like the token table (both are read by a lookup and summed into
 // the residual stream, whose d_model the tensor axis splits). A Linear bias lives on its weight's output
@@ -70,6 +73,13 @@ struct Mesh {
   std::vector<int> group(int64_t rank, MeshAxis axis) const;
   // The ranks that share every coordinate of `rank` but those on `axes`, in rank order.
   std::vector<int> group(int64_t rank, const std::vector<MeshAxis>& axes) const;
+  // A dimension split over `split` (one axis, or several folded; sharding.h): how many blocks it is cut
+  // into (the product of the axes' sizes), the block `rank` holds (its coordinates on the axes, outermost
+  // first: d * expert + e for (data, expert)), and the ranks that hold the other blocks of the same
+  // piece, ordered by block, which is the order a gather over them concatenates in.
+  int64_t split_size(const DimSplit& split) const;
+  int64_t split_coord(int64_t rank, const DimSplit& split) const;
+  std::vector<int> split_group(int64_t rank, const DimSplit& split) const;
 };
 
 // Whether the mode splits the batch over the expert axis too (dp_ep, fsdp_ep): the axes over which the

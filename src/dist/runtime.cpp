@@ -76,15 +76,20 @@ struct OverlapState {
 
 namespace {
 
-std::optional<MeshAxis> axis_of(const nn::Parameter& p, int dim) {
-  if (p.spec.dims.empty()) return std::nullopt;
+DimSplit axis_of(const nn::Parameter& p, int dim) {
+  if (p.spec.dims.empty()) return {};
   return p.spec.dims[static_cast<size_t>(dim)];
 }
 
-// `t` gathered over the data axis on every dimension the spec splits by data (FSDP), differentiably.
+// An FSDP dimension: one split over data, alone or with the expert axis folded in (fsdp_ep's dense
+// weights). The layer gathers it before computing, over the ranks that hold its blocks.
+bool is_data_dim(const nn::Parameter& p, int dim) { return axis_of(p, dim).has(MeshAxis::Data); }
+Group data_dim_group(const nn::Parameter& p, int dim, const RankContext& c) { return c.group(axis_of(p, dim)); }
+
+// `t` gathered on every FSDP dimension of the spec, differentiably.
 Tensor gather_data_dims(Tensor t, const nn::Parameter& p, const RankContext& c) {
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
-    if (axis_of(p, d) == MeshAxis::Data) t = ops::all_gather(t, d, c.group(MeshAxis::Data));
+    if (is_data_dim(p, d)) t = ops::all_gather(t, d, data_dim_group(p, d, c));
   }
   return t;
 }
@@ -141,26 +146,26 @@ void for_each_run(const Shape& whole, const Shard& s, Fn&& fn) {
   }
 }
 
-// Values only (not recorded): `t` gathered over data on the spec's data dims, and the reverse
-// reduce-scatter of a whole-tensor gradient onto the shard.
+// Values only (not recorded): `t` gathered on the spec's FSDP dims, and the reverse reduce-scatter of
+// a whole-tensor gradient onto the shard.
 Tensor gather_data_values(Tensor t, const nn::Parameter& p, const RankContext& c) {
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
-    if (axis_of(p, d) == MeshAxis::Data) t = ops::all_gather_values(t, d, c.group(MeshAxis::Data));
+    if (is_data_dim(p, d)) t = ops::all_gather_values(t, d, data_dim_group(p, d, c));
   }
   return t;
 }
 Tensor scatter_data_values(Tensor g, const nn::Parameter& p, const RankContext& c) {
   for (int d = static_cast<int>(p.spec.dims.size()) - 1; d >= 0; --d) {
-    if (axis_of(p, d) == MeshAxis::Data) g = ops::reduce_scatter_values(g, d, c.group(MeshAxis::Data));
+    if (is_data_dim(p, d)) g = ops::reduce_scatter_values(g, d, data_dim_group(p, d, c));
   }
   return g;
 }
 bool has_data_dim(const nn::Parameter& p) { return is_split_over(p, MeshAxis::Data); }
-// The one dimension the spec splits over data, or -1 (none, or several: those take the blocking path).
+// The one FSDP dimension of the spec, or -1 (none, or several: those take the blocking path).
 int data_dim(const nn::Parameter& p) {
   int found = -1;
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
-    if (axis_of(p, d) == MeshAxis::Data) {
+    if (is_data_dim(p, d)) {
       if (found >= 0) return -1;
       found = d;
     }
@@ -173,7 +178,7 @@ OverlapState* overlap_of(const RankContext& c) { return c.overlap ? c.overlap_st
 // `p` gathered over data, started in the background (its value as it is when nothing splits it).
 ops::StartedCollective start_gather(const nn::Parameter& p, const RankContext& c) {
   const int d = data_dim(p);
-  if (d >= 0) return ops::start_all_gather_values(p.value, d, c.group(MeshAxis::Data));
+  if (d >= 0) return ops::start_all_gather_values(p.value, d, data_dim_group(p, d, c));
   Tensor whole = gather_data_values(p.value, p, c);  // nothing to gather (or several dims: at once)
   return ops::StartedCollective([whole] { return whole; });
 }
@@ -214,7 +219,7 @@ bool reduce_in_background(OverlapState& s, const Tensor& grad, const nn::Paramet
                           bool accumulate, const RankContext& c) {
   const int d = data_dim(p);
   if (d < 0) return false;
-  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, c.group(MeshAxis::Data))});
+  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c))});
   return true;
 }
 
@@ -359,12 +364,7 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
   return layout;
 }
 
-bool is_split_over(const nn::Parameter& p, MeshAxis axis) {
-  for (const auto& a : p.spec.dims) {
-    if (a == axis) return true;
-  }
-  return false;
-}
+bool is_split_over(const nn::Parameter& p, MeshAxis axis) { return p.spec.splits_over(axis); }
 
 Tensor data_gathered_value(const nn::Parameter& p) {
   LOOM_ASSERT(p.dist, "data_gathered_value: '", p.name, "' is not sharded");
@@ -383,12 +383,14 @@ Tensor leave_tensor_split(const Tensor& y, const nn::Parameter& p) {
 
 Tensor gathered_value(const nn::Parameter& p) {
   LOOM_ASSERT(p.dist, "gathered_value: '", p.name, "' is not sharded");
-  LOOM_ASSERT(!is_split_over(p, MeshAxis::Expert), "gathered_value: '", p.name,
-              "' is split over the expert axis; its layer computes on its own experts (dist/expert.h)");
-  const RankContext& c = *p.dist;
-  Tensor t = gather_data_dims(p.value, p, c);
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
-    if (axis_of(p, d) == MeshAxis::Tensor) t = ops::gather_replicated(t, d, c.group(MeshAxis::Tensor));
+    LOOM_ASSERT(!axis_of(p, d).has(MeshAxis::Expert) || is_data_dim(p, d), "gathered_value: '", p.name,
+                "' is split over the expert axis; its layer computes on its own experts (dist/expert.h)");
+  }
+  const RankContext& c = *p.dist;
+  Tensor t = gather_data_dims(p.value, p, c);  // FSDP dims, (data, expert) ones included
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (axis_of(p, d) == DimSplit(MeshAxis::Tensor)) t = ops::gather_replicated(t, d, c.group(MeshAxis::Tensor));
   }
   return t;
 }
@@ -396,8 +398,8 @@ Tensor gathered_value(const nn::Parameter& p) {
 Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Parameter* bias,
                       ops::MatmulPrecision precision) {
   const RankContext& c = *weight.dist;
-  const bool column = weight.group == nn::ParamGroup::DenseIn && axis_of(weight, 0) == MeshAxis::Tensor;
-  const bool row = weight.group == nn::ParamGroup::DenseOut && axis_of(weight, 1) == MeshAxis::Tensor;
+  const bool column = weight.group == nn::ParamGroup::DenseIn && axis_of(weight, 0) == DimSplit(MeshAxis::Tensor);
+  const bool row = weight.group == nn::ParamGroup::DenseOut && axis_of(weight, 1) == DimSplit(MeshAxis::Tensor);
   const bool fsdp = has_data_dim(weight);
   if (!column && !row) {  // nothing computed on tensor shards: FSDP's gather-compute-free, or a plain Linear
     if (fsdp) return fsdp_linear(x, weight, bias, precision);
@@ -542,7 +544,7 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, const std::vect
 Tensor gather_whole(const Tensor& local, const nn::Parameter& p, const RankContext& c) {
   Tensor t = local.detach().clone();
   for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
-    if (auto a = axis_of(p, d)) t = ops::all_gather_values(t, d, c.group(*a));
+    if (const DimSplit a = axis_of(p, d)) t = ops::all_gather_values(t, d, c.group(a));
   }
   return t;
 }

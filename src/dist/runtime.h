@@ -5,8 +5,10 @@
 //   * shard_model() gives every parameter its spec from the mode's table (dist/mesh.h), keeps only this
 //     rank's block in `value`, and points the parameter at the RankContext. Model code is unchanged:
 //     the layers look at their parameters' specs.
-//   * A weight split over `data` (FSDP) is all-gathered just before the layer uses it; the gather's
-//     backward reduce-scatters the weight's gradient onto the shard (ops/collective.h).
+//   * A weight split over `data` (FSDP; under fsdp_ep the dense weights over data x expert, the expert
+//     axis folded into data) is all-gathered just before the layer uses it, over the ranks that hold its
+//     blocks; the gather's backward reduce-scatters the weight's gradient onto the shard
+//     (ops/collective.h).
 //   * A dense_in weight split over `tensor` on its output dim runs column-parallel (Megatron f on its
 //     input); a dense_out weight split on its input dim runs row-parallel (Megatron g, an all-reduce,
 //     on its output, then the bias). Attention then sees this rank's whole heads, the MLP its slice of
@@ -56,6 +58,9 @@ struct RankContext {
 
   int64_t coord(MeshAxis axis) const { return mesh.coord(rank, axis); }
   Group group(MeshAxis axis) const { return {comm, mesh.group(rank, axis)}; }
+  // The ranks holding the blocks of a dimension split over `split` (one axis or several folded), in
+  // block order: the group its gathers and reduce-scatters run on.
+  Group group(const DimSplit& split) const { return {comm, mesh.split_group(rank, split)}; }
   Group world() const { return {comm, comm->world()}; }
   // The ranks that split the batch with this one (data, and expert under dp_ep / fsdp_ep).
   Group batch_group() const { return {comm, mesh.group(rank, batch_axes(mode))}; }
@@ -68,15 +73,16 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
 
 // A parameter gathered over every split axis, differentiably (nn::compute_value).
 Tensor gathered_value(const nn::Parameter& p);
-// A parameter gathered over `data` only (FSDP), differentiably, leaving tensor and expert splits local:
-// for layers that compute on their tensor or expert shards themselves (MoE experts).
+// A parameter gathered on its FSDP dimensions only (those split over data, alone or folded with expert),
+// differentiably, leaving tensor and expert splits local: for layers that compute on their tensor or
+// expert shards themselves (MoE experts).
 Tensor data_gathered_value(const nn::Parameter& p);
 // Megatron's f and g for a layer that computes on `p`'s tensor shards outside sharded_linear: x enters
 // (identity; its gradient sums over tensor) and the partial result leaves (sum over tensor). Identity
 // when p is not split over tensor.
 Tensor enter_tensor_split(const Tensor& x, const nn::Parameter& p);
 Tensor leave_tensor_split(const Tensor& y, const nn::Parameter& p);
-// Whether p is split over `axis`.
+// Whether p is split over `axis` (alone, or folded with another axis on one dimension).
 bool is_split_over(const nn::Parameter& p, MeshAxis axis);
 
 // Linear's forward on a sharded weight (column- or row-parallel, FSDP gathers), see above.

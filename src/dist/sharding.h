@@ -1,9 +1,11 @@
 // How a tensor is laid out over the device mesh.
 //
-// The mesh has named axes (data, tensor, and later expert). A PartitionSpec says, for each dimension of
-// a parameter, which mesh axis (if any) splits it: `{Tensor, None}` is a column-parallel weight
-// [out, in] split along out. Model code states specs; the dp/fsdp/tp/fsdp_tp modes differ only in the
-// specs they assign. Until the distributed runtime lands every spec is replicated.
+// The mesh has named axes (data, tensor, expert). A PartitionSpec says, for each dimension of a
+// parameter, which mesh axes (if any) split it: `{tensor, None}` is a column-parallel weight [out, in]
+// split along out. A dimension may be split over several axes at once, folded into one, as JAX's
+// P(('data', 'expert')) and torchtitan's dp_shard: `(None, (data, expert))` cuts `in` into data x expert
+// blocks, one per rank of the data x expert grid (block d * expert + e: the axes outermost first). Model
+// code states specs; the modes differ only in the specs they assign.
 #pragma once
 
 #include <optional>
@@ -23,8 +25,42 @@ inline const char* mesh_axis_name(MeshAxis a) {
   return "?";
 }
 
+// The mesh axes that split one dimension, outermost first: none (the dimension is whole on every rank),
+// one, or several folded into one. There is deliberately no `== MeshAxis`: "split over data" means
+// has(Data) for a folded dimension too, and each caller must say which question it asks.
+struct DimSplit {
+  std::vector<MeshAxis> axes;
+
+  DimSplit() = default;
+  DimSplit(std::nullopt_t) {}  // NOLINT: reads like JAX's None in spec tables
+  DimSplit(MeshAxis a) : axes{a} {}  // NOLINT
+  static DimSplit folded(std::vector<MeshAxis> outer_first) {
+    DimSplit s;
+    s.axes = std::move(outer_first);
+    return s;
+  }
+
+  explicit operator bool() const { return !axes.empty(); }
+  bool has(MeshAxis a) const {
+    for (MeshAxis x : axes) {
+      if (x == a) return true;
+    }
+    return false;
+  }
+  bool operator==(const DimSplit& o) const { return axes == o.axes; }
+  bool operator!=(const DimSplit& o) const { return axes != o.axes; }
+  // "None", "data", "(data, expert)".
+  std::string str() const {
+    if (axes.empty()) return "None";
+    if (axes.size() == 1) return mesh_axis_name(axes[0]);
+    std::string s = "(";
+    for (size_t i = 0; i < axes.size(); ++i) s += (i ? ", " : "") + std::string(mesh_axis_name(axes[i]));
+    return s + ")";
+  }
+};
+
 struct PartitionSpec {
-  std::vector<std::optional<MeshAxis>> dims;  // empty: replicated everywhere
+  std::vector<DimSplit> dims;  // empty: replicated everywhere
 
   static PartitionSpec replicated() { return {}; }
   bool is_replicated() const {
@@ -33,11 +69,17 @@ struct PartitionSpec {
     }
     return true;
   }
+  // Whether any dimension is split over `axis` (alone or folded with others).
+  bool splits_over(MeshAxis axis) const {
+    for (const auto& d : dims) {
+      if (d.has(axis)) return true;
+    }
+    return false;
+  }
+  // "(None, (data, expert))".
   std::string str() const {
     std::string s = "(";
-    for (size_t i = 0; i < dims.size(); ++i) {
-      s += (i ? ", " : "") + std::string(dims[i] ? mesh_axis_name(*dims[i]) : "None");
-    }
+    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i].str();
     return s + ")";
   }
 };

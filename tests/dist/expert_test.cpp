@@ -1,9 +1,11 @@
 // DeepSeek-V3 on the mesh: 20 AdamW steps (clipping on, aux-loss-free bias updates on) of a dsv3-tiny
 // model in every mode (dp, fsdp, tp, fsdp_tp, and expert parallelism: dp_ep with expert=2 and 4, data x
-// expert, fsdp_ep) with the in-process communicator, against one process on the same global batches:
-// losses within 1e-5 relative, every parameter within 1e-5, the routing biases bitwise equal after every
-// step, the same expert load shares. Also a batch routed almost entirely to one expert rank, the cap on
-// received rows, the all-to-all itself and its gradient, and the mesh's expert axis.
+// expert, fsdp_ep with data x expert, expert=2 and expert=4) with the in-process communicator, against one
+// process on the same global batches: losses within 1e-5 relative, every parameter within 1e-5, the
+// routing biases bitwise equal after every step, the same expert load shares. Also a batch routed almost
+// entirely to one expert rank, the cap on received rows, the all-to-all itself and its gradient, the
+// mesh's expert axis, and fsdp_ep's expert axis folded into data: each rank's share of the dense weights
+// and their AdamW state, the layout, and the same bits with and without overlap.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,6 +68,7 @@ struct TrainRun {
   std::vector<std::vector<float>> biases;        // after every step, the MoE layer's routing bias
   std::vector<double> load_min, load_max;        // per step: the least and most loaded expert's share
   std::map<std::string, std::vector<float>> params;
+  int64_t all_to_all_bytes = 0, started = 0;  // rank 0's: bytes it sent by all-to-all, collectives it started
 };
 
 // skew: start with the routing biases of experts 0 and 1 far above the others, so that every token picks
@@ -117,11 +120,13 @@ TrainRun train_single(bool skew) {
   return run;
 }
 
-TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, int64_t* all_to_all_bytes = nullptr) {
+// overlap: RankContext::overlap (FSDP prefetch and background reduce-scatters).
+TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, bool overlap = true, int steps = kSteps) {
   TrainRun run;
   std::vector<std::vector<std::vector<float>>> rank_biases(static_cast<size_t>(mesh.size()));
   dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
     auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
+    ctx->overlap = overlap;
     auto model = build(skew);
     auto layout = dist::shard_model(*model, ctx);
     train::AdamW opt(model->parameters(), adamw());
@@ -129,7 +134,7 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, int64_t* 
     const nn::Parameter& w1 = model->parameter("layers.1.moe.experts.w1");
     EXPECT_EQ(w1.value.size(0), dist::is_expert_mode(mode) ? 4 / mesh.expert : 4);
     TrainRun mine;
-    for (int s = 0; s < kSteps; ++s) one_step(*model, s, ctx.get(), opt, layout, mine, true);
+    for (int s = 0; s < steps; ++s) one_step(*model, s, ctx.get(), opt, layout, mine, true);
     const auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i]->name == w1.name) {
@@ -147,7 +152,8 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, int64_t* 
       run.biases = mine.biases;
       run.load_min = mine.load_min;
       run.load_max = mine.load_max;
-      if (all_to_all_bytes) *all_to_all_bytes = comm.stats.all_to_all_bytes;
+      run.all_to_all_bytes = comm.stats.all_to_all_bytes;
+      run.started = comm.stats.started;
     }
   });
   // Every rank holds the same biases (model state is never sharded).
@@ -201,7 +207,10 @@ TEST_F(DeepSeekOnMesh, EveryModeMatchesOneProcess) {
   const std::vector<std::pair<Mesh, ParallelMode>> cases = {
       {{2, 1, 1}, ParallelMode::Dp},     {{4, 1, 1}, ParallelMode::Fsdp},   {{1, 2, 1}, ParallelMode::Tp},
       {{2, 2, 1}, ParallelMode::FsdpTp}, {{1, 1, 2}, ParallelMode::DpEp},   {{1, 1, 4}, ParallelMode::DpEp},
-      {{2, 1, 2}, ParallelMode::DpEp},   {{2, 1, 2}, ParallelMode::FsdpEp},
+      {{2, 1, 2}, ParallelMode::DpEp},
+      // fsdp_ep: the dense weights split over data x expert (the expert axis folded into data), the
+      // experts over expert and data; with data = 1 the dense weights are split over expert alone.
+      {{2, 1, 2}, ParallelMode::FsdpEp}, {{1, 1, 2}, ParallelMode::FsdpEp}, {{1, 1, 4}, ParallelMode::FsdpEp},
   };
   for (const auto& [mesh, mode] : cases) {
     SCOPED_TRACE(std::string(dist::parallel_mode_name(mode)) + " on " + mesh.str());
@@ -216,10 +225,80 @@ TEST_F(DeepSeekOnMesh, SkewedRoutingMatchesOneProcess) {
   EXPECT_LE(ref.load_min.front(), 0.05);
   for (const Mesh& mesh : {Mesh{1, 1, 2}, Mesh{1, 1, 4}}) {
     SCOPED_TRACE("dp_ep on " + mesh.str());
-    int64_t bytes = 0;
-    expect_equivalent(ref, train_sharded(mesh, ParallelMode::DpEp, true, &bytes));
-    EXPECT_GT(bytes, 0);
+    const TrainRun got = train_sharded(mesh, ParallelMode::DpEp, true);
+    expect_equivalent(ref, got);
+    EXPECT_GT(got.all_to_all_bytes, 0);
   }
+}
+
+// fsdp_ep folds the expert axis into data for everything FSDP shards (torchtitan's dp_shard): on a
+// data x expert mesh every rank holds 1/(data x expert) of each dense weight (MLA, the shared expert, the
+// router, MTP's projection, the dense layer's MLP) and of its two AdamW moments, and, its experts being
+// split over expert and then data, of the routed experts too. Only the norms and the embedding tables
+// stay whole, as under fsdp. Measured on the tensors the ranks hold after a training step.
+TEST_F(DeepSeekOnMesh, FsdpEpHoldsADataTimesExpertShareOfEveryDenseWeight) {
+  auto is_dense = [](nn::ParamGroup g) {
+    return g == nn::ParamGroup::DenseIn || g == nn::ParamGroup::DenseOut || g == nn::ParamGroup::DenseInWhole;
+  };
+  auto is_expert = [](nn::ParamGroup g) { return g == nn::ParamGroup::ExpertIn || g == nn::ParamGroup::ExpertOut; };
+  std::map<std::string, int64_t> whole;  // bytes of each parameter on one process
+  int64_t whole_dense = 0, whole_total = 0, whole_kept = 0;  // x3: with both moments; kept: whole on every rank
+  const auto one_process = build(false);
+  for (const nn::Parameter* p : one_process->parameters()) {
+    const int64_t bytes = static_cast<int64_t>(p->value.nbytes());
+    whole[p->name] = bytes;
+    whole_total += 3 * bytes;
+    if (is_dense(p->group)) whole_dense += 3 * bytes;
+    if (!is_dense(p->group) && !is_expert(p->group)) whole_kept += 3 * bytes;
+  }
+  for (const Mesh& mesh : {Mesh{2, 1, 2}, Mesh{1, 1, 4}, Mesh{4, 1, 2}}) {
+    SCOPED_TRACE("fsdp_ep on " + mesh.str());
+    const int64_t slices = mesh.data * mesh.expert;
+    std::vector<int64_t> dense(static_cast<size_t>(mesh.size())), total(dense.size());
+    dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+      auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, ParallelMode::FsdpEp, &comm, rank});
+      auto model = build(false);
+      auto layout = dist::shard_model(*model, ctx);
+      train::AdamW opt(model->parameters(), adamw());
+      TrainRun unused;
+      one_step(*model, 0, ctx.get(), opt, layout, unused, false);
+      const auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const nn::Parameter& p = *params[i];
+        const int64_t bytes = static_cast<int64_t>(p.value.nbytes() + opt.exp_avg(i).nbytes() + opt.exp_avg_sq(i).nbytes());
+        total[static_cast<size_t>(rank)] += bytes;
+        if (is_dense(p.group)) {
+          dense[static_cast<size_t>(rank)] += bytes;
+          EXPECT_NE(p.spec.str().find("(data, expert)"), std::string::npos) << p.name << " " << p.spec.str();
+        }
+        if (is_dense(p.group) || is_expert(p.group)) {
+          EXPECT_EQ(bytes * slices, 3 * whole.at(p.name)) << p.name << " on rank " << rank;
+        } else {
+          EXPECT_EQ(bytes, 3 * whole.at(p.name)) << p.name << " on rank " << rank;
+        }
+      }
+    });
+    for (size_t r = 0; r < dense.size(); ++r) {
+      EXPECT_EQ(dense[r] * slices, whole_dense) << "rank " << r;
+      EXPECT_EQ(total[r], whole_kept + (whole_total - whole_kept) / slices) << "rank " << r;
+    }
+    std::printf("fsdp_ep on %s: each rank holds %lld of %lld dense parameter+AdamW bytes, %lld of %lld in all\n",
+                mesh.str().c_str(), static_cast<long long>(dense[0]), static_cast<long long>(whole_dense),
+                static_cast<long long>(total[0]), static_cast<long long>(whole_total));
+  }
+}
+
+// Overlap under fsdp_ep (FSDP prefetch and background reduce-scatters over the data x expert group, the
+// all-to-alls blocking between them) changes when collectives run, never what they add: the same bits.
+TEST_F(DeepSeekOnMesh, FsdpEpGivesTheSameBitsWithAndWithoutOverlap) {
+  const TrainRun on = train_sharded({2, 1, 2}, ParallelMode::FsdpEp, false, true, 5);
+  const TrainRun off = train_sharded({2, 1, 2}, ParallelMode::FsdpEp, false, false, 5);
+  EXPECT_GT(on.started, 0) << "nothing was overlapped";
+  EXPECT_EQ(off.started, 0);
+  EXPECT_EQ(on.losses, off.losses);
+  EXPECT_EQ(on.norms, off.norms);
+  EXPECT_EQ(on.biases, off.biases);
+  for (const auto& [name, values] : off.params) EXPECT_EQ(on.params.at(name), values) << name;
 }
 
 TEST_F(DeepSeekOnMesh, ReceivedRowsOverTheCapAreAClearError) {
@@ -313,6 +392,16 @@ TEST(ExpertMesh, DeepSeekSpecsFollowTheTable) {
       {"layers.1.moe.experts.w3", ParallelMode::DpEp, {1, 1, 2}, "(expert, None, None)"},
       {"layers.1.moe.experts.w2", ParallelMode::FsdpEp, {2, 1, 2}, "(expert, data, None)"},
       {"layers.1.moe.router.weight", ParallelMode::DpEp, {1, 1, 2}, "(None, None)"},
+      // fsdp_ep: fsdp's specs with the expert axis folded into data for the dense groups.
+      {"layers.0.attn.wq_a.weight", ParallelMode::FsdpEp, {2, 1, 2}, "(None, (data, expert))"},
+      {"layers.0.attn.wq_b.weight", ParallelMode::FsdpEp, {2, 1, 2}, "(None, (data, expert))"},
+      {"layers.0.attn.wo.weight", ParallelMode::FsdpEp, {2, 1, 2}, "((data, expert), None)"},
+      {"layers.0.attn.kv_norm.weight", ParallelMode::FsdpEp, {2, 1, 2}, "(None)"},
+      {"layers.1.moe.router.weight", ParallelMode::FsdpEp, {1, 1, 2}, "(None, (data, expert))"},
+      {"layers.1.moe.shared.w2.weight", ParallelMode::FsdpEp, {2, 1, 2}, "((data, expert), None)"},
+      {"layers.1.moe.experts.w1", ParallelMode::FsdpEp, {2, 1, 2}, "(expert, None, data)"},
+      {"mtp.0.proj.weight", ParallelMode::FsdpEp, {2, 1, 2}, "(None, (data, expert))"},
+      {"lm_head.weight", ParallelMode::FsdpEp, {2, 1, 2}, "(None, None)"},
       {"mtp.0.proj.weight", ParallelMode::Tp, {1, 2, 1}, "(None, None)"},
       {"lm_head.weight", ParallelMode::Tp, {1, 2, 1}, "(None, tensor)"},
   };
@@ -332,5 +421,58 @@ TEST(ExpertMesh, DeepSeekSpecsFollowTheTable) {
   deepseek_v3::DeepSeekV3 model(tiny(), 1);
   for (const dist::TensorLayout& l : dist::plan_layout(dist::param_infos(model.parameters()), {1, 1, 2}, ParallelMode::DpEp)) {
     EXPECT_EQ(l.name.find(".moe.bias"), std::string::npos);
+  }
+}
+
+// A dimension split over (data, expert) is cut into data x expert blocks, block d * expert + e on the rank
+// with those coordinates; every tensor of dsv3-tiny under fsdp_ep is tiled by the ranks' blocks, each
+// element held by exactly replication() ranks (1 for the dense weights and the experts).
+TEST(ExpertMesh, FsdpEpFoldsTheExpertAxisIntoData) {
+  using dist::MeshAxis;
+  const Mesh m{2, 1, 4};
+  const dist::DimSplit de = dist::DimSplit::folded({MeshAxis::Data, MeshAxis::Expert});
+  EXPECT_EQ(de.str(), "(data, expert)");
+  EXPECT_EQ(m.split_size(de), 8);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(m.split_coord(r, de), r);  // rank = d * expert + e
+  EXPECT_EQ(m.split_group(5, de), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // Folded the other way round the blocks run expert-major, and a gather's group follows them.
+  const dist::DimSplit ed = dist::DimSplit::folded({MeshAxis::Expert, MeshAxis::Data});
+  EXPECT_EQ(m.split_coord(1, ed), 2);
+  EXPECT_EQ(m.split_group(0, ed), (std::vector<int>{0, 4, 1, 5, 2, 6, 3, 7}));
+  EXPECT_EQ(dist::batch_spec(ParallelMode::FsdpEp).str(), "((data, expert), None)");
+  EXPECT_EQ(dist::batch_spec(ParallelMode::DpEp).str(), "((data, expert), None)");
+  const std::string e = error_of([&] {
+    dist::shard_of("w", Shape({6, 4}), dist::PartitionSpec{{de, std::nullopt}}, Mesh{2, 1, 2}, 0);
+  });
+  EXPECT_NE(e.find("dimension 0 of size 6 does not divide by the (data, expert) axes (4 ranks)"), std::string::npos) << e;
+
+  deepseek_v3::DeepSeekV3 model(tiny(), 1);
+  for (const Mesh& mesh : {Mesh{2, 1, 2}, Mesh{1, 1, 4}, Mesh{4, 1, 2}}) {
+    SCOPED_TRACE(mesh.str());
+    for (const dist::TensorLayout& l : dist::plan_layout(dist::param_infos(model.parameters()), mesh, ParallelMode::FsdpEp)) {
+      const Shape& g = l.global_shape;
+      const bool dense = l.group == nn::ParamGroup::DenseIn || l.group == nn::ParamGroup::DenseOut ||
+                         l.group == nn::ParamGroup::DenseInWhole;
+      const bool experts = l.group == nn::ParamGroup::ExpertIn || l.group == nn::ParamGroup::ExpertOut;
+      EXPECT_EQ(l.replication(), dense || experts ? 1 : mesh.size()) << l.name;
+      std::vector<int> held(static_cast<size_t>(g.numel()), 0);
+      for (const dist::Shard& s : l.shards) {
+        for (int64_t i = 0; i < g.numel(); ++i) {
+          bool inside = true;
+          for (int d = g.ndim() - 1, rest = static_cast<int>(i); d >= 0; rest /= static_cast<int>(g[d]), --d) {
+            const int64_t x = rest % g[d], o = s.offset[static_cast<size_t>(d)];
+            inside = inside && x >= o && x < o + s.shape[d];
+          }
+          held[static_cast<size_t>(i)] += inside;
+        }
+      }
+      EXPECT_EQ(held, std::vector<int>(held.size(), static_cast<int>(l.replication()))) << l.name;
+      if (dense) {  // the folded dim's block index is the rank's place in the batch: d * expert + e
+        const int dim = l.spec.dims[0] ? 0 : 1;
+        for (const dist::Shard& s : l.shards) {
+          EXPECT_EQ(s.offset[static_cast<size_t>(dim)], s.rank * s.shape[dim]) << l.name;
+        }
+      }
+    }
   }
 }

@@ -101,8 +101,8 @@ void check_layout(const std::vector<dist::ParamInfo>& params, const Mesh& mesh, 
     ASSERT_EQ(static_cast<int64_t>(l.shards.size()), mesh.size());
     // Spec and shards per rank, as the table says.
     for (int i = 0; i < nd; ++i) {
-      const auto& got = l.spec.dims.empty() ? std::optional<dist::MeshAxis>() : l.spec.dims[static_cast<size_t>(i)];
-      EXPECT_EQ(got ? std::string(dist::mesh_axis_name(*got)) : std::string(), axes[static_cast<size_t>(i)]) << "dim " << i;
+      const dist::DimSplit got = l.spec.dims.empty() ? dist::DimSplit() : l.spec.dims[static_cast<size_t>(i)];
+      EXPECT_EQ(got ? got.str() : std::string(), axes[static_cast<size_t>(i)]) << "dim " << i;
     }
     for (int64_t r = 0; r < mesh.size(); ++r) {
       const dist::Shard& s = l.shards[static_cast<size_t>(r)];

@@ -293,3 +293,37 @@ TEST_F(MpiCli, DeepSeekExpertParallelEqualsOneProcessAndResumesOnAnotherExpertCo
   EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
   expect_same_run(ref, resumed);
 }
+
+// fsdp_ep on data=2 x expert=2 under mpirun: the dense weights split over all four ranks (the expert axis
+// folded into data), the experts over expert and data. Steps 1-6 run so and checkpoint a quarter of every
+// dense weight per rank; steps 7-12 resume on another data x expert shape (1 x 2); all 12 losses and the
+// final weights equal one process's.
+TEST_F(MpiCli, DeepSeekFsdpEpOnDataTimesExpertEqualsOneProcessAndResumesOnAnotherShape) {
+  Corpus c;
+  const fs::path ref = c.dir / "ref", resumed = c.dir / "resumed";
+  Ran r = sh(c.command(0, ref, 12, kDeepSeekSets, "dsv3-tiny"), c.dir / "ref.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, resumed, 6, "--mesh data=2,expert=2 --parallel fsdp_ep " + kDeepSeekSets, "dsv3-tiny"),
+         c.dir / "r1.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("mesh data=2,tensor=1,expert=2, mode fsdp_ep: 4 ranks over mpi"), std::string::npos) << r.log;
+  const fs::path step6 = resumed / "checkpoints" / "step_00000006";
+  const auto index = nlohmann::json::parse(std::ifstream(step6 / dist::kShardIndex));
+  for (const auto& t : index.at("tensors")) {
+    if (t.at("name") == "layers.0.attn.wq_b.weight") EXPECT_EQ(t.at("spec"), "(None, (data, expert))");
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    auto f = io::SafetensorsFile::open((step6 / dist::shard_file_name(rank)).string());
+    // wq_b [H (N + P), Q] = [24, 16]: a quarter of Q per rank, and so for its moments.
+    for (const char* suffix : {"", ".exp_avg", ".exp_avg_sq"}) {
+      EXPECT_EQ(f.info(std::string("layers.0.attn.wq_b.weight") + suffix).shape, (std::vector<uint64_t>{24, 4})) << rank;
+    }
+    // The experts [E, F, C] = [4, 16, 32]: half of them, half of d_model.
+    EXPECT_EQ(f.info("layers.1.moe.experts.w1").shape, (std::vector<uint64_t>{2, 16, 16})) << rank;
+  }
+  r = sh(c.command(2, resumed, 12, "--mesh expert=2 --parallel fsdp_ep --resume " + kDeepSeekSets, "dsv3-tiny"),
+         c.dir / "r2.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, resumed);
+}

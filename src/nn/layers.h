@@ -54,6 +54,12 @@ class RMSNorm : public Module {
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   Parameter& weight;
   float eps;
+  // Mixed precision: an f32 x gives a bf16 y, for the bf16 GEMMs (and only those) that read it.
+  bool bf16_output = false;
+  // The dtype y gets for x (ops::rms_norm's y_dtype).
+  DType output_dtype(const Tensor& x) const {
+    return bf16_output && x.dtype() == DType::F32 ? DType::BF16 : x.dtype();
+  }
 };
 
 // weight: [C] (ones), bias: [C] (zeros). PyTorch's LayerNorm: biased variance, eps inside the sqrt.
@@ -64,6 +70,7 @@ class LayerNorm : public Module {
   Parameter& weight;
   Parameter& bias;
   float eps;
+  bool bf16_output = false;  // as RMSNorm's
 };
 
 // w2(silu(w1 x) * w3 x). w1, w3: [F, C]; w2: [C, F].

@@ -75,16 +75,17 @@ LayerNorm::LayerNorm(const std::string& name, int64_t dim, float eps_)
       bias(add_parameter(make_parameter(join(name, "bias"), {dim}, Init::zeros(), RngKey{}, ParamGroup::Norm))),
       eps(eps_) {}
 
-Tensor LayerNorm::forward(const Tensor& x) const {
-  const DType y = bf16_output && x.dtype() == DType::F32 ? DType::BF16 : x.dtype();
-  return ops::layer_norm(x, weight.value, bias.value, eps, y);
-}
+Tensor LayerNorm::forward(const Tensor& x) const { return ops::layer_norm(x, weight.value, bias.value, eps); }
 
 RMSNorm::RMSNorm(const std::string& name, int64_t dim, float eps_)
     : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),
       eps(eps_) {}
 
-Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.value, eps, output_dtype(x)); }
+Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.value, eps); }
+
+Tensor RMSNorm::forward(const Tensor& x, const Linear& reader) const {
+  return ops::rms_norm(x, weight.value, eps, output_dtype(x, reader));
+}
 
 SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key)
     : w1(join(name, "w1"), d_model, d_ff, key),
@@ -221,15 +222,16 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
   // h = x + attn(ln1(x)) and ln2(h) in one fused pass.
-  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x), positions), x, ln2.weight.value, ln2.eps,
-                                        ln2.output_dtype(x));
+  // Under bf16 the norms round their outputs for the GEMMs that read them (q, k, v; w1, w3).
+  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x, attn.q_proj), positions), x, ln2.weight.value,
+                                        ln2.eps, ln2.output_dtype(x, ffn.w1));
   return ops::add(h.sum, ffn.forward(h.normed));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
                                         int64_t layer) const {
-  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
-  return ops::add(h, ffn.forward(ln2.forward(h)));
+  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x, attn.q_proj), positions, cache, layer));
+  return ops::add(h, ffn.forward(ln2.forward(h, ffn.w1)));
 }
 
 }  // namespace loom::nn

@@ -55,7 +55,7 @@ Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions) const {
   Tensor pos = positions.defined() ? positions : default_positions(T);
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
   for (const auto& layer : layers) x = layer->forward(x, pos);
-  return ln_final.forward(x);  // [B, T, C]
+  return ln_final.forward(x, lm_head);  // [B, T, C]
 }
 
 Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const {
@@ -88,7 +88,7 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
     }
     x = last;
   }
-  return lm_head.forward(ln_final.forward(x));
+  return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
 generate::KVCache TransformerLM::make_cache(int64_t batch) const {

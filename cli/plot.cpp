@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "report/plot.h"
@@ -11,8 +12,18 @@ loom::cli::Register reg("plot", "Draw a run's loss and learning-rate curves as S
   auto dir = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   cmd.add_option("dir", *dir, "run directory holding metrics.jsonl")->required();
+  auto compare = std::make_shared<std::vector<std::string>>();
   cmd.add_option("--out", *out, "where to write loss.svg and lr.svg (default: the run directory)");
-  cmd.callback([dir, out] {
+  cmd.add_option("--compare", *compare,
+                 "other run directories to draw beside DIR: compare_loss.svg and compare_loss_gap.svg (their loss "
+                 "minus DIR's) go to --out");
+  cmd.callback([dir, out, compare] {
+    if (!compare->empty()) {
+      std::vector<std::string> dirs{*dir};
+      dirs.insert(dirs.end(), compare->begin(), compare->end());
+      for (const auto& path : loom::report::plot_compare(dirs, *out)) std::printf("wrote %s\n", path.c_str());
+      return;
+    }
     for (const auto& path : loom::report::plot_run(*dir, *out)) std::printf("wrote %s\n", path.c_str());
   });
 });

@@ -46,6 +46,7 @@ void load_weight(nn::Module& module, const std::string& name, const Tensor& valu
   LOOM_CHECK(values.shape() == p.value.shape(), "load_state_dict: '", name, "' has shape ", p.value.shape(),
              " but the given array has shape ", values.shape());
   p.value.copy_from(values);
+  p.value_changed();  // a mixed-precision bf16 copy no longer matches
 }
 
 }  // namespace

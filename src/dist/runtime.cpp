@@ -358,6 +358,7 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
     Tensor local = copy_block(p.value, layout[i].shards[static_cast<size_t>(c.rank)]);
     local.set_requires_grad();
     p.value = local;
+    p.value_changed();
     p.dist = context;
   }
   if (!context->overlap_state) context->overlap_state = std::make_shared<OverlapState>();

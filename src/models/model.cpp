@@ -24,12 +24,14 @@ void LanguageModel::load_parameter(const std::string& name, const Tensor& values
     const dist::RankContext& c = *p.dist;
     const Tensor whole = values.dtype() == DType::F32 ? values : values.to(DType::F32);
     p.value.copy_from(dist::copy_block(whole, dist::shard_of(name, p.global_shape, p.spec, c.mesh, c.rank)));
+    p.value_changed();
     return;
   }
   LOOM_CHECK(values.shape() == p.value.shape(), "load_parameter: '", name, "' has shape ", p.value.shape(),
              " but the given values have shape ", values.shape());
   Tensor v = values.dtype() == p.value.dtype() ? values : values.to(p.value.dtype());
   p.value.copy_from(v);
+  p.value_changed();  // a mixed-precision bf16 copy no longer matches
 }
 
 void LanguageModel::load_state(const std::string& name, const Tensor& values) {

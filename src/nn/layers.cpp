@@ -37,9 +37,15 @@ Tensor Linear::forward(const Tensor& x) const {
     LOOM_CHECK(!(autograd::grad_enabled() && weight.value.requires_grad()), weight.name, " is held quantized (",
                quant::quant_type_name(quantized->type()), ") for inference only; there is no backward pass "
                "through it. Load the weights as f32 to train, or run under no-grad");
-    return quant::quantized_linear(x, *quantized, bias ? bias->value : Tensor(), weight.name);
+    // A norm rounding its output for bf16 GEMMs (mixed precision) may hand a bf16 x: the integer kernels take f32.
+    const Tensor xf = x.dtype() == DType::BF16 && !x.requires_grad() ? x.to(DType::F32) : x;
+    return quant::quantized_linear(xf, *quantized, bias ? bias->value : Tensor(), weight.name);
   }
-  return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision);
+  // Mixed precision: the weight's bf16 copy, which the optimizer keeps current (nn::bf16_weight_of).
+  const bool bf16_copy = precision == ops::MatmulPrecision::BF16 && weight.value.dtype() == DType::F32 &&
+                         weight.value.device().is_cpu();
+  return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision,
+                     bf16_copy ? bf16_weight_of(weight) : Tensor());
 }
 
 void Linear::set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q) {
@@ -76,6 +82,10 @@ RMSNorm::RMSNorm(const std::string& name, int64_t dim, float eps_)
       eps(eps_) {}
 
 Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.value, eps); }
+
+Tensor RMSNorm::forward(const Tensor& x, const Linear& reader) const {
+  return ops::rms_norm(x, weight.value, eps, output_dtype(x, reader));
+}
 
 SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key)
     : w1(join(name, "w1"), d_model, d_ff, key),
@@ -212,14 +222,16 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
   // h = x + attn(ln1(x)) and ln2(h) in one fused pass.
-  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x), positions), x, ln2.weight.value, ln2.eps);
+  // Under bf16 the norms round their outputs for the GEMMs that read them (q, k, v; w1, w3).
+  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x, attn.q_proj), positions), x, ln2.weight.value,
+                                        ln2.eps, ln2.output_dtype(x, ffn.w1));
   return ops::add(h.sum, ffn.forward(h.normed));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
                                         int64_t layer) const {
-  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
-  return ops::add(h, ffn.forward(ln2.forward(h)));
+  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x, attn.q_proj), positions, cache, layer));
+  return ops::add(h, ffn.forward(ln2.forward(h, ffn.w1)));
 }
 
 }  // namespace loom::nn

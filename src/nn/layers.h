@@ -54,6 +54,15 @@ class RMSNorm : public Module {
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   Parameter& weight;
   float eps;
+  // Mixed precision: an f32 x gives a bf16 y, for the bf16 GEMMs (and only those) that read it.
+  bool bf16_output = false;
+  // The dtype y gets for x (ops::rms_norm's y_dtype), given the layer that reads y: f32 when that
+  // layer's weight is sharded, since dist::sharded_linear's backward (fsdp_linear) multiplies the saved
+  // input in f32.
+  DType output_dtype(const Tensor& x, const Linear& reader) const {
+    return bf16_output && !reader.weight.dist && x.dtype() == DType::F32 ? DType::BF16 : x.dtype();
+  }
+  Tensor forward(const Tensor& x, const Linear& reader) const;  // forward, y's dtype as output_dtype's
 };
 
 // weight: [C] (ones), bias: [C] (zeros). PyTorch's LayerNorm: biased variance, eps inside the sqrt.

@@ -1,5 +1,7 @@
 #include "nn/parameter.h"
 
+#include "backends/cpu/elementwise.h"
+#include "core/autograd.h"
 #include "dist/runtime.h"
 
 namespace loom::nn {
@@ -21,6 +23,22 @@ const char* param_group_name(ParamGroup group) {
 }
 
 Tensor compute_value(const Parameter& p) { return p.dist ? dist::gathered_value(p) : p.value; }
+
+Tensor bf16_weight_of(Parameter& p) {
+  LOOM_ASSERT(!p.dist, p.name, ": bf16_weight_of is for unsharded parameters");
+  const Tensor& v = p.value;
+  LOOM_CHECK(v.dtype() == DType::F32 && v.device().is_cpu(), p.name, ": a bf16 copy is made of f32 CPU weights, got ",
+             v.describe());
+  const bool fits = p.bf16_copy.defined() && p.bf16_copy.shape() == v.shape() && p.bf16_copy.dtype() == DType::BF16;
+  if (p.bf16_copy_current && fits) return p.bf16_copy;
+  // Only a parameter being trained keeps a copy (its optimizer then maintains it); inference converts
+  // afresh, leaving the Parameter untouched, so concurrent forwards never write shared state.
+  if (!(autograd::grad_enabled() && v.requires_grad())) return v.to(DType::BF16);
+  if (!fits) p.bf16_copy = Tensor::empty(v.shape(), DType::BF16, v.device());
+  cpu::convert_f32_to_bf16(v.data<float>(), p.bf16_copy.data<bf16>(), v.numel());
+  p.bf16_copy_current = false;  // becomes current when the optimizer writes it with the value
+  return p.bf16_copy;
+}
 
 namespace {
 thread_local bool skip_init = false;

@@ -50,7 +50,20 @@ struct Parameter {
   // Set when the model is sharded over a mesh (dist::shard_model): the rank, mesh, mode and
   // communicator the layers use to gather what they need. Null: one process, value is the whole tensor.
   std::shared_ptr<const dist::RankContext> dist;
+
+  // Mixed precision (ops::MatmulPrecision::BF16): `value` rounded to bf16, the operand the GEMMs read.
+  // A layer that multiplies by this parameter in bf16 allocates it (bf16_weight_of); train::AdamW then
+  // rewrites it in the same pass as each update and marks it current, so the weights are not converted
+  // again every step. Anything else that writes `value` in place must call value_changed() (loading
+  // weights does), else the GEMMs would read the old weights.
+  Tensor bf16_copy;
+  bool bf16_copy_current = false;
+  void value_changed() { bf16_copy_current = false; }
 };
+
+// The bf16 copy of p.value for a mixed-precision GEMM: p.bf16_copy when the optimizer has kept it current,
+// else p.value converted into it (allocated on first use). Not for sharded parameters (dist::).
+Tensor bf16_weight_of(Parameter& p);
 
 // The tensor compute reads: `value` itself, or, when sharded, `value` gathered over every mesh axis
 // (differentiably: gradients flow back to the shard). Layers that compute on shards directly (Linear's

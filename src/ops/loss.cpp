@@ -79,13 +79,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 //   loss    += sum_rows CE(logits_c)                   fused kernel, also g_c = (softmax - onehot) / count
 //   dx_c     = g_c w                         [R, C]   GEMM
 //   dw      += g_c^T x_c                     [V, C]   GEMM, accumulating (beta = 1 after the first chunk)
-// With bf16 precision the GEMM operands are bf16 copies (w converted once, x_c and g_c per chunk).
+// With bf16 precision the GEMM operands are bf16: w's copy (the caller's w_bf16, else converted once),
+// x_c (x itself when it comes as bf16, else converted per chunk) and g_c (converted per chunk).
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index,
-                            MatmulPrecision precision, int64_t chunk_rows) {
+                            MatmulPrecision precision, int64_t chunk_rows, const Tensor& w_bf16) {
   const char* op = "linear_cross_entropy";
   LOOM_CHECK(x.defined() && w.defined() && targets.defined(), op, ": x, w and targets must be defined");
-  check_dtype(x, DType::F32, op, "x");
+  const bool use_bf16 = precision == MatmulPrecision::BF16;
+  if (!(use_bf16 && x.dtype() == DType::BF16)) check_dtype(x, DType::F32, op, "x");
   check_dtype(w, DType::F32, op, "w");
+  if (w_bf16.defined()) {
+    LOOM_CHECK(use_bf16 && w_bf16.dtype() == DType::BF16 && w_bf16.shape() == w.shape(), op, ": w_bf16 is ",
+               w_bf16.describe(), " but w is ", w.describe(), " (it must be w's bf16 copy, under bf16 precision)");
+    require_cpu(op, {&w_bf16});
+  }
   check_dtype(targets, DType::I32, op, "targets");
   require_cpu(op, {&x, &w, &targets});
   LOOM_CHECK(x.ndim() >= 1 && w.ndim() == 2, op, ": x must be [..., C] and w [V, C], got x ", x.shape(), ", w ",
@@ -102,24 +109,29 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 
   const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
-  const bool use_bf16 = precision == MatmulPrecision::BF16;
   const int64_t R = std::min(chunk_rows, std::max<int64_t>(N, 1));
   Tensor logits = Tensor::empty({R, V}), g = (need_dx || need_dw) ? Tensor::empty({R, V}) : Tensor();
   Tensor dx = need_dx ? Tensor::empty(x.shape()) : Tensor();
   // The first chunk writes dw with beta = 0; zeros only when there is no chunk at all.
   Tensor dw = need_dw ? (N > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
-  Tensor wb = use_bf16 ? w.to(DType::BF16) : Tensor();
-  Tensor xb = use_bf16 ? Tensor::empty({R, C}, DType::BF16) : Tensor();
+  const bool x_is_bf16 = x.dtype() == DType::BF16;
+  Tensor wb = use_bf16 ? (w_bf16.defined() ? w_bf16 : w.to(DType::BF16)) : Tensor();
+  Tensor xb = use_bf16 && !x_is_bf16 ? Tensor::empty({R, C}, DType::BF16) : Tensor();
   Tensor gb = use_bf16 && g.defined() ? Tensor::empty({R, V}, DType::BF16) : Tensor();
-  const float* px = x.data<float>();
+  const float* px = x_is_bf16 ? nullptr : x.data<float>();
   double total = 0;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
-    const float* xc = px + r0 * C;
+    const float* xc = x_is_bf16 ? nullptr : px + r0 * C;
+    const bf16* xbc = nullptr;  // x_c in bf16
     if (use_bf16) {
-      cpu::convert_f32_to_bf16(xc, xb.data<bf16>(), rows * C);
-      cpu::gemm_bf16(false, true, rows, V, C, 1.0f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.0f,
-                     logits.data<float>(), V);
+      if (x_is_bf16) {
+        xbc = x.data<bf16>() + r0 * C;
+      } else {
+        cpu::convert_f32_to_bf16(xc, xb.data<bf16>(), rows * C);
+        xbc = xb.data<bf16>();
+      }
+      cpu::gemm_bf16(false, true, rows, V, C, 1.0f, xbc, C, wb.data<bf16>(), C, 0.0f, logits.data<float>(), V);
     } else {
       cpu::gemm(false, true, rows, V, C, 1.0f, xc, C, w.data<float>(), C, 0.0f, logits.data<float>(), V);
     }
@@ -133,8 +145,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
         cpu::gemm_bf16(false, false, rows, C, V, 1.0f, gb.data<bf16>(), V, wb.data<bf16>(), C, 0.0f,
                        dx.data<float>() + r0 * C, C);
       if (need_dw)
-        cpu::gemm_bf16(true, false, V, C, rows, 1.0f, gb.data<bf16>(), V, xb.data<bf16>(), C, beta,
-                       dw.data<float>(), C);
+        cpu::gemm_bf16(true, false, V, C, rows, 1.0f, gb.data<bf16>(), V, xbc, C, beta, dw.data<float>(), C);
     } else {
       if (need_dx)
         cpu::gemm(false, false, rows, C, V, 1.0f, g.data<float>(), V, w.data<float>(), C, 0.0f,

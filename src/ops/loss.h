@@ -18,9 +18,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 // (when autodiff records) the chunk's contributions to dx = g w and dw += g^T x, so memory is
 // O(chunk_rows * V) instead of two [N, V] tensors (1.6 GB each for GPT-2's vocabulary at 8 x 1024
 // tokens). The gradients are computed in the forward and rescaled by the upstream gradient in backward.
-// precision: as linear()'s, for all three GEMMs. Same results as the unfused pair up to the order in which
-// dw sums over chunks.
+// precision: as linear()'s, for all three GEMMs; under BF16, x may come already rounded to bf16 (its
+// gradient is f32 either way) and w_bf16 is w's bf16 copy, as for linear(). Same results as the unfused
+// pair up to the order in which dw sums over chunks.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index = -100,
-                            MatmulPrecision precision = MatmulPrecision::F32, int64_t chunk_rows = 512);
+                            MatmulPrecision precision = MatmulPrecision::F32, int64_t chunk_rows = 512,
+                            const Tensor& w_bf16 = Tensor());
 
 }  // namespace loom::ops

@@ -76,11 +76,14 @@ void check_bf16_not_recorded(const TensorList& inputs, DType dtype, const char* 
 
 namespace {
 
-// linear() in MatmulPrecision::BF16: the operands of all three GEMMs are bf16 copies; the saved
-// activations for backward are the bf16 copies too (half the memory of f32).
-Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias, bool out_in, int64_t M, int64_t in,
-                   int64_t out) {
-  Tensor xb = x.to(DType::BF16), wb = w.to(DType::BF16);
+// linear() in MatmulPrecision::BF16: the operands of all three GEMMs are bf16 (x and w rounded here
+// unless they come rounded: a bf16 x, the caller's w_bf16); the saved activations for backward are the
+// bf16 operands too (half the memory of f32). dx is f32 whatever x's dtype: the gradient flowing back
+// into the residual stream is not rounded.
+Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& w_bf16, const Tensor& bias, bool out_in,
+                   int64_t M, int64_t in, int64_t out) {
+  Tensor xb = x.dtype() == DType::BF16 ? x : x.to(DType::BF16);
+  Tensor wb = w_bf16.defined() ? w_bf16 : w.to(DType::BF16);
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
   gemm_any(DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
            {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
@@ -116,8 +119,15 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias, bool ou
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout, MatmulPrecision precision) {
-  check_float_operands(x, w, "linear", "x", "w");
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout, MatmulPrecision precision,
+              const Tensor& w_bf16) {
+  // Mixed precision takes a bf16 x with the f32 master w; otherwise both have one dtype.
+  const bool mixed = precision == MatmulPrecision::BF16 && w.defined() && w.dtype() == DType::F32;
+  if (mixed && x.defined() && x.dtype() == DType::BF16) {
+    check_same_device(x, w, "linear");
+  } else {
+    check_float_operands(x, w, "linear", "x", "w");
+  }
   LOOM_CHECK(x.ndim() >= 1, "linear: x must have at least one dimension, got ", x.describe());
   check_ndim(w, 2, "linear", "w");
   require_cpu("linear", {&x, &w, &bias});
@@ -133,9 +143,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
                " but the layer has out=", out);
   }
   const int64_t M = x.numel() / std::max<int64_t>(in, 1);
-  if (precision == MatmulPrecision::BF16 && x.dtype() == DType::F32 && w.dtype() == DType::F32) {
-    return linear_bf16(x, w, bias, out_in, M, in, out);
+  if (w_bf16.defined()) {
+    LOOM_CHECK(mixed, "linear: w_bf16 is for MatmulPrecision::BF16 with an f32 w, got w ", w.describe());
+    LOOM_CHECK(w_bf16.dtype() == DType::BF16 && w_bf16.shape() == w.shape(), "linear: w_bf16 is ", w_bf16.describe(),
+               " but w is ", w.describe(), " (it must be w's bf16 copy)");
+    check_same_device(w, w_bf16, "linear");
   }
+  if (mixed) return linear_bf16(x, w, w_bf16, bias, out_in, M, in, out);
   check_bf16_not_recorded({x, w, bias}, x.dtype(), "linear");
 
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());

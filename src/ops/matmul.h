@@ -21,9 +21,15 @@ enum class MatmulPrecision {
 };
 
 // y = x @ W (+ bias). x: [..., in]; w: [out, in] or [in, out] per `layout`; bias: [out] or undefined.
-// Returns [..., out]. The leading dimensions of x are flattened into the GEMM's M.
+// Returns [..., out] (f32). The leading dimensions of x are flattened into the GEMM's M.
+// Under MatmulPrecision::BF16 with an f32 w:
+//   * x may be f32 (rounded to bf16 here) or already bf16 (a norm that rounded its output for the GEMMs:
+//     no conversion pass, and the bf16 tensor is what backward keeps); its gradient is f32 either way;
+//   * w_bf16, when given, is w rounded to bf16 (nn::bf16_weight_of keeps one per trained parameter) and
+//     is used instead of converting w on every call.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
-              WeightLayout layout = WeightLayout::OutIn, MatmulPrecision precision = MatmulPrecision::F32);
+              WeightLayout layout = WeightLayout::OutIn, MatmulPrecision precision = MatmulPrecision::F32,
+              const Tensor& w_bf16 = Tensor());
 
 // Batched matmul: a: [..., M, K] (or [..., K, M] with transpose_a), b: [..., K, N] (or [..., N, K] with
 // transpose_b). Leading dimensions must match, or b may be 2-D and is then shared by every batch.

@@ -38,19 +38,30 @@ int64_t check_norm_args(const Tensor& x, const Tensor& weight, const Tensor* bia
   return C;
 }
 
+// y's dtype: x's, or bf16 for an f32 x (mixed precision, CPU only).
+DType output_dtype(const Tensor& x, std::optional<DType> y_dtype, const char* op) {
+  const DType y = y_dtype.value_or(x.dtype());
+  LOOM_CHECK(y == x.dtype() || (x.dtype() == DType::F32 && y == DType::BF16), op, ": y_dtype ", y,
+             " for x ", x.describe(), ": y has x's dtype, or is bf16 for an f32 x");
+  LOOM_CHECK(y == x.dtype() || x.device().is_cpu(), op, ": an f32 x with a bf16 y runs on the CPU only so far, got ",
+             x.describe());
+  return y;
+}
+
 // The upstream gradient in the dtype the kernels pair with x (it normally already is).
 Tensor grad_as(const Tensor& g, DType dtype) { return g.dtype() == dtype ? g : g.to(dtype); }
 
 }  // namespace
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, std::optional<DType> y_dtype) {
   const int64_t C = check_norm_args(x, weight, nullptr, eps, "rms_norm");
   LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "rms_norm: x must be f32 or bf16, got ",
              x.describe());
+  const DType ydt = output_dtype(x, y_dtype, "rms_norm");
   const int64_t rows = x.numel() / C;
   const bool recording = autograd::any_requires_grad({x, weight});
   const Device device = dispatch_device("rms_norm", {&x, &weight});  // before allocating: errors name the op
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), ydt, x.device());
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
   if (device.is_cuda()) {
@@ -60,6 +71,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
     } else {
       cuda::rms_norm_forward(cu, y.data<bf16>(), rstd_ptr, x.data<bf16>(), weight.data<float>(), rows, C, eps);
     }
+  } else if (x.dtype() == DType::F32 && ydt == DType::BF16) {
+    cpu::rms_norm_forward(y.data<bf16>(), rstd_ptr, x.data<float>(), weight.data<float>(), rows, C, eps);
   } else if (x.dtype() == DType::F32) {
     cpu::rms_norm_forward(y.data<float>(), rstd_ptr, x.data<float>(), weight.data<float>(), rows, C, eps);
   } else {
@@ -92,7 +105,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   return y;
 }
 
-AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps) {
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                        std::optional<DType> normed_dtype) {
   const int64_t C = check_norm_args(x, weight, nullptr, eps, "add_rms_norm");
   LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "add_rms_norm: x must be f32 or bf16, got ",
              x.describe());
@@ -100,13 +114,17 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
   LOOM_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), "add_rms_norm: residual is ",
              residual.describe(), " but x is ", x.describe(), " (they must match)");
   check_same_device(x, residual, "add_rms_norm");
+  const DType ydt = output_dtype(x, normed_dtype, "add_rms_norm");
   const int64_t rows = x.numel() / C;
   const bool recording = autograd::any_requires_grad({x, residual, weight});
   Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), ydt, x.device());
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
-  if (x.dtype() == DType::F32) {
+  if (x.dtype() == DType::F32 && ydt == DType::BF16) {
+    cpu::add_rms_norm_forward(sum.data<float>(), y.data<bf16>(), rstd_ptr, x.data<float>(), residual.data<float>(),
+                              weight.data<float>(), rows, C, eps);
+  } else if (x.dtype() == DType::F32) {
     cpu::add_rms_norm_forward(sum.data<float>(), y.data<float>(), rstd_ptr, x.data<float>(), residual.data<float>(),
                               weight.data<float>(), rows, C, eps);
   } else {
@@ -138,20 +156,24 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
   return {sum, y};
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, std::optional<DType> y_dtype) {
   const int64_t C = check_norm_args(x, weight, &bias, eps, "layer_norm");
   LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "layer_norm: x must be f32 or bf16, got ",
              x.describe());
+  const DType ydt = output_dtype(x, y_dtype, "layer_norm");
   const int64_t rows = x.numel() / C;
   const bool has_bias = bias.defined();
   const bool recording = autograd::any_requires_grad({x, weight, bias});
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), ydt, x.device());
   Tensor mean = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* mean_ptr = recording ? mean.data<float>() : nullptr;
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
   const float* bias_ptr = has_bias ? bias.data<float>() : nullptr;
-  if (x.dtype() == DType::F32) {
+  if (x.dtype() == DType::F32 && ydt == DType::BF16) {
+    cpu::layer_norm_forward(y.data<bf16>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
+                            rows, C, eps);
+  } else if (x.dtype() == DType::F32) {
     cpu::layer_norm_forward(y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
                             rows, C, eps);
   } else {

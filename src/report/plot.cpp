@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "train/metrics.h"
@@ -314,6 +316,80 @@ std::vector<std::string> plot_run(const std::string& run_dir, const std::string&
     lr_chart.y_label = "learning rate";
     lr_chart.series.push_back(lr);
     save(lr_chart, "lr.svg");
+  }
+  return written;
+}
+
+std::vector<std::string> plot_compare(const std::vector<std::string>& run_dirs, const std::string& out_dir) {
+  LOOM_CHECK(run_dirs.size() >= 2, "plot: comparing needs at least two run directories, got ", run_dirs.size());
+  LOOM_CHECK(!out_dir.empty(), "plot: comparing runs needs --out (the charts belong to no one run)");
+  const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  struct Curve {
+    std::string name;
+    std::map<double, double> train, val;  // step -> loss
+  };
+  std::vector<Curve> curves;
+  for (const std::string& dir : run_dirs) {
+    Curve c;
+    c.name = fs::path(dir).lexically_normal().filename().string();
+    if (c.name.empty()) c.name = fs::path(dir).lexically_normal().parent_path().filename().string();
+    const std::string path = (fs::path(dir) / "metrics.jsonl").string();
+    for (const auto& e : read_metrics(path)) {
+      if (!e.contains("step") || !e["step"].is_number()) continue;
+      const std::string kind = e.value("event", "");
+      const char* key = kind == "train" ? "loss" : kind == "val" ? "val_loss" : nullptr;
+      if (key == nullptr) continue;
+      const double v = e.contains(key) && e[key].is_number() ? e[key].get<double>() : std::numeric_limits<double>::quiet_NaN();
+      (kind == "train" ? c.train : c.val)[e["step"].get<double>()] = v;
+    }
+    LOOM_CHECK(!c.train.empty(), "plot: ", path, " has no train events to compare");
+    curves.push_back(std::move(c));
+  }
+  Chart loss, gap;
+  loss.title = "Loss";
+  gap.title = str("Train loss minus ", curves[0].name, "'s, step by step");
+  loss.x_label = gap.x_label = "step";
+  loss.y_label = "cross-entropy loss (nats/token)";
+  gap.y_label = "difference in loss (nats/token)";
+  for (size_t i = 0; i < curves.size(); ++i) {
+    Series t, v, d;
+    t.label = curves[i].name + " train";
+    v.label = curves[i].name + " val";
+    t.color = v.color = d.color = palette[i % 8];
+    t.stroke_width = 1.0;
+    v.markers = true;
+    v.stroke_width = 2.0;
+    for (const auto& [step, value] : curves[i].train) {
+      t.x.push_back(step);
+      t.y.push_back(value);
+      if (i == 0) continue;
+      auto base = curves[0].train.find(step);  // steps the first run logged too
+      if (base == curves[0].train.end()) continue;
+      d.x.push_back(step);
+      d.y.push_back(value - base->second);
+    }
+    for (const auto& [step, value] : curves[i].val) {
+      v.x.push_back(step);
+      v.y.push_back(value);
+    }
+    loss.series.push_back(t);
+    if (!v.x.empty()) loss.series.push_back(v);
+    if (i > 0) {
+      d.label = curves[i].name + " - " + curves[0].name;
+      gap.series.push_back(d);
+    }
+  }
+  fs::create_directories(out_dir);
+  std::vector<std::string> written;
+  for (const auto& [chart, file] : {std::pair<const Chart*, const char*>{&loss, "compare_loss.svg"}, {&gap, "compare_loss_gap.svg"}}) {
+    if (chart == &gap && std::none_of(gap.series.begin(), gap.series.end(), [](const Series& s) { return !s.x.empty(); })) {
+      continue;  // no step in common
+    }
+    const fs::path p = fs::path(out_dir) / file;
+    std::ofstream out(p);
+    out << render_svg(*chart);
+    if (!out) throw IoError(str("plot: cannot write ", p.string()));
+    written.push_back(p.string());
   }
   return written;
 }

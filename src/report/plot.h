@@ -42,4 +42,9 @@ std::string render_svg(const Chart& chart);
 // drawn beside the loss. Returns the paths.
 std::vector<std::string> plot_run(const std::string& run_dir, const std::string& out_dir = "");
 
+// Several runs side by side (e.g. f32 against bf16 from the same seed): <out_dir>/compare_loss.svg
+// (each run's train and validation loss) and <out_dir>/compare_loss_gap.svg (each later run's train
+// loss minus the first run's, at the steps both logged). Returns the paths.
+std::vector<std::string> plot_compare(const std::vector<std::string>& run_dirs, const std::string& out_dir);
+
 }  // namespace loom::report

@@ -52,8 +52,14 @@ void AdamW::step(float lr) {
     Tensor& p = params_[i]->value;
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    // The bf16 copy a mixed-precision layer reads (nn::bf16_weight_of), written in the same pass.
+    nn::Parameter& param = *params_[i];
+    const bool copy = param.bf16_copy.defined() && param.bf16_copy.dtype() == DType::BF16 &&
+                      param.bf16_copy.shape() == p.shape() && param.bf16_copy.device() == p.device();
     cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
-                      options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2);
+                      options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2,
+                      copy ? param.bf16_copy.data<bf16>() : nullptr);
+    param.bf16_copy_current = copy;
   }
 }
 

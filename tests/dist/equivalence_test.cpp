@@ -24,7 +24,7 @@ constexpr int kSteps = 20;
 constexpr int64_t kBatch = 8, kSeq = 8, kVocab = 64;
 constexpr double kClip = 0.5;
 
-std::unique_ptr<models::LanguageModel> build(const std::string& arch) {
+std::unique_ptr<models::LanguageModel> build(const std::string& arch, bool bf16 = false) {
   if (arch == "llama") {
     llama::Config c;
     c.vocab_size = kVocab;
@@ -34,7 +34,9 @@ std::unique_ptr<models::LanguageModel> build(const std::string& arch) {
     c.num_heads = 8;
     c.num_kv_heads = 4;
     c.d_ff = 64;
-    return std::make_unique<llama::TransformerLM>(c, 7);
+    auto model = std::make_unique<llama::TransformerLM>(c, 7);
+    if (bf16) model->set_matmul_precision(ops::MatmulPrecision::BF16);
+    return model;
   }
   gpt2::Config c;
   c.vocab_size = kVocab;
@@ -68,14 +70,15 @@ struct Schedule {
   int64_t bucket_bytes = int64_t{256} << 10;
   int micro = 1;
   int steps = kSteps;
+  bool bf16 = false;  // a Llama in mixed precision
 };
 
-TrainRun train_single(const std::string& arch) {
+TrainRun train_single(const std::string& arch, bool bf16 = false, int steps = kSteps) {
   TrainRun run;
-  auto model = build(arch);
+  auto model = build(arch, bf16);
   auto params = model->parameters();
   train::AdamW opt(params, adamw());
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
     auto [ids, targets] = batch_of(s);
     Tensor loss = model->loss(ids, targets);
@@ -93,7 +96,7 @@ TrainRun train_sharded(const std::string& arch, const Mesh& mesh, ParallelMode m
   dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
     auto ctx = std::make_shared<dist::RankContext>(
         dist::RankContext{mesh, mode, &comm, rank, how.overlap, how.bucket_bytes});
-    auto model = build(arch);
+    auto model = build(arch, how.bf16);
     auto layout = dist::shard_model(*model, ctx);
     auto params = model->parameters();
     train::AdamW opt(params, adamw());
@@ -165,6 +168,29 @@ TEST_P(Equivalence, EveryModeMatchesOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Equivalence, ::testing::Values("llama", "gpt2", "gpt2_untied"));
+
+// bf16 mixed precision through the sharded layers. Unsharded, a bf16 Llama's norms write bf16 outputs
+// for the GEMMs; a sharded reader gets f32 instead (fsdp_linear's backward multiplies its saved input
+// in f32, and would refuse a bf16 one), so every mode trains, and tracks the one-process bf16 run as
+// closely as bf16 rounding allows (the sharded backward's f32 GEMMs round less than one process's).
+TEST(EquivalenceBf16, LlamaTrainsInEveryModeAndTracksOneProcess) {
+  set_num_threads(1);
+  const TrainRun ref = train_single("llama", /*bf16=*/true, 5);
+  const std::vector<std::pair<Mesh, ParallelMode>> cases = {
+      {{2, 1}, ParallelMode::Dp}, {{2, 1}, ParallelMode::Fsdp}, {{1, 2}, ParallelMode::Tp}, {{2, 2}, ParallelMode::FsdpTp}};
+  for (const auto& [mesh, mode] : cases) {
+    SCOPED_TRACE(std::string(dist::parallel_mode_name(mode)) + " on " + mesh.str());
+    Schedule how;
+    how.steps = 5;
+    how.bf16 = true;
+    const TrainRun got = train_sharded("llama", mesh, mode, how);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      ASSERT_TRUE(std::isfinite(got.losses[s])) << "step " << s + 1;
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 0.01) << "loss at step " << s + 1;
+    }
+  }
+}
 
 // Overlapping communication with compute changes when collectives run, never what they add or in which
 // order: every loss, gradient norm and parameter is bitwise the same with it on and off. Small buckets

@@ -3,6 +3,7 @@
 #include "backends/cpu/elementwise.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/norm.h"
 #include "support/op_test.h"
 
 using namespace loom;
@@ -48,4 +49,41 @@ TEST(LinearBf16, ConvertRoundsToNearestEven) {
   std::vector<bf16> out(v.size());
   cpu::convert_f32_to_bf16(v.data(), out.data(), static_cast<int64_t>(v.size()));
   for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(out[i].bits, bf16::from_float(v[i]).bits) << v[i];
+}
+
+// What a mixed-precision model hands linear(): x already rounded by the norm before it (a bf16 tensor
+// that autodiff tracks), and the weight's bf16 copy kept by the optimizer. Both must give the very bits
+// of the plain BF16 path (which rounds x and w itself), gradients included: the norm receives the same
+// f32 gradient either way.
+TEST(LinearBf16, PreRoundedXAndWeightCopyGiveTheSameBits) {
+  const auto bf = ops::MatmulPrecision::BF16;
+  for (bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    Tensor x0 = test::randn({4, 6, 40}, 21), w0 = test::randn({24, 40}, 22), g0 = test::randn({40}, 27);
+    Tensor b0 = with_bias ? test::randn({24}, 23) : Tensor();
+    Tensor dy = test::randn({4, 6, 24}, 24);
+    auto run = [&](bool pre_rounded) {
+      Tensor x = test::param(x0), w = test::param(w0), g = test::param(g0);
+      Tensor b = with_bias ? test::param(b0) : Tensor();
+      Tensor h = pre_rounded ? ops::rms_norm(x, g, 1e-5f, DType::BF16) : ops::rms_norm(x, g);
+      EXPECT_EQ(h.dtype(), pre_rounded ? DType::BF16 : DType::F32);
+      Tensor y = ops::linear(h, w, b, ops::WeightLayout::OutIn, bf, pre_rounded ? w0.to(DType::BF16) : Tensor());
+      autograd::backward(y, dy);
+      return TensorList{y, x.grad(), w.grad(), g.grad(), with_bias ? b.grad() : Tensor()};
+    };
+    const TensorList a = run(false), b = run(true);
+    const char* names[] = {"y", "dx", "dw", "dgain", "dbias"};
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].defined()) continue;
+      ASSERT_EQ(b[i].dtype(), DType::F32) << names[i];
+      EXPECT_EQ(b[i].to_vector<float>(), a[i].to_vector<float>()) << names[i];
+    }
+  }
+  Tensor x = test::randn({3, 40}, 25), w = test::randn({24, 40}, 26);
+  test::expect_error_mentions([&] { ops::linear(x, w, Tensor(), ops::WeightLayout::OutIn, bf, Tensor::zeros({40, 24}, DType::BF16)); },
+                     {"linear", "w_bf16 is bf16[40, 24]", "w is f32[24, 40]"});
+  test::expect_error_mentions([&] { ops::linear(x, w, Tensor(), ops::WeightLayout::OutIn, ops::MatmulPrecision::F32, w.to(DType::BF16)); },
+                     {"linear", "w_bf16 is for MatmulPrecision::BF16"});
+  // A bf16 x with an f32 w is mixed precision only: in f32 the dtypes must match, as before.
+  test::expect_error_mentions([&] { ops::linear(x.to(DType::BF16), w); }, {"linear", "x is bf16", "w is f32"});
 }

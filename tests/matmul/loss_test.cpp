@@ -1,6 +1,7 @@
 // ops::cross_entropy: PyTorch fixtures (ignored rows, large logits), gradcheck (upstream != 1), the fast
 // kernel against the double-precision reference, all-ignored behaviour, bad targets.
 #include "ops/loss.h"
+#include "ops/norm.h"
 
 #include <string>
 
@@ -151,6 +152,28 @@ TEST(LinearCrossEntropy, Bf16PrecisionEqualsTheUnfusedBf16Pair) {
   // And bf16 is an approximation of f32, not something else.
   LossAndGrads f32 = lm_head_loss(x, w, targets, true, 32, ops::MatmulPrecision::F32, 1.0f);
   test::expect_close(got.loss, f32.loss, 1e-2f, 1e-2f, "bf16 vs f32 loss");
+}
+
+TEST(LinearCrossEntropy, Bf16WithPreRoundedXAndWeightCopyGivesTheSameBits) {
+  // The mixed-precision llama hands the head a bf16 x (ln_final rounds its output) and the head weight's
+  // bf16 copy: the same bits as rounding both inside, and the same f32 gradient back into the norm.
+  const auto bf = ops::MatmulPrecision::BF16;
+  Tensor x0 = test::randn({70, 40}, 3), w0 = test::randn({97, 40}, 4, 0.2f), g0 = test::randn({40}, 5);
+  Tensor targets = targets_with_ignored(70, 97, 9);
+  auto run = [&](bool pre_rounded) {
+    Tensor x = test::param(x0), w = test::param(w0), g = test::param(g0);
+    Tensor h = pre_rounded ? ops::rms_norm(x, g, 1e-5f, DType::BF16) : ops::rms_norm(x, g);
+    Tensor loss = ops::linear_cross_entropy(h, w, targets, -100, bf, 32, pre_rounded ? w0.to(DType::BF16) : Tensor());
+    autograd::backward(loss, Tensor::full({}, 0.5f));
+    return TensorList{loss, x.grad(), w.grad(), g.grad()};
+  };
+  const TensorList a = run(false), b = run(true);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i].to_vector<float>(), a[i].to_vector<float>()) << i;
+  test::expect_error_mentions([&] { ops::linear_cross_entropy(x0, w0, targets, -100, ops::MatmulPrecision::F32, 32,
+                                                              w0.to(DType::BF16)); },
+                              {"linear_cross_entropy", "w_bf16"});
+  test::expect_error_mentions([&] { ops::linear_cross_entropy(x0.to(DType::BF16), w0, targets); },
+                              {"linear_cross_entropy", "x"});
 }
 
 TEST(LinearCrossEntropy, NoGradPathAllIgnoredAndErrors) {

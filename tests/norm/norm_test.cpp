@@ -295,3 +295,37 @@ TEST(NormEdgeCases, EmptyBatch) {
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
   EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(8, 0.0f));
 }
+
+// Mixed precision: an f32 x normalised straight into a bf16 y (for the bf16 GEMMs that read it) is the
+// f32 norm rounded once, bitwise; its backward is the f32 backward (f32 dy in, f32 dx out), bitwise.
+TEST(NormMixedBf16Output, IsTheF32NormRoundedOnceAndKeepsTheF32Backward) {
+  const int64_t rows = 37, C = 70;  // C not a multiple of the vector width
+  Tensor x = test::randn({rows, C}, 111), w = test::randn({C}, 112), b = test::randn({C}, 113);
+  Tensor dy = test::randn({rows, C}, 114);
+  for (int kind = 0; kind < 3; ++kind) {  // rms_norm, layer_norm, add_rms_norm
+    SCOPED_TRACE(kind == 0 ? "rms_norm" : kind == 1 ? "layer_norm" : "add_rms_norm");
+    auto run = [&](const Tensor& xp, const Tensor& wp, const Tensor& bp, std::optional<DType> y_dtype) {
+      if (kind == 0) return ops::rms_norm(xp, wp, 1e-5f, y_dtype);
+      if (kind == 1) return ops::layer_norm(xp, wp, bp, 1e-5f, y_dtype);
+      return ops::add_rms_norm(xp, ops::scale(xp, 0.5f), wp, 1e-5f, y_dtype).normed;  // sum gets no gradient
+    };
+    Tensor xa = test::param(x), wa = test::param(w), ba = test::param(b);
+    Tensor ya = run(xa, wa, ba, std::nullopt);
+    Tensor xb = test::param(x), wb = test::param(w), bb = test::param(b);
+    Tensor yb = run(xb, wb, bb, DType::BF16);
+    ASSERT_EQ(ya.dtype(), DType::F32);
+    ASSERT_EQ(yb.dtype(), DType::BF16);
+    const std::vector<float> fa = ya.to_vector<float>();
+    for (size_t i = 0; i < fa.size(); ++i) ASSERT_EQ(yb.data<bf16>()[i].bits, bf16::from_float(fa[i]).bits) << i;
+    autograd::backward(ya, dy);
+    autograd::backward(yb, dy);  // the f32 gradient a bf16 GEMM's dx is
+    ASSERT_EQ(xb.grad().dtype(), DType::F32);
+    EXPECT_EQ(xb.grad().to_vector<float>(), xa.grad().to_vector<float>()) << "dx";
+    EXPECT_EQ(wb.grad().to_vector<float>(), wa.grad().to_vector<float>()) << "dweight";
+    if (kind == 1) EXPECT_EQ(bb.grad().to_vector<float>(), ba.grad().to_vector<float>()) << "dbias";
+  }
+  // Only f32 -> bf16 mixes: a bf16 x with an f32 y is refused, naming both.
+  test::expect_error([&] { ops::rms_norm(x.to(DType::BF16), w, 1e-5f, DType::F32); },
+                     {"rms_norm", "y_dtype f32", "bf16[37, 70]"});
+  test::expect_error([&] { ops::layer_norm(x, w, b, 1e-5f, DType::I32); }, {"layer_norm", "y_dtype i32"});
+}

@@ -1,3 +1,7 @@
+#include <cmath>
+
+#include "backends/cpu/optimizer.h"
+#include "core/autograd.h"
 #include "support/op_test.h"
 #include "train/optimizer.h"
 
@@ -84,4 +88,68 @@ TEST(ClipGradNorm, SkipsMissingAndLeavesSmallGradientsAlone) {
   EXPECT_EQ(a.to_vector<float>()[0], 3.0f);
   EXPECT_NEAR(train::clip_grad_norm(grads, 1.0), 5.0, 1e-9);
   EXPECT_NEAR(a.to_vector<float>()[0], 3.0f / (5.0f + 1e-6f), 1e-6);
+}
+
+// The fast AdamW kernel (blocks, omp simd, threads) against the one-element-at-a-time oracle, bitwise,
+// with and without the fused bf16 copy of the weights; the copy is the updated weights rounded.
+TEST(AdamW, KernelMatchesTheReferenceAndWritesTheBf16CopyInTheSamePass) {
+  const int64_t n = 70001;  // several parallel chunks and a partial last block
+  Tensor p0 = test::randn({n}, 1), g = test::randn({n}, 2), m0 = test::randn({n}, 3);
+  Tensor v0 = Tensor::from_vector<float>({n}, [&] {
+    std::vector<float> v = test::randn({n}, 4).to_vector<float>();
+    for (float& x : v) x = x * x;  // second moments are >= 0
+    return v;
+  }());
+  for (int step = 1; step <= 3; ++step) {
+    const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.95, step);
+    Tensor p = p0.clone(), m = m0.clone(), v = v0.clone();
+    Tensor pr = p0.clone(), mr = m0.clone(), vr = v0.clone();
+    Tensor pc = p0.clone(), mc = m0.clone(), vc = v0.clone();
+    Tensor copy = Tensor::empty({n}, DType::BF16), copy_ref = Tensor::empty({n}, DType::BF16);
+    cpu::adamw_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), n, 1e-3f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, bc1, bc2);
+    cpu::adamw_update(pc.data<float>(), g.data<float>(), mc.data<float>(), vc.data<float>(), n, 1e-3f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, bc1, bc2, copy.data<bf16>());
+    cpu::adamw_update_reference(pr.data<float>(), g.data<float>(), mr.data<float>(), vr.data<float>(), n, 1e-3f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, bc1, bc2, copy_ref.data<bf16>());
+    const float *a = p.data<float>(), *b = pr.data<float>(), *c = pc.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(a[i], b[i]) << "param " << i << " step " << step;
+      ASSERT_EQ(c[i], b[i]) << "param with the copy " << i;
+      ASSERT_EQ(m.data<float>()[i], mr.data<float>()[i]) << "m " << i;
+      ASSERT_EQ(v.data<float>()[i], vr.data<float>()[i]) << "v " << i;
+      ASSERT_EQ(vc.data<float>()[i], vr.data<float>()[i]) << "v with the copy " << i;
+      ASSERT_EQ(copy.data<bf16>()[i].bits, copy_ref.data<bf16>()[i].bits) << "bf16 copy " << i;
+      ASSERT_EQ(copy.data<bf16>()[i].bits, bf16::from_float(b[i]).bits) << "bf16 copy " << i;
+    }
+  }
+}
+
+TEST(AdamW, KeepsAMixedPrecisionLayersBf16CopyCurrent) {
+  nn::Parameter p{"w", test::randn({3, 300}, 5), Shape{3, 300}, {}};
+  p.value.set_requires_grad();
+  // What a bf16 layer does on its first forward: allocate the copy (not yet current: the optimizer
+  // has not written it).
+  Tensor first = nn::bf16_weight_of(p);
+  EXPECT_FALSE(p.bf16_copy_current);
+  EXPECT_EQ(first.dtype(), DType::BF16);
+  train::AdamW opt({&p}, {.lr = 0.01f});
+  p.value.set_grad(test::randn({3, 300}, 6));
+  opt.step();
+  EXPECT_TRUE(p.bf16_copy_current);
+  Tensor copy = nn::bf16_weight_of(p);
+  EXPECT_EQ(copy.raw_data(), p.bf16_copy.raw_data()) << "a current copy is reused, not converted again";
+  const std::vector<float> w = p.value.to_vector<float>();
+  for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(copy.data<bf16>()[i].bits, bf16::from_float(w[i]).bits) << i;
+  // Written from elsewhere: the copy no longer matches until the layer converts again.
+  p.value.fill_(0.25f);
+  p.value_changed();
+  EXPECT_FALSE(p.bf16_copy_current);
+  EXPECT_EQ(nn::bf16_weight_of(p).data<bf16>()[7].to_float(), 0.25f);
+  // Outside training (no autograd), a layer gets a fresh conversion and the parameter is left alone.
+  {
+    autograd::NoGradGuard no_grad;
+    Tensor fresh = nn::bf16_weight_of(p);
+    EXPECT_NE(fresh.raw_data(), p.bf16_copy.raw_data());
+  }
 }

@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "train/metrics.h"
@@ -133,4 +134,42 @@ TEST(Plot, NonFiniteLossesBreakTheLineAndEmptyRunsAreErrors) {
   { MetricsWriter w(dir.string()); }
   EXPECT_THROW(plot_run(dir.string()), loom::Error);
   fs::remove_all(dir);
+}
+
+TEST(Plot, CompareDrawsEveryRunAndTheGapToTheFirst) {
+  const fs::path root = fs::temp_directory_path() / ("loom_trainkit_plot_compare_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // Run "a" logs steps 1..30, run "b" steps 1..20 (it stopped early), 0.01 * step above a.
+  for (auto [name, steps, offset] : {std::tuple{"a", 30, 0.0}, std::tuple{"b", 20, 0.01}}) {
+    MetricsWriter w((root / name).string());
+    for (int s = 1; s <= steps; ++s) {
+      w.train({s, 3.0 - 0.05 * s + offset * s, 1e-3, 1, 1000, 0.01});
+      if (s % 10 == 0) w.val({s, 3.1 - 0.05 * s + offset * s});
+    }
+  }
+  auto paths = plot_compare({(root / "a").string(), (root / "b").string()}, (root / "out").string());
+  ASSERT_EQ(paths.size(), 2u);
+  const std::string loss = read_text(root / "out" / "compare_loss.svg"), gap = read_text(root / "out" / "compare_loss_gap.svg");
+  for (const char* label : {">a train</text>", ">a val</text>", ">b train</text>", ">b val</text>"}) {
+    EXPECT_NE(loss.find(label), std::string::npos) << label;
+  }
+  auto lines = polylines(loss);
+  ASSERT_EQ(lines.size(), 4u);  // a train, a val, b train, b val
+  EXPECT_EQ(lines[0].size(), 30u);
+  EXPECT_EQ(lines[1].size(), 3u);
+  EXPECT_EQ(lines[2].size(), 20u);
+  EXPECT_EQ(lines[3].size(), 2u);
+  // The gap: b - a at the 20 steps both logged, growing with the step (SVG y grows downwards).
+  EXPECT_NE(gap.find(">b - a</text>"), std::string::npos);
+  auto g = polylines(gap);
+  ASSERT_EQ(g.size(), 1u);
+  ASSERT_EQ(g[0].size(), 20u);
+  for (size_t i = 1; i < g[0].size(); ++i) {
+    EXPECT_GT(g[0][i].first, g[0][i - 1].first);
+    EXPECT_LT(g[0][i].second, g[0][i - 1].second);
+  }
+  // One run is not a comparison; no --out is an error too.
+  EXPECT_THROW(plot_compare({(root / "a").string()}, (root / "out").string()), loom::Error);
+  EXPECT_THROW(plot_compare({(root / "a").string(), (root / "b").string()}, ""), loom::Error);
+  fs::remove_all(root);
 }

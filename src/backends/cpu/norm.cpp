@@ -70,13 +70,15 @@ float scaled_rms_rstd(const T* x, int64_t C, float eps, float unscaled) {
   return inv / std::sqrt(ss / static_cast<float>(C) + eps * inv * inv);
 }
 
-template <typename T>
-void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, int64_t rows, int64_t C,
+// TY may differ from T: an f32 x normalised into a bf16 y for the bf16 GEMMs that read it (rounded
+// once on store, the value x.to(bf16) of the f32 y would have).
+template <typename T, typename TY = T>
+void rms_norm_forward_impl(TY* y, float* rstd, const T* x, const float* weight, int64_t rows, int64_t C,
                            float eps) {
   parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * C;
-      T* yr = y + r * C;
+      TY* yr = y + r * C;
       float ss = 0.0f;
 #pragma omp simd simdlen(16) reduction(+ : ss)
       for (int64_t j = 0; j < C; ++j) {
@@ -94,15 +96,15 @@ void rms_norm_forward_impl(T* y, float* rstd, const T* x, const float* weight, i
 
 // sum = x + residual, stored (rounded to T) and then normalised as stored, so that the backward, which
 // sees only the saved sum, differentiates exactly what the forward computed.
-template <typename T>
-void add_rms_norm_forward_impl(T* sum, T* y, float* rstd, const T* x, const T* residual, const float* weight,
+template <typename T, typename TY = T>
+void add_rms_norm_forward_impl(T* sum, TY* y, float* rstd, const T* x, const T* residual, const float* weight,
                                int64_t rows, int64_t C, float eps) {
   parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * C;
       const T* rr = residual + r * C;
       T* sr = sum + r * C;
-      T* yr = y + r * C;
+      TY* yr = y + r * C;
       float ss = 0.0f;
 #pragma omp simd simdlen(16) reduction(+ : ss)
       for (int64_t j = 0; j < C; ++j) {
@@ -193,14 +195,14 @@ void scaled_layer_norm_stats(const T* x, int64_t C, float eps, float& mean, floa
   rs = inv / std::sqrt(var + eps * inv * inv);
 }
 
-template <typename T>
-void layer_norm_forward_impl(T* y, float* mean, float* rstd, const T* x, const float* weight,
+template <typename T, typename TY = T>
+void layer_norm_forward_impl(TY* y, float* mean, float* rstd, const T* x, const float* weight,
                              const float* bias, int64_t rows, int64_t C, float eps) {
   const float inv_c = 1.0f / static_cast<float>(C);
   parallel_for(0, rows, forward_row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * C;
-      T* yr = y + r * C;
+      TY* yr = y + r * C;
       float s = 0.0f;
 #pragma omp simd simdlen(16) reduction(+ : s)
       for (int64_t j = 0; j < C; ++j) s += load(xr, j);
@@ -303,6 +305,10 @@ void rms_norm_forward(bf16* y, float* rstd, const bf16* x, const float* weight, 
                       float eps) {
   rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
 }
+void rms_norm_forward(bf16* y, float* rstd, const float* x, const float* weight, int64_t rows, int64_t C,
+                      float eps) {
+  rms_norm_forward_impl(y, rstd, x, weight, rows, C, eps);
+}
 void rms_norm_backward(float* dx, float* dweight, const float* dy, const float* x, const float* weight,
                        const float* rstd, int64_t rows, int64_t C) {
   rms_norm_backward_impl<false>(dx, dweight, dy, x, weight, rstd, rows, C);
@@ -320,6 +326,10 @@ void add_rms_norm_forward(bf16* sum, bf16* y, float* rstd, const bf16* x, const 
                           const float* weight, int64_t rows, int64_t C, float eps) {
   add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
 }
+void add_rms_norm_forward(float* sum, bf16* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_rms_norm_forward_impl(sum, y, rstd, x, residual, weight, rows, C, eps);
+}
 void add_rms_norm_backward(float* dsum_total, float* dweight, const float* dy, const float* dsum, const float* sum,
                            const float* weight, const float* rstd, int64_t rows, int64_t C) {
   rms_norm_backward_impl<true>(dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
@@ -334,6 +344,10 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
   layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
 }
 void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps) {
+  layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
+}
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps) {
   layer_norm_forward_impl(y, mean, rstd, x, weight, bias, rows, C, eps);
 }

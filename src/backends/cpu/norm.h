@@ -4,6 +4,8 @@
 // Conventions:
 //   * x, y, dy, dx are contiguous [R, C]; weight, bias, dweight, dbias are [C]; mean and rstd are [R].
 //   * x/y/dy/dx are f32 or bf16 (bf16 is widened to f32 for all arithmetic and rounded once on store);
+//     the forwards also take an f32 x with a bf16 y (mixed precision: the norm rounds its output for the
+//     bf16 GEMMs that read it; the backward is then the f32 one, with the f32 dy those GEMMs return);
 //     weight, bias, statistics and parameter gradients are always f32.
 //   * Every output is overwritten (no accumulation); a null output pointer means "not wanted".
 //   * Parameter gradients (sums over rows) are deterministic and independent of the thread count: the
@@ -26,6 +28,8 @@ void rms_norm_forward(float* y, float* rstd, const float* x, const float* weight
                       float eps);
 void rms_norm_forward(bf16* y, float* rstd, const bf16* x, const float* weight, int64_t rows, int64_t C,
                       float eps);
+void rms_norm_forward(bf16* y, float* rstd, const float* x, const float* weight, int64_t rows, int64_t C,
+                      float eps);
 
 // With xhat = x * rstd and g = dy * weight:
 //   dx = rstd * (g - xhat * mean(g * xhat)),   dweight = sum over rows of dy * xhat.
@@ -39,6 +43,8 @@ void add_rms_norm_forward(float* sum, float* y, float* rstd, const float* x, con
                           const float* weight, int64_t rows, int64_t C, float eps);
 void add_rms_norm_forward(bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
                           const float* weight, int64_t rows, int64_t C, float eps);
+void add_rms_norm_forward(float* sum, bf16* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps);
 // Its backward: dsum_total = dsum + (rms_norm's dx for dy at x = sum), the gradient of both x and
 // residual; dweight as rms_norm_backward. dsum_total must not be null.
 void add_rms_norm_backward(float* dsum_total, float* dweight, const float* dy, const float* dsum, const float* sum,
@@ -50,6 +56,8 @@ void add_rms_norm_backward(bf16* dsum_total, float* dweight, const bf16* dy, con
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps);
 void layer_norm_forward(bf16* y, float* mean, float* rstd, const bf16* x, const float* weight,
+                        const float* bias, int64_t rows, int64_t C, float eps);
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* weight,
                         const float* bias, int64_t rows, int64_t C, float eps);
 
 // With xhat = (x - mean) * rstd and g = dy * weight:

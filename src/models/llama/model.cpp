@@ -55,7 +55,7 @@ Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions) const {
   Tensor pos = positions.defined() ? positions : default_positions(T);
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
   for (const auto& layer : layers) x = layer->forward(x, pos);
-  return ln_final.forward(x);  // [B, T, C]
+  return ln_final.forward(x, lm_head);  // [B, T, C]
 }
 
 Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const {
@@ -88,7 +88,7 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
     }
     x = last;
   }
-  return lm_head.forward(ln_final.forward(x));
+  return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
 generate::KVCache TransformerLM::make_cache(int64_t batch) const {
@@ -119,7 +119,10 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
   // A quantized head (inference only) goes through its own kernels: the fused op reads weight.value.
   if (lm_head.quantized) return ops::cross_entropy(lm_head.forward(hidden(ids)), targets, -100);
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
-  return ops::linear_cross_entropy(hidden(ids), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision);
+  // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
+  const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;
+  return ops::linear_cross_entropy(hidden(ids), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision,
+                                   512, bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor());
 }
 
 void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
@@ -130,6 +133,11 @@ void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
     }
   }
   lm_head.precision = precision;
+  // The norms feed only those GEMMs (q, k, v; w1, w3; the head): under bf16 they round their output
+  // themselves, so the GEMMs convert nothing and the saved bf16 activation is shared by q, k and v.
+  const bool bf16 = precision == ops::MatmulPrecision::BF16;
+  for (auto& layer : layers) layer->ln1.bf16_output = layer->ln2.bf16_output = bf16;
+  ln_final.bf16_output = bf16;
 }
 
 }  // namespace loom::llama

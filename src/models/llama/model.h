@@ -24,7 +24,8 @@ class TransformerLM : public models::LanguageModel {
   // ids: i32 [B, T] with T <= context_length; positions: i32 [T] or [B, T] (default 0..T-1).
   // Returns logits [B, T, V].
   Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
-  // The final hidden states ln_final(...) [B, T, C]: forward() without the lm_head.
+  // The final hidden states ln_final(...) [B, T, C]: forward() without the lm_head. bf16 under
+  // MatmulPrecision::BF16 (ln_final rounds its output for the head's bf16 GEMM), else f32.
   Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor()) const;
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.

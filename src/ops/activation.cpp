@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/activation.h"
+#include "backends/cuda/activation.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -103,24 +104,34 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 
 Tensor dropout(const Tensor& x, float p, RngKey key, bool training) {
-  check_float_input(x, "dropout", "x");
+  LOOM_CHECK(x.defined(), "dropout: x is undefined");
+  LOOM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "dropout: x must be f32 or bf16, got ",
+             x.describe());
+  const Device device = dispatch_device("dropout", {&x});  // dropout has CUDA kernels too
   LOOM_CHECK(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got p=", p);
   // Identity: x itself (as torch.nn.functional.dropout), so nothing is copied or recorded.
   if (!training || p == 0.0f) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::dropout_forward(y.data<T>(), x.data<T>(), x.numel(), p, key);
+    if (device.is_cuda()) {
+      cuda::dropout_forward(cuda_context("dropout", device), y.data<T>(), x.data<T>(), x.numel(), p, key);
+    } else {
+      cpu::dropout_forward(y.data<T>(), x.data<T>(), x.numel(), p, key);
+    }
   });
   const Shape shape = x.shape();
   const DType dtype = x.dtype();
-  const Device device = x.device();
   autograd::record("dropout", {x}, {y}, [shape, dtype, device, p, key](const autograd::BackwardContext& ctx) {
     const Tensor dy = grad_as(ctx.grad_output(0), dtype);
     Tensor dx = Tensor::empty(shape, dtype, device);
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
-      cpu::dropout_forward(dx.data<T>(), dy.data<T>(), dx.numel(), p, key);  // same mask and scale
+      if (device.is_cuda()) {  // same mask and scale
+        cuda::dropout_forward(cuda_context("dropout backward", device), dx.data<T>(), dy.data<T>(), dx.numel(), p, key);
+      } else {
+        cpu::dropout_forward(dx.data<T>(), dy.data<T>(), dx.numel(), p, key);  // same mask and scale
+      }
     });
     return TensorList{dx};
   });

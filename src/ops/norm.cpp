@@ -33,8 +33,9 @@ int64_t check_norm_args(const Tensor& x, const Tensor& weight, const Tensor* bia
   }
   LOOM_CHECK(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got eps=", eps);
   check_same_device(x, weight, op);
-  // rms_norm has CUDA kernels (it dispatches itself); the other norms run on the CPU only so far.
-  if (std::string_view(op) != "rms_norm") require_cpu(op, {&x, &weight, bias});
+  // rms_norm and layer_norm have CUDA kernels (they dispatch themselves); add_rms_norm runs on the CPU
+  // only so far.
+  if (std::string_view(op) == "add_rms_norm") require_cpu(op, {&x, &weight, bias});
   return C;
 }
 
@@ -145,13 +146,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   const int64_t rows = x.numel() / C;
   const bool has_bias = bias.defined();
   const bool recording = autograd::any_requires_grad({x, weight, bias});
+  const Device device = dispatch_device("layer_norm", {&x, &weight, &bias});  // before allocating: errors name the op
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* mean_ptr = recording ? mean.data<float>() : nullptr;
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
   const float* bias_ptr = has_bias ? bias.data<float>() : nullptr;
-  if (x.dtype() == DType::F32) {
+  if (device.is_cuda()) {
+    const cuda::Context& cu = cuda_context("layer_norm", device);
+    if (x.dtype() == DType::F32) {
+      cuda::layer_norm_forward(cu, y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(),
+                               bias_ptr, rows, C, eps);
+    } else {
+      cuda::layer_norm_forward(cu, y.data<bf16>(), mean_ptr, rstd_ptr, x.data<bf16>(), weight.data<float>(),
+                               bias_ptr, rows, C, eps);
+    }
+  } else if (x.dtype() == DType::F32) {
     cpu::layer_norm_forward(y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
                             rows, C, eps);
   } else {
@@ -166,7 +177,19 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     Tensor db = has_bias && ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
     float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
     float* db_ptr = db.defined() ? db.data<float>() : nullptr;
-    if (x.dtype() == DType::F32) {
+    const Device device = dispatch_device("layer_norm backward", {&dy, &x, &weight});
+    if (device.is_cuda()) {
+      const cuda::Context& cu = cuda_context("layer_norm backward", device);
+      if (x.dtype() == DType::F32) {
+        cuda::layer_norm_backward(cu, dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
+                                  x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
+                                  C);
+      } else {
+        cuda::layer_norm_backward(cu, dx.defined() ? dx.data<bf16>() : nullptr, dw_ptr, db_ptr, dy.data<bf16>(),
+                                  x.data<bf16>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
+                                  C);
+      }
+    } else if (x.dtype() == DType::F32) {
       cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
                                x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
     } else {

@@ -6,7 +6,6 @@
 #include "ops/norm.h"
 
 #include <cmath>
-#include <string_view>
 
 #include "backends/backend.h"
 #include "backends/cpu/norm.h"
@@ -33,9 +32,7 @@ int64_t check_norm_args(const Tensor& x, const Tensor& weight, const Tensor* bia
   }
   LOOM_CHECK(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got eps=", eps);
   check_same_device(x, weight, op);
-  // rms_norm and layer_norm have CUDA kernels (they dispatch themselves); add_rms_norm runs on the CPU
-  // only so far.
-  if (std::string_view(op) == "add_rms_norm") require_cpu(op, {&x, &weight, bias});
+  // Every norm has CUDA kernels: each op dispatches itself (dispatch_device checks the device).
   return C;
 }
 
@@ -103,11 +100,21 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
   check_same_device(x, residual, "add_rms_norm");
   const int64_t rows = x.numel() / C;
   const bool recording = autograd::any_requires_grad({x, residual, weight});
+  const Device device = dispatch_device("add_rms_norm", {&x, &residual, &weight});  // before allocating
   Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
-  if (x.dtype() == DType::F32) {
+  if (device.is_cuda()) {
+    const cuda::Context& cu = cuda_context("add_rms_norm", device);
+    if (x.dtype() == DType::F32) {
+      cuda::add_rms_norm_forward(cu, sum.data<float>(), y.data<float>(), rstd_ptr, x.data<float>(),
+                                 residual.data<float>(), weight.data<float>(), rows, C, eps);
+    } else {
+      cuda::add_rms_norm_forward(cu, sum.data<bf16>(), y.data<bf16>(), rstd_ptr, x.data<bf16>(), residual.data<bf16>(),
+                                 weight.data<float>(), rows, C, eps);
+    }
+  } else if (x.dtype() == DType::F32) {
     cpu::add_rms_norm_forward(sum.data<float>(), y.data<float>(), rstd_ptr, x.data<float>(), residual.data<float>(),
                               weight.data<float>(), rows, C, eps);
   } else {
@@ -125,7 +132,17 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
     Tensor dtotal = Tensor::empty(saved_sum.shape(), dtype, saved_sum.device());
     Tensor dw = ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, saved_sum.device()) : Tensor();
     float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
-    if (dtype == DType::F32) {
+    const Device device = dispatch_device("add_rms_norm backward", {&dy, &dsum, &saved_sum, &weight});
+    if (device.is_cuda()) {
+      const cuda::Context& cu = cuda_context("add_rms_norm backward", device);
+      if (dtype == DType::F32) {
+        cuda::add_rms_norm_backward(cu, dtotal.data<float>(), dw_ptr, dy.data<float>(), dsum.data<float>(),
+                                    saved_sum.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      } else {
+        cuda::add_rms_norm_backward(cu, dtotal.data<bf16>(), dw_ptr, dy.data<bf16>(), dsum.data<bf16>(),
+                                    saved_sum.data<bf16>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      }
+    } else if (dtype == DType::F32) {
       cpu::add_rms_norm_backward(dtotal.data<float>(), dw_ptr, dy.data<float>(), dsum.data<float>(),
                                  saved_sum.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
     } else {

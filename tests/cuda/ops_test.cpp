@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/loss.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 #include "ops/softmax.h"
@@ -164,6 +165,28 @@ TEST_P(CudaLayerNorm, RowsWhoseSquaresOverflowStayFinite) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayerNorm, testing::Values(DType::F32, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// The fused residual + RMSNorm: both outputs and the shared gradient of x and residual.
+TEST_P(CudaLayerNorm, AddRmsNormMatchesTheCpu) {
+  LOOM_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const int64_t rows = 70, C = 384;
+  auto [xc, xg] = leaf_pair(random_cpu({rows, C}, 25).to(dtype));
+  auto [rc, rg] = leaf_pair(random_cpu({rows, C}, 26).to(dtype));
+  auto [wc, wg] = leaf_pair(random_cpu({C}, 27, 0.5f));
+  ops::AddRmsNorm oc = ops::add_rms_norm(xc, rc, wc), og = ops::add_rms_norm(xg, rg, wg);
+  const double tol = test::tolerance(dtype);
+  EXPECT_LT(relative_error(host_values(og.sum), host_values(oc.sum)), tol);
+  EXPECT_LT(relative_error(host_values(og.normed), host_values(oc.normed)), tol);
+  // One root reading both outputs (swiglu takes bf16 too), so the backward adds the residual stream's
+  // gradient to the norm's.
+  Tensor dy = random_cpu({rows, C}, 28).to(dtype);
+  autograd::backward(ops::swiglu(oc.sum, oc.normed), dy);
+  autograd::backward(ops::swiglu(og.sum, og.normed), dy.to(kGpu));
+  EXPECT_LT(relative_error(host_values(xg.grad()), host_values(xc.grad())), tol);
+  EXPECT_LT(relative_error(host_values(rg.grad()), host_values(rc.grad())), tol);
+  EXPECT_LT(relative_error(host_values(wg.grad()), host_values(wc.grad())), tol);
+}
+
 // ---- losses ----------------------------------------------------------------------------------------
 
 TEST(CudaCrossEntropy, LossAndGradientWithIgnoredTargets) {
@@ -250,6 +273,41 @@ TEST(CudaAdamW, TheBf16CopyIsTheRoundedMaster) {
   Tensor expect = p.to(Device::cpu()).to(DType::BF16), got = copy.to(Device::cpu());
   EXPECT_EQ(std::memcmp(got.raw_data(), expect.raw_data(), expect.nbytes()), 0);
 }
+
+// ---- activations -----------------------------------------------------------------------------------
+
+class CudaActivations : public testing::TestWithParam<DType> {};
+
+TEST_P(CudaActivations, SiluGeluSwigluForwardAndBackwardMatchTheCpu) {
+  LOOM_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const double tol = dtype == DType::BF16 ? test::tolerance(DType::BF16) : 1e-5;
+  // Large |x| too: the tanh GELU's clamped gradient, saturated sigmoids.
+  Tensor x = ops::scale(random_cpu({3, 1001}, 140), 4.0f);
+  x.data<float>()[0] = 30.0f;
+  x.data<float>()[1] = -30.0f;
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>> fns{
+      {"silu", [](const Tensor& a, const Tensor&) { return ops::silu(a); }},
+      {"gelu", [](const Tensor& a, const Tensor&) { return ops::gelu(a); }},
+      {"gelu tanh", [](const Tensor& a, const Tensor&) { return ops::gelu(a, ops::GeluApproximation::Tanh); }},
+      {"swiglu", [](const Tensor& a, const Tensor& b) { return ops::swiglu(a, b); }}};
+  for (const auto& [name, f] : fns) {
+    auto [ac, ag] = leaf_pair(x.to(dtype));
+    auto [bc, bg] = leaf_pair(random_cpu({3, 1001}, 141).to(dtype));
+    Tensor yc = f(ac, bc), yg = f(ag, bg);
+    EXPECT_LT(relative_error(host_values(yg), host_values(yc)), tol) << name;
+    Tensor dy = random_cpu({3, 1001}, 142).to(dtype);
+    autograd::backward(yc, dy);
+    autograd::backward(yg, dy.to(kGpu));
+    EXPECT_LT(relative_error(host_values(ag.grad()), host_values(ac.grad())), tol) << name;
+    if (name == "swiglu") {
+      EXPECT_LT(relative_error(host_values(bg.grad()), host_values(bc.grad())), tol) << name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaActivations, testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // ---- dropout ---------------------------------------------------------------------------------------
 
@@ -374,4 +432,39 @@ TEST(CudaFlashAttention, ResultsRepeatBitForBit) {
     grads.push_back(host_values(kp.grad()));
   }
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+// ---- MoE routed experts ------------------------------------------------------------------------------
+
+TEST(CudaMoeExperts, ForwardAndBackwardMatchTheCpu) {
+  LOOM_REQUIRE_GPU();
+  const int64_t N = 150, C = 48, F = 40, E = 6, K = 2;
+  // Routing over experts 0..4 only: expert 5 gets no token (zero weight gradients), and the runs differ
+  // in length.
+  Tensor index = Tensor::empty({N, K}, DType::I32);
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t a = int32_t(random_bits(RngKey::from_seed(130), uint64_t(n)) % 5);
+    index.data<int32_t>()[n * K] = a;
+    index.data<int32_t>()[n * K + 1] = (a + 1 + int32_t(n % 3)) % 5;
+  }
+  for (ops::MatmulPrecision precision : {ops::MatmulPrecision::F32, ops::MatmulPrecision::BF16}) {
+    auto [xc, xg] = leaf_pair(random_cpu({N, C}, 131));
+    auto [gc, gg] = leaf_pair(ops::scale(random_cpu({N, K}, 132), 0.5f));
+    auto [w1c, w1g] = leaf_pair(random_cpu({E, F, C}, 133, 0.2f));
+    auto [w3c, w3g] = leaf_pair(random_cpu({E, F, C}, 134, 0.2f));
+    auto [w2c, w2g] = leaf_pair(random_cpu({E, C, F}, 135, 0.2f));
+    Tensor yc = ops::moe_experts(xc, index, gc, w1c, w3c, w2c, precision);
+    Tensor yg = ops::moe_experts(xg, index.to(kGpu), gg, w1g, w3g, w2g, precision);
+    const bool bf = precision == ops::MatmulPrecision::BF16;
+    const double tol = bf ? test::tolerance(DType::BF16) : 1e-5;
+    EXPECT_LT(relative_error(host_values(yg), host_values(yc)), tol) << bf;
+    Tensor dy = random_cpu({N, C}, 136);
+    autograd::backward(yc, dy);
+    autograd::backward(yg, dy.to(kGpu));
+    for (auto [g, c] : std::vector<std::pair<Tensor, Tensor>>{{xg, xc}, {gg, gc}, {w1g, w1c}, {w3g, w3c}, {w2g, w2c}}) {
+      EXPECT_LT(relative_error(host_values(g.grad()), host_values(c.grad())), tol) << bf;
+    }
+    const std::vector<float> dw2 = host_values(w2g.grad());
+    for (int64_t i = 5 * C * F; i < E * C * F; ++i) ASSERT_EQ(dw2[size_t(i)], 0.0f) << "unchosen expert 5";
+  }
 }

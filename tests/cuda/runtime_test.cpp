@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/loss.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 #include "ops/softmax.h"
@@ -63,8 +64,8 @@ TEST(CudaRuntime, ToTheSameDeviceIsTheSameTensor) {
 
 TEST(CudaDispatch, AnOpWithoutACudaKernelNamesTheOpAndDevice) {
   Tensor x = test::fake_cuda({2, 3});
-  const std::string m = message_of([&] { ops::gelu(x); });
-  EXPECT_TRUE(contains(m, "gelu")) << m;
+  const std::string m = message_of([&] { ops::sub(x, x); });
+  EXPECT_TRUE(contains(m, "sub")) << m;
   EXPECT_TRUE(contains(m, "cuda:0")) << m;
   if (cuda::built()) {
     EXPECT_TRUE(contains(m, "the CUDA backend has no kernel for this op yet")) << m;
@@ -89,6 +90,8 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
   Tensor ids = test::fake_cuda({4}, DType::I32);
   Tensor positions = Tensor::zeros({4}, DType::I32);  // on the CPU: rope reads them on the host
   Tensor x3 = test::fake_cuda({1, 4, 8});
+  Tensor idx2 = test::fake_cuda({4, 2}, DType::I32), x2 = test::fake_cuda({4, 2});
+  Tensor w13 = test::fake_cuda({3, 5, 8}), w2 = test::fake_cuda({3, 8, 5});
   for (const auto& [op, f] : std::vector<std::pair<std::string, std::function<void()>>>{
            {"rms_norm", [&] { ops::rms_norm(x, w); }},
            {"add", [&] { ops::add(x, x); }},
@@ -97,13 +100,18 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
            {"add_", [&] { ops::add_(x, x); }},
            {"softmax", [&] { ops::softmax(x); }},
            {"layer_norm", [&] { ops::layer_norm(x, w, w); }},
+           {"add_rms_norm", [&] { ops::add_rms_norm(x, x, w); }},
            {"embedding", [&] { ops::embedding(ids, x); }},
            {"rope", [&] { ops::rope(x, positions); }},
            {"dropout", [&] { ops::dropout(x, 0.5f, RngKey{}); }},
+           {"silu", [&] { ops::silu(x); }},
+           {"gelu", [&] { ops::gelu(x, ops::GeluApproximation::Tanh); }},
+           {"swiglu", [&] { ops::swiglu(x, x); }},
            {"cross_entropy", [&] { ops::cross_entropy(x, ids); }},
            {"linear_cross_entropy", [&] { ops::linear_cross_entropy(x, x, ids); }},
            {"scaled_dot_product_attention", [&] { ops::scaled_dot_product_attention(x, x, x); }},
            {"causal_self_attention", [&] { ops::causal_self_attention(x3, x3, x3, 2); }},
+           {"moe_experts", [&] { ops::moe_experts(x, idx2, x2, w13, w13, w2); }},
            {"global_grad_norm", [&] { train::global_grad_norm({x}); }}}) {
     const std::string m = message_of(f);
     EXPECT_TRUE(contains(m, op + ": ")) << op << ": " << m;

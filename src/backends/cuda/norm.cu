@@ -59,9 +59,11 @@ __global__ void rms_norm_forward_kernel(T* y, float* rstd, const T* x, const flo
 }
 
 // partial: [chunks, C], this block's row of it accumulated by the thread owning each column.
+// dadd (nullable): added to dx before its one rounding (add_rms_norm's residual gradient, as the CPU's
+// kAddGrad).
 template <typename T>
 __global__ void rms_norm_backward_kernel(T* dx, float* partial, const T* dy, const T* x, const float* weight,
-                                         const float* rstd, int64_t rows, int64_t C) {
+                                         const float* rstd, int64_t rows, int64_t C, const T* dadd) {
   __shared__ float scratch[32];
   const int64_t first = blockIdx.x * kRowsPerChunk;
   const int64_t last = min(rows, first + kRowsPerChunk);
@@ -80,12 +82,21 @@ __global__ void rms_norm_backward_kernel(T* dx, float* partial, const T* dy, con
       T* dxr = dx + row * C;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         const float xhat = load_f32(xr, c) * r;
-        store_f32(dxr, c, r * (load_f32(dyr, c) * weight[c] - xhat * dot));
+        const float v = r * (load_f32(dyr, c) * weight[c] - xhat * dot);
+        store_f32(dxr, c, dadd != nullptr ? v + load_f32(dadd + row * C, c) : v);
       }
     }
     if (part != nullptr) {
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) part[c] += load_f32(dyr, c) * load_f32(xr, c) * r;
     }
+  }
+}
+
+// sum = x + residual, rounded once to T (the value the norm then reads, as on the CPU).
+template <typename T>
+__global__ void add_kernel(T* sum, const T* x, const T* residual, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    store_f32(sum, i, load_f32(x, i) + load_f32(residual, i));
   }
 }
 
@@ -221,7 +232,7 @@ void forward(const Context& ctx, T* y, float* rstd, const T* x, const float* wei
 
 template <typename T>
 void backward(const Context& ctx, T* dx, float* dweight, const T* dy, const T* x, const float* weight,
-              const float* rstd, int64_t rows, int64_t C) {
+              const float* rstd, int64_t rows, int64_t C, const T* dadd = nullptr) {
   if (C == 0) return;
   DeviceGuard guard(ctx.index, "rms_norm backward");
   if (rows == 0) {
@@ -235,7 +246,7 @@ void backward(const Context& ctx, T* dx, float* dweight, const T* dy, const T* x
   const size_t partial_bytes = dweight != nullptr ? static_cast<size_t>(chunks * C) * sizeof(float) : 0;
   float* partial = partial_bytes ? static_cast<float*>(allocator.allocate(partial_bytes)) : nullptr;
   rms_norm_backward_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, ctx.stream>>>(dx, partial, dy, x, weight,
-                                                                                      rstd, rows, C);
+                                                                                      rstd, rows, C, dadd);
   const cudaError_t launched = cudaGetLastError();
   if (launched == cudaSuccess && partial != nullptr) {
     sum_partials_kernel<<<grid_for(C, kThreads), kThreads, 0, ctx.stream>>>(dweight, partial, chunks, C);
@@ -243,6 +254,18 @@ void backward(const Context& ctx, T* dx, float* dweight, const T* dy, const T* x
   if (partial != nullptr) allocator.deallocate(partial, partial_bytes);
   LOOM_CUDA_CHECK("rms_norm backward", launched);
   LOOM_CUDA_CHECK_LAUNCH("rms_norm backward");
+}
+
+template <typename T>
+void add_forward(const Context& ctx, T* sum, T* y, float* rstd, const T* x, const T* residual, const float* weight,
+                 int64_t rows, int64_t C, float eps) {
+  if (rows == 0) return;
+  {
+    DeviceGuard guard(ctx.index, "add_rms_norm");
+    add_kernel<<<grid_for(rows * C, kThreads), kThreads, 0, ctx.stream>>>(sum, x, residual, rows * C);
+    LOOM_CUDA_CHECK_LAUNCH("add_rms_norm");
+  }
+  forward(ctx, y, rstd, static_cast<const T*>(sum), weight, rows, C, eps);
 }
 
 template <typename T>
@@ -323,6 +346,23 @@ void layer_norm_backward(const Context& ctx, float* dx, float* dweight, float* d
 void layer_norm_backward(const Context& ctx, bf16* dx, float* dweight, float* dbias, const bf16* dy, const bf16* x,
                          const float* weight, const float* mean, const float* rstd, int64_t rows, int64_t C) {
   ln_backward(ctx, dx, dweight, dbias, dy, x, weight, mean, rstd, rows, C);
+}
+
+void add_rms_norm_forward(const Context& ctx, float* sum, float* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_forward(ctx, sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_forward(const Context& ctx, bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps) {
+  add_forward(ctx, sum, y, rstd, x, residual, weight, rows, C, eps);
+}
+void add_rms_norm_backward(const Context& ctx, float* dsum_total, float* dweight, const float* dy, const float* dsum,
+                           const float* sum, const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  backward(ctx, dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
+}
+void add_rms_norm_backward(const Context& ctx, bf16* dsum_total, float* dweight, const bf16* dy, const bf16* dsum,
+                           const bf16* sum, const float* weight, const float* rstd, int64_t rows, int64_t C) {
+  backward(ctx, dsum_total, dweight, dy, sum, weight, rstd, rows, C, dsum);
 }
 
 }  // namespace loom::cuda

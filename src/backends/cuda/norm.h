@@ -23,6 +23,18 @@ void rms_norm_backward(const Context& ctx, float* dx, float* dweight, const floa
 void rms_norm_backward(const Context& ctx, bf16* dx, float* dweight, const bf16* dy, const bf16* x,
                        const float* weight, const float* rstd, int64_t rows, int64_t C);
 
+// The pre-norm residual step, fused as cpu::add_rms_norm_forward/backward: sum = x + residual (stored in
+// T, the value normalised), y = rms_norm(sum); the backward's dsum_total = dsum + rms_norm's dx (one
+// rounding), the gradient of both x and residual. dsum_total must not be null.
+void add_rms_norm_forward(const Context& ctx, float* sum, float* y, float* rstd, const float* x, const float* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps);
+void add_rms_norm_forward(const Context& ctx, bf16* sum, bf16* y, float* rstd, const bf16* x, const bf16* residual,
+                          const float* weight, int64_t rows, int64_t C, float eps);
+void add_rms_norm_backward(const Context& ctx, float* dsum_total, float* dweight, const float* dy, const float* dsum,
+                           const float* sum, const float* weight, const float* rstd, int64_t rows, int64_t C);
+void add_rms_norm_backward(const Context& ctx, bf16* dsum_total, float* dweight, const bf16* dy, const bf16* dsum,
+                           const bf16* sum, const float* weight, const float* rstd, int64_t rows, int64_t C);
+
 // LayerNorm, as cpu::layer_norm_forward/backward: the same corrected two-pass variance (the saved mean
 // is m + c1, x - mean computed as (x - m) - c1), the same 1/max|x| rescue for rows whose squares
 // overflow, and the backward's recovery of the rounded mean. bias and dbias may be null.

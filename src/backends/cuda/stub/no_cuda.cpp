@@ -9,6 +9,7 @@
 #include "backends/cuda/graph.h"
 #include "backends/cuda/nccl/nccl_communicator.h"
 #include "backends/cuda/loss.h"
+#include "backends/cuda/moe.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/optimizer.h"
 #include "backends/cuda/rope.h"
@@ -60,6 +61,22 @@ void rms_norm_backward(const Context&, bf16*, float*, const bf16*, const bf16*, 
                        int64_t, int64_t) {
   not_built("rms_norm backward");
 }
+void add_rms_norm_forward(const Context&, float*, float*, float*, const float*, const float*, const float*, int64_t,
+                          int64_t, float) {
+  not_built("add_rms_norm");
+}
+void add_rms_norm_forward(const Context&, bf16*, bf16*, float*, const bf16*, const bf16*, const float*, int64_t,
+                          int64_t, float) {
+  not_built("add_rms_norm");
+}
+void add_rms_norm_backward(const Context&, float*, float*, const float*, const float*, const float*, const float*,
+                           const float*, int64_t, int64_t) {
+  not_built("add_rms_norm backward");
+}
+void add_rms_norm_backward(const Context&, bf16*, float*, const bf16*, const bf16*, const bf16*, const float*,
+                           const float*, int64_t, int64_t) {
+  not_built("add_rms_norm backward");
+}
 void layer_norm_forward(const Context&, float*, float*, float*, const float*, const float*, const float*, int64_t,
                         int64_t, float) {
   not_built("layer_norm");
@@ -103,6 +120,22 @@ void adamw_update(const Context&, float*, const float*, float*, float*, int64_t,
   not_built("AdamW");
 }
 void add_sum_of_squares(const Context&, double*, const float*, int64_t) { not_built("global_grad_norm"); }
+void silu_forward(const Context&, float*, const float*, int64_t) { not_built("silu"); }
+void silu_forward(const Context&, bf16*, const bf16*, int64_t) { not_built("silu"); }
+void silu_backward(const Context&, float*, const float*, const float*, int64_t) { not_built("silu backward"); }
+void silu_backward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not_built("silu backward"); }
+void gelu_forward(const Context&, float*, const float*, int64_t, bool) { not_built("gelu"); }
+void gelu_forward(const Context&, bf16*, const bf16*, int64_t, bool) { not_built("gelu"); }
+void gelu_backward(const Context&, float*, const float*, const float*, int64_t, bool) { not_built("gelu backward"); }
+void gelu_backward(const Context&, bf16*, const bf16*, const bf16*, int64_t, bool) { not_built("gelu backward"); }
+void swiglu_forward(const Context&, float*, const float*, const float*, int64_t) { not_built("swiglu"); }
+void swiglu_forward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not_built("swiglu"); }
+void swiglu_backward(const Context&, float*, float*, const float*, const float*, const float*, int64_t) {
+  not_built("swiglu backward");
+}
+void swiglu_backward(const Context&, bf16*, bf16*, const bf16*, const bf16*, const bf16*, int64_t) {
+  not_built("swiglu backward");
+}
 void dropout_forward(const Context&, float*, const float*, int64_t, float, RngKey) { not_built("dropout"); }
 void dropout_forward(const Context&, bf16*, const bf16*, int64_t, float, RngKey) { not_built("dropout"); }
 void flash_attention_forward(const Context&, const cpu::AttentionProblem&, const float*, const float*, const float*,
@@ -121,6 +154,28 @@ void flash_attention_backward(const Context&, const cpu::AttentionProblem&, cons
                               const bf16*, const bf16*, const float*, bf16*, bf16*, bf16*) {
   not_built("flash_attention backward");
 }
+template <typename T>
+void moe_experts_forward(const Context&, const MoeDeviceDispatch&, const T*, const float*, const T*, const T*,
+                         const T*, int64_t, int64_t, float*, float*, float*) {
+  not_built("moe_experts");
+}
+template <typename T>
+void moe_experts_backward(const Context&, const MoeDeviceDispatch&, const float*, const T*, const float*, const T*,
+                          const T*, const T*, const float*, const float*, int64_t, int64_t, float*, float*, float*,
+                          float*, float*) {
+  not_built("moe_experts backward");
+}
+template void moe_experts_forward<float>(const Context&, const MoeDeviceDispatch&, const float*, const float*,
+                                         const float*, const float*, const float*, int64_t, int64_t, float*, float*,
+                                         float*);
+template void moe_experts_forward<bf16>(const Context&, const MoeDeviceDispatch&, const bf16*, const float*,
+                                        const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*, float*, float*);
+template void moe_experts_backward<float>(const Context&, const MoeDeviceDispatch&, const float*, const float*,
+                                          const float*, const float*, const float*, const float*, const float*,
+                                          const float*, int64_t, int64_t, float*, float*, float*, float*, float*);
+template void moe_experts_backward<bf16>(const Context&, const MoeDeviceDispatch&, const float*, const bf16*,
+                                         const float*, const bf16*, const bf16*, const bf16*, const float*, const float*,
+                                         int64_t, int64_t, float*, float*, float*, float*, float*);
 void gemm(const Context&, const GemmProblem&) { not_built("gemm"); }
 void gemm(const Context&, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
           float, float*, int64_t, const float*, GemmEpilogue) {

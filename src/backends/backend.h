@@ -36,7 +36,7 @@ cuda::Context& cuda_context(const char* op, Device device);
 // device=): the device named by `text` ("cpu", "cuda", "cuda:1"), checked to hold a model. The CPU
 // passes. A CUDA device gets one error naming it and why it cannot be used: this build has no CUDA
 // backend, no CUDA driver, no GPU, or no such index; and, with a usable GPU, that the models do not run on
-// CUDA yet (linear/matmul and the shape ops have no CUDA dispatch). `what` starts the message.
+// CUDA yet (the trainer, checkpoints and decoding assume host tensors). `what` starts the message.
 Device model_device(const std::string& text, const char* what);
 
 }  // namespace loom

@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/loss.h"
+#include "ops/matmul.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -54,6 +55,57 @@ std::string message_of(const std::function<void()>& f) {
 }
 
 }  // namespace
+
+// ---- linear and matmul (cuBLASLt) ------------------------------------------------------------------
+
+TEST(CudaLinear, LayoutsBiasAndBf16PrecisionForwardAndBackward) {
+  LOOM_REQUIRE_GPU();
+  const int64_t B = 3, T = 17, in = 96, out = 130;
+  for (ops::WeightLayout layout : {ops::WeightLayout::OutIn, ops::WeightLayout::InOut}) {
+    for (bool with_bias : {true, false}) {
+      for (ops::MatmulPrecision precision : {ops::MatmulPrecision::F32, ops::MatmulPrecision::BF16}) {
+        const bool out_in = layout == ops::WeightLayout::OutIn;
+        auto [xc, xg] = leaf_pair(random_cpu({B, T, in}, 150));
+        auto [wc, wg] = leaf_pair(random_cpu(out_in ? Shape{out, in} : Shape{in, out}, 151, 0.1f));
+        auto [bc, bg] = leaf_pair(random_cpu({out}, 152));
+        Tensor yc = ops::linear(xc, wc, with_bias ? bc : Tensor(), layout, precision);
+        Tensor yg = ops::linear(xg, wg, with_bias ? bg : Tensor(), layout, precision);
+        const bool bf = precision == ops::MatmulPrecision::BF16;
+        const double tol = bf ? test::tolerance(DType::BF16) : 1e-5;
+        EXPECT_LT(relative_error(host_values(yg), host_values(yc)), tol) << out_in << with_bias << bf;
+        Tensor dy = random_cpu(yc.shape(), 153);
+        autograd::backward(yc, dy);
+        autograd::backward(yg, dy.to(kGpu));
+        EXPECT_LT(relative_error(host_values(xg.grad()), host_values(xc.grad())), tol) << out_in << with_bias << bf;
+        EXPECT_LT(relative_error(host_values(wg.grad()), host_values(wc.grad())), tol) << out_in << with_bias << bf;
+        if (with_bias) {  // the column sums run in the CPU's order: the same bits
+          EXPECT_EQ(host_values(bg.grad()), host_values(bc.grad())) << out_in << bf;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaMatmul, BatchedTransposedAndSharedOperands) {
+  LOOM_REQUIRE_GPU();
+  const int64_t batch = 4, M = 33, K = 40, N = 27;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      for (bool shared_b : {false, true}) {
+        auto [ac, ag] = leaf_pair(random_cpu(ta ? Shape{batch, K, M} : Shape{batch, M, K}, 160 + ta));
+        const Shape bs = tb ? Shape{N, K} : Shape{K, N};
+        auto [bc, bg] = leaf_pair(random_cpu(shared_b ? bs : Shape{batch, bs[0], bs[1]}, 162 + tb));
+        Tensor cc = ops::matmul(ac, bc, ta, tb), cg = ops::matmul(ag, bg, ta, tb);
+        EXPECT_LT(relative_error(host_values(cg), host_values(cc)), 1e-5) << ta << tb << shared_b;
+        Tensor dc = random_cpu(cc.shape(), 164);
+        autograd::backward(cc, dc);
+        autograd::backward(cg, dc.to(kGpu));
+        EXPECT_LT(relative_error(host_values(ag.grad()), host_values(ac.grad())), 1e-5) << ta << tb << shared_b;
+        EXPECT_LT(relative_error(host_values(bg.grad()), host_values(bc.grad())), 1e-5) << ta << tb << shared_b;
+      }
+    }
+  }
+}
 
 // ---- embedding -------------------------------------------------------------------------------------
 
@@ -240,7 +292,7 @@ TEST(CudaAdamW, StepsAndClippingMatchTheCpu) {
   std::vector<nn::Parameter> pc(2), pg(2);
   for (int i = 0; i < 2; ++i) {
     const Tensor init = random_cpu({1000 + 37 * i}, 50 + i);
-    pc[i].name = pg[i].name = "p" + std::to_string(i);
+    pc[i].name = pg[i].name = std::string(i == 0 ? "p0" : "p1");
     pc[i].value = init.clone();
     pg[i].value = init.to(kGpu);
   }

@@ -15,6 +15,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/loss.h"
+#include "ops/matmul.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -99,6 +100,8 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
            {"scale", [&] { ops::scale(x, 2.0f); }},
            {"add_", [&] { ops::add_(x, x); }},
            {"softmax", [&] { ops::softmax(x); }},
+           {"linear", [&] { ops::linear(x, x); }},
+           {"matmul", [&] { ops::matmul(x, x, false, true); }},
            {"layer_norm", [&] { ops::layer_norm(x, w, w); }},
            {"add_rms_norm", [&] { ops::add_rms_norm(x, x, w); }},
            {"embedding", [&] { ops::embedding(ids, x); }},

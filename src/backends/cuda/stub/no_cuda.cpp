@@ -45,6 +45,7 @@ void add_forward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not
 void add_inplace(const Context&, float*, const float*, int64_t) { not_built("add_"); }
 void mul_forward(const Context&, float*, const float*, const float*, int64_t) { not_built("mul"); }
 void scale_forward(const Context&, float*, const float*, float, int64_t) { not_built("scale"); }
+void sum_rows(const Context&, const float*, int64_t, int64_t, float*) { not_built("sum_rows"); }
 void convert_f32_to_bf16(const Context&, bf16*, const float*, int64_t) { not_built("to(bf16)"); }
 void convert_bf16_to_f32(const Context&, float*, const bf16*, int64_t) { not_built("to(f32)"); }
 void rms_norm_forward(const Context&, float*, float*, const float*, const float*, int64_t, int64_t, float) {

@@ -1,6 +1,7 @@
 // `loom generate`: sample text from a trained run or a weights file.
 #include <cstdio>
 
+#include "backends/backend.h"
 #include "cli/command.h"
 #include "generate/generate.h"
 #include "tokenizer/pretokenizer.h"
@@ -16,6 +17,7 @@ struct GenerateArgs {
   int64_t top_k = 0;
   uint64_t seed = 0;
   bool f32 = false;
+  std::string device = "cpu";
 };
 
 loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-cache decoding)", [](CLI::App& cmd) {
@@ -32,10 +34,13 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   cmd.add_flag("--f32", a.f32,
                "with a GGUF file: multiply in f32 by the dequantized weights (default: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
                "matrices stay quantized and run on the integer kernels)");
+  cmd.add_option("--device", a.device,
+                 "cpu (default), cuda or cuda:N; CUDA is refused with the reason until the models run there (docs/cuda.md)");
   cmd.add_option("--max-memory", a.max_memory,
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "generate: give --run DIR or --weights PATH");
+    loom::model_device(a.device, "generate");
     // Every option is checked before anything is printed (the prompt is echoed first).
     LOOM_CHECK(a.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got ", a.max_new_tokens);
     try {

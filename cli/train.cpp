@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "backends/backend.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "dist/mesh.h"
@@ -34,6 +35,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::string max_memory;
   std::string mesh, parallel;
+  std::string device = "cpu";
   bool no_overlap = false;
   std::string weights;
 };
@@ -135,6 +137,8 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
                  "device mesh, e.g. data=4,tensor=2 or data=2,expert=2 (config key parallel.mesh); its size must equal the number of "
                  "ranks mpirun/srun started (docs/mesh.md)");
   cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp, fsdp_tp, dp_ep or fsdp_ep (config key parallel.mode)");
+  cmd.add_option("--device", args.device,
+                 "cpu (default), cuda or cuda:N; CUDA is refused with the reason until the models run there (docs/cuda.md)");
   cmd.add_flag("--no-overlap", args.no_overlap,
                "on a mesh: wait on every collective where it is issued instead of overlapping communication with "
                "compute (docs/mesh.md; the results are the same bits either way)");
@@ -151,6 +155,7 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
                "replace the loom run in --out: its files and checkpoints are deleted (files loom did not write stay)")
       ->excludes(resume_opt);
   cmd.callback([config_opt] {
+    loom::model_device(args.device, "train");  // before anything is read or written
     std::string out = args.out.empty() ? "runs/" + fs::path(args.config).stem().string() : args.out;
     const fs::path saved_config = fs::path(out) / "config.json";
     const bool use_saved = args.resume && config_opt->count() == 0 && fs::exists(saved_config);

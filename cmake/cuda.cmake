@@ -6,7 +6,7 @@
 #   LOOM_HAVE_CUDA   ON when the backend is built (the object library loom_cuda)
 #   LOOM_HAVE_NCCL   ON when NCCL is found too (the NCCL communicator)
 #   LOOM_CUDA_LINK   what loom_lib links: cudart (static: it loads the driver itself at first use, so a
-#                    machine without a driver still runs loom), cuBLASLt, NCCL
+#                    machine without a driver still runs loom), NCCL; cuBLASLt is dlopen'ed at the first GEMM
 # (Re)written at generate time when the backend is on; gone when it is off.
 file(REMOVE ${CMAKE_BINARY_DIR}/cuda_link_flags.txt)
 set(LOOM_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when the toolkit is found), ON, OFF")
@@ -68,17 +68,21 @@ endif()
 add_library(loom_cuda OBJECT ${LOOM_CUDA_SOURCES})
 set_target_properties(loom_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(loom_cuda PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src)
-target_link_libraries(loom_cuda PRIVATE CUDA::cudart_static CUDA::cublasLt)
+# cuBLASLt: its headers at compile time, the library itself dlopen'ed at the first GEMM (gemm.cpp; linking
+# it made every loom program map the ~540 MB library at start-up, GPU or not).
+target_link_libraries(loom_cuda PRIVATE CUDA::cudart_static)
+target_include_directories(loom_cuda PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+target_compile_definitions(loom_cuda PRIVATE LOOM_CUBLASLT_LIBRARY="$<TARGET_FILE:CUDA::cublasLt>")
 # -lineinfo: source lines in profiles and compute-sanitizer reports, at no speed cost.
 target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
-list(APPEND LOOM_CUDA_LINK CUDA::cudart_static CUDA::cublasLt)
+list(APPEND LOOM_CUDA_LINK CUDA::cudart_static ${CMAKE_DL_LIBS})
 if(LOOM_HAVE_NCCL)
   target_include_directories(loom_cuda PRIVATE ${LOOM_NCCL_INCLUDE_DIR})
   list(APPEND LOOM_CUDA_LINK ${LOOM_NCCL_LIBRARY})
 endif()
 # What a program linking build/libloom.a outside CMake must add (tools/fuzz.sh reads it): the static
-# CUDA runtime, cuBLASLt, NCCL, and what the static runtime itself needs.
-set(LOOM_CUDA_LINK_FLAGS "$<TARGET_LINKER_FILE:CUDA::cudart_static> $<TARGET_LINKER_FILE:CUDA::cublasLt>")
+# CUDA runtime, NCCL, and what the static runtime itself needs (-ldl also serves cuBLASLt's dlopen).
+set(LOOM_CUDA_LINK_FLAGS "$<TARGET_LINKER_FILE:CUDA::cudart_static>")
 if(LOOM_HAVE_NCCL)
   string(APPEND LOOM_CUDA_LINK_FLAGS " ${LOOM_NCCL_LIBRARY}")
 endif()

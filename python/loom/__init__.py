@@ -14,7 +14,8 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "10000"
 
 from .checkpoint import load_checkpoint, load_safetensors, save_checkpoint, save_safetensors
-from .data import get_batch
+from ._loom import cuda_available, cuda_device_count
+from .data import check_device, get_batch
 from .functional import (cross_entropy, embedding, linear, multihead_self_attention, rms_norm, rope,
                          scaled_dot_product_attention, silu, softmax, swiglu)
 from .mesh import (MODES, Mesh, ShardedModel, batch_spec, validate_experts_for_mesh, validate_mesh_for_devices,
@@ -25,8 +26,8 @@ from .tokenizer import Tokenizer, train_bpe
 from .training import resolve_config, train
 
 __all__ = [
-    "AdamW", "MODES", "Mesh", "Model", "Run", "Tokenizer", "TransformerBlock", "TransformerLM", "clip_grad_norm",
-    "cosine_lr",
+    "AdamW", "MODES", "Mesh", "Model", "Run", "Tokenizer", "TransformerBlock", "TransformerLM", "check_device",
+    "clip_grad_norm", "cosine_lr", "cuda_available", "cuda_device_count",
     "cross_entropy", "embedding", "get_batch", "linear", "load_checkpoint", "load_run", "load_safetensors",
     "multihead_self_attention", "resolve_config", "rms_norm", "rope", "save_checkpoint", "save_safetensors",
     "scaled_dot_product_attention", "ShardedModel", "batch_spec", "silu", "softmax", "swiglu", "train", "train_bpe",

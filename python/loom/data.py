@@ -9,14 +9,21 @@ import numpy as np
 from . import _loom
 
 
-def check_device(device: str) -> str:
-    """"cpu" passes; a well-formed accelerator name ("cuda", "cuda:1", "mps") raises RuntimeError, as this
-    build of loom has no such backend; anything else is a ValueError."""
+def check_device(device: str, what: str = "get_batch") -> str:
+    """"cpu" passes. A CUDA name ("cuda", "cuda:1") raises RuntimeError saying why it cannot be used
+    here: this build has no CUDA backend, there is no CUDA driver or GPU, or (with a GPU) loom's models do
+    not run on CUDA yet (docs/cuda.md). "mps" raises RuntimeError (no such backend); anything else is a
+    ValueError."""
     d = str(device)
     if d == "cpu":
         return d
-    if re.fullmatch(r"(cuda|mps)(:\d+)?", d):
-        raise RuntimeError(f"device '{d}' is not available: this build of loom runs on the CPU only")
+    if re.fullmatch(r"cuda(:\d+)?", d):
+        reason = _loom.model_device_error(d, what)
+        if reason:
+            raise RuntimeError(reason)
+        return d
+    if re.fullmatch(r"mps(:\d+)?", d):
+        raise RuntimeError(f"device '{d}' is not available: loom has no Apple GPU backend")
     raise ValueError(f"unknown device '{d}' (expected 'cpu' or 'cuda[:N]')")
 
 

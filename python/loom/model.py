@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _loom
 from ._arrays import f32, i32
+from .data import check_device
 
 
 def _load_state(module, state: Mapping[str, np.ndarray], strict: bool) -> None:
@@ -94,17 +95,21 @@ class Model(_Module):
         self._m = _wrap
 
     @classmethod
-    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "Model":
+    def from_config(cls, config: Mapping, seed: int = 0, weights=None, device: str = "cpu") -> "Model":
         """From a dict of the model section's keys: "arch" picks the family (default "llama"); missing
-        keys take the family's defaults. Weights are drawn from `seed` unless `weights` are given."""
+        keys take the family's defaults. Weights are drawn from `seed` unless `weights` are given.
+        device: "cpu"; "cuda[:N]" raises RuntimeError with the reason (see check_device)."""
+        check_device(device, "Model")
         m = cls._wrap_native(_loom.build_model(json.dumps(dict(config)), int(seed)))
         if weights is not None:
             m.load_state_dict(weights)
         return m
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Model":
-        """A model from a loom weights file (model.safetensors, config in its metadata)."""
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> "Model":
+        """A model from a loom weights file (model.safetensors, config in its metadata), on `device`
+        (as in from_config)."""
+        check_device(device, "Model.load")
         return cls._wrap_native(_loom.load_model_weights(os.fspath(path)))
 
     @staticmethod
@@ -166,7 +171,9 @@ class TransformerLM(Model):
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
                  d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
-                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None):
+                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None,
+                 device: str = "cpu"):
+        check_device(device, "TransformerLM")
         if _wrap is not None:
             self._m = _wrap
             return
@@ -177,16 +184,16 @@ class TransformerLM(Model):
             self.load_state_dict(weights)
 
     @classmethod
-    def from_config(cls, config: Mapping, seed: int = 0, weights=None) -> "TransformerLM":
+    def from_config(cls, config: Mapping, seed: int = 0, weights=None, device: str = "cpu") -> "TransformerLM":
         """From a dict with the keys of `config` (a training config's "model" section works too)."""
         keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
                 "rope_theta", "norm_eps")
-        return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights)
+        return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights, device=device)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TransformerLM":
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> "TransformerLM":
         """A Llama from a loom weights file (model.safetensors, config in its metadata)."""
-        m = Model.load(path)
+        m = Model.load(path, device=device)
         if not isinstance(m, TransformerLM):
             raise ValueError(f"{os.fspath(path)} holds a {m.arch} model, not a llama: use loom.Model.load")
         return m

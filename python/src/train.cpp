@@ -17,6 +17,7 @@
 #include <span>
 #include <nlohmann/json.hpp>
 
+#include "backends/backend.h"
 #include "convert.h"
 #include "core/autograd.h"
 #include "data/batch.h"
@@ -299,6 +300,21 @@ void bind_train(nb::module_& m) {
     return without_gil([&] { return train::clip_grad_norm(ts, max_norm); });
   });
   m.def("cosine_lr", &train::cosine_lr);
+
+  // "" when `device` ("cpu", "cuda", "cuda:1") can hold a model, else why not (backends/backend.h's
+  // model_device: no CUDA backend, driver or GPU, or the models not running on CUDA yet). A malformed
+  // name raises ValueError.
+  m.def("model_device_error", [](const std::string& device, const std::string& what) -> std::string {
+    (void)Device::parse(device);
+    try {
+      model_device(device, what.c_str());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  });
+  m.def("cuda_available", [] { return cuda_available(); });
+  m.def("cuda_device_count", [] { return cuda_device_count(); });
 
   // The window starts of random batch `index` drawn with `seed`: uniform over [0, n-T-1].
   m.def("random_starts", [](uint64_t seed, uint64_t index, int64_t n, int64_t batch_size, int64_t context_length) {

@@ -33,4 +33,17 @@ cuda::Context& cuda_context(const char* op, Device device) {
   return cuda::context(device.index());
 }
 
+Device model_device(const std::string& text, const char* what) {
+  Device device;
+  try {
+    device = Device::parse(text);
+  } catch (const Error& e) {
+    LOOM_FAIL(what, ": ", e.what());
+  }
+  if (device.is_cpu()) return device;
+  cuda::check_device(what, device);  // no backend, driver, GPU or index: the reason
+  LOOM_FAIL(what, ": ", device, " is usable, but loom's training and generation do not run on CUDA yet (the "
+            "trainer, checkpoints and decoding assume host tensors; docs/cuda.md); use the CPU (device cpu)");
+}
+
 }  // namespace loom

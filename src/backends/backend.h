@@ -32,4 +32,11 @@ Device dispatch_device(const char* op, std::initializer_list<const Tensor*> tens
 // The CUDA context (stream, device index) an op's kernels run with on `device`.
 cuda::Context& cuda_context(const char* op, Device device);
 
+// For the programs that place a whole model on a device (`loom train/generate --device`, Python's
+// device=): the device named by `text` ("cpu", "cuda", "cuda:1"), checked to hold a model. The CPU
+// passes. A CUDA device gets one error naming it and why it cannot be used: this build has no CUDA
+// backend, no CUDA driver, no GPU, or no such index; and, with a usable GPU, that the models do not run on
+// CUDA yet (the trainer, checkpoints and decoding assume host tensors). `what` starts the message.
+Device model_device(const std::string& text, const char* what);
+
 }  // namespace loom

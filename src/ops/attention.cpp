@@ -13,6 +13,8 @@
 #include "backends/backend.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/rope.h"
+#include "backends/cuda/attention.h"
+#include "backends/cuda/rope.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
 #include "ops/elementwise.h"
@@ -53,6 +55,61 @@ cpu::RopeTables RopeState::tables() const {
   return t;
 }
 
+// causal_self_attention on CUDA (arguments validated, p filled in without RoPE): RoPE is not fused into
+// the CUDA kernels, so q and k are rotated into new tensors first (cuda::rope_apply over [B*T, H, D]), and
+// the backward rotates dq and dk back (RoPE's transpose) in place.
+Tensor causal_self_attention_cuda(const cpu::AttentionProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const RopeState& rope, int num_heads, int num_kv_heads) {
+  const char* op = "causal_self_attention";
+  const Device device = q.device();
+  const cuda::Context& cu = cuda_context(op, device);
+  const int64_t b = q.size(0), t = q.size(1), d = p.d;
+  const bool has_rope = rope.cos.defined();
+  Tensor cos, sin;
+  if (has_rope) {
+    cos = rope.cos.to(device);
+    sin = rope.sin.to(device);
+  }
+  const bool per_row = rope.batch_stride != 0, interleaved = rope.interleaved;
+  // Row r = b*T + t of [B*T, H, D] has position row r ([B, T] positions) or r % T (shared [T]).
+  auto rotate = [cos, sin, b, t, d, per_row, interleaved](const cuda::Context& c, Tensor& dst, const Tensor& src,
+                                                          int heads, bool inverse) {
+    cuda::rope_apply(c, dst.data<float>(), src.data<float>(), cos.data<float>(), sin.data<float>(), b * t, t, d,
+                     per_row, interleaved, inverse, heads);
+  };
+  Tensor qr = q.detach(), kr = k.detach();
+  if (has_rope) {
+    qr = Tensor::empty(q.shape(), DType::F32, device);
+    kr = Tensor::empty(k.shape(), DType::F32, device);
+    rotate(cu, qr, q, num_heads, false);
+    rotate(cu, kr, k, num_kv_heads, false);
+  }
+  Tensor out = Tensor::empty(q.shape(), DType::F32, device);
+  Tensor lse = Tensor::empty({b * num_heads, t}, DType::F32, device);
+  cuda::flash_attention_forward(cu, p, qr.data<float>(), kr.data<float>(), v.data<float>(), out.data<float>(),
+                                lse.data<float>());
+  autograd::record(op, {q, k, v}, {out},
+                   [p, qr, kr, v = v.detach(), saved_out = out.detach(), lse, rotate, has_rope, num_heads,
+                    num_kv_heads](const autograd::BackwardContext& ctx) {
+                     const Tensor& dout = ctx.grad_output(0);
+                     const Device device = dispatch_device("causal_self_attention backward", {&dout, &qr});
+                     Tensor dq = Tensor::empty(qr.shape(), DType::F32, device);
+                     Tensor dk = Tensor::empty(kr.shape(), DType::F32, device);
+                     Tensor dv = Tensor::empty(v.shape(), DType::F32, device);
+                     const cuda::Context& cu = cuda_context("causal_self_attention backward", device);
+                     cuda::flash_attention_backward(cu, p,
+                                                    qr.data<float>(), kr.data<float>(), v.data<float>(),
+                                                    saved_out.data<float>(), dout.data<float>(), lse.data<float>(),
+                                                    dq.data<float>(), dk.data<float>(), dv.data<float>());
+                     if (has_rope) {
+                       rotate(cu, dq, dq, num_heads, true);
+                       rotate(cu, dk, dk, num_kv_heads, true);
+                     }
+                     return TensorList{dq, dk, dv};
+                   });
+  return out;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -61,7 +118,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_float(q, op, "q");
   check_float(k, op, "k");
   check_float(v, op, "v");
-  require_cpu(op, {&q, &k, &v, &mask});
+  // Without a mask the flash kernels run on CUDA too; the masked (naive) kernels are CPU only.
+  const Device device = dispatch_device(op, {&q, &k, &v});
+  if (mask.defined()) require_cpu(op, {&q, &k, &v, &mask});
   LOOM_CHECK(q.ndim() >= 2 && k.ndim() == q.ndim() && v.ndim() == q.ndim(), op,
              ": q, k, v must be [..., T, D] with the same rank, got q ", q.shape(), ", k ", k.shape(), ", v ",
              v.shape());
@@ -124,7 +183,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   out_shape.push_back(dv);
   Tensor out = Tensor::empty(out_shape, DType::F32, q.device());
   Tensor lse = Tensor::empty({heads, tq}, DType::F32, q.device());
-  if (mask.defined()) {
+  if (device.is_cuda()) {
+    cuda::flash_attention_forward(cuda_context(op, device), p, q.data<float>(), k.data<float>(), v.data<float>(),
+                                  out.data<float>(), lse.data<float>());
+  } else if (mask.defined()) {
     cpu::masked_attention_forward(p, mask.data<bool>(), mask_head_stride, q.data<float>(), k.data<float>(),
                                   v.data<float>(), out.data<float>(), lse.data<float>());
   } else {
@@ -135,8 +197,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                    [p, q = q.detach(), k = k.detach(), v = v.detach(), saved_out = out.detach(), lse, mask,
                     mask_head_stride](const autograd::BackwardContext& ctx) {
                      const Tensor& dout = ctx.grad_output(0);
-                     Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
-                     if (mask.defined()) {
+                     const Device device = dispatch_device("scaled_dot_product_attention backward", {&dout, &q});
+                     Tensor dq = Tensor::empty(q.shape(), DType::F32, device);
+                     Tensor dk = Tensor::empty(k.shape(), DType::F32, device);
+                     Tensor dv = Tensor::empty(v.shape(), DType::F32, device);
+                     if (device.is_cuda()) {
+                       cuda::flash_attention_backward(
+                           cuda_context("scaled_dot_product_attention backward", device), p, q.data<float>(),
+                           k.data<float>(), v.data<float>(), saved_out.data<float>(), dout.data<float>(),
+                           lse.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>());
+                     } else if (mask.defined()) {
                        cpu::masked_attention_backward(p, mask.data<bool>(), mask_head_stride, q.data<float>(),
                                                       k.data<float>(), v.data<float>(), dout.data<float>(),
                                                       lse.data<float>(), dq.data<float>(), dk.data<float>(),
@@ -158,7 +228,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_float(q, op, "q");
   check_float(k, op, "k");
   check_float(v, op, "v");
-  require_cpu(op, {&q, &k, &v});
+  const Device device = dispatch_device(op, {&q, &k, &v});
   check_dropout(dropout, op);
   LOOM_CHECK(q.ndim() == 3, op, ": q must be [B, T, H*D], got ", q.shape());
   const int64_t b = q.size(0), t = q.size(1), c = q.size(2);
@@ -186,7 +256,8 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     const bool per_batch = pos.shape() == Shape{b, t};
     LOOM_CHECK(shared || per_batch, op, ": rope positions have shape ", pos.shape(),
                " but need [", t, "] or [", b, ", ", t, "]");
-    std::tie(state->cos, state->sin) = rope_tables(pos, d, rope->theta, rope->cache);
+    std::tie(state->cos, state->sin) =
+        rope_tables(pos.device().is_cpu() ? pos : pos.to(Device::cpu()), d, rope->theta, rope->cache);
     state->batch_stride = shared ? 0 : t;
     state->interleaved = rope->style == RopeStyle::Interleaved;
   }
@@ -203,6 +274,8 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.k = p.v = {t * ckv, d, ckv};
   p.dropout_p = dropout.p;
   p.dropout_key = dropout.key;
+
+  if (device.is_cuda()) return causal_self_attention_cuda(p, q, k, v, *state, num_heads, num_kv_heads);
 
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
   Tensor lse = Tensor::empty({b * num_heads, t}, DType::F32, q.device());

@@ -15,6 +15,10 @@
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/loss.h"
+#include "backends/cuda/elementwise.h"
+#include "backends/cuda/embedding.h"
+#include "backends/cuda/gemm.h"
+#include "backends/cuda/loss.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -38,6 +42,97 @@ Tensor mean_loss(double total, int64_t count, Device device) {
   return loss;
 }
 
+// ---- the CUDA path -----------------------------------------------------------------------------
+//
+// Everything stays on the device: the target count (for the 1/count gradient scale) and the per-row
+// losses are device buffers, the mean is a one-block kernel, and the backward scales by the upstream
+// gradient read on the device. Only the validation of the targets reads back (skipped while a CUDA
+// graph is being captured: see cuda::scan_ids).
+
+// 8-byte device scratch from the F32 tensors (loom has no 64-bit dtypes): `n` int64_t or doubles.
+Tensor scratch_8byte(int64_t n, Device device) { return Tensor::empty(Shape{2 * std::max<int64_t>(n, 1)}, DType::F32, device); }
+
+void check_targets_on_device(const char* op, const cuda::Context& cu, const Tensor& targets, int64_t V,
+                             int32_t ignore_index) {
+  const cuda::IdScan scan = cuda::scan_ids(cu, targets.data<int32_t>(), targets.numel(), V, ignore_index, op);
+  LOOM_CHECK(scan.first_bad < 0, op, ": target ", scan.bad_value, " at flat position ", scan.first_bad,
+             " is outside [0, V) with V=", V, " and is not ignore_index=", ignore_index);
+}
+
+// The backward of both losses on CUDA: the saved gradients times the upstream (device) scalar.
+TensorList scaled_by_upstream(const autograd::BackwardContext& ctx, const char* op, std::initializer_list<Tensor> saved) {
+  const Tensor& up = ctx.grad_output(0);
+  TensorList out;
+  for (const Tensor& t : saved) {
+    if (t.defined()) {
+      const Device device = dispatch_device(op, {&up, &t});  // the upstream scalar is read on t's device
+      cuda::scale_by(cuda_context(op, device), t.data<float>(), up.data<float>(), t.numel());
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+// linear_cross_entropy on CUDA: the CPU's chunk loop with cuBLASLt GEMMs, the gradient written over the
+// chunk's logits in place, and dx/dw/loss left on the device. Arguments are already validated.
+Tensor linear_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index,
+                                 MatmulPrecision precision, int64_t chunk_rows) {
+  const char* op = "linear_cross_entropy";
+  const Device device = x.device();
+  const cuda::Context& cu = cuda_context(op, device);
+  const int64_t C = x.size(-1), V = w.size(0), N = targets.numel();
+  check_targets_on_device(op, cu, targets, V, ignore_index);
+  const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
+  const bool need_g = need_dx || need_dw;
+  const bool use_bf16 = precision == MatmulPrecision::BF16;
+  const int64_t R = std::min(chunk_rows, std::max<int64_t>(N, 1));
+  Tensor count = scratch_8byte(1, device), row_loss = scratch_8byte(N, device);
+  auto* pcount = static_cast<int64_t*>(count.raw_data());
+  auto* prow = static_cast<double*>(row_loss.raw_data());
+  cuda::count_targets(cu, pcount, targets.data<int32_t>(), N, ignore_index);
+  Tensor logits = Tensor::empty({R, V}, DType::F32, device);  // the chunk's logits, then its gradient
+  Tensor dx = need_dx ? Tensor::empty(x.shape(), DType::F32, device) : Tensor();
+  Tensor dw = need_dw ? Tensor::zeros(w.shape(), DType::F32, device) : Tensor();
+  Tensor wb = use_bf16 ? w.to(DType::BF16) : Tensor();
+  Tensor xb = use_bf16 ? Tensor::empty({R, C}, DType::BF16, device) : Tensor();
+  Tensor gb = use_bf16 && need_g ? Tensor::empty({R, V}, DType::BF16, device) : Tensor();
+  const float* px = x.data<float>();
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    const float* xc = px + r0 * C;
+    float* pl = logits.data<float>();
+    if (use_bf16) {
+      cuda::convert_f32_to_bf16(cu, xb.data<bf16>(), xc, rows * C);
+      cuda::gemm_bf16(cu, false, true, rows, V, C, 1.0f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.0f, pl, V);
+    } else {
+      cuda::gemm(cu, false, true, rows, V, C, 1.0f, xc, C, w.data<float>(), C, 0.0f, pl, V);
+    }
+    cuda::cross_entropy_rows(cu, prow + r0, need_g ? pl : nullptr, pl, targets.data<int32_t>() + r0, rows, V,
+                             ignore_index, pcount);
+    if (!need_g) continue;
+    if (use_bf16) {
+      cuda::convert_f32_to_bf16(cu, gb.data<bf16>(), pl, rows * V);
+      if (need_dx)
+        cuda::gemm_bf16(cu, false, false, rows, C, V, 1.0f, gb.data<bf16>(), V, wb.data<bf16>(), C, 0.0f,
+                        dx.data<float>() + r0 * C, C);
+      if (need_dw)
+        cuda::gemm_bf16(cu, true, false, V, C, rows, 1.0f, gb.data<bf16>(), V, xb.data<bf16>(), C, 1.0f,
+                        dw.data<float>(), C);
+    } else {
+      if (need_dx)
+        cuda::gemm(cu, false, false, rows, C, V, 1.0f, pl, V, w.data<float>(), C, 0.0f, dx.data<float>() + r0 * C, C);
+      if (need_dw) cuda::gemm(cu, true, false, V, C, rows, 1.0f, pl, V, xc, C, 1.0f, dw.data<float>(), C);
+    }
+  }
+  Tensor loss = Tensor::empty(Shape{}, DType::F32, device);
+  cuda::mean_loss(cu, loss.data<float>(), prow, N, pcount);
+  autograd::record(op, {x, w, targets}, {loss}, [dx, dw](const autograd::BackwardContext& ctx) {
+    TensorList g = scaled_by_upstream(ctx, "linear_cross_entropy backward", {dx, dw});
+    return TensorList{g[0], g[1], Tensor()};
+  });
+  return loss;
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
@@ -48,10 +143,28 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   LOOM_CHECK(targets.shape() == logits.shape().drop_last(), "cross_entropy: targets have shape ",
              targets.shape(), " but logits ", logits.shape(), " need targets of shape ", logits.shape().drop_last());
   check_same_device(logits, targets, "cross_entropy");
-  require_cpu("cross_entropy", {&logits, &targets});
+  const Device device = dispatch_device("cross_entropy", {&logits, &targets});
   const int64_t V = logits.size(-1);
   const int64_t N = targets.numel();
   LOOM_CHECK(V > 0, "cross_entropy: logits have V=0 classes");
+  if (device.is_cuda()) {
+    const cuda::Context& cu = cuda_context("cross_entropy", device);
+    check_targets_on_device("cross_entropy", cu, targets, V, ignore_index);
+    const bool recording = autograd::any_requires_grad({logits});
+    Tensor count = scratch_8byte(1, device), row_loss = scratch_8byte(N, device);
+    auto* pcount = static_cast<int64_t*>(count.raw_data());
+    Tensor grad = recording ? Tensor::empty(logits.shape(), DType::F32, device) : Tensor();
+    cuda::count_targets(cu, pcount, targets.data<int32_t>(), N, ignore_index);
+    cuda::cross_entropy_rows(cu, static_cast<double*>(row_loss.raw_data()), recording ? grad.data<float>() : nullptr,
+                             logits.data<float>(), targets.data<int32_t>(), N, V, ignore_index, pcount);
+    Tensor loss = Tensor::empty(Shape{}, DType::F32, device);
+    cuda::mean_loss(cu, loss.data<float>(), static_cast<const double*>(row_loss.raw_data()), N, pcount);
+    autograd::record("cross_entropy", {logits, targets}, {loss}, [grad](const autograd::BackwardContext& ctx) {
+      if (!ctx.needs_input_grad(0)) return TensorList{Tensor(), Tensor()};
+      return TensorList{scaled_by_upstream(ctx, "cross_entropy backward", {grad})[0], Tensor()};
+    });
+    return loss;
+  }
 
   const int32_t* pt = targets.data<int32_t>();
   const int64_t count = checked_target_count("cross_entropy", targets, V, ignore_index);
@@ -94,7 +207,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     require_cpu(op, {&w_bf16});
   }
   check_dtype(targets, DType::I32, op, "targets");
-  require_cpu(op, {&x, &w, &targets});
+  const Device device = dispatch_device(op, {&x, &w, &targets});
   LOOM_CHECK(x.ndim() >= 1 && w.ndim() == 2, op, ": x must be [..., C] and w [V, C], got x ", x.shape(), ", w ",
              w.shape());
   const int64_t C = x.size(-1), V = w.size(0), N = targets.numel();
@@ -103,6 +216,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
              x.shape(), " needs targets of shape ", x.shape().drop_last());
   LOOM_CHECK(V > 0, op, ": w has V=0 rows");
   LOOM_CHECK(chunk_rows > 0, op, ": chunk_rows must be positive, got ", chunk_rows);
+
+  if (device.is_cuda()) return linear_cross_entropy_cuda(x, w, targets, ignore_index, precision, chunk_rows);
 
   const int32_t* pt = targets.data<int32_t>();
   const int64_t count = checked_target_count(op, targets, V, ignore_index);

@@ -11,10 +11,16 @@
 //
 // Dtypes: f32; bf16 A/B (f32 accumulation, f32 result) in forward. Recording autodiff through bf16
 // inputs is an error for now (the backward GEMMs would need a mixed-dtype path).
+//
+// Devices: every GEMM goes through gemm_any, which calls the CPU kernels or, for CUDA tensors, cuBLASLt
+// (backends/cuda/gemm.h: the same row-major contract, the bias in the epilogue); the bias gradient's
+// column sums have a kernel on each backend too.
 #include "ops/matmul.h"
 
 #include "backends/backend.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cuda/elementwise.h"
+#include "backends/cuda/gemm.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -27,9 +33,23 @@ struct Operand {
   int64_t stride;  // between batches; 0 = shared
 };
 
-void gemm_any(DType dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+void gemm_any(Device device, DType dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
               Operand a, Operand b, float beta, float* C, int64_t ldc, int64_t stride_c,
               const float* bias = nullptr) {
+  if (device.is_cuda()) {
+    cuda::GemmProblem p;
+    p.trans_a = ta;
+    p.trans_b = tb;
+    p.M = M, p.N = N, p.K = K, p.alpha = alpha, p.beta = beta;
+    p.A = a.data, p.lda = a.ld, p.B = b.data, p.ldb = b.ld, p.C = C, p.ldc = ldc;
+    p.input = dtype;
+    p.output = DType::F32;
+    p.bias = bias;
+    p.epilogue = bias != nullptr ? cuda::GemmEpilogue::Bias : cuda::GemmEpilogue::None;
+    p.batch = batch, p.stride_a = a.stride, p.stride_b = b.stride, p.stride_c = stride_c;
+    cuda::gemm(cuda_context("gemm", device), p);
+    return;
+  }
   if (dtype == DType::F32) {
     const auto* A = static_cast<const float*>(a.data);
     const auto* B = static_cast<const float*>(b.data);
@@ -55,6 +75,33 @@ void gemm_any(DType dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N
       cpu::gemm_batched_bf16(ta, tb, batch, M, N, K, alpha, A, a.ld, a.stride, B, b.ld, b.stride, beta, C,
                              ldc, stride_c);
     }
+  }
+}
+
+// The backward's GEMMs in the CPU kernels' argument order, on `device`.
+void gemm_f32(Device device, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_any(device, DType::F32, ta, tb, 1, M, N, K, alpha, {A, lda, 0}, {B, ldb, 0}, beta, C, ldc, 0);
+}
+void gemm_batched_f32(Device device, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta,
+                      float* C, int64_t ldc, int64_t sc) {
+  if (device.is_cpu()) {  // the CPU's batched kernel even for one batch, as before
+    cpu::gemm_batched(ta, tb, batch, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc);
+    return;
+  }
+  gemm_any(device, DType::F32, ta, tb, batch, M, N, K, alpha, {A, lda, sa}, {B, ldb, sb}, beta, C, ldc, sc);
+}
+void gemm_bf16_any(Device device, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                   int64_t lda, const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_any(device, DType::BF16, ta, tb, 1, M, N, K, alpha, {A, lda, 0}, {B, ldb, 0}, beta, C, ldc, 0);
+}
+// out[n] = sum over rows of x[M, N] (the bias gradient), rows in order on either backend.
+void sum_rows_any(Device device, const float* x, int64_t M, int64_t N, float* out) {
+  if (device.is_cuda()) {
+    cuda::sum_rows(cuda_context("linear backward", device), x, M, N, out);
+  } else {
+    cpu::sum_rows(x, M, N, out);
   }
 }
 
@@ -85,32 +132,33 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& w_bf16, const
   Tensor xb = x.dtype() == DType::BF16 ? x : x.to(DType::BF16);
   Tensor wb = w_bf16.defined() ? w_bf16 : w.to(DType::BF16);
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
-  gemm_any(DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
+  gemm_any(x.device(), DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
            {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
            bias.defined() ? bias.data<float>() : nullptr);
   autograd::record("linear_bf16", {x, w, bias}, {y}, [xb, wb, x_shape = x.shape(), w_shape = w.shape(),
                                                       has_bias = bias.defined(), out_in, M, in, out](
                                                          const autograd::BackwardContext& ctx) {
     const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
+    const Device device = dispatch_device("linear backward", {&dy, &xb});
     Tensor dyb = dy.to(DType::BF16);
     const bf16* pdy = dyb.data<bf16>();
     Tensor dx, dw, db;
     if (ctx.needs_input_grad(0)) {
       dx = Tensor::empty(x_shape, DType::F32, dy.device());
-      cpu::gemm_bf16(false, !out_in, M, in, out, 1.0f, pdy, out, wb.data<bf16>(), out_in ? in : out, 0.0f,
+      gemm_bf16_any(device, false, !out_in, M, in, out, 1.0f, pdy, out, wb.data<bf16>(), out_in ? in : out, 0.0f,
                      dx.data<float>(), in);
     }
     if (ctx.needs_input_grad(1)) {
       dw = Tensor::empty(w_shape, DType::F32, dy.device());
       if (out_in) {
-        cpu::gemm_bf16(true, false, out, in, M, 1.0f, pdy, out, xb.data<bf16>(), in, 0.0f, dw.data<float>(), in);
+        gemm_bf16_any(device, true, false, out, in, M, 1.0f, pdy, out, xb.data<bf16>(), in, 0.0f, dw.data<float>(), in);
       } else {
-        cpu::gemm_bf16(true, false, in, out, M, 1.0f, xb.data<bf16>(), in, pdy, out, 0.0f, dw.data<float>(), out);
+        gemm_bf16_any(device, true, false, in, out, M, 1.0f, xb.data<bf16>(), in, pdy, out, 0.0f, dw.data<float>(), out);
       }
     }
     if (has_bias && ctx.needs_input_grad(2)) {
       db = Tensor::empty(Shape{out}, DType::F32, dy.device());
-      cpu::sum_rows(dy.data<float>(), M, out, db.data<float>());
+      sum_rows_any(device, dy.data<float>(), M, out, db.data<float>());
     }
     return TensorList{dx, dw, db};
   });
@@ -130,7 +178,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   }
   LOOM_CHECK(x.ndim() >= 1, "linear: x must have at least one dimension, got ", x.describe());
   check_ndim(w, 2, "linear", "w");
-  require_cpu("linear", {&x, &w, &bias});
+  dispatch_device("linear", {&x, &w, &bias});  // one usable device (errors name the op)
   const bool out_in = layout == WeightLayout::OutIn;
   const int64_t in = x.size(-1);
   const int64_t w_in = out_in ? w.size(1) : w.size(0);
@@ -154,32 +202,33 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
 
   Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
   // y[M,out] = x[M,in] @ op(w); op(w) = w^T for [out,in] storage.
-  gemm_any(x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},
+  gemm_any(x.device(), x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},
            {w.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
            bias.defined() ? bias.data<float>() : nullptr);
 
   autograd::record("linear", {x, w, bias}, {y}, [x, w, has_bias = bias.defined(), out_in, M, in, out](
                                                      const autograd::BackwardContext& ctx) {
     const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
+    const Device device = dispatch_device("linear backward", {&dy, &x, &w});
     const float* pdy = dy.data<float>();
     Tensor dx, dw, db;
     if (ctx.needs_input_grad(0)) {
       // dx[M,in] = dy[M,out] @ W[out,in]   (or dy @ W^T for W: [in,out])
       dx = Tensor::empty(x.shape(), DType::F32, x.device());
-      cpu::gemm(false, !out_in, M, in, out, 1.0f, pdy, out, w.data<float>(), out_in ? in : out, 0.0f,
+      gemm_f32(device, false, !out_in, M, in, out, 1.0f, pdy, out, w.data<float>(), out_in ? in : out, 0.0f,
                 dx.data<float>(), in);
     }
     if (ctx.needs_input_grad(1)) {
       dw = Tensor::empty(w.shape(), DType::F32, w.device());
       if (out_in) {  // dW[out,in] = dy^T[out,M] @ x[M,in]
-        cpu::gemm(true, false, out, in, M, 1.0f, pdy, out, x.data<float>(), in, 0.0f, dw.data<float>(), in);
+        gemm_f32(device, true, false, out, in, M, 1.0f, pdy, out, x.data<float>(), in, 0.0f, dw.data<float>(), in);
       } else {  // dW[in,out] = x^T[in,M] @ dy[M,out]
-        cpu::gemm(true, false, in, out, M, 1.0f, x.data<float>(), in, pdy, out, 0.0f, dw.data<float>(), out);
+        gemm_f32(device, true, false, in, out, M, 1.0f, x.data<float>(), in, pdy, out, 0.0f, dw.data<float>(), out);
       }
     }
     if (has_bias && ctx.needs_input_grad(2)) {
       db = Tensor::empty(Shape{out}, DType::F32, dy.device());
-      cpu::sum_rows(pdy, M, out, db.data<float>());
+      sum_rows_any(device, pdy, M, out, db.data<float>());
     }
     return TensorList{dx, dw, db};
   });
@@ -190,7 +239,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   check_float_operands(a, b, "matmul", "a", "b");
   LOOM_CHECK(a.ndim() >= 2, "matmul: a must have at least 2 dimensions, got ", a.describe());
   LOOM_CHECK(b.ndim() >= 2, "matmul: b must have at least 2 dimensions, got ", b.describe());
-  require_cpu("matmul", {&a, &b});
+  dispatch_device("matmul", {&a, &b});  // one usable device (errors name the op)
   const bool shared_b = b.ndim() == 2 && a.ndim() > 2;
   LOOM_CHECK(shared_b || a.ndim() == b.ndim(), "matmul: a has shape ", a.shape(), " and b has shape ", b.shape(),
              ": b must be 2-D or have a's number of dimensions");
@@ -215,16 +264,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Tensor c = Tensor::empty(out_shape, DType::F32, a.device());
   if (shared_b && !transpose_a) {
     // a's batches stack into one tall matrix: a single [batch*M, K] @ op(b) GEMM.
-    gemm_any(a.dtype(), false, transpose_b, 1, batch * M, N, K, 1.0f, {a.raw_data(), lda, 0},
+    gemm_any(a.device(), a.dtype(), false, transpose_b, 1, batch * M, N, K, 1.0f, {a.raw_data(), lda, 0},
              {b.raw_data(), ldb, 0}, 0.0f, c.data<float>(), N, 0);
   } else {
-    gemm_any(a.dtype(), transpose_a, transpose_b, batch, M, N, K, 1.0f, {a.raw_data(), lda, sa},
+    gemm_any(a.device(), a.dtype(), transpose_a, transpose_b, batch, M, N, K, 1.0f, {a.raw_data(), lda, sa},
              {b.raw_data(), ldb, sb}, 0.0f, c.data<float>(), N, sc);
   }
 
   autograd::record("matmul", {a, b}, {c}, [a, b, transpose_a, transpose_b, shared_b, batch, M, N, K](
                                               const autograd::BackwardContext& ctx) {
-    const float* dc = ctx.grad_output(0).data<float>();  // [..., M, N]
+    const Tensor& dct = ctx.grad_output(0);
+    const Device device = dispatch_device("matmul backward", {&dct, &a, &b});
+    const float* dc = dct.data<float>();  // [..., M, N]
     const float* pa = a.data<float>();
     const float* pb = b.data<float>();
     const int64_t lda = a.size(-1), ldb = b.size(-1);
@@ -235,11 +286,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
       if (!transpose_a) {
         // dA[M,K] = dC[M,N] @ op(B)^T: op(B)^T is B itself when B is stored [N,K].
         const int64_t rows = shared_b ? batch * M : M;
-        cpu::gemm_batched(false, !transpose_b, shared_b ? 1 : batch, rows, K, N, 1.0f, dc, N, sc, pb, ldb, sb,
+        gemm_batched_f32(device, false, !transpose_b, shared_b ? 1 : batch, rows, K, N, 1.0f, dc, N, sc, pb, ldb, sb,
                           0.0f, da.data<float>(), K, sa);
       } else {
         // A stored [K,M]: dA_stored[K,M] = op(B)[K,N] @ dC^T[N,M].
-        cpu::gemm_batched(transpose_b, true, batch, K, M, N, 1.0f, pb, ldb, sb, dc, N, sc, 0.0f,
+        gemm_batched_f32(device, transpose_b, true, batch, K, M, N, 1.0f, pb, ldb, sb, dc, N, sc, 0.0f,
                           da.data<float>(), M, sa);
       }
     }
@@ -248,27 +299,27 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
       float* pdb = db.data<float>();
       if (!shared_b) {
         if (!transpose_b) {  // dB[K,N] = op(A)^T[K,M] @ dC[M,N]
-          cpu::gemm_batched(!transpose_a, false, batch, K, N, M, 1.0f, pa, lda, sa, dc, N, sc, 0.0f, pdb, N,
+          gemm_batched_f32(device, !transpose_a, false, batch, K, N, M, 1.0f, pa, lda, sa, dc, N, sc, 0.0f, pdb, N,
                             K * N);
         } else {  // B stored [N,K]: dB_stored[N,K] = dC^T[N,M] @ op(A)[M,K]
-          cpu::gemm_batched(true, transpose_a, batch, N, K, M, 1.0f, dc, N, sc, pa, lda, sa, 0.0f, pdb, K,
+          gemm_batched_f32(device, true, transpose_a, batch, N, K, M, 1.0f, dc, N, sc, pa, lda, sa, 0.0f, pdb, K,
                             K * N);
         }
       } else if (!transpose_a) {
         // Shared B: the batches stack into the reduction, one GEMM over batch*M rows.
         if (!transpose_b) {
-          cpu::gemm(true, false, K, N, batch * M, 1.0f, pa, lda, dc, N, 0.0f, pdb, N);
+          gemm_f32(device, true, false, K, N, batch * M, 1.0f, pa, lda, dc, N, 0.0f, pdb, N);
         } else {
-          cpu::gemm(true, false, N, K, batch * M, 1.0f, dc, N, pa, lda, 0.0f, pdb, K);
+          gemm_f32(device, true, false, N, K, batch * M, 1.0f, dc, N, pa, lda, 0.0f, pdb, K);
         }
       } else {
         // Shared B with transposed A: sum the per-batch products in batch order (beta = 1 after the first).
         for (int64_t i = 0; i < batch; ++i) {
           const float beta = i == 0 ? 0.0f : 1.0f;
           if (!transpose_b) {  // dB[K,N] += A_i[K,M] @ dC_i[M,N]
-            cpu::gemm(false, false, K, N, M, 1.0f, pa + i * sa, lda, dc + i * sc, N, beta, pdb, N);
+            gemm_f32(device, false, false, K, N, M, 1.0f, pa + i * sa, lda, dc + i * sc, N, beta, pdb, N);
           } else {  // dB[N,K] += dC_i^T[N,M] @ A_i^T[M,K]
-            cpu::gemm(true, true, N, K, M, 1.0f, dc + i * sc, N, pa + i * sa, lda, beta, pdb, K);
+            gemm_f32(device, true, true, N, K, M, 1.0f, dc + i * sc, N, pa + i * sa, lda, beta, pdb, K);
           }
         }
       }

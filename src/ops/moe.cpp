@@ -18,6 +18,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/moe.h"
+#include "backends/cuda/moe.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -40,6 +41,58 @@ void check_expert_index(const Tensor& index, int64_t E, const char* op) {
 }
 
 Tensor grad_as(const Tensor& g, DType dtype) { return g.dtype() == dtype ? g : g.to(dtype); }
+
+// moe_experts on CUDA (arguments validated, the dispatch built, y/h1/h3 allocated on the device): the
+// dispatch's permutations go to the device, then the same forward and backward as on the CPU.
+Tensor moe_experts_cuda(Device device, const std::shared_ptr<const cpu::MoeDispatch>& dispatch, const Tensor& x,
+                        const Tensor& xo, const Tensor& gates, const Tensor& w1, const Tensor& w3, const Tensor& w2,
+                        const Tensor& w1o, const Tensor& w3o, const Tensor& w2o, bool bf16_ops, Tensor y,
+                        const Tensor& h1, const Tensor& h3, bool recording, int64_t C, int64_t F) {
+  const char* op = "moe_experts";
+  const int64_t N = dispatch->N, K = dispatch->K, E = dispatch->E;
+  auto to_device = [&](const std::vector<int32_t>& v) {
+    return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v).to(device);
+  };
+  const Tensor slot_of_row = to_device(dispatch->slot_of_row), row_of_slot = to_device(dispatch->row_of_slot);
+  const cuda::MoeDeviceDispatch d{dispatch.get(), slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>()};
+  float* ph1 = recording ? h1.data<float>() : nullptr;
+  float* ph3 = recording ? h3.data<float>() : nullptr;
+  const cuda::Context& cu = cuda_context(op, device);
+  if (bf16_ops) {
+    cuda::moe_experts_forward(cu, d, xo.data<bf16>(), gates.data<float>(), w1o.data<bf16>(), w3o.data<bf16>(),
+                              w2o.data<bf16>(), C, F, y.data<float>(), ph1, ph3);
+  } else {
+    cuda::moe_experts_forward(cu, d, xo.data<float>(), gates.data<float>(), w1o.data<float>(), w3o.data<float>(),
+                              w2o.data<float>(), C, F, y.data<float>(), ph1, ph3);
+  }
+  if (x.dtype() == DType::BF16) return y.to(DType::BF16);  // not recorded (checked by the caller)
+  autograd::record(
+      op, {x, gates, w1, w3, w2}, {y},
+      [xo, gates, w1o, w3o, w2o, dispatch, slot_of_row, row_of_slot, h1, h3, bf16_ops, N, K, C, F,
+       E](const autograd::BackwardContext& ctx) {
+        const Tensor& dy = ctx.grad_output(0);  // [N,C] f32
+        const Device device = dispatch_device("moe_experts backward", {&dy, &xo});
+        auto grad = [&](int i, const Shape& shape) {
+          return ctx.needs_input_grad(i) ? Tensor::empty(shape, DType::F32, device) : Tensor();
+        };
+        Tensor dx = grad(0, Shape{N, C}), dgates = grad(1, Shape{N, K});
+        Tensor dw1 = grad(2, Shape{E, F, C}), dw3 = grad(3, Shape{E, F, C}), dw2 = grad(4, Shape{E, C, F});
+        auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+        const cuda::MoeDeviceDispatch d{dispatch.get(), slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>()};
+        const cuda::Context& cu = cuda_context("moe_experts backward", device);
+        if (bf16_ops) {
+          cuda::moe_experts_backward(cu, d, dy.data<float>(), xo.data<bf16>(), gates.data<float>(), w1o.data<bf16>(),
+                                     w3o.data<bf16>(), w2o.data<bf16>(), h1.data<float>(), h3.data<float>(), C, F,
+                                     ptr(dx), ptr(dgates), ptr(dw1), ptr(dw3), ptr(dw2));
+        } else {
+          cuda::moe_experts_backward(cu, d, dy.data<float>(), xo.data<float>(), gates.data<float>(),
+                                     w1o.data<float>(), w3o.data<float>(), w2o.data<float>(), h1.data<float>(),
+                                     h3.data<float>(), C, F, ptr(dx), ptr(dgates), ptr(dw1), ptr(dw3), ptr(dw2));
+        }
+        return TensorList{dx, dgates, dw1, dw3, dw2};
+      });
+  return y;
+}
 
 }  // namespace
 
@@ -133,8 +186,11 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
   LOOM_CHECK(N * K <= std::numeric_limits<int32_t>::max(), op, ": N=", N, " tokens * K=", K,
              " slots exceed the int32 slot index; split the batch");
   for (const Tensor* t : {&expert_index, &gates, &w1, &w3, &w2}) check_same_device(x, *t, op);
-  require_cpu(op, {&x, &expert_index, &gates, &w1, &w3, &w2});
-  check_expert_index(expert_index, E, op);
+  const Device device = dispatch_device(op, {&x, &expert_index, &gates, &w1, &w3, &w2});
+  // The dispatch (a counting sort) is built on the host; on CUDA from a copy of the index (a read-back:
+  // the routed experts are not capturable into a CUDA graph yet), its permutations copied back.
+  const Tensor index_host = device.is_cuda() ? expert_index.to(Device::cpu()) : expert_index;
+  check_expert_index(index_host, E, op);
 
   const bool recording = autograd::any_requires_grad({x, gates, w1, w3, w2});
   LOOM_CHECK(x.dtype() == DType::F32 || !recording, op,
@@ -145,12 +201,16 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
   auto operand = [&](const Tensor& t) { return bf16_ops && t.dtype() != DType::BF16 ? t.to(DType::BF16) : t; };
   const Tensor xo = operand(x), w1o = operand(w1), w3o = operand(w3), w2o = operand(w2);
 
-  auto dispatch = std::make_shared<const cpu::MoeDispatch>(cpu::moe_dispatch(expert_index.data<int32_t>(), N, K, E));
+  auto dispatch = std::make_shared<const cpu::MoeDispatch>(cpu::moe_dispatch(index_host.data<int32_t>(), N, K, E));
   Tensor y = Tensor::empty(Shape{N, C}, DType::F32, x.device());
   Tensor h1 = recording ? Tensor::empty(Shape{N * K, F}, DType::F32, x.device()) : Tensor();
   Tensor h3 = recording ? Tensor::empty(Shape{N * K, F}, DType::F32, x.device()) : Tensor();
   float* ph1 = recording ? h1.data<float>() : nullptr;
   float* ph3 = recording ? h3.data<float>() : nullptr;
+  if (device.is_cuda()) {
+    return moe_experts_cuda(device, dispatch, x, xo, gates, w1, w3, w2, w1o, w3o, w2o, bf16_ops, y, h1, h3, recording,
+                            C, F);
+  }
   if (bf16_ops) {
     cpu::moe_experts_forward(*dispatch, xo.data<bf16>(), gates.data<float>(), w1o.data<bf16>(), w3o.data<bf16>(),
                              w2o.data<bf16>(), C, F, y.data<float>(), ph1, ph3);

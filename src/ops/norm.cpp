@@ -6,7 +6,6 @@
 #include "ops/norm.h"
 
 #include <cmath>
-#include <string_view>
 
 #include "backends/backend.h"
 #include "backends/cpu/norm.h"
@@ -33,8 +32,7 @@ int64_t check_norm_args(const Tensor& x, const Tensor& weight, const Tensor* bia
   }
   LOOM_CHECK(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got eps=", eps);
   check_same_device(x, weight, op);
-  // rms_norm has CUDA kernels (it dispatches itself); the other norms run on the CPU only so far.
-  if (std::string_view(op) != "rms_norm") require_cpu(op, {&x, &weight, bias});
+  // Every norm has CUDA kernels: each op dispatches itself (dispatch_device checks the device).
   return C;
 }
 
@@ -65,6 +63,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, std::optional<
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
   if (device.is_cuda()) {
+    LOOM_CHECK(ydt == x.dtype(), "rms_norm: a ", dtype_name(ydt), " output from ", dtype_name(x.dtype()),
+               " input has no CUDA kernel yet");
     const cuda::Context& cu = cuda_context("rms_norm", device);
     if (x.dtype() == DType::F32) {
       cuda::rms_norm_forward(cu, y.data<float>(), rstd_ptr, x.data<float>(), weight.data<float>(), rows, C, eps);
@@ -117,11 +117,23 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
   const DType ydt = output_dtype(x, normed_dtype, "add_rms_norm");
   const int64_t rows = x.numel() / C;
   const bool recording = autograd::any_requires_grad({x, residual, weight});
+  const Device device = dispatch_device("add_rms_norm", {&x, &residual, &weight});  // before allocating
   Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor y = Tensor::empty(x.shape(), ydt, x.device());
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
-  if (x.dtype() == DType::F32 && ydt == DType::BF16) {
+  if (device.is_cuda()) {
+    LOOM_CHECK(ydt == x.dtype(), "add_rms_norm: a ", dtype_name(ydt), " output from ", dtype_name(x.dtype()),
+               " input has no CUDA kernel yet");
+    const cuda::Context& cu = cuda_context("add_rms_norm", device);
+    if (x.dtype() == DType::F32) {
+      cuda::add_rms_norm_forward(cu, sum.data<float>(), y.data<float>(), rstd_ptr, x.data<float>(),
+                                 residual.data<float>(), weight.data<float>(), rows, C, eps);
+    } else {
+      cuda::add_rms_norm_forward(cu, sum.data<bf16>(), y.data<bf16>(), rstd_ptr, x.data<bf16>(), residual.data<bf16>(),
+                                 weight.data<float>(), rows, C, eps);
+    }
+  } else if (x.dtype() == DType::F32 && ydt == DType::BF16) {
     cpu::add_rms_norm_forward(sum.data<float>(), y.data<bf16>(), rstd_ptr, x.data<float>(), residual.data<float>(),
                               weight.data<float>(), rows, C, eps);
   } else if (x.dtype() == DType::F32) {
@@ -142,7 +154,17 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
     Tensor dtotal = Tensor::empty(saved_sum.shape(), dtype, saved_sum.device());
     Tensor dw = ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, saved_sum.device()) : Tensor();
     float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
-    if (dtype == DType::F32) {
+    const Device device = dispatch_device("add_rms_norm backward", {&dy, &dsum, &saved_sum, &weight});
+    if (device.is_cuda()) {
+      const cuda::Context& cu = cuda_context("add_rms_norm backward", device);
+      if (dtype == DType::F32) {
+        cuda::add_rms_norm_backward(cu, dtotal.data<float>(), dw_ptr, dy.data<float>(), dsum.data<float>(),
+                                    saved_sum.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      } else {
+        cuda::add_rms_norm_backward(cu, dtotal.data<bf16>(), dw_ptr, dy.data<bf16>(), dsum.data<bf16>(),
+                                    saved_sum.data<bf16>(), weight.data<float>(), rstd.data<float>(), rows, C);
+      }
+    } else if (dtype == DType::F32) {
       cpu::add_rms_norm_backward(dtotal.data<float>(), dw_ptr, dy.data<float>(), dsum.data<float>(),
                                  saved_sum.data<float>(), weight.data<float>(), rstd.data<float>(), rows, C);
     } else {
@@ -164,13 +186,25 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   const int64_t rows = x.numel() / C;
   const bool has_bias = bias.defined();
   const bool recording = autograd::any_requires_grad({x, weight, bias});
+  const Device device = dispatch_device("layer_norm", {&x, &weight, &bias});  // before allocating: errors name the op
   Tensor y = Tensor::empty(x.shape(), ydt, x.device());
   Tensor mean = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   Tensor rstd = recording ? Tensor::empty(Shape{rows}, DType::F32, x.device()) : Tensor();
   float* mean_ptr = recording ? mean.data<float>() : nullptr;
   float* rstd_ptr = recording ? rstd.data<float>() : nullptr;
   const float* bias_ptr = has_bias ? bias.data<float>() : nullptr;
-  if (x.dtype() == DType::F32 && ydt == DType::BF16) {
+  if (device.is_cuda()) {
+    LOOM_CHECK(ydt == x.dtype(), "layer_norm: a ", dtype_name(ydt), " output from ", dtype_name(x.dtype()),
+               " input has no CUDA kernel yet");
+    const cuda::Context& cu = cuda_context("layer_norm", device);
+    if (x.dtype() == DType::F32) {
+      cuda::layer_norm_forward(cu, y.data<float>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(),
+                               bias_ptr, rows, C, eps);
+    } else {
+      cuda::layer_norm_forward(cu, y.data<bf16>(), mean_ptr, rstd_ptr, x.data<bf16>(), weight.data<float>(),
+                               bias_ptr, rows, C, eps);
+    }
+  } else if (x.dtype() == DType::F32 && ydt == DType::BF16) {
     cpu::layer_norm_forward(y.data<bf16>(), mean_ptr, rstd_ptr, x.data<float>(), weight.data<float>(), bias_ptr,
                             rows, C, eps);
   } else if (x.dtype() == DType::F32) {
@@ -188,7 +222,19 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     Tensor db = has_bias && ctx.needs_input_grad(2) ? Tensor::empty(weight.shape(), DType::F32, x.device()) : Tensor();
     float* dw_ptr = dw.defined() ? dw.data<float>() : nullptr;
     float* db_ptr = db.defined() ? db.data<float>() : nullptr;
-    if (x.dtype() == DType::F32) {
+    const Device device = dispatch_device("layer_norm backward", {&dy, &x, &weight});
+    if (device.is_cuda()) {
+      const cuda::Context& cu = cuda_context("layer_norm backward", device);
+      if (x.dtype() == DType::F32) {
+        cuda::layer_norm_backward(cu, dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
+                                  x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
+                                  C);
+      } else {
+        cuda::layer_norm_backward(cu, dx.defined() ? dx.data<bf16>() : nullptr, dw_ptr, db_ptr, dy.data<bf16>(),
+                                  x.data<bf16>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows,
+                                  C);
+      }
+    } else if (x.dtype() == DType::F32) {
       cpu::layer_norm_backward(dx.defined() ? dx.data<float>() : nullptr, dw_ptr, db_ptr, dy.data<float>(),
                                x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), rows, C);
     } else {

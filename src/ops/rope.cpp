@@ -2,6 +2,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/rope.h"
+#include "backends/cuda/rope.h"
 #include "core/autograd.h"
 
 #include <cstring>
@@ -52,7 +53,11 @@ Tensor rope(const Tensor& x, const Tensor& positions, const RopeCache& cache, Ro
   check_dtype(x, DType::F32, "rope", "x");
   LOOM_CHECK(positions.defined(), "rope: positions are undefined");
   check_dtype(positions, DType::I32, "rope", "positions");
-  require_cpu("rope", {&x, &positions});
+  // x picks the device; positions (a few ints, read on the host to build the tables) may be on the CPU
+  // or on x's device.
+  const Device device = dispatch_device("rope", {&x});
+  LOOM_CHECK(positions.device().is_cpu() || positions.device() == device, "rope: positions are on ",
+             positions.device(), " but x is on ", device, " (positions may be on the CPU or on x's device)");
   LOOM_CHECK(x.ndim() >= 2, "rope: x must be [..., T, D], got ", x.describe());
   const int64_t d = x.size(-1), t = x.size(-2);
   LOOM_CHECK(d % 2 == 0, "rope: head dimension D=", d, " must be even (x ", x.describe(), ")");
@@ -62,21 +67,37 @@ Tensor rope(const Tensor& x, const Tensor& positions, const RopeCache& cache, Ro
   LOOM_CHECK(shared || positions.shape() == leading, "rope: positions have shape ", positions.shape(),
              " but x ", x.describe(), " needs [", t, "] or ", leading);
 
-  auto [cos, sin] = rope_tables(positions, d, theta, cache);
+  auto [cos, sin] = rope_tables(positions.device().is_cpu() ? positions : positions.to(Device::cpu()), d, theta,
+                                cache);
+  if (device.is_cuda()) {  // the host-built tables, moved once per call
+    cos = cos.to(device);
+    sin = sin.to(device);
+  }
   const bool interleaved = style == RopeStyle::Interleaved;
   const bool per_row = !shared || leading.ndim() == 1;  // [T] positions for a [T, D] x are per row too
   const int64_t rows = x.numel() / std::max<int64_t>(d, 1);
 
   Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
-  cpu::rope_apply(out.data<float>(), x.data<float>(), cos.data<float>(), sin.data<float>(), rows, t, d,
-                  per_row, interleaved, /*inverse=*/false);
+  if (device.is_cuda()) {
+    cuda::rope_apply(cuda_context("rope", device), out.data<float>(), x.data<float>(), cos.data<float>(),
+                     sin.data<float>(), rows, t, d, per_row, interleaved, /*inverse=*/false);
+  } else {
+    cpu::rope_apply(out.data<float>(), x.data<float>(), cos.data<float>(), sin.data<float>(), rows, t, d, per_row,
+                    interleaved, /*inverse=*/false);
+  }
   autograd::record("rope", {x}, {out},
                    [cos, sin, rows, t, d, per_row, interleaved](const autograd::BackwardContext& ctx) {
     // y = R x with R orthogonal, so dx = R^T dy: the rotation by the negative angle.
     const Tensor& dy = ctx.grad_output(0);
+    const Device device = dispatch_device("rope backward", {&dy, &cos});
     Tensor dx = Tensor::empty(dy.shape(), DType::F32, dy.device());
-    cpu::rope_apply(dx.data<float>(), dy.data<float>(), cos.data<float>(), sin.data<float>(), rows, t, d,
-                    per_row, interleaved, /*inverse=*/true);
+    if (device.is_cuda()) {
+      cuda::rope_apply(cuda_context("rope backward", device), dx.data<float>(), dy.data<float>(), cos.data<float>(),
+                       sin.data<float>(), rows, t, d, per_row, interleaved, /*inverse=*/true);
+    } else {
+      cpu::rope_apply(dx.data<float>(), dy.data<float>(), cos.data<float>(), sin.data<float>(), rows, t, d, per_row,
+                      interleaved, /*inverse=*/true);
+    }
     return TensorList{dx};
   });
   return out;

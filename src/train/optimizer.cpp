@@ -5,6 +5,8 @@
 #include "backends/backend.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/optimizer.h"
+#include "backends/cuda/elementwise.h"
+#include "backends/cuda/optimizer.h"
 
 namespace loom::train {
 
@@ -37,7 +39,7 @@ void AdamW::step(float lr) {
     if (!g.defined()) continue;
     const std::string& name = params_[i]->name;
     LOOM_CHECK(p.defined(), "AdamW: parameter '", name, "' has a gradient but no value");
-    require_cpu("AdamW", {&p, &g, &m_[i], &v_[i]});
+    dispatch_device("AdamW", {&p, &g, &m_[i], &v_[i]});  // one device per parameter, usable here
     LOOM_CHECK(p.dtype() == DType::F32 && g.dtype() == DType::F32, "AdamW: parameter '", name, "' is ", p.dtype(),
                " with a ", g.dtype(), " gradient; AdamW updates f32 parameters with f32 gradients");
     LOOM_CHECK(g.numel() == p.numel() && m_[i].numel() == p.numel() && v_[i].numel() == p.numel(),
@@ -56,9 +58,15 @@ void AdamW::step(float lr) {
     nn::Parameter& param = *params_[i];
     const bool copy = param.bf16_copy.defined() && param.bf16_copy.dtype() == DType::BF16 &&
                       param.bf16_copy.shape() == p.shape() && param.bf16_copy.device() == p.device();
-    cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
-                      options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2,
-                      copy ? param.bf16_copy.data<bf16>() : nullptr);
+    bf16* copy_ptr = copy ? param.bf16_copy.data<bf16>() : nullptr;
+    if (p.device().is_cuda()) {
+      cuda::adamw_update(cuda_context("AdamW", p.device()), p.data<float>(), g.data<float>(), m_[i].data<float>(),
+                         v_[i].data<float>(), p.numel(), lr, options_.beta1, options_.beta2, options_.eps,
+                         options_.weight_decay, bc1, bc2, copy_ptr);
+    } else {
+      cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
+                        options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2, copy_ptr);
+    }
     param.bf16_copy_current = copy;
   }
 }
@@ -72,10 +80,24 @@ void AdamW::zero_grad() {
 
 double global_grad_norm(const std::vector<Tensor>& grads) {
   double total = 0.0;
+  // CUDA gradients: their squares summed on the device in gradient order, read back once.
+  Tensor device_total;
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
-    require_cpu("global_grad_norm", {&g});
-    total += cpu::sum_of_squares(g.data<float>(), g.numel());
+    const Device device = dispatch_device("global_grad_norm", {&g});
+    if (device.is_cuda()) {
+      if (!device_total.defined()) device_total = Tensor::zeros({2}, DType::F32, device);  // one double
+      LOOM_CHECK(device_total.device() == device, "global_grad_norm: gradients are on ", device_total.device(),
+                 " and ", device, "; one norm spans one device");
+      cuda::add_sum_of_squares(cuda_context("global_grad_norm", device), static_cast<double*>(device_total.raw_data()),
+                               g.data<float>(), g.numel());
+    } else {
+      total += cpu::sum_of_squares(g.data<float>(), g.numel());
+    }
+  }
+  if (device_total.defined()) {
+    const Tensor host = device_total.to(Device::cpu());
+    total += *static_cast<const double*>(host.raw_data());
   }
   return std::sqrt(total);
 }
@@ -86,7 +108,13 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
   if (std::isfinite(norm) && norm > max_norm) {
     const float factor = static_cast<float>(max_norm / (norm + 1e-6));
     for (const Tensor& g : grads) {
-      if (g.defined()) cpu::scale_forward(g.data<float>(), g.data<float>(), factor, g.numel());
+      if (!g.defined()) continue;
+      if (g.device().is_cuda()) {
+        cuda::scale_forward(cuda_context("clip_grad_norm", g.device()), g.data<float>(), g.data<float>(), factor,
+                            g.numel());
+      } else {
+        cpu::scale_forward(g.data<float>(), g.data<float>(), factor, g.numel());
+      }
     }
   }
   return norm;

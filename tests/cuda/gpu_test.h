@@ -50,9 +50,10 @@ inline double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 2e-5; }
 
 // A tensor claiming to live on cuda:0 over host memory: it reaches an op's device checks on any
 // machine, which is all the error-path tests need (no kernel ever runs on it).
-inline Tensor fake_cuda(const Shape& shape) {
-  auto host = std::make_shared<std::vector<float>>(static_cast<size_t>(shape.numel()), 1.0f);
-  return Tensor::wrap(host->data(), shape, DType::F32, Device::cuda(0), host);
+inline Tensor fake_cuda(const Shape& shape, DType dtype = DType::F32) {
+  // Zero bytes: valid as every dtype (0.0f, id 0, false), sized for the widest (4 bytes).
+  auto host = std::make_shared<std::vector<float>>(static_cast<size_t>(shape.numel()), 0.0f);
+  return Tensor::wrap(host->data(), shape, dtype, Device::cuda(0), host);
 }
 
 }  // namespace loom::test

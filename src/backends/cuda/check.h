@@ -30,10 +30,26 @@ inline void check_cuda(cudaError_t e, const char* op, const char* call, const ch
   if (e != cudaSuccess) [[unlikely]] throw_cuda_error(e, op, call, file, line);
 }
 
+// The status's name without calling into cuBLASLt (it is loaded lazily: gemm.cpp).
+inline const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "cuBLAS status";
+  }
+}
+
 inline void check_cublas(cublasStatus_t s, const char* op, const char* call, const char* file, int line) {
   if (s != CUBLAS_STATUS_SUCCESS) [[unlikely]] {
-    throw Error(str(op, ": cuBLAS ", cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ") from ", call,
-                    " at ", source_path(file), ":", line));
+    throw Error(str(op, ": cuBLAS ", cublas_status_name(s), " (", static_cast<int>(s), ") from ", call, " at ",
+                    source_path(file), ":", line));
   }
 }
 

@@ -1,4 +1,5 @@
-// Device helpers shared by the CUDA kernels: bf16 <-> f32 with the CPU's rounding, and block sums.
+// Device helpers shared by the CUDA kernels: bf16 <-> f32 with the CPU's rounding, block sums, and
+// loom's counter-based random stream (Philox4x32-10, core/rng.h).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,34 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   __syncthreads();
   v = lane < warps ? scratch[lane] : 0.0f;
   return warp_sum(v);
+}
+
+// random_bits(key, index) of core/rng.cpp, on the device: word index % 4 of the Philox4x32-10 block with
+// counter (index / 4, 0, 0) under key (k0, k1). The same constants and rounds as core/rng.cpp's
+// philox4x32 (the definition) and backends/cpu/philox.h; tests compare the masks bit for bit.
+__device__ __forceinline__ uint32_t random_bits(uint32_t k0, uint32_t k1, uint64_t index) {
+  const uint64_t block = index >> 2;
+  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32), c2 = 0, c3 = 0;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  const uint32_t words[4] = {c0, c1, c2, c3};
+  return words[index & 3];
+}
+
+// Element `index` of the stream is dropped iff its uniform (bits >> 8) * 2^-24 is < p, i.e. iff
+// (bits >> 8) < threshold with threshold = ceil(p * 2^24) (cpu::philox::drop_threshold, computed on the
+// host): the comparison is exact, so the mask is the CPU's bit for bit.
+__device__ __forceinline__ bool keep_element(uint32_t k0, uint32_t k1, uint64_t index, uint32_t threshold) {
+  return (random_bits(k0, k1, index) >> 8) >= threshold;
 }
 
 // Grid size for a grid-stride loop over n elements.

@@ -23,6 +23,14 @@ __global__ void convert_kernel(Out* out, const In* in, int64_t n) {
   }
 }
 
+__global__ void sum_rows_kernel(const float* x, int64_t M, int64_t N, float* out) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  float s = 0.0f;
+  for (int64_t m = 0; m < M; ++m) s += x[m * N + n];
+  out[n] = s;
+}
+
 struct Add {
   __device__ float operator()(float x, float y) const { return x + y; }
 };
@@ -58,6 +66,13 @@ void mul_forward(const Context& ctx, float* out, const float* a, const float* b,
 }
 void scale_forward(const Context& ctx, float* out, const float* a, float s, int64_t n) {
   launch_map2("scale", ctx, out, a, a, n, Scale{s});
+}
+
+void sum_rows(const Context& ctx, const float* x, int64_t M, int64_t N, float* out) {
+  if (N == 0) return;
+  DeviceGuard guard(ctx.index, "sum_rows");
+  sum_rows_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(x, M, N, out);
+  LOOM_CUDA_CHECK_LAUNCH("sum_rows");
 }
 
 void convert_f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n) {

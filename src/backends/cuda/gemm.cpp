@@ -1,14 +1,76 @@
 // cuBLASLt GEMMs (gemm.h). Untested until a GPU run (docs/cuda.md).
+//
+// cuBLASLt is loaded with dlopen at the first GEMM, not linked: libcublasLt.so is ~540 MB, and linking
+// it made every loom program (the CLI, every test) map and relocate it at start-up (220 MB of RSS for
+// `loom version`, against 10 MB), GPU or not. The entry points below are the library's own, by name.
 #include "backends/cuda/gemm.h"
+
+#include <dlfcn.h>
 
 #include <array>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <type_traits>
 
 #include "backends/cuda/check.h"
 
 namespace loom::cuda {
 namespace {
+
+struct LtApi {
+  decltype(&::cublasLtCreate) Create = nullptr;
+  decltype(&::cublasLtMatmul) Matmul = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+  decltype(&::cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute = nullptr;
+};
+
+// The library CMake found (LOOM_CUBLASLT_LIBRARY), else the soname on the loader's path.
+const LtApi& lt() {
+  static LtApi api;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* name : {LOOM_CUBLASLT_LIBRARY, "libcublasLt.so.13", "libcublasLt.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+      const char* why = dlerror();
+      tried += str(tried.empty() ? "" : "; ", name, ": ", why != nullptr ? why : "not found");
+    }
+    if (lib == nullptr) {
+      error = str("gemm: cannot load cuBLASLt (", tried, ")");
+      return;
+    }
+    auto load = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      if (fn == nullptr && error.empty()) error = str("gemm: cuBLASLt has no ", symbol);
+    };
+    load(api.Create, "cublasLtCreate");
+    load(api.Matmul, "cublasLtMatmul");
+    load(api.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    load(api.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    load(api.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    load(api.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    load(api.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    load(api.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    load(api.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    load(api.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    load(api.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    load(api.MatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
+  });
+  LOOM_CHECK(error.empty(), error);
+  return api;
+}
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 constexpr int kMaxDevices = 64;
@@ -27,7 +89,7 @@ LtState& lt_state(const Context& ctx) {
   if (!s) {
     auto made = std::make_unique<LtState>();
     DeviceGuard guard(ctx.index, "gemm");
-    LOOM_CUBLAS_CHECK("gemm", cublasLtCreate(&made->handle));
+    LOOM_CUBLAS_CHECK("gemm", lt().Create(&made->handle));
     made->workspace = device_allocator(ctx.index).allocate(kWorkspaceBytes);
     s = std::move(made);
   }
@@ -42,20 +104,20 @@ struct Descriptors {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~Descriptors() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) lt().MatmulPreferenceDestroy(pref);
+    if (c) lt().MatrixLayoutDestroy(c);
+    if (b) lt().MatrixLayoutDestroy(b);
+    if (a) lt().MatrixLayoutDestroy(a);
+    if (op) lt().MatmulDescDestroy(op);
   }
 };
 
 void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
   if (batch == 1) return;
   int32_t count = static_cast<int32_t>(batch);
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+  LOOM_CUBLAS_CHECK("gemm", lt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                                               sizeof(count)));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+  LOOM_CUBLAS_CHECK("gemm", lt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                                               &stride, sizeof(stride)));
 }
 
@@ -81,50 +143,50 @@ void gemm(const Context& ctx, const GemmProblem& p) {
   validate(p);
   if (p.M == 0 || p.N == 0) return;
   DeviceGuard guard(ctx.index, "gemm");
-  LtState& lt = lt_state(ctx);
+  LtState& state = lt_state(ctx);
   Descriptors d;
   // Column-major view: D^T[N,M] = opB'(B^T) @ opA'(A^T); cuBLASLt's "A" is our B and its "B" our A.
   const cublasOperation_t op_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (p.epilogue != GemmEpilogue::None) {
     const cublasLtEpilogue_t epi =
         p.epilogue == GemmEpilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
-    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
+    LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
                                                               sizeof(p.bias)));
     const cudaDataType_t bias_type = CUDA_R_32F;  // loom keeps biases in f32
-    LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+    LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                               sizeof(bias_type)));
     if (p.batch > 1) {
       const int64_t bias_stride = 0;  // one bias for every batch
-      LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+      LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
                                                                 &bias_stride, sizeof(bias_stride)));
     }
   }
   const cudaDataType_t in = cuda_type(p.input), out = cuda_type(p.output);
   // Stored (pre-op) shapes, column-major: our row-major X[r, c] with ld is column-major [c, r] with ld.
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.a, in, p.trans_b ? p.K : p.N, p.trans_b ? p.N : p.K, p.ldb));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.b, in, p.trans_a ? p.M : p.K, p.trans_a ? p.K : p.M, p.lda));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&d.c, out, p.N, p.M, p.ldc));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatrixLayoutCreate(&d.a, in, p.trans_b ? p.K : p.N, p.trans_b ? p.N : p.K, p.ldb));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatrixLayoutCreate(&d.b, in, p.trans_a ? p.M : p.K, p.trans_a ? p.K : p.M, p.lda));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatrixLayoutCreate(&d.c, out, p.N, p.M, p.ldc));
   set_batch(d.a, p.batch, p.stride_b);
   set_batch(d.b, p.batch, p.stride_a);
   set_batch(d.c, p.batch, p.stride_c);
 
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceCreate(&d.pref));
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulPreferenceCreate(&d.pref));
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                   &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmulAlgoGetHeuristic(lt.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+  LOOM_CUBLAS_CHECK("gemm", lt().MatmulAlgoGetHeuristic(state.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
                                                             &heuristic, &found));
   LOOM_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for M=", p.M, " N=", p.N, " K=", p.K, " (", p.input,
              " -> ", p.output, ", trans_a=", p.trans_a, " trans_b=", p.trans_b, ", epilogue ",
              static_cast<int>(p.epilogue), ")");
-  LOOM_CUBLAS_CHECK("gemm", cublasLtMatmul(lt.handle, d.op, &p.alpha, p.B, d.a, p.A, d.b, &p.beta, p.C, d.c, p.C,
-                                            d.c, &heuristic.algo, lt.workspace, kWorkspaceBytes, ctx.stream));
+  LOOM_CUBLAS_CHECK("gemm", lt().Matmul(state.handle, d.op, &p.alpha, p.B, d.a, p.A, d.b, &p.beta, p.C, d.c, p.C,
+                                            d.c, &heuristic.algo, state.workspace, kWorkspaceBytes, ctx.stream));
 }
 
 void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -117,7 +117,8 @@ Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContex
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < t; ++i) p[b * t + i] = static_cast<int32_t>(start + i);
   }
-  Tensor x = ops::add(token_embeddings.forward(ids), position_embeddings.forward(positions));
+  // The position ids go where the ids are (a no-op on the CPU), so the lookup runs on the model's device.
+  Tensor x = ops::add(token_embeddings.forward(ids), position_embeddings.forward(positions.to(ids.device())));
   return dropout_at(x, config_.dropout, ctx, ctx.dropout_key.fold_in("embeddings"));
 }
 

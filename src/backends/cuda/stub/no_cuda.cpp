@@ -1,11 +1,19 @@
 // The CUDA backend of a build without the CUDA toolkit: the device queries answer "no GPU", and
 // everything that would touch a GPU throws an error saying so. Chosen by CMake (cmake/cuda.cmake)
 // instead of the backend's sources, so nothing else in loom has an #ifdef.
+#include "backends/cuda/activation.h"
+#include "backends/cuda/attention.h"
 #include "backends/cuda/elementwise.h"
+#include "backends/cuda/embedding.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/graph.h"
 #include "backends/cuda/nccl/nccl_communicator.h"
+#include "backends/cuda/loss.h"
+#include "backends/cuda/moe.h"
 #include "backends/cuda/norm.h"
+#include "backends/cuda/optimizer.h"
+#include "backends/cuda/rope.h"
+#include "backends/cuda/softmax.h"
 #include "backends/cuda/runtime.h"
 #include "core/caching_allocator.h"
 
@@ -37,6 +45,7 @@ void add_forward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not
 void add_inplace(const Context&, float*, const float*, int64_t) { not_built("add_"); }
 void mul_forward(const Context&, float*, const float*, const float*, int64_t) { not_built("mul"); }
 void scale_forward(const Context&, float*, const float*, float, int64_t) { not_built("scale"); }
+void sum_rows(const Context&, const float*, int64_t, int64_t, float*) { not_built("sum_rows"); }
 void convert_f32_to_bf16(const Context&, bf16*, const float*, int64_t) { not_built("to(bf16)"); }
 void convert_bf16_to_f32(const Context&, float*, const bf16*, int64_t) { not_built("to(f32)"); }
 void rms_norm_forward(const Context&, float*, float*, const float*, const float*, int64_t, int64_t, float) {
@@ -53,6 +62,121 @@ void rms_norm_backward(const Context&, bf16*, float*, const bf16*, const bf16*, 
                        int64_t, int64_t) {
   not_built("rms_norm backward");
 }
+void add_rms_norm_forward(const Context&, float*, float*, float*, const float*, const float*, const float*, int64_t,
+                          int64_t, float) {
+  not_built("add_rms_norm");
+}
+void add_rms_norm_forward(const Context&, bf16*, bf16*, float*, const bf16*, const bf16*, const float*, int64_t,
+                          int64_t, float) {
+  not_built("add_rms_norm");
+}
+void add_rms_norm_backward(const Context&, float*, float*, const float*, const float*, const float*, const float*,
+                           const float*, int64_t, int64_t) {
+  not_built("add_rms_norm backward");
+}
+void add_rms_norm_backward(const Context&, bf16*, float*, const bf16*, const bf16*, const bf16*, const float*,
+                           const float*, int64_t, int64_t) {
+  not_built("add_rms_norm backward");
+}
+void layer_norm_forward(const Context&, float*, float*, float*, const float*, const float*, const float*, int64_t,
+                        int64_t, float) {
+  not_built("layer_norm");
+}
+void layer_norm_forward(const Context&, bf16*, float*, float*, const bf16*, const float*, const float*, int64_t,
+                        int64_t, float) {
+  not_built("layer_norm");
+}
+void layer_norm_backward(const Context&, float*, float*, float*, const float*, const float*, const float*,
+                         const float*, const float*, int64_t, int64_t) {
+  not_built("layer_norm backward");
+}
+void layer_norm_backward(const Context&, bf16*, float*, float*, const bf16*, const bf16*, const float*, const float*,
+                         const float*, int64_t, int64_t) {
+  not_built("layer_norm backward");
+}
+IdScan scan_ids(const Context&, const int32_t*, int64_t, int64_t, int64_t, const char* op) { not_built(op); }
+void embedding_forward(const Context&, void*, const int32_t*, const void*, int64_t, int64_t, int64_t, int64_t) {
+  not_built("embedding");
+}
+void embedding_backward(const Context&, float*, const int32_t*, const float*, int64_t, int64_t, int64_t) {
+  not_built("embedding backward");
+}
+void rope_apply(const Context&, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, bool,
+                bool, bool, int64_t) {
+  not_built("rope");
+}
+void softmax_forward(const Context&, float*, const float*, int64_t, int64_t, int64_t) { not_built("softmax"); }
+void softmax_backward(const Context&, float*, const float*, const float*, int64_t, int64_t, int64_t) {
+  not_built("softmax backward");
+}
+void count_targets(const Context&, int64_t*, const int32_t*, int64_t, int32_t) { not_built("cross_entropy"); }
+void cross_entropy_rows(const Context&, double*, float*, const float*, const int32_t*, int64_t, int64_t, int32_t,
+                        const int64_t*) {
+  not_built("cross_entropy");
+}
+void mean_loss(const Context&, float*, const double*, int64_t, const int64_t*) { not_built("cross_entropy"); }
+void scale_by(const Context&, float*, const float*, int64_t) { not_built("cross_entropy backward"); }
+void adamw_update(const Context&, float*, const float*, float*, float*, int64_t, float, float, float, float, float,
+                  double, double, bf16*) {
+  not_built("AdamW");
+}
+void add_sum_of_squares(const Context&, double*, const float*, int64_t) { not_built("global_grad_norm"); }
+void silu_forward(const Context&, float*, const float*, int64_t) { not_built("silu"); }
+void silu_forward(const Context&, bf16*, const bf16*, int64_t) { not_built("silu"); }
+void silu_backward(const Context&, float*, const float*, const float*, int64_t) { not_built("silu backward"); }
+void silu_backward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not_built("silu backward"); }
+void gelu_forward(const Context&, float*, const float*, int64_t, bool) { not_built("gelu"); }
+void gelu_forward(const Context&, bf16*, const bf16*, int64_t, bool) { not_built("gelu"); }
+void gelu_backward(const Context&, float*, const float*, const float*, int64_t, bool) { not_built("gelu backward"); }
+void gelu_backward(const Context&, bf16*, const bf16*, const bf16*, int64_t, bool) { not_built("gelu backward"); }
+void swiglu_forward(const Context&, float*, const float*, const float*, int64_t) { not_built("swiglu"); }
+void swiglu_forward(const Context&, bf16*, const bf16*, const bf16*, int64_t) { not_built("swiglu"); }
+void swiglu_backward(const Context&, float*, float*, const float*, const float*, const float*, int64_t) {
+  not_built("swiglu backward");
+}
+void swiglu_backward(const Context&, bf16*, bf16*, const bf16*, const bf16*, const bf16*, int64_t) {
+  not_built("swiglu backward");
+}
+void dropout_forward(const Context&, float*, const float*, int64_t, float, RngKey) { not_built("dropout"); }
+void dropout_forward(const Context&, bf16*, const bf16*, int64_t, float, RngKey) { not_built("dropout"); }
+void flash_attention_forward(const Context&, const cpu::AttentionProblem&, const float*, const float*, const float*,
+                             float*, float*) {
+  not_built("flash_attention");
+}
+void flash_attention_forward(const Context&, const cpu::AttentionProblem&, const bf16*, const bf16*, const bf16*,
+                             bf16*, float*) {
+  not_built("flash_attention");
+}
+void flash_attention_backward(const Context&, const cpu::AttentionProblem&, const float*, const float*, const float*,
+                              const float*, const float*, const float*, float*, float*, float*) {
+  not_built("flash_attention backward");
+}
+void flash_attention_backward(const Context&, const cpu::AttentionProblem&, const bf16*, const bf16*, const bf16*,
+                              const bf16*, const bf16*, const float*, bf16*, bf16*, bf16*) {
+  not_built("flash_attention backward");
+}
+template <typename T>
+void moe_experts_forward(const Context&, const MoeDeviceDispatch&, const T*, const float*, const T*, const T*,
+                         const T*, int64_t, int64_t, float*, float*, float*) {
+  not_built("moe_experts");
+}
+template <typename T>
+void moe_experts_backward(const Context&, const MoeDeviceDispatch&, const float*, const T*, const float*, const T*,
+                          const T*, const T*, const float*, const float*, int64_t, int64_t, float*, float*, float*,
+                          float*, float*) {
+  not_built("moe_experts backward");
+}
+template void moe_experts_forward<float>(const Context&, const MoeDeviceDispatch&, const float*, const float*,
+                                         const float*, const float*, const float*, int64_t, int64_t, float*, float*,
+                                         float*);
+template void moe_experts_forward<bf16>(const Context&, const MoeDeviceDispatch&, const bf16*, const float*,
+                                        const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*, float*, float*);
+template void moe_experts_backward<float>(const Context&, const MoeDeviceDispatch&, const float*, const float*,
+                                          const float*, const float*, const float*, const float*, const float*,
+                                          const float*, int64_t, int64_t, float*, float*, float*, float*, float*);
+template void moe_experts_backward<bf16>(const Context&, const MoeDeviceDispatch&, const float*, const bf16*,
+                                         const float*, const bf16*, const bf16*, const bf16*, const float*, const float*,
+                                         int64_t, int64_t, float*, float*, float*, float*, float*);
 void gemm(const Context&, const GemmProblem&) { not_built("gemm"); }
 void gemm(const Context&, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
           float, float*, int64_t, const float*, GemmEpilogue) {

@@ -147,7 +147,12 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t 
                                                RngKey key, std::optional<RotaryPositionalEmbedding> rope_,
                                                int64_t num_kv_heads_)
     : MultiHeadSelfAttention(name, d_model_, num_heads_, key,
-                             AttentionOptions{.num_kv_heads = num_kv_heads_, .rope = std::move(rope_)}) {}
+                             [&] {
+                               AttentionOptions o;
+                               o.num_kv_heads = num_kv_heads_;
+                               o.rope = std::move(rope_);
+                               return o;
+                             }()) {}
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t d_model_, int64_t num_heads_,
                                                RngKey key, AttentionOptions o)

@@ -58,11 +58,6 @@ void expect_same_parameters(models::LanguageModel& a, models::LanguageModel& b) 
   }
 }
 
-void copy_dir(const fs::path& from, const fs::path& to) {
-  fs::create_directories(to);
-  for (const auto& e : fs::directory_iterator(from)) fs::copy_file(e.path(), to / e.path().filename());
-}
-
 std::string import_error(const fs::path& dir) {
   try {
     models::import_hf(dir.string());

@@ -1,7 +1,8 @@
-// Device helpers shared by the CUDA kernels: bf16 <-> f32 with the CPU's rounding, block sums, and
+// Device helpers shared by the CUDA kernels: bf16 <-> f32 with the CPU's rounding, block sums and maxima, and
 // loom's counter-based random stream (Philox4x32-10, core/rng.h).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -42,6 +43,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   __syncthreads();
   v = lane < warps ? scratch[lane] : 0.0f;
   return warp_sum(v);
+}
+
+// Max over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread. `scratch`
+// holds 32 floats.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
 }
 
 // random_bits(key, index) of core/rng.cpp, on the device: word index % 4 of the Philox4x32-10 block with

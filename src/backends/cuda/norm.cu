@@ -13,16 +13,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kRowsPerChunk = 32;
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = threadIdx.x % 32 < blockDim.x / 32 ? scratch[threadIdx.x % 32] : 0.0f;
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 // 1 / sqrt(mean(x^2) + eps) of one row, by the whole block. A row whose squares overflow f32 is
 // summed again scaled by 1/max|x| (as the CPU kernel does), so the statistic stays finite.
 template <typename T>

@@ -1,5 +1,6 @@
-// GEMM microbenchmark: oneDNN (loom's cpu::gemm) vs OpenBLAS vs the naive reference, on the shapes the
-// benchmark model uses, plus an FMA-peak estimate to read the GFLOP/s against. Results: docs/gemm.md.
+// GEMM microbenchmark: loom's cpu::gemm on each of its kernels (oneDNN's matmul, loom's blocked AVX2
+// kernel) vs OpenBLAS vs the naive reference, on the shapes the benchmark model uses, plus the FMA peak
+// to read the GFLOP/s against. Results: docs/gemm.md.
 //
 // Legend: T tokens (the GEMM's M in forward), C d_model, F FFN width, V vocab.
 // Threads: LOOM_BENCH_THREADS (default 2) for every library; OpenBLAS's core type follows the
@@ -8,10 +9,6 @@
 //   ./loom_bench_gemm --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_*) with false positives under -Wall.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
 #include <omp.h>
 
 #include <time.h>
@@ -22,7 +19,9 @@
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/loss.h"
+#include "backends/cpu/peak.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 
@@ -80,7 +79,7 @@ void set_counters(benchmark::State& state, const Problem& p, double cpu_seconds)
                  " K=" + std::to_string(p.K));
 }
 
-enum class Lib { OneDnn, OneDnnBf16, OpenBlas, Naive };
+enum class Lib { OneDnn, OneDnnBf16, Blocked, BlockedBf16, OpenBlas, Naive };
 
 void BM_Gemm(benchmark::State& state, Lib lib) {
   const Problem p = problems()[static_cast<size_t>(state.range(0))];
@@ -89,8 +88,15 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
   openblas_set_num_threads(threads);
   const int64_t lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
   std::vector<float> A = random_matrix(p.M * p.K, 1), B = random_matrix(p.K * p.N, 2), C(p.M * p.N);
+  const bool blocked = lib == Lib::Blocked || lib == Lib::BlockedBf16;
+  const bool bf16_operands = lib == Lib::OneDnnBf16 || lib == Lib::BlockedBf16;
+  if (blocked && !cpu::cpu_isa_supported(cpu::CpuIsa::Avx2)) {
+    state.SkipWithError("the blocked kernel needs AVX2 + FMA");
+    return;
+  }
+  cpu::set_gemm_kernel(blocked ? cpu::GemmKernel::Blocked : cpu::GemmKernel::OneDnn);
   std::vector<bf16> A16, B16;
-  if (lib == Lib::OneDnnBf16) {
+  if (bf16_operands) {
     for (float v : A) A16.push_back(bf16::from_float(v));
     for (float v : B) B16.push_back(bf16::from_float(v));
   }
@@ -98,9 +104,11 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
   for (auto _ : state) {
     switch (lib) {
       case Lib::OneDnn:
+      case Lib::Blocked:
         cpu::gemm(p.ta, p.tb, p.M, p.N, p.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), p.N);
         break;
       case Lib::OneDnnBf16:
+      case Lib::BlockedBf16:
         cpu::gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, 1.0f, A16.data(), lda, B16.data(), ldb, 0.0f, C.data(), p.N);
         break;
       case Lib::OpenBlas:
@@ -116,46 +124,21 @@ void BM_Gemm(benchmark::State& state, Lib lib) {
     benchmark::ClobberMemory();
   }
   set_counters(state, p, process_cpu_seconds() - cpu0);
-  if (lib == Lib::OneDnn || lib == Lib::OneDnnBf16) {
+  if (lib != Lib::OpenBlas && lib != Lib::Naive) {
     state.SetLabel(state.counters.empty() ? "" : std::string(p.name) + " M=" + std::to_string(p.M) + " N=" +
                    std::to_string(p.N) + " K=" + std::to_string(p.K) + " [" +
                    cpu::gemm_implementation(p.ta, p.tb, p.M, p.N, p.K,
-                                            lib == Lib::OneDnn ? DType::F32 : DType::BF16) + "]");
+                                            bf16_operands ? DType::BF16 : DType::F32) + "]");
   }
 }
 
-// FMA peak estimate: every thread runs 12 independent chains of 512-bit FMAs (enough to cover the FMA
-// latency on two ports), 32 flops each.
+// The FMA peak, as `loom bench peak` measures it (backends/cpu/peak.h: independent FMA chains on the
+// widest vectors this CPU has), on the benchmark's threads.
 void BM_FmaPeak(benchmark::State& state) {
-#ifndef __AVX512F__
-  state.SkipWithError("fma_peak needs a build with AVX-512 (LOOM_NATIVE=ON on an AVX-512 machine)");
-  return;
-#endif
   const int threads = bench_threads();
-  const int64_t iters = 20'000'000;
-  const double cpu0 = process_cpu_seconds();
-  for (auto _ : state) {
-    float sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-#ifdef __AVX512F__
-      __m512 acc[12];
-      for (auto& a : acc) a = _mm512_set1_ps(0.0f);
-      const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-6f);
-      for (int64_t i = 0; i < iters; ++i) {
-        for (auto& a : acc) a = _mm512_fmadd_ps(a, x, y);
-      }
-      __m512 s = acc[0];
-      for (int j = 1; j < 12; ++j) s = _mm512_add_ps(s, acc[j]);
-      sink += _mm512_reduce_add_ps(s);
-#endif
-    }
-    benchmark::DoNotOptimize(sink);
-  }
-  const double flops = threads * iters * 12.0 * 32.0;
-  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs_cpu"] = flops * 1e-9 * static_cast<double>(state.iterations()) * threads /
-                                 std::max(process_cpu_seconds() - cpu0, 1e-9);
+  double gflops = 0;
+  for (auto _ : state) gflops = std::max(gflops, cpu::measure_fma_peak(threads, 0.2).gflops);
+  state.counters["GFLOPs_best"] = gflops;
 }
 
 // The fused cross-entropy on the LM head's logits [T, V] (it follows the biggest GEMM): forward with the
@@ -198,8 +181,10 @@ void register_all() {
   const int n = static_cast<int>(problems().size());
   for (int i = 0; i < n; ++i) {
     benchmark::RegisterBenchmark("onednn_f32", BM_Gemm, Lib::OneDnn)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("blocked_f32", BM_Gemm, Lib::Blocked)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("openblas_f32", BM_Gemm, Lib::OpenBlas)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("onednn_bf16", BM_Gemm, Lib::OneDnnBf16)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("blocked_bf16", BM_Gemm, Lib::BlockedBf16)->Arg(i)->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   // The naive loop only on the smallest layer: it is ~1000x slower.
   benchmark::RegisterBenchmark("naive_f32", BM_Gemm, Lib::Naive)->Arg(0)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -1,13 +1,17 @@
-// cpu::gemm (oneDNN) against the naive reference GEMM: every transpose combination, odd sizes, padded
-// leading dimensions, alpha/beta, bias, batches, bf16, the cache and determinism.
+// cpu::gemm against the naive reference GEMM: every transpose combination, odd sizes, padded leading
+// dimensions, alpha/beta, bias, batches, bf16, the cache and determinism. The suite runs on the kernel this
+// CPU gets by default; tests/CMakeLists.txt runs it again with each kernel forced (LOOM_GEMM), and the
+// Gemm.Blocked* tests below drive loom's blocked kernel across its block edges on any AVX2 CPU.
 #include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/isa.h"
 #include "core/parallel.h"
 #include "support/op_test.h"
 
@@ -36,6 +40,18 @@ void expect_near_all(const std::vector<float>& got, const std::vector<float>& wa
 struct Case {
   int64_t M, N, K;
 };
+
+// Runs a scope on one GEMM kernel and restores the choice after.
+class ScopedGemmKernel {
+ public:
+  explicit ScopedGemmKernel(cpu::GemmKernel kernel) : previous_(cpu::gemm_kernel()) { cpu::set_gemm_kernel(kernel); }
+  ~ScopedGemmKernel() { cpu::set_gemm_kernel(previous_); }
+
+ private:
+  cpu::GemmKernel previous_;
+};
+
+bool blocked_kernel_runs_here() { return cpu::cpu_isa_supported(cpu::CpuIsa::Avx2); }
 
 }  // namespace
 
@@ -141,6 +157,7 @@ TEST(Gemm, Bf16MatchesReferenceOnTheSameBf16Inputs) {
 }
 
 TEST(Gemm, RepeatedShapesReuseTheCachedPrimitive) {
+  ScopedGemmKernel onednn(cpu::GemmKernel::OneDnn);  // the cache is oneDNN's
   auto A = random_vec(19 * 23, 1), B = random_vec(23 * 29, 2);
   std::vector<float> C(19 * 29);
   cpu::gemm(false, false, 19, 29, 23, 1.0f, A.data(), 23, B.data(), 29, 0.0f, C.data(), 29);
@@ -249,4 +266,145 @@ TEST(Gemm, SmallSerialCallsLeaveTheCallersThreadCountAlone) {
   cpu::gemm_reference(false, false, 8, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, want.data(), 8);
   expect_near_all(C, want, 1e-5f, 1e-5f, "small");
   set_num_threads(before);
+}
+
+// ---- loom's blocked kernel (gemm_blocked.h) ---------------------------------------------------------
+
+TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
+  if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  // Edges of every block: M past one 96-row block with a partial 6-row panel, K past one 256 block, N
+  // past one 2048-column block with a partial 16-column panel, and a problem smaller than one tile.
+  const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}};
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 0.5f}}) {
+          const int64_t lda = (ta ? c.M : c.K) + 3, ldb = (tb ? c.K : c.N) + 5, ldc = c.N + 7;
+          auto A = random_vec((ta ? c.K : c.M) * lda, seed++);
+          auto B = random_vec((tb ? c.N : c.K) * ldb, seed++);
+          auto C0 = random_vec(c.M * ldc, seed++);
+          auto got = C0, want = C0;
+          cpu::gemm(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+          cpu::gemm_reference(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+          expect_near_all(got, want, 1e-3f, 1e-4f,
+                          "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                              " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta));
+          // The padding between rows of C is not C's: it must be left as it was.
+          for (int64_t m = 0; m < c.M; ++m)
+            for (int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(got[m * ldc + n], C0[m * ldc + n]) << "padding m=" << m;
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, BlockedBiasBetaZeroOverNaNAndBf16) {
+  if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  const int64_t M = 101, N = 37, K = 520;
+  auto A = random_vec(M * K, 201), B = random_vec(N * K, 202), bias = random_vec(N, 203);
+  // Bias on every row; beta = 0 over NaN: the NaN must not leak in (K spans three blocks).
+  std::vector<float> got(M * N, NAN), want(M * N, 0.0f);
+  cpu::gemm_bias(false, true, M, N, K, A.data(), K, B.data(), K, bias.data(), 0.0f, got.data(), N);
+  cpu::gemm_reference(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, want.data(), N);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) want[m * N + n] += bias[n];
+  expect_near_all(got, want, 1e-3f, 1e-4f, "bias over NaN");
+  // bf16 operands are widened while packed: exact products, so the reference on the same bf16 values.
+  std::vector<bf16> Ab, Bb;
+  for (float v : A) Ab.push_back(bf16::from_float(v));
+  for (float v : B) Bb.push_back(bf16::from_float(v));
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      std::vector<float> g(M * N, 1.0f), w(M * N, 1.0f);
+      cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, g.data(), N);
+      cpu::gemm_reference_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, w.data(), N);
+      expect_near_all(g, w, 1e-3f, 1e-4f, "bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  }
+  EXPECT_EQ(cpu::gemm_implementation(false, true, M, N, K, DType::BF16).rfind("loom blocked", 0), 0u);
+}
+
+TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
+  if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
+  const int64_t M = 250, N = 300, K = 700;
+  auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
+  const int before = num_threads();
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::vector<float> C(M * N);
+    cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    results.push_back(C);
+  }
+  set_num_threads(before);
+  EXPECT_EQ(results[0], results[1]) << "1 vs 2 threads";
+  EXPECT_EQ(results[0], results[2]) << "1 vs 3 threads";
+  // From inside a parallel region (one thread per call), and as entries of a batch (both batch paths).
+  std::vector<float> nested(2 * M * N);
+#pragma omp parallel for num_threads(2)
+  for (int i = 0; i < 2; ++i)
+    cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, nested.data() + i * M * N, N);
+  EXPECT_EQ(std::vector<float>(nested.begin(), nested.begin() + M * N), results[0]) << "nested";
+  EXPECT_EQ(std::vector<float>(nested.begin() + M * N, nested.end()), results[0]) << "nested";
+  for (int64_t batch : {2, 16}) {  // A repeated per entry, B shared
+    std::vector<float> As;
+    for (int64_t b = 0; b < batch; ++b) As.insert(As.end(), A.begin(), A.end());
+    std::vector<float> C(batch * M * N);
+    cpu::gemm_batched(false, false, batch, M, N, K, 0.5f, As.data(), K, M * K, B.data(), N, 0, 0.0f, C.data(), N,
+                      M * N);
+    for (int64_t b = 0; b < batch; ++b)
+      EXPECT_EQ(std::vector<float>(C.begin() + b * M * N, C.begin() + (b + 1) * M * N), results[0])
+          << "batch " << batch << " entry " << b;
+  }
+}
+
+TEST(Gemm, BlockedBatchedManySmallEntries) {
+  if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  // Per-head shapes: many entries, each run whole on one thread; A shared (stride 0) in one pass.
+  const int64_t batch = 24, M = 40, N = 24, K = 33;
+  for (int shared_a = 0; shared_a < 2; ++shared_a) {
+    for (int ta = 0; ta < 2; ++ta) {
+      const int64_t lda = ta ? M : K, sa = shared_a ? 0 : M * K + 3, sb = K * N + 1, sc = M * N + 2;
+      auto A = random_vec(shared_a ? M * K : batch * sa, 401), B = random_vec(batch * sb, 402);
+      auto C0 = random_vec(batch * sc, 403);
+      auto got = C0, want = C0;
+      cpu::gemm_batched(ta, false, batch, M, N, K, 1.0f, A.data(), lda, sa, B.data(), N, sb, 1.0f, got.data(), N, sc);
+      for (int64_t b = 0; b < batch; ++b)
+        cpu::gemm_reference(ta, false, M, N, K, 1.0f, A.data() + b * sa, lda, B.data() + b * sb, N, 1.0f,
+                            want.data() + b * sc, N);
+      expect_near_all(got, want, 1e-3f, 1e-4f, "shared_a=" + std::to_string(shared_a) + " ta=" + std::to_string(ta));
+    }
+  }
+}
+
+TEST(Gemm, KernelChoiceErrorsNameTheValue) {
+  try {
+    cpu::parse_gemm_kernel("mkl");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'mkl'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto, onednn, blocked"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cpu::parse_gemm_kernel("onednn"), cpu::GemmKernel::OneDnn);
+  EXPECT_EQ(cpu::parse_gemm_kernel("auto"), cpu::GemmKernel::Auto);
+}
+
+TEST(Gemm, AutoTakesTheBlockedKernelForBf16WhereOneDnnHasNoBf16Kernels) {
+  ScopedGemmKernel automatic(cpu::GemmKernel::Auto);
+  EXPECT_EQ(cpu::gemm_implementation(false, true, 64, 96, 80, DType::F32).rfind("loom blocked", 0), std::string::npos);
+  const std::string bf16_impl = cpu::gemm_implementation(false, true, 64, 96, 80, DType::BF16);
+  if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
+  // Where oneDNN has bf16 kernels (AVX-512 BF16, AMX) they run; otherwise the blocked kernel widens.
+  const bool onednn_bf16 = bf16_impl.rfind("loom blocked", 0) != 0 && bf16_impl.rfind("bf16 widened", 0) != 0;
+  if (!onednn_bf16) EXPECT_EQ(bf16_impl.rfind("loom blocked", 0), 0u) << bf16_impl;
+  // Decode-sized f32 problems stay on oneDNN even when the blocked kernel is chosen.
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  EXPECT_EQ(cpu::gemm_implementation(false, true, 4, 96, 80, DType::F32).rfind("loom blocked", 0), std::string::npos);
 }

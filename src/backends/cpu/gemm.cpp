@@ -6,6 +6,8 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -13,6 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cpu/gemm_blocked.h"
+#include "backends/cpu/isa.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -203,9 +207,65 @@ int64_t operand_extent(int64_t batch, int64_t stride, int64_t rows, int64_t ld) 
 
 void execute(GemmKey key, const void* A, const void* B, const float* bias, float* C);
 
+// The kernel set by set_gemm_kernel; -1 while none is (then LOOM_GEMM, else Auto).
+std::atomic<int> g_kernel_override{-1};
+
+GemmKernel kernel_from_env() {
+  static const GemmKernel from_env = [] {
+    const char* env = std::getenv("LOOM_GEMM");
+    return env == nullptr || *env == '\0' ? GemmKernel::Auto : parse_gemm_kernel(env);
+  }();
+  return from_env;
+}
+
+// Decode-sized f32 problems (a few rows) stay on oneDNN: packing all of B for one row costs as much as
+// the product itself, and oneDNN's GEMV reads B once.
+constexpr int64_t kBlockedMinRows = 8;
+
+bool use_blocked(const GemmKey& k) {
+  switch (gemm_kernel()) {
+    case GemmKernel::Blocked:
+      return k.M >= kBlockedMinRows;
+    case GemmKernel::OneDnn:
+      return false;
+    case GemmKernel::Auto:
+      // f32: oneDNN, whose AVX2 and AVX-512 kernels the blocked kernel only matches (docs/gemm.md). bf16
+      // on a CPU without oneDNN bf16 kernels: the blocked kernel, whatever the rows, since oneDNN would
+      // first copy both operands to f32 in full; the blocked kernel widens them while it packs.
+      return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);
+  }
+  return false;
+}
+
+void run_blocked(const GemmKey& key, const void* A, const void* B, const float* bias, float* C) {
+  BlockedGemm g;
+  g.trans_a = key.trans_a;
+  g.trans_b = key.trans_b;
+  g.bf16 = key.dtype == DType::BF16;
+  g.batch = key.batch;
+  g.M = key.M;
+  g.N = key.N;
+  g.K = key.K;
+  g.alpha = key.alpha;
+  g.beta = key.beta;
+  g.A = A;
+  g.lda = key.lda;
+  g.stride_a = key.batch > 1 ? key.stride_a : 0;
+  g.B = B;
+  g.ldb = key.ldb;
+  g.stride_b = key.batch > 1 ? key.stride_b : 0;
+  g.bias = key.bias ? bias : nullptr;
+  g.C = C;
+  g.ldc = key.ldc;
+  g.stride_c = key.batch > 1 ? key.stride_c : 0;
+  g.threads = key.threads;
+  isa_avx2::blocked_gemm(g);
+}
+
 void run(GemmKey key, const void* A, const void* B, const float* bias, float* C) {
   const bool empty = key.batch == 0 || key.M == 0 || key.N == 0 || key.K == 0;
-  if (key.dtype != DType::BF16 || bf16_kernels_available() || empty) return execute(key, A, B, bias, C);
+  if (key.dtype != DType::BF16 || bf16_kernels_available() || empty || use_blocked(key))
+    return execute(key, A, B, bias, C);  // the blocked kernel widens bf16 while it packs
   check_problem(key);
   // Same bf16 values, exact f32 products: only the speed differs from a native bf16 kernel.
   thread_local std::vector<float> wide_a, wide_b;
@@ -228,6 +288,14 @@ void execute(GemmKey key, const void* A, const void* B, const float* bias, float
     return;
   }
   if (key.batch == 1) key.stride_a = key.stride_b = key.stride_c = 0;
+  if (use_blocked(key)) {
+    // The same thread rule as oneDNN's below; the blocked kernel sizes its own parallel region.
+    const double flops = 2.0 * static_cast<double>(key.batch) * static_cast<double>(key.M) *
+                         static_cast<double>(key.N) * static_cast<double>(key.K);
+    key.threads = (omp_in_parallel() || flops < kSerialFlops) ? 1 : num_threads();
+    run_blocked(key, A, B, bias, C);
+    return;
+  }
   // oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP setting.
   // Problems under kSerialFlops run on one thread: waking a second thread costs more than it saves,
   // and on a busy machine a parallel region can wait a whole time slice for a descheduled thread
@@ -384,12 +452,49 @@ void sum_rows(const float* x, int64_t M, int64_t N, float* out) {
 
 GemmCacheStats gemm_cache_stats() { return GemmCache::instance().stats(); }
 
+GemmKernel gemm_kernel() {
+  const int chosen = g_kernel_override.load(std::memory_order_relaxed);
+  return chosen >= 0 ? static_cast<GemmKernel>(chosen) : kernel_from_env();
+}
+
+void set_gemm_kernel(GemmKernel kernel) {
+  LOOM_CHECK(kernel != GemmKernel::Blocked || cpu_isa_supported(CpuIsa::Avx2),
+             "gemm: the blocked kernel needs a CPU with AVX2 and FMA; this one has ", cpu_isa_name(cpu_isa()));
+  g_kernel_override.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
+
+const char* gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::Auto:
+      return "auto";
+    case GemmKernel::OneDnn:
+      return "onednn";
+    case GemmKernel::Blocked:
+      return "blocked";
+  }
+  return "?";
+}
+
+GemmKernel parse_gemm_kernel(const char* text) {
+  const std::string t = text != nullptr ? text : "";
+  if (t == "auto") return GemmKernel::Auto;
+  if (t == "onednn") return GemmKernel::OneDnn;
+  if (t == "blocked") {
+    LOOM_CHECK(cpu_isa_supported(CpuIsa::Avx2), "LOOM_GEMM=blocked needs a CPU with AVX2 and FMA; this one has ",
+               cpu_isa_name(cpu_isa()));
+    return GemmKernel::Blocked;
+  }
+  LOOM_FAIL("gemm kernel '", t, "' is not one of: auto, onednn, blocked (LOOM_GEMM)");
+}
+
 std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType dtype) {
   LOOM_CHECK(dtype == DType::F32 || dtype == DType::BF16, "gemm_implementation: dtype ", dtype,
              " is not f32 or bf16");
   GemmKey k = make_key(trans_a, trans_b, 1, M, N, K, 1.0f, trans_a ? M : K, 0, trans_b ? K : N, 0, 0.0f, N, 0,
                        dtype, false);
   check_problem(k);
+  if (use_blocked(k)) return dtype == DType::BF16 ? "loom blocked avx2 6x16, bf16 widened while packing"
+                                                  : "loom blocked avx2 6x16";
   k.threads = (omp_in_parallel() || 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <
                                         kSerialFlops)
                   ? 1

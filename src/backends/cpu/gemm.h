@@ -1,5 +1,6 @@
-// CPU GEMM: BLAS-style entry points backed by oneDNN's matmul primitive, plus the naive reference GEMM
-// that the tests use as the oracle. Measurements and the choice of oneDNN: docs/gemm.md.
+// CPU GEMM: BLAS-style entry points backed by oneDNN's matmul primitive or loom's own blocked kernel
+// (gemm_blocked.h; which one: GemmKernel below), plus the naive reference GEMM that the tests use as the
+// oracle. Measurements and the choice: docs/gemm.md.
 //
 // Legend: M rows of C, N columns of C, K the reduction; all matrices are row-major.
 //
@@ -75,7 +76,20 @@ struct GemmCacheStats {
 };
 GemmCacheStats gemm_cache_stats();
 
-// The oneDNN implementation chosen for a problem (e.g. "brg:avx512_core"), for benchmarks and docs.
+// Which kernel runs the GEMMs: oneDNN's matmul, or loom's blocked AVX2 kernel (gemm_blocked.h).
+//   Auto (the default): oneDNN for f32 everywhere (the blocked kernel only matches it, docs/gemm.md);
+//        for bf16 operands on a CPU where oneDNN has no bf16 kernels (AVX2 only: Zen 1-3, Haswell to
+//        Alder Lake), the blocked kernel, which widens them while packing instead of copying both to f32.
+//   OneDnn, Blocked: every GEMM on that kernel (Blocked needs AVX2 + FMA).
+// LOOM_GEMM=auto|onednn|blocked sets it for the process, set_gemm_kernel for tests and benchmarks.
+// Under Blocked, f32 problems of fewer than 8 rows (decoding) still run on oneDNN.
+enum class GemmKernel { Auto, OneDnn, Blocked };
+GemmKernel gemm_kernel();
+void set_gemm_kernel(GemmKernel kernel);  // Blocked: an error naming the CPU if it lacks AVX2 + FMA
+const char* gemm_kernel_name(GemmKernel kernel);
+GemmKernel parse_gemm_kernel(const char* text);  // "auto", "onednn" or "blocked"; an error naming the text
+
+// The implementation chosen for a problem (e.g. "brg:avx512_core"), for benchmarks and docs.
 // dtype is F32 or BF16.
 std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType dtype);
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,7 @@
 
 #include "backends/cpu/activation.h"
 #include "backends/cpu/attention.h"
+#include "backends/cpu/gemm_blocked.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/rope.h"
 #include "core/allocator.h"

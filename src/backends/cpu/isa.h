@@ -8,6 +8,8 @@
 //   isa_avx2.cpp    + AVX2 and FMA (Haswell, Zen 1-3): 8-float registers, the 6x16 attention tile;
 //   isa_avx512.cpp  + AVX-512 F/BW/VL/DQ (Skylake-X, Sapphire Rapids, Zen 4/5): 16-float registers.
 // dispatch.cpp holds the families' API functions; each calls the copy cpu_isa() names.
+// isa_avx2.cpp also holds the blocked GEMM (gemm_blocked.h), which exists only as that copy: gemm.cpp
+// calls it directly when it chooses it (gemm.h, GemmKernel), on CPUs with AVX2 whatever cpu_isa() says.
 //
 // The choice: LOOM_CPU_ISA=scalar|avx2|avx512 if set (an error if this CPU cannot run it: the tests use
 // it to run one variant on purpose), else the widest the CPU and the OS support (CPUID, and XGETBV for

@@ -1,5 +1,5 @@
-// Every header the per-instruction-set kernel bodies (activation.inc, attention.inc) use, included by
-// isa_<name>.cpp BEFORE they set their compilation target. Why: a function gets the target in force
+// Every header the per-instruction-set kernel bodies (activation.inc, attention.inc, gemm_blocked.inc) use,
+// included by isa_<name>.cpp BEFORE they set their compilation target. Why: a function gets the target in force
 // where it is declared. Standard-library and loom inline functions and templates declared here keep
 // the build's baseline target in every copy, so the linker's one kept copy of, say,
 // std::vector<float>::resize can never be an AVX-512 one that an AVX2-only CPU would fault on.

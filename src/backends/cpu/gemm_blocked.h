@@ -10,7 +10,7 @@
 // Blocking (cache level each block is sized for, on Zen 3: 32 KiB L1d, 512 KiB L2):
 //   K is cut into blocks of kKC; a 16-column panel of op(B) for one K block is kKC x 16 floats (16 KiB, L1);
 //   the 6-row panels of op(A) for one K block and kMC rows are kMC x kKC floats (L2);
-//   op(B) is packed kNC columns at a time (shared by all threads, L3).
+//   op(B) is packed kNC columns x one K block at a time (shared by all threads: 2 MiB, L3).
 // Packing widens bf16 inputs to f32 (exact), so a bf16 GEMM costs the same as an f32 one here.
 //
 // Results: every element of C is the same sequence of operations whatever the thread count, the

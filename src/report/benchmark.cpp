@@ -1,10 +1,12 @@
 #include "report/benchmark.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/peak.h"
 #include "core/allocator.h"
 #include "core/parallel.h"
@@ -44,7 +46,7 @@ std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
                       {"flops_per_token", flops_per_token}, {"gflops", gflops}, {"peak_gflops", peak_gflops},
                       {"mfu", mfu}, {"start_rss_mib", start_rss_mib},
-                      {"peak_rss_mib", peak_rss_mib}, {"tensor_peak_mib", tensor_peak_mib}, {"threads", threads}, {"precision", precision}, {"final_loss", final_loss}};
+                      {"peak_rss_mib", peak_rss_mib}, {"tensor_peak_mib", tensor_peak_mib}, {"threads", threads}, {"precision", precision}, {"gemm", gemm}, {"final_loss", final_loss}};
   return j.dump();
 }
 
@@ -111,6 +113,8 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   r.start_rss_mib = start_rss_mib;
   r.peak_rss_mib = peak_rss_mib;
   r.tensor_peak_mib = tensor_peak_mib;
+  const int64_t width = std::max<int64_t>(stats.attention_width, 1);
+  r.gemm = cpu::gemm_implementation(false, true, B * T, width, width, options.bf16 ? DType::BF16 : DType::F32);
   return r;
 }
 

@@ -38,6 +38,9 @@ struct TrainBenchResult {
                                // activations alive at once), over the model's build and all steps
   int threads = 0;
   std::string precision = "f32";
+  // The GEMM implementation that ran the model's square projections ([B*T, W] x [W, W], W = heads x
+  // head width) in this precision: which oneDNN kernel, or loom's blocked kernel (backends/cpu/gemm.h).
+  std::string gemm;
   std::string to_json() const;
 };
 

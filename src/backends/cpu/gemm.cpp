@@ -155,6 +155,16 @@ class GemmCache {
 // Below this many flops (~10 us of one core) a GEMM runs single-threaded.
 constexpr double kSerialFlops = 4.0e6;
 
+// The threads a problem runs on, whichever kernel runs it: one inside a parallel region or under
+// kSerialFlops (waking a second thread costs more than it saves, and on a busy machine a parallel
+// region can wait a whole time slice for a descheduled thread: gradchecks of small matmuls ran 5-100x
+// slower on 2 threads than on 1 here), else loom::num_threads().
+int threads_for(const GemmKey& k) {
+  const double flops = 2.0 * static_cast<double>(k.batch) * static_cast<double>(k.M) * static_cast<double>(k.N) *
+                       static_cast<double>(k.K);
+  return (omp_in_parallel() || flops < kSerialFlops) ? 1 : num_threads();
+}
+
 void check_problem(const GemmKey& k) {
   LOOM_CHECK(k.M >= 0 && k.N >= 0 && k.K >= 0 && k.batch >= 0, "gemm: negative size M=", k.M, " N=", k.N,
              " K=", k.K, " batch=", k.batch);
@@ -288,24 +298,15 @@ void execute(GemmKey key, const void* A, const void* B, const float* bias, float
     return;
   }
   if (key.batch == 1) key.stride_a = key.stride_b = key.stride_c = 0;
+  key.threads = threads_for(key);
   if (use_blocked(key)) {
-    // The same thread rule as oneDNN's below; the blocked kernel sizes its own parallel region.
-    const double flops = 2.0 * static_cast<double>(key.batch) * static_cast<double>(key.M) *
-                         static_cast<double>(key.N) * static_cast<double>(key.K);
-    key.threads = (omp_in_parallel() || flops < kSerialFlops) ? 1 : num_threads();
-    run_blocked(key, A, B, bias, C);
+    run_blocked(key, A, B, bias, C);  // it sizes its own parallel region from key.threads
     return;
   }
   // oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP setting.
-  // Problems under kSerialFlops run on one thread: waking a second thread costs more than it saves,
-  // and on a busy machine a parallel region can wait a whole time slice for a descheduled thread
-  // (gradchecks of small matmuls ran 5-100x slower on 2 threads than on 1 here).
   const bool nested = omp_in_parallel();
   const int caller_threads = num_threads();
-  const double flops = 2.0 * static_cast<double>(key.batch) * static_cast<double>(key.M) *
-                       static_cast<double>(key.N) * static_cast<double>(key.K);
-  const bool serial = flops < kSerialFlops;
-  key.threads = (nested || serial) ? 1 : caller_threads;
+  const bool serial = !nested && key.threads == 1;
   if (!nested && omp_get_max_threads() != key.threads) omp_set_num_threads(key.threads);
   struct RestoreThreads {  // a serial call leaves the caller's OpenMP setting as it found it
     bool active;
@@ -495,10 +496,7 @@ std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N
   check_problem(k);
   if (use_blocked(k)) return dtype == DType::BF16 ? "loom blocked avx2 6x16, bf16 widened while packing"
                                                   : "loom blocked avx2 6x16";
-  k.threads = (omp_in_parallel() || 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <
-                                        kSerialFlops)
-                  ? 1
-                  : num_threads();
+  k.threads = threads_for(k);
   if (dtype == DType::BF16 && !bf16_kernels_available()) {
     k.dtype = DType::F32;
     return std::string("bf16 widened to f32, ") + GemmCache::instance().get(k).pd.impl_info_str();

@@ -403,8 +403,32 @@ TEST(Gemm, AutoTakesTheBlockedKernelForBf16WhereOneDnnHasNoBf16Kernels) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   // Where oneDNN has bf16 kernels (AVX-512 BF16, AMX) they run; otherwise the blocked kernel widens.
   const bool onednn_bf16 = bf16_impl.rfind("loom blocked", 0) != 0 && bf16_impl.rfind("bf16 widened", 0) != 0;
-  if (!onednn_bf16) EXPECT_EQ(bf16_impl.rfind("loom blocked", 0), 0u) << bf16_impl;
+  if (!onednn_bf16) {
+    EXPECT_EQ(bf16_impl.rfind("loom blocked", 0), 0u) << bf16_impl;
+  }
   // Decode-sized f32 problems stay on oneDNN even when the blocked kernel is chosen.
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
   EXPECT_EQ(cpu::gemm_implementation(false, true, 4, 96, 80, DType::F32).rfind("loom blocked", 0), std::string::npos);
+}
+
+// f32 stays on oneDNN except for the weight-gradient shapes its AVX2 kernel is slow at (docs/gemm.md):
+// A^T B with a 256..512 output and K >= 1024, on a CPU whose best ISA is AVX2.
+TEST(Gemm, AutoTakesTheBlockedKernelForTheF32ShapesOneDnnIsSlowAtOnAvx2) {
+  ScopedGemmKernel automatic(cpu::GemmKernel::Auto);
+  auto blocked = [](bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    return cpu::gemm_implementation(ta, tb, M, N, K, DType::F32).rfind("loom blocked", 0) == 0;
+  };
+  // Forward and input-gradient products, larger outputs, short K: oneDNN everywhere.
+  EXPECT_FALSE(blocked(false, true, 2048, 512, 512));
+  EXPECT_FALSE(blocked(false, false, 2048, 512, 512));
+  EXPECT_FALSE(blocked(true, false, 640, 512, 2048));
+  EXPECT_FALSE(blocked(true, false, 512, 512, 512));
+  EXPECT_FALSE(blocked(true, false, 128, 512, 2048));
+  const bool weight_gradient = blocked(true, false, 512, 512, 2048);
+  if (cpu::cpu_isa() == cpu::CpuIsa::Avx2) {
+    EXPECT_TRUE(weight_gradient);
+    EXPECT_TRUE(blocked(true, false, 256, 384, 1024));
+  } else {
+    EXPECT_FALSE(weight_gradient) << "only measured against oneDNN's AVX2 kernel";
+  }
 }

@@ -232,6 +232,16 @@ GemmKernel kernel_from_env() {
 // the product itself, and oneDNN's GEMV reads B once.
 constexpr int64_t kBlockedMinRows = 8;
 
+// oneDNN 2.6's AVX2 f32 kernel (gemm:jit) on weight-gradient products, C = A^T B, whose output is
+// 256..512 on both sides and whose inner dimension is long (K >= 1024: the batch's rows): measured on
+// Zen 3 at 0.55-0.85x the blocked kernel's rate (medians of 5 interleaved runs, 1 and 2 threads; 640
+// and up, 128, and the other transpositions at 0.85-1.1x: docs/gemm.md). These are the q/k/v/output
+// projections' dW in a d_model-512 model, 16 GEMMs of a CS336 step.
+bool onednn_avx2_is_slow_at(const GemmKey& k) {
+  const bool output_256_to_512 = k.M >= 256 && k.M <= 512 && k.N >= 256 && k.N <= 512;
+  return k.trans_a && !k.trans_b && output_256_to_512 && k.K >= 1024;
+}
+
 bool use_blocked(const GemmKey& k) {
   switch (gemm_kernel()) {
     case GemmKernel::Blocked:
@@ -239,9 +249,11 @@ bool use_blocked(const GemmKey& k) {
     case GemmKernel::OneDnn:
       return false;
     case GemmKernel::Auto:
-      // f32: oneDNN, whose AVX2 and AVX-512 kernels the blocked kernel only matches (docs/gemm.md). bf16
-      // on a CPU without oneDNN bf16 kernels: the blocked kernel, whatever the rows, since oneDNN would
-      // first copy both operands to f32 in full; the blocked kernel widens them while it packs.
+      // f32: oneDNN, whose AVX2 and AVX-512 kernels the blocked kernel only matches (docs/gemm.md),
+      // except for the shapes where oneDNN's AVX2 kernel is measurably slow. bf16 on a CPU without oneDNN
+      // bf16 kernels: the blocked kernel, whatever the rows, since oneDNN would first copy both operands
+      // to f32 in full; the blocked kernel widens them while it packs.
+      if (k.dtype == DType::F32) return cpu_isa() == CpuIsa::Avx2 && onednn_avx2_is_slow_at(k);
       return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);
   }
   return false;

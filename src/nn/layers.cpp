@@ -77,6 +77,18 @@ LayerNorm::LayerNorm(const std::string& name, int64_t dim, float eps_)
 
 Tensor LayerNorm::forward(const Tensor& x) const { return ops::layer_norm(x, weight.value, bias.value, eps); }
 
+Tensor LayerNorm::forward(const Tensor& x, std::initializer_list<const Parameter*> reader_weights) const {
+  return ops::layer_norm(x, weight.value, bias.value, eps, mixed_output_dtype(bf16_output, x, reader_weights));
+}
+
+DType mixed_output_dtype(bool bf16_output, const Tensor& x, std::initializer_list<const Parameter*> reader_weights) {
+  if (!bf16_output || x.dtype() != DType::F32 || !x.device().is_cpu()) return x.dtype();
+  for (const Parameter* w : reader_weights) {
+    if (w->dist) return x.dtype();
+  }
+  return DType::BF16;
+}
+
 RMSNorm::RMSNorm(const std::string& name, int64_t dim, float eps_)
     : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),
       eps(eps_) {}
@@ -85,6 +97,10 @@ Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight.
 
 Tensor RMSNorm::forward(const Tensor& x, const Linear& reader) const {
   return ops::rms_norm(x, weight.value, eps, output_dtype(x, reader));
+}
+
+Tensor RMSNorm::forward(const Tensor& x, std::initializer_list<const Parameter*> reader_weights) const {
+  return ops::rms_norm(x, weight.value, eps, mixed_output_dtype(bf16_output, x, reader_weights));
 }
 
 SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key)
@@ -106,7 +122,8 @@ SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey ke
 }
 
 Tensor SwiGLU::forward(const Tensor& x) const {
-  return w2.forward(ops::swiglu(w1.forward(x), w3.forward(x)));
+  Tensor gate = w1.forward(x), up = w3.forward(x);
+  return w2.forward(ops::swiglu(gate, up, mixed_output_dtype(bf16_output, gate, {&w2.weight})));
 }
 
 RotaryPositionalEmbedding::RotaryPositionalEmbedding(float theta_, int64_t head_dim_, int64_t max_seq_len_,

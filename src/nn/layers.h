@@ -5,6 +5,7 @@
 // key.fold_in(parameter name), so initial weights do not depend on construction order.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,13 @@ class Embedding : public Module {
   Parameter& weight;
 };
 
+// Mixed precision: the dtype of an activation computed from x for the bf16 GEMMs (and only those) that
+// multiply it by `reader_weights`. bf16 when `bf16_output` is set, x is f32 on the CPU (the mixed-dtype
+// kernels are CPU-only so far) and no reader's weight is sharded (dist::sharded_linear's backward
+// multiplies its saved input in f32); else x's dtype. The producing op rounds once, as the GEMM would
+// have: the same values, one conversion pass fewer, and the saved activation is the bf16 one.
+DType mixed_output_dtype(bool bf16_output, const Tensor& x, std::initializer_list<const Parameter*> reader_weights);
+
 // weight (gain): [C], initialised to 1.
 class RMSNorm : public Module {
  public:
@@ -56,13 +64,13 @@ class RMSNorm : public Module {
   float eps;
   // Mixed precision: an f32 x gives a bf16 y, for the bf16 GEMMs (and only those) that read it.
   bool bf16_output = false;
-  // The dtype y gets for x (ops::rms_norm's y_dtype), given the layer that reads y: f32 when that
-  // layer's weight is sharded, since dist::sharded_linear's backward (fsdp_linear) multiplies the saved
-  // input in f32.
+  // The dtype y gets for x (ops::rms_norm's y_dtype), given the layer that reads y (mixed_output_dtype).
   DType output_dtype(const Tensor& x, const Linear& reader) const {
-    return bf16_output && !reader.weight.dist && x.dtype() == DType::F32 ? DType::BF16 : x.dtype();
+    return mixed_output_dtype(bf16_output, x, {&reader.weight});
   }
   Tensor forward(const Tensor& x, const Linear& reader) const;  // forward, y's dtype as output_dtype's
+  // The same for y read by several layers' GEMMs, given their weights.
+  Tensor forward(const Tensor& x, std::initializer_list<const Parameter*> reader_weights) const;
 };
 
 // weight: [C] (ones), bias: [C] (zeros). PyTorch's LayerNorm: biased variance, eps inside the sqrt.
@@ -73,6 +81,10 @@ class LayerNorm : public Module {
   Parameter& weight;
   Parameter& bias;
   float eps;
+  // Mixed precision, as RMSNorm's: an f32 x gives a bf16 y for the bf16 GEMMs that read it.
+  bool bf16_output = false;
+  // forward, y's dtype as mixed_output_dtype's for the GEMMs multiplying y by `reader_weights`.
+  Tensor forward(const Tensor& x, std::initializer_list<const Parameter*> reader_weights) const;
 };
 
 // w2(silu(w1 x) * w3 x). w1, w3: [F, C]; w2: [C, F].
@@ -83,6 +95,9 @@ class SwiGLU : public Module {
   SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey key, const Init& init);
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   Linear w1, w2, w3;
+  // Mixed precision: the gate's output silu(w1 x) * w3 x is written in bf16 for w2's bf16 GEMM
+  // (mixed_output_dtype, reader w2) instead of being converted by it.
+  bool bf16_output = false;
 };
 
 // RoPE with cos/sin tables cached up to max_seq_len (positions beyond it are an error).

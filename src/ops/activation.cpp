@@ -41,6 +41,16 @@ void dispatch_float(DType dtype, Fn&& fn) {
 
 Tensor grad_as(const Tensor& g, DType dtype) { return g.dtype() == dtype ? g : g.to(dtype); }
 
+// y's dtype: x's, or bf16 for an f32 x (mixed precision, CPU kernels only).
+DType output_dtype(const Tensor& x, std::optional<DType> y_dtype, const char* op) {
+  const DType y = y_dtype.value_or(x.dtype());
+  LOOM_CHECK(y == x.dtype() || (x.dtype() == DType::F32 && y == DType::BF16), op, ": y_dtype ", y, " for ",
+             x.describe(), ": y has the input's dtype, or is bf16 for an f32 input");
+  LOOM_CHECK(y == x.dtype() || x.device().is_cpu(), op,
+             ": an f32 input with a bf16 y runs on the CPU only so far, got ", x.describe());
+  return y;
+}
+
 }  // namespace
 
 Tensor silu(const Tensor& x) {
@@ -72,19 +82,24 @@ Tensor silu(const Tensor& x) {
   return y;
 }
 
-Tensor gelu(const Tensor& x, GeluApproximation approx) {
+Tensor gelu(const Tensor& x, GeluApproximation approx, std::optional<DType> y_dtype) {
   check_float_input(x, "gelu", "x");
   const bool tanh_approx = approx == GeluApproximation::Tanh;
+  const DType ydt = output_dtype(x, y_dtype, "gelu");
   const cuda::Context* cu = gpu("gelu", {&x});
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if (cu != nullptr) {
-      cuda::gelu_forward(*cu, y.data<T>(), x.data<T>(), x.numel(), tanh_approx);
-    } else {
-      cpu::gelu_forward(y.data<T>(), x.data<T>(), x.numel(), tanh_approx);
-    }
-  });
+  Tensor y = Tensor::empty(x.shape(), ydt, x.device());
+  if (ydt != x.dtype()) {
+    cpu::gelu_forward(y.data<bf16>(), x.data<float>(), x.numel(), tanh_approx);  // mixed: f32 in, bf16 out
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if (cu != nullptr) {
+        cuda::gelu_forward(*cu, y.data<T>(), x.data<T>(), x.numel(), tanh_approx);
+      } else {
+        cpu::gelu_forward(y.data<T>(), x.data<T>(), x.numel(), tanh_approx);
+      }
+    });
+  }
   autograd::record("gelu", {x}, {y}, [x, tanh_approx](const autograd::BackwardContext& ctx) {
     const Tensor dy = grad_as(ctx.grad_output(0), x.dtype());
     const cuda::Context* cu = gpu("gelu backward", {&dy, &x});
@@ -102,7 +117,7 @@ Tensor gelu(const Tensor& x, GeluApproximation approx) {
   return y;
 }
 
-Tensor swiglu(const Tensor& gate, const Tensor& up) {
+Tensor swiglu(const Tensor& gate, const Tensor& up, std::optional<DType> y_dtype) {
   check_float_input(gate, "swiglu", "gate");
   check_float_input(up, "swiglu", "up");
   LOOM_CHECK(gate.shape() == up.shape(), "swiglu: gate has shape ", gate.shape(), " but up has shape ",
@@ -110,16 +125,21 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   LOOM_CHECK(gate.dtype() == up.dtype(), "swiglu: gate is ", gate.describe(), " but up is ", up.describe(),
              " (dtypes must match)");
   check_same_device(gate, up, "swiglu");
+  const DType ydt = output_dtype(gate, y_dtype, "swiglu");
   const cuda::Context* cu = gpu("swiglu", {&gate, &up});
-  Tensor y = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
-  dispatch_float(gate.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if (cu != nullptr) {
-      cuda::swiglu_forward(*cu, y.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
-    } else {
-      cpu::swiglu_forward(y.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
-    }
-  });
+  Tensor y = Tensor::empty(gate.shape(), ydt, gate.device());
+  if (ydt != gate.dtype()) {
+    cpu::swiglu_forward(y.data<bf16>(), gate.data<float>(), up.data<float>(), gate.numel());  // mixed
+  } else {
+    dispatch_float(gate.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if (cu != nullptr) {
+        cuda::swiglu_forward(*cu, y.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+      } else {
+        cpu::swiglu_forward(y.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
+      }
+    });
+  }
   autograd::record("swiglu", {gate, up}, {y}, [gate, up](const autograd::BackwardContext& ctx) {
     const Tensor dy = grad_as(ctx.grad_output(0), gate.dtype());
     Tensor dgate = ctx.needs_input_grad(0) ? Tensor::empty(gate.shape(), gate.dtype(), gate.device()) : Tensor();

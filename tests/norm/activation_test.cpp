@@ -127,6 +127,38 @@ TEST(Activation, Bf16MatchesF32) {
   }
 }
 
+// Mixed precision: an f32 input with y_dtype bf16 gives the f32 result rounded once (bit for bit what
+// converting the f32 output would give, which is what the bf16 GEMM reading it used to do), and the
+// backward is the f32 one.
+TEST(Activation, Bf16OutputFromF32InputIsTheF32ResultRoundedOnce) {
+  const int64_t n = 3 * 16384 + 77;  // several kernel chunks and a ragged tail
+  Tensor x32 = test::randn({n}, 111, 3.0f), up32 = test::randn({n}, 112), dy = test::randn({n}, 113);
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which);
+    auto run = [&](std::optional<DType> y_dtype, Tensor& dx, Tensor& dup) {
+      Tensor x = test::param(x32), up = test::param(up32);
+      Tensor y = which == 0   ? ops::gelu(x, ops::GeluApproximation::None, y_dtype)
+                 : which == 1 ? ops::gelu(x, ops::GeluApproximation::Tanh, y_dtype)
+                              : ops::swiglu(x, up, y_dtype);
+      autograd::backward(y, dy);
+      dx = x.grad();
+      dup = which == 2 ? up.grad() : Tensor();
+      return y;
+    };
+    Tensor dx32, dup32, dxm, dupm;
+    Tensor y32 = run(std::nullopt, dx32, dup32);
+    Tensor ym = run(DType::BF16, dxm, dupm);
+    ASSERT_EQ(ym.dtype(), DType::BF16);
+    EXPECT_EQ(ym.to(DType::F32).to_vector<float>(), y32.to(DType::BF16).to(DType::F32).to_vector<float>());
+    ASSERT_EQ(dxm.dtype(), DType::F32);
+    EXPECT_EQ(dxm.to_vector<float>(), dx32.to_vector<float>());
+    if (which == 2) EXPECT_EQ(dupm.to_vector<float>(), dup32.to_vector<float>());
+  }
+  test::expect_error([] { ops::gelu(Tensor::zeros({4}, DType::BF16), ops::GeluApproximation::None, DType::F32); },
+                     {"gelu", "y_dtype f32", "bf16[4]"});
+  test::expect_error([] { ops::swiglu(Tensor::zeros({4}), Tensor::zeros({4}), DType::I32); }, {"swiglu", "y_dtype i32"});
+}
+
 TEST(Activation, Errors) {
   test::expect_error([] { ops::swiglu(Tensor::zeros({2, 8}), Tensor::zeros({2, 9})); },
                      {"swiglu", "gate has shape [2, 8]", "up has shape [2, 9]"});

@@ -3,7 +3,8 @@
 // Legend: n the element count (any shape, flattened: every buffer is contiguous and n long).
 // Conventions:
 //   * Each kernel exists for f32 and bf16 buffers (bf16 widened to f32 for the math, rounded once on
-//     store). All buffers of one call share the dtype.
+//     store). All buffers of one call share the dtype, except the mixed-precision forwards of gelu and
+//     swiglu: f32 inputs, a bf16 y (the operand of the bf16 GEMM that reads it).
 //   * Outputs are overwritten; a null output pointer means "not wanted".
 //   * Forward and backward are each one pass over memory: the backward recomputes sigmoid/erf from the
 //     saved input rather than reading a saved intermediate.
@@ -29,12 +30,14 @@ void silu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n);
 // (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which has no cancellation for negative x.
 void gelu_forward(float* y, const float* x, int64_t n, bool tanh_approximation);
 void gelu_forward(bf16* y, const bf16* x, int64_t n, bool tanh_approximation);
+void gelu_forward(bf16* y, const float* x, int64_t n, bool tanh_approximation);  // mixed precision
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool tanh_approximation);
 void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n, bool tanh_approximation);
 
 // y = silu(gate) * up;  dgate = dy * up * s * (1 + gate * (1 - s)),  dup = dy * silu(gate).
 void swiglu_forward(float* y, const float* gate, const float* up, int64_t n);
 void swiglu_forward(bf16* y, const bf16* gate, const bf16* up, int64_t n);
+void swiglu_forward(bf16* y, const float* gate, const float* up, int64_t n);  // mixed precision
 void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n);
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dy, const bf16* gate, const bf16* up, int64_t n);
 

@@ -21,6 +21,9 @@ void gelu_forward(float* y, const float* x, int64_t n, bool tanh_approximation) 
 void gelu_forward(bf16* y, const bf16* x, int64_t n, bool tanh_approximation) {
   LOOM_CPU_DISPATCH(gelu_forward, y, x, n, tanh_approximation);
 }
+void gelu_forward(bf16* y, const float* x, int64_t n, bool tanh_approximation) {
+  LOOM_CPU_DISPATCH(gelu_forward, y, x, n, tanh_approximation);
+}
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool tanh_approximation) {
   LOOM_CPU_DISPATCH(gelu_backward, dx, dy, x, n, tanh_approximation);
 }
@@ -32,6 +35,9 @@ void swiglu_forward(float* y, const float* gate, const float* up, int64_t n) {
   LOOM_CPU_DISPATCH(swiglu_forward, y, gate, up, n);
 }
 void swiglu_forward(bf16* y, const bf16* gate, const bf16* up, int64_t n) {
+  LOOM_CPU_DISPATCH(swiglu_forward, y, gate, up, n);
+}
+void swiglu_forward(bf16* y, const float* gate, const float* up, int64_t n) {
   LOOM_CPU_DISPATCH(swiglu_forward, y, gate, up, n);
 }
 void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {

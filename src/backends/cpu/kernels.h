@@ -21,10 +21,12 @@
   void silu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n);                                    \
   void gelu_forward(float* y, const float* x, int64_t n, bool tanh_approximation);                           \
   void gelu_forward(bf16* y, const bf16* x, int64_t n, bool tanh_approximation);                             \
+  void gelu_forward(bf16* y, const float* x, int64_t n, bool tanh_approximation);                            \
   void gelu_backward(float* dx, const float* dy, const float* x, int64_t n, bool tanh_approximation);        \
   void gelu_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t n, bool tanh_approximation);           \
   void swiglu_forward(float* y, const float* gate, const float* up, int64_t n);                              \
   void swiglu_forward(bf16* y, const bf16* gate, const bf16* up, int64_t n);                                 \
+  void swiglu_forward(bf16* y, const float* gate, const float* up, int64_t n);                               \
   void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up,         \
                        int64_t n);                                                                           \
   void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dy, const bf16* gate, const bf16* up, int64_t n); \

@@ -74,7 +74,7 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(const std::string& name, cons
 
 void MultiHeadLatentAttention::queries(const Tensor& x, const Tensor& positions, Tensor* q_nope, Tensor* q_rope) const {
   const int64_t B = x.size(0), T = x.size(1);
-  Tensor q = wq_b.forward(q_norm.forward(wq_a.forward(x)));                      // [B, T, H*(N+P)]
+  Tensor q = wq_b.forward(q_norm.forward(wq_a.forward(x), wq_b));                // [B, T, H*(N+P)]
   const int64_t H = q.size(-1) / (d_nope + d_rope);  // this rank's heads under tensor parallelism
   q = ops::transpose(ops::reshape(q, {B, T, H, d_nope + d_rope}), 1, 2);  // [B, H, T, N+P]
   *q_nope = ops::narrow(q, -1, 0, d_nope);

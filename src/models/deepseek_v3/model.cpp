@@ -90,8 +90,11 @@ Block::Block(const std::string& name, const Config& c, RngKey key, bool is_moe)
 }
 
 Tensor Block::forward(const Tensor& x, const Tensor& positions, RoutingRecord* record) const {
-  Tensor h = ops::add(x, attn.forward(attn_norm.forward(x), positions));
-  Tensor n = ffn_norm.forward(h);
+  // Under bf16 the norms round their outputs for the GEMMs that read them (nn::mixed_output_dtype): the
+  // MLA down-projections, and a dense MLP's w1 and w3. A MoE layer's norm stays f32: its router
+  // multiplies in f32.
+  Tensor h = ops::add(x, attn.forward(attn_norm.forward(x, {&attn.wq_a.weight, &attn.wkv_a.weight}), positions));
+  Tensor n = moe ? ffn_norm.forward(h) : ffn_norm.forward(h, {&mlp->w1.weight, &mlp->w3.weight});
   return ops::add(h, moe ? moe->forward(n, record) : mlp->forward(n));
 }
 
@@ -166,7 +169,7 @@ void check_ids(const Tensor& ids, int64_t context_length, const char* what) {
 Tensor DeepSeekV3::logits(const Tensor& ids, const models::ForwardContext&) const {
   check_ids(ids, config_.context_length, "DeepSeekV3::logits");
   Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
-  return lm_head.forward(ln_final.forward(x));
+  return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
 DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) const {
@@ -180,7 +183,9 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
   Tensor h = trunk(ids, positions(0, T), &record);  // [B, T, C]
   Losses out;
   const Tensor head = nn::compute_value(lm_head.weight);  // [V, C], gathered when sharded
-  out.main = ops::linear_cross_entropy(ln_final.forward(h), head, targets, -100, lm_head.precision);
+  const Tensor head_bf16 = head_bf16_copy();
+  out.main = ops::linear_cross_entropy(ln_final.forward(h, lm_head), head, targets, -100, lm_head.precision, 512,
+                                       head_bf16);
   out.total = out.main;
   if (!mtp.empty()) {
     Tensor sum;
@@ -192,8 +197,8 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
       const MtpModule& m = *mtp[i];
       Tensor in = ops::concat({m.norm_h.forward(ops::narrow(h, 1, 0, n)), m.norm_e.forward(e)}, -1);  // [B, n, 2C]
       h = m.block.forward(m.proj.forward(in), positions(0, n), nullptr);
-      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h), head, ops::narrow(targets, 1, k, n),
-                                            -100, lm_head.precision);
+      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h, lm_head), head, ops::narrow(targets, 1, k, n),
+                                            -100, lm_head.precision, 512, head_bf16);
       sum = sum.defined() ? ops::add(sum, ce) : ce;
     }
     out.mtp = ops::scale(sum, 1.0f / static_cast<float>(mtp.size()));
@@ -217,8 +222,15 @@ Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::loss: targets ", targets.describe(),
              " do not match ids ", ids.describe());
   Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
-  return ops::linear_cross_entropy(ln_final.forward(x), nn::compute_value(lm_head.weight), targets, -100,
-                                   lm_head.precision);
+  return ops::linear_cross_entropy(ln_final.forward(x, lm_head), nn::compute_value(lm_head.weight), targets, -100,
+                                   lm_head.precision, 512, head_bf16_copy());
+}
+
+Tensor DeepSeekV3::head_bf16_copy() const {
+  // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
+  const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist &&
+                         lm_head.weight.value.device().is_cpu();
+  return bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor();
 }
 
 std::unique_ptr<LatentCache> DeepSeekV3::make_latent_cache(int64_t batch, bool absorbed) const {
@@ -244,19 +256,24 @@ Tensor DeepSeekV3::decode(const Tensor& ids, models::DecodeCache& cache_base) co
   Tensor x = token_embeddings.forward(ids);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, *cache, static_cast<int64_t>(i));
   cache->advance(t);
-  return lm_head.forward(ln_final.forward(x));
+  return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
 void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {
-  auto attn_and_ffn = [precision](Block& b) {
+  // The norms and SwiGLU gates that feed only bf16 GEMMs write their outputs in bf16 themselves.
+  const bool bf16 = precision == ops::MatmulPrecision::BF16;
+  auto attn_and_ffn = [precision, bf16](Block& b) {
     for (nn::Linear* l : {&b.attn.wq_a, &b.attn.wq_b, &b.attn.wkv_a, &b.attn.wkv_b, &b.attn.wo}) l->precision = precision;
+    b.attn_norm.bf16_output = b.ffn_norm.bf16_output = b.attn.q_norm.bf16_output = bf16;
     if (b.mlp) {
       for (nn::Linear* l : {&b.mlp->w1, &b.mlp->w2, &b.mlp->w3}) l->precision = precision;
+      b.mlp->bf16_output = bf16;
     }
     if (b.moe) {
       b.moe->precision = precision;  // the router stays f32
       if (b.moe->shared) {
         for (nn::Linear* l : {&b.moe->shared->w1, &b.moe->shared->w2, &b.moe->shared->w3}) l->precision = precision;
+        b.moe->shared->bf16_output = bf16;
       }
     }
   };
@@ -266,6 +283,7 @@ void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {
     attn_and_ffn(m->block);
   }
   lm_head.precision = precision;
+  ln_final.bf16_output = bf16;
 }
 
 std::vector<std::pair<std::string, Tensor>> DeepSeekV3::state_tensors() const {

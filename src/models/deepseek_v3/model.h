@@ -90,6 +90,7 @@ class DeepSeekV3 : public models::LanguageModel {
     std::vector<Tensor> expert_load;  // per MoE layer, i32 [E]
   };
   Losses losses(const Tensor& ids, const Tensor& targets) const;
+  Tensor head_bf16_copy() const;  // lm_head's bf16 weight copy under bf16 precision (unsharded, CPU), else undefined
 
   // The last layer's output before ln_final [B, T, C].
   Tensor trunk(const Tensor& ids, const Tensor& positions, RoutingRecord* record) const;

@@ -48,7 +48,8 @@ Mlp::Mlp(const std::string& name, const Config& c, RngKey key)
 }
 
 Tensor Mlp::forward(const Tensor& x) const {
-  return proj.forward(ops::gelu(fc.forward(x), ops::GeluApproximation::Tanh));
+  Tensor h = fc.forward(x);
+  return proj.forward(ops::gelu(h, ops::GeluApproximation::Tanh, nn::mixed_output_dtype(bf16_output, h, {&proj.weight})));
 }
 
 Block::Block(const std::string& name, const Config& c, RngKey key)
@@ -66,15 +67,22 @@ Tensor Block::forward(const Tensor& x, const models::ForwardContext& ctx, int64_
   const RngKey key = ctx.dropout_key.fold_in(static_cast<uint64_t>(layer));
   nn::AttentionDropout attn_dropout;
   if (ctx.training) attn_dropout = {p, key.fold_in("attn_probs")};
-  Tensor h = ops::add(x, dropout_at(attn.forward(ln1.forward(x), Tensor(), attn_dropout), p, ctx,
+  Tensor h = ops::add(x, dropout_at(attn.forward(ln1_forward(x), Tensor(), attn_dropout), p, ctx,
                                     key.fold_in("attn_out")));
-  return ops::add(h, dropout_at(mlp.forward(ln2.forward(h)), p, ctx, key.fold_in("mlp_out")));
+  return ops::add(h, dropout_at(mlp.forward(ln2_forward(h)), p, ctx, key.fold_in("mlp_out")));
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const {
-  Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x), positions, cache, layer));
-  return ops::add(h, mlp.forward(ln2.forward(h)));
+  Tensor h = ops::add(x, attn.forward_cached(ln1_forward(x), positions, cache, layer));
+  return ops::add(h, mlp.forward(ln2_forward(h)));
 }
+
+// The norms feed only GEMMs (q, k, v; fc): under bf16 they round their output themselves.
+Tensor Block::ln1_forward(const Tensor& x) const {
+  return ln1.forward(x, {&attn.q_proj.weight, &attn.k_proj.weight, &attn.v_proj.weight});
+}
+
+Tensor Block::ln2_forward(const Tensor& h) const { return ln2.forward(h, {&mlp.fc.weight}); }
 
 GPT2::GPT2(const Config& config, uint64_t seed)
     : models::LanguageModel(models::ModelConfig::from_json(validated(config).to_json())),
@@ -100,9 +108,9 @@ GPT2::GPT2(const Config& config, uint64_t seed)
   }
 }
 
-Tensor GPT2::head_weight() const {
-  return nn::compute_value(lm_head ? lm_head->weight : token_embeddings.weight);
-}
+Tensor GPT2::head_weight() const { return nn::compute_value(head_parameter()); }
+
+nn::Parameter& GPT2::head_parameter() const { return lm_head ? lm_head->weight : token_embeddings.weight; }
 
 Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContext& ctx) const {
   check_dtype(ids, DType::I32, "GPT2", "ids");
@@ -125,7 +133,7 @@ Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContex
 Tensor GPT2::hidden(const Tensor& ids, const models::ForwardContext& ctx) const {
   Tensor x = embed(ids, 0, ctx);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(x, ctx, static_cast<int64_t>(i), config_.dropout);
-  return ln_final.forward(x);
+  return ln_final.forward(x, {&head_parameter()});
 }
 
 Tensor GPT2::logits(const Tensor& ids, const models::ForwardContext& ctx) const {
@@ -136,8 +144,12 @@ Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::Forwar
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "GPT2::loss: targets ", targets.describe(),
              " do not match ids ", ids.describe());
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist. A
-  // tied head's gradient adds to the embedding's through the shared leaf.
-  return ops::linear_cross_entropy(hidden(ids, ctx), head_weight(), targets, -100, head_precision);
+  // tied head's gradient adds to the embedding's through the shared leaf. Mixed precision: the head
+  // weight's bf16 copy, which the optimizer keeps current (nn::bf16_weight_of).
+  nn::Parameter& head = head_parameter();
+  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist && head.value.device().is_cpu();
+  return ops::linear_cross_entropy(hidden(ids, ctx), head_weight(), targets, -100, head_precision, 512,
+                                   bf16_copy ? nn::bf16_weight_of(head) : Tensor());
 }
 
 std::unique_ptr<models::DecodeCache> GPT2::make_decode_cache(int64_t batch) const {
@@ -156,7 +168,8 @@ Tensor GPT2::decode(const Tensor& ids, models::DecodeCache& cache_base) const {
   for (int64_t i = 0; i < t; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(start + i);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, positions, *cache, static_cast<int64_t>(i));
   cache->advance(t);
-  return ops::linear(ln_final.forward(x), head_weight(), Tensor(), ops::WeightLayout::OutIn, head_precision);
+  return ops::linear(ln_final.forward(x, {&head_parameter()}), head_weight(), Tensor(), ops::WeightLayout::OutIn,
+                     head_precision);
 }
 
 void GPT2::set_matmul_precision(ops::MatmulPrecision precision) {
@@ -168,6 +181,10 @@ void GPT2::set_matmul_precision(ops::MatmulPrecision precision) {
   }
   if (lm_head) lm_head->precision = precision;
   head_precision = precision;
+  // The norms and GELU feed only those GEMMs: under bf16 they write their outputs in bf16 themselves.
+  const bool bf16 = precision == ops::MatmulPrecision::BF16;
+  for (auto& layer : layers) layer->ln1.bf16_output = layer->ln2.bf16_output = layer->mlp.bf16_output = bf16;
+  ln_final.bf16_output = bf16;
 }
 
 }  // namespace loom::gpt2

@@ -32,6 +32,8 @@ class Mlp : public nn::Module {
   Mlp(const std::string& name, const Config& c, RngKey key);
   Tensor forward(const Tensor& x) const;  // x: [..., C]
   nn::Linear fc, proj;
+  // Mixed precision: gelu writes its output in bf16 for proj's bf16 GEMM (nn::mixed_output_dtype).
+  bool bf16_output = false;
 };
 
 // x + drop(attn(ln1(x))), then + drop(mlp(ln2(.))).
@@ -40,6 +42,8 @@ class Block : public nn::Module {
   Block(const std::string& name, const Config& c, RngKey key);
   Tensor forward(const Tensor& x, const models::ForwardContext& ctx, int64_t layer, float dropout) const;
   Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  Tensor ln1_forward(const Tensor& x) const;  // ln1(x), in bf16 for the q, k, v GEMMs under mixed precision
+  Tensor ln2_forward(const Tensor& h) const;  // ln2(h), in bf16 for fc's GEMM under mixed precision
   nn::LayerNorm ln1;
   nn::MultiHeadSelfAttention attn;
   nn::LayerNorm ln2;
@@ -54,6 +58,7 @@ class GPT2 : public models::LanguageModel {
   Tensor hidden(const Tensor& ids, const models::ForwardContext& ctx = {}) const;
   // The head's weight [V, C]: lm_head, or the token embedding when tied.
   Tensor head_weight() const;  // gathered when sharded (nn::compute_value)
+  nn::Parameter& head_parameter() const;  // lm_head's weight, or the token embedding's when tied
 
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;

@@ -136,7 +136,8 @@ void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
   // The norms feed only those GEMMs (q, k, v; w1, w3; the head): under bf16 they round their output
   // themselves, so the GEMMs convert nothing and the saved bf16 activation is shared by q, k and v.
   const bool bf16 = precision == ops::MatmulPrecision::BF16;
-  for (auto& layer : layers) layer->ln1.bf16_output = layer->ln2.bf16_output = bf16;
+  // SwiGLU's gate likewise writes its output in bf16 for w2.
+  for (auto& layer : layers) layer->ln1.bf16_output = layer->ln2.bf16_output = layer->ffn.bf16_output = bf16;
   ln_final.bf16_output = bf16;
 }
 

@@ -1,6 +1,7 @@
 // Entry point of the `loom` CLI: builds the subcommands that cli/*.cpp registered and runs one.
 // Exit statuses: cli/exit_codes.h.
 #include "cli/command.h"
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/isa.h"
 #include "cli/exit_codes.h"
 #include "core/error.h"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   }
   try {
     loom::cpu::cpu_isa();  // a LOOM_CPU_ISA this CPU cannot run is an error before any work (isa.h)
+    loom::cpu::gemm_kernel();  // so is a LOOM_GEMM that names no kernel, or one this CPU cannot run (gemm.h)
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);  // prints the help, the version, or what does not parse

@@ -103,7 +103,9 @@ TEST(AttentionDropout, FusedMatchesCompositeReference) {
     // Dropout changed something: the oracle comparison above is not between two undropped results.
     auto plain = run_with_grads(
         [&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], h, rope, kv); }, qkv, dy);
-    if (c.t > 1) EXPECT_FALSE(bitwise_equal(fused[0], plain[0]));
+    if (c.t > 1) {
+      EXPECT_FALSE(bitwise_equal(fused[0], plain[0]));
+    }
   }
 }
 

@@ -287,7 +287,9 @@ RooflineReport bench_roofline(const models::ModelConfig& config, const RooflineO
   measure_roofs();
   rep.gemm_peak_gflops = options.bf16 && rep.bf16_peak_gflops > 0 ? rep.bf16_peak_gflops : rep.peak_gflops;
   for (auto& r : rep.families) {
-    const bool gemm = r.family == "matmul" || r.family == "lm_head+loss" || r.family == "attention";
+    // The families whose FLOPs run on bf16 GEMMs under --bf16: the routed experts' GEMMs take bf16
+    // operands too. Flash attention computes in f32 on either precision, so its roof is the FMA peak.
+    const bool gemm = r.family == "matmul" || r.family == "lm_head+loss" || r.family == "moe";
     const double peak = gemm ? rep.gemm_peak_gflops : rep.peak_gflops;
     if (r.flops > 0 && r.bytes > 0) {
       const double memory_roof = r.intensity() * rep.bandwidth_gb_per_s;

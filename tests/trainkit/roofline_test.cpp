@@ -182,6 +182,31 @@ TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
   EXPECT_EQ(nlohmann::json::parse(r.json())["families"].size(), r.families.size());
 }
 
+// Under --bf16 the families whose FLOPs run on bf16 GEMMs (matmul, the LM head, the routed experts) sit
+// under the bf16 roof; flash attention computes in f32, so its roof stays the FMA peak. (On a CPU without
+// a bf16 dot product both roofs are the FMA peak and this only checks the bound's formula.)
+TEST(Roofline, UnderBf16OnlyTheGemmFamiliesHaveTheBf16Roof) {
+  auto config = train::TrainConfig::load("dsv3-tiny").model;
+  report::RooflineOptions o;
+  o.batch_size = 2;
+  o.steps = 1;
+  o.warmup_steps = 0;
+  o.bandwidth_mib = 8;
+  o.peak_seconds = 0.02;
+  o.bf16 = true;
+  auto r = report::bench_roofline(config, o);
+  if (r.bf16_peak_gflops > 0) EXPECT_EQ(r.gemm_peak_gflops, r.bf16_peak_gflops);
+  std::set<std::string> checked;
+  for (const auto& f : r.families) {
+    if (f.flops <= 0 || f.bytes <= 0) continue;
+    const bool on_bf16_gemms = f.family == "matmul" || f.family == "lm_head+loss" || f.family == "moe";
+    const double roof = on_bf16_gemms ? r.gemm_peak_gflops : r.peak_gflops;
+    EXPECT_DOUBLE_EQ(f.bound_gflops, std::min(roof, f.intensity() * r.bandwidth_gb_per_s)) << f.family;
+    checked.insert(f.family);
+  }
+  for (const char* f : {"matmul", "moe", "attention", "lm_head+loss"}) EXPECT_TRUE(checked.count(f)) << f;
+}
+
 TEST(Roofline, CommandWritesTheChartAndRefusesBadArguments) {
   fs::path dir = fs::temp_directory_path() / ("loom_roofline_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <vector>
 
 #include "backends/cpu/optimizer.h"
 #include "core/autograd.h"
@@ -122,6 +123,43 @@ TEST(AdamW, KernelMatchesTheReferenceAndWritesTheBf16CopyInTheSamePass) {
       ASSERT_EQ(copy.data<bf16>()[i].bits, copy_ref.data<bf16>()[i].bits) << "bf16 copy " << i;
       ASSERT_EQ(copy.data<bf16>()[i].bits, bf16::from_float(b[i]).bits) << "bf16 copy " << i;
     }
+  }
+}
+
+// Every operation of the update rounds as written, no fused multiply-adds (optimizer.cpp is compiled with
+// -ffp-contract=off): each step below goes through a volatile float, which the compiler cannot fuse
+// across. GCC once fused `param * decay` into the vectorised loop's FMA and `p - step * q` into the
+// scalar one's, so the weights depended on how the loop was compiled.
+TEST(AdamW, EveryOperationRoundsAsWritten) {
+  const int64_t n = 4099;
+  std::vector<float> p = test::randn({n}, 11).to_vector<float>(), g = test::randn({n}, 12).to_vector<float>();
+  std::vector<float> m = test::randn({n}, 13).to_vector<float>(), v = test::randn({n}, 14).to_vector<float>();
+  for (float& x : v) x = x * x;
+  const std::vector<float> p0 = p, m0 = m, v0 = v;
+  const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  const double bc1 = 1 - std::pow(0.9, 3), bc2 = 1 - std::pow(0.95, 3);
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, beta1, beta2, eps, wd, bc1, bc2);
+  const float decay = 1.0f - lr * wd, step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  for (int64_t i = 0; i < n; ++i) {
+    volatile float t;
+    t = beta1 * m0[i];
+    volatile float u = (1.0f - beta1) * g[i];
+    const float mi = t + u;
+    u = (1.0f - beta2) * g[i];
+    u = u * g[i];  // ((1 - beta2) * g) * g, as the kernel associates it
+    t = beta2 * v0[i];
+    const float vi = t + u;
+    t = std::sqrt(vi);
+    t = t / bc2_sqrt;
+    t = t + eps;
+    t = mi / t;
+    t = step_size * t;
+    volatile float decayed = p0[i] * decay;
+    const float expected = decayed - t;
+    ASSERT_EQ(m[i], mi) << "m " << i;
+    ASSERT_EQ(v[i], vi) << "v " << i;
+    ASSERT_EQ(p[i], expected) << "param " << i;
   }
 }
 

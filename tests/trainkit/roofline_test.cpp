@@ -143,14 +143,20 @@ TEST(Plot, LogAxesPlaceDecadesEvenlyAndLeaveOutNonPositivePoints) {
   EXPECT_THROW(report::render_svg(c), Error);
 }
 
-TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
-  auto config = train::TrainConfig::load("tiny").model;
+// One small profiled step: enough to exercise every family without timing anything carefully.
+static report::RooflineOptions quick_options() {
   report::RooflineOptions o;
   o.batch_size = 2;
   o.steps = 1;
   o.warmup_steps = 0;
   o.bandwidth_mib = 8;
   o.peak_seconds = 0.02;
+  return o;
+}
+
+TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
+  auto config = train::TrainConfig::load("tiny").model;
+  report::RooflineOptions o = quick_options();
   auto r = report::bench_roofline(config, o);
   // GEMMs and attention against PaLM's 6N + 12·L·d·T: N also counts the norms' weights, which no GEMM
   // multiplies (0.2% of tiny's N), hence the 0.5%.
@@ -187,15 +193,12 @@ TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
 // a bf16 dot product both roofs are the FMA peak and this only checks the bound's formula.)
 TEST(Roofline, UnderBf16OnlyTheGemmFamiliesHaveTheBf16Roof) {
   auto config = train::TrainConfig::load("dsv3-tiny").model;
-  report::RooflineOptions o;
-  o.batch_size = 2;
-  o.steps = 1;
-  o.warmup_steps = 0;
-  o.bandwidth_mib = 8;
-  o.peak_seconds = 0.02;
+  report::RooflineOptions o = quick_options();
   o.bf16 = true;
   auto r = report::bench_roofline(config, o);
-  if (r.bf16_peak_gflops > 0) EXPECT_EQ(r.gemm_peak_gflops, r.bf16_peak_gflops);
+  if (r.bf16_peak_gflops > 0) {
+    EXPECT_EQ(r.gemm_peak_gflops, r.bf16_peak_gflops);
+  }
   std::set<std::string> checked;
   for (const auto& f : r.families) {
     if (f.flops <= 0 || f.bytes <= 0) continue;

@@ -1,6 +1,7 @@
-// GEMM microbenchmark: loom's cpu::gemm on each of its kernels (oneDNN's matmul, loom's blocked AVX2
-// kernel) vs OpenBLAS vs the naive reference, on the shapes the benchmark model uses, plus the FMA peak
-// to read the GFLOP/s against. Results: docs/gemm.md.
+// GEMM microbenchmark: loom's cpu::gemm on each of its kernels (oneDNN's matmul, loom's blocked kernel:
+// its AVX-512 copy on an AVX-512 CPU, else its AVX2 copy; LOOM_CPU_ISA picks) vs OpenBLAS vs the naive
+// reference, on the shapes the benchmark model uses, plus the FMA peak to read the GFLOP/s against.
+// Results: docs/gemm.md.
 //
 // Legend: T tokens (the GEMM's M in forward), C d_model, F FFN width, V vocab.
 // Threads: LOOM_BENCH_THREADS (default 2) for every library; OpenBLAS's core type follows the

@@ -4,6 +4,7 @@
 // Gemm.Blocked* tests below drive loom's blocked kernel across its block edges on any AVX2 CPU.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/gemm_blocked.h"
 #include "backends/cpu/isa.h"
 #include "core/parallel.h"
 #include "support/op_test.h"
@@ -52,6 +54,14 @@ class ScopedGemmKernel {
 };
 
 bool blocked_kernel_runs_here() { return cpu::cpu_isa_supported(cpu::CpuIsa::Avx2); }
+
+// The blocked kernel's copies this CPU can run (gemm_blocked.h): the copy follows cpu_isa().
+std::vector<cpu::CpuIsa> blocked_copies() {
+  std::vector<cpu::CpuIsa> out;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::Avx2, cpu::CpuIsa::Avx512})
+    if (cpu::cpu_isa_supported(isa)) out.push_back(isa);
+  return out;
+}
 
 }  // namespace
 
@@ -273,27 +283,47 @@ TEST(Gemm, SmallSerialCallsLeaveTheCallersThreadCountAlone) {
 TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  // Edges of every block: M past one 96-row block with a partial 6-row panel, K past one 256 block, N
-  // past one 2048-column block with a partial 16-column panel, and a problem smaller than one tile.
-  const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}};
-  uint64_t seed = 100;
-  for (const Case& c : cases) {
-    for (int ta = 0; ta < 2; ++ta) {
-      for (int tb = 0; tb < 2; ++tb) {
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 0.5f}}) {
-          const int64_t lda = (ta ? c.M : c.K) + 3, ldb = (tb ? c.K : c.N) + 5, ldc = c.N + 7;
-          auto A = random_vec((ta ? c.K : c.M) * lda, seed++);
-          auto B = random_vec((tb ? c.N : c.K) * ldb, seed++);
-          auto C0 = random_vec(c.M * ldc, seed++);
-          auto got = C0, want = C0;
-          cpu::gemm(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
-          cpu::gemm_reference(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
-          expect_near_all(got, want, 1e-3f, 1e-4f,
-                          "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
-                              " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta));
-          // The padding between rows of C is not C's: it must be left as it was.
-          for (int64_t m = 0; m < c.M; ++m)
-            for (int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(got[m * ldc + n], C0[m * ldc + n]) << "padding m=" << m;
+  // Edges of every block of both copies: M past one row block (96 AVX2, 168 AVX-512) with a partial
+  // panel (6 / 14 rows), K past one block (256 AVX2, 192 AVX-512 f32, 384 bf16 pairs) and odd (a
+  // half pair), N past one 2048-column block with a partial panel (16 / 32 columns), and a problem
+  // smaller than one tile. Leading dimensions are padded by odd amounts: bf16 pairs start at any
+  // 2-byte alignment.
+  const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}, {30, 70, 385}};
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    cpu::ScopedCpuIsa copy(isa);
+    uint64_t seed = 100;
+    for (const Case& c : cases) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 0.5f}}) {
+            const int64_t lda = (ta ? c.M : c.K) + 3, ldb = (tb ? c.K : c.N) + 5, ldc = c.N + 7;
+            auto A = random_vec((ta ? c.K : c.M) * lda, seed++);
+            auto B = random_vec((tb ? c.N : c.K) * ldb, seed++);
+            auto C0 = random_vec(c.M * ldc, seed++);
+            const std::string what = std::string(cpu::cpu_isa_name(isa)) + " M=" + std::to_string(c.M) +
+                                     " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                     " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                     " beta=" + std::to_string(beta);
+            auto got = C0, want = C0;
+            cpu::gemm(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+            cpu::gemm_reference(ta, tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+            expect_near_all(got, want, 1e-3f, 1e-4f, what);
+            // The padding between rows of C is not C's: it must be left as it was.
+            for (int64_t m = 0; m < c.M; ++m)
+              for (int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(got[m * ldc + n], C0[m * ldc + n]) << "padding m=" << m;
+            // bf16 operands (widened while packed, or bf16 pairs: exact products either way), against the
+            // reference on the same bf16 values.
+            std::vector<bf16> Ab, Bb;
+            for (float v : A) Ab.push_back(bf16::from_float(v));
+            for (float v : B) Bb.push_back(bf16::from_float(v));
+            got = C0, want = C0;
+            cpu::gemm_bf16(ta, tb, c.M, c.N, c.K, alpha, Ab.data(), lda, Bb.data(), ldb, beta, got.data(), ldc);
+            cpu::gemm_reference_bf16(ta, tb, c.M, c.N, c.K, alpha, Ab.data(), lda, Bb.data(), ldb, beta,
+                                     want.data(), ldc);
+            expect_near_all(got, want, 1e-3f, 1e-4f, "bf16 " + what);
+            for (int64_t m = 0; m < c.M; ++m)
+              for (int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(got[m * ldc + n], C0[m * ldc + n]) << "bf16 padding m=" << m;
+          }
         }
       }
     }
@@ -303,85 +333,178 @@ TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
 TEST(Gemm, BlockedBiasBetaZeroOverNaNAndBf16) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  const int64_t M = 101, N = 37, K = 520;
-  auto A = random_vec(M * K, 201), B = random_vec(N * K, 202), bias = random_vec(N, 203);
-  // Bias on every row; beta = 0 over NaN: the NaN must not leak in (K spans three blocks).
-  std::vector<float> got(M * N, NAN), want(M * N, 0.0f);
-  cpu::gemm_bias(false, true, M, N, K, A.data(), K, B.data(), K, bias.data(), 0.0f, got.data(), N);
-  cpu::gemm_reference(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, want.data(), N);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) want[m * N + n] += bias[n];
-  expect_near_all(got, want, 1e-3f, 1e-4f, "bias over NaN");
-  // bf16 operands are widened while packed: exact products, so the reference on the same bf16 values.
-  std::vector<bf16> Ab, Bb;
-  for (float v : A) Ab.push_back(bf16::from_float(v));
-  for (float v : B) Bb.push_back(bf16::from_float(v));
-  for (int ta = 0; ta < 2; ++ta) {
-    for (int tb = 0; tb < 2; ++tb) {
-      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-      std::vector<float> g(M * N, 1.0f), w(M * N, 1.0f);
-      cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, g.data(), N);
-      cpu::gemm_reference_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, w.data(), N);
-      expect_near_all(g, w, 1e-3f, 1e-4f, "bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    cpu::ScopedCpuIsa copy(isa);
+    const int64_t M = 101, N = 37, K = 520;
+    auto A = random_vec(M * K, 201), B = random_vec(N * K, 202), bias = random_vec(N, 203);
+    // Bias on every row; beta = 0 over NaN: the NaN must not leak in (K spans three blocks).
+    std::vector<float> got(M * N, NAN), want(M * N, 0.0f);
+    cpu::gemm_bias(false, true, M, N, K, A.data(), K, B.data(), K, bias.data(), 0.0f, got.data(), N);
+    cpu::gemm_reference(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, want.data(), N);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) want[m * N + n] += bias[n];
+    expect_near_all(got, want, 1e-3f, 1e-4f, "bias over NaN");
+    // bf16 operands are widened while packed or kept as bf16 pairs: exact products either way, so the
+    // reference on the same bf16 values; the bias too, over NaN.
+    std::vector<bf16> Ab, Bb;
+    for (float v : A) Ab.push_back(bf16::from_float(v));
+    for (float v : B) Bb.push_back(bf16::from_float(v));
+    std::fill(got.begin(), got.end(), NAN);
+    std::fill(want.begin(), want.end(), 0.0f);
+    cpu::gemm_bias_bf16(false, true, M, N, K, Ab.data(), K, Bb.data(), K, bias.data(), 0.0f, got.data(), N);
+    cpu::gemm_reference_bf16(false, true, M, N, K, 1.0f, Ab.data(), K, Bb.data(), K, 0.0f, want.data(), N);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) want[m * N + n] += bias[n];
+    expect_near_all(got, want, 1e-3f, 1e-4f, "bf16 bias over NaN");
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        std::vector<float> g(M * N, 1.0f), w(M * N, 1.0f);
+        cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, g.data(), N);
+        cpu::gemm_reference_bf16(ta, tb, M, N, K, 1.0f, Ab.data(), lda, Bb.data(), ldb, 1.0f, w.data(), N);
+        expect_near_all(g, w, 1e-3f, 1e-4f, "bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
     }
+    EXPECT_EQ(cpu::gemm_implementation(false, true, M, N, K, DType::BF16).rfind("loom blocked", 0), 0u);
   }
-  EXPECT_EQ(cpu::gemm_implementation(false, true, M, N, K, DType::BF16).rfind("loom blocked", 0), 0u);
 }
 
 TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
-  const int64_t M = 250, N = 300, K = 700;
-  auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
-  const int before = num_threads();
-  std::vector<std::vector<float>> results;
-  for (int threads : {1, 2, 3}) {
-    set_num_threads(threads);
-    std::vector<float> C(M * N);
-    cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-    results.push_back(C);
-  }
-  set_num_threads(before);
-  EXPECT_EQ(results[0], results[1]) << "1 vs 2 threads";
-  EXPECT_EQ(results[0], results[2]) << "1 vs 3 threads";
-  // From inside a parallel region (one thread per call), and as entries of a batch (both batch paths).
-  std::vector<float> nested(2 * M * N);
-#pragma omp parallel for num_threads(2)
-  for (int i = 0; i < 2; ++i)
-    cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, nested.data() + i * M * N, N);
-  EXPECT_EQ(std::vector<float>(nested.begin(), nested.begin() + M * N), results[0]) << "nested";
-  EXPECT_EQ(std::vector<float>(nested.begin() + M * N, nested.end()), results[0]) << "nested";
-  for (int64_t batch : {2, 16}) {  // A repeated per entry, B shared
-    std::vector<float> As;
-    for (int64_t b = 0; b < batch; ++b) As.insert(As.end(), A.begin(), A.end());
-    std::vector<float> C(batch * M * N);
-    cpu::gemm_batched(false, false, batch, M, N, K, 0.5f, As.data(), K, M * K, B.data(), N, 0, 0.0f, C.data(), N,
-                      M * N);
-    for (int64_t b = 0; b < batch; ++b)
-      EXPECT_EQ(std::vector<float>(C.begin() + b * M * N, C.begin() + (b + 1) * M * N), results[0])
-          << "batch " << batch << " entry " << b;
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    cpu::ScopedCpuIsa copy(isa);
+    // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
+    const int64_t M = 250, N = 300, K = 700;
+    auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
+    const int before = num_threads();
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<float> C(M * N);
+      cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+      results.push_back(C);
+    }
+    set_num_threads(before);
+    EXPECT_EQ(results[0], results[1]) << "1 vs 2 threads";
+    EXPECT_EQ(results[0], results[2]) << "1 vs 3 threads";
+    // bf16 (the pairs path where the CPU has AVX512-BF16) likewise.
+    std::vector<bf16> Ab, Bb;
+    for (float v : A) Ab.push_back(bf16::from_float(v));
+    for (float v : B) Bb.push_back(bf16::from_float(v));
+    std::vector<std::vector<float>> bf16_results;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<float> C(M * N);
+      cpu::gemm_bf16(false, false, M, N, K, 0.5f, Ab.data(), K, Bb.data(), N, 0.0f, C.data(), N);
+      bf16_results.push_back(C);
+    }
+    set_num_threads(before);
+    EXPECT_EQ(bf16_results[0], bf16_results[1]) << "bf16, 1 vs 2 threads";
+    EXPECT_EQ(bf16_results[0], bf16_results[2]) << "bf16, 1 vs 3 threads";
+    // From inside a parallel region (one thread per call), and as entries of a batch (both batch paths).
+    std::vector<float> nested(2 * M * N);
+  #pragma omp parallel for num_threads(2)
+    for (int i = 0; i < 2; ++i)
+      cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, nested.data() + i * M * N, N);
+    EXPECT_EQ(std::vector<float>(nested.begin(), nested.begin() + M * N), results[0]) << "nested";
+    EXPECT_EQ(std::vector<float>(nested.begin() + M * N, nested.end()), results[0]) << "nested";
+    for (int64_t batch : {2, 16}) {  // A repeated per entry, B shared
+      std::vector<float> As;
+      for (int64_t b = 0; b < batch; ++b) As.insert(As.end(), A.begin(), A.end());
+      std::vector<float> C(batch * M * N);
+      cpu::gemm_batched(false, false, batch, M, N, K, 0.5f, As.data(), K, M * K, B.data(), N, 0, 0.0f, C.data(), N,
+                        M * N);
+      for (int64_t b = 0; b < batch; ++b)
+        EXPECT_EQ(std::vector<float>(C.begin() + b * M * N, C.begin() + (b + 1) * M * N), results[0])
+            << "batch " << batch << " entry " << b;
+    }
   }
 }
 
 TEST(Gemm, BlockedBatchedManySmallEntries) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  // Per-head shapes: many entries, each run whole on one thread; A shared (stride 0) in one pass.
-  const int64_t batch = 24, M = 40, N = 24, K = 33;
-  for (int shared_a = 0; shared_a < 2; ++shared_a) {
-    for (int ta = 0; ta < 2; ++ta) {
-      const int64_t lda = ta ? M : K, sa = shared_a ? 0 : M * K + 3, sb = K * N + 1, sc = M * N + 2;
-      auto A = random_vec(shared_a ? M * K : batch * sa, 401), B = random_vec(batch * sb, 402);
-      auto C0 = random_vec(batch * sc, 403);
-      auto got = C0, want = C0;
-      cpu::gemm_batched(ta, false, batch, M, N, K, 1.0f, A.data(), lda, sa, B.data(), N, sb, 1.0f, got.data(), N, sc);
-      for (int64_t b = 0; b < batch; ++b)
-        cpu::gemm_reference(ta, false, M, N, K, 1.0f, A.data() + b * sa, lda, B.data() + b * sb, N, 1.0f,
-                            want.data() + b * sc, N);
-      expect_near_all(got, want, 1e-3f, 1e-4f, "shared_a=" + std::to_string(shared_a) + " ta=" + std::to_string(ta));
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    cpu::ScopedCpuIsa copy(isa);
+    // Per-head shapes: many entries, each run whole on one thread; A shared (stride 0) in one pass.
+    const int64_t batch = 24, M = 40, N = 24, K = 33;
+    for (int shared_a = 0; shared_a < 2; ++shared_a) {
+      for (int ta = 0; ta < 2; ++ta) {
+        const int64_t lda = ta ? M : K, sa = shared_a ? 0 : M * K + 3, sb = K * N + 1, sc = M * N + 2;
+        auto A = random_vec(shared_a ? M * K : batch * sa, 401), B = random_vec(batch * sb, 402);
+        auto C0 = random_vec(batch * sc, 403);
+        auto got = C0, want = C0;
+        cpu::gemm_batched(ta, false, batch, M, N, K, 1.0f, A.data(), lda, sa, B.data(), N, sb, 1.0f, got.data(), N, sc);
+        for (int64_t b = 0; b < batch; ++b)
+          cpu::gemm_reference(ta, false, M, N, K, 1.0f, A.data() + b * sa, lda, B.data() + b * sb, N, 1.0f,
+                              want.data() + b * sc, N);
+        expect_near_all(got, want, 1e-3f, 1e-4f, "shared_a=" + std::to_string(shared_a) + " ta=" + std::to_string(ta));
+      }
     }
   }
+}
+
+TEST(Gemm, BlockedAvx512RunsBf16AsPairsWhereTheCpuHasAvx512Bf16AndWidensElsewhere) {
+  if (!cpu::cpu_isa_supported(cpu::CpuIsa::Avx512)) GTEST_SKIP() << "needs AVX-512";
+  // Both bf16 paths of the AVX-512 copy, called directly (gemm.cpp takes pairs wherever it can, so the
+  // widened one runs through cpu::gemm_bf16 only on AVX-512 CPUs without AVX512-BF16).
+  const int64_t M = 45, N = 70, K = 403;
+  auto A = random_vec(M * K, 501), B = random_vec(K * N, 502);
+  std::vector<bf16> Ab, Bb;
+  for (float v : A) Ab.push_back(bf16::from_float(v));
+  for (float v : B) Bb.push_back(bf16::from_float(v));
+  std::vector<float> want(M * N);
+  cpu::gemm_reference_bf16(false, false, M, N, K, 1.0f, Ab.data(), K, Bb.data(), N, 0.0f, want.data(), N);
+  for (bool pairs : {false, true}) {
+    if (pairs && !cpu::cpu_has_avx512_bf16()) continue;
+    cpu::BlockedGemm g;
+    g.bf16 = true;
+    g.bf16_pairs = pairs;
+    g.M = M, g.N = N, g.K = K;
+    g.A = Ab.data(), g.lda = K, g.B = Bb.data(), g.ldb = N;
+    std::vector<float> got(M * N, NAN);
+    g.C = got.data(), g.ldc = N;
+    g.threads = 2;
+    cpu::isa_avx512::blocked_gemm(g);
+    expect_near_all(got, want, 1e-3f, 1e-4f, pairs ? "pairs" : "widened");
+  }
+  ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
+  cpu::ScopedCpuIsa avx512(cpu::CpuIsa::Avx512);
+  const std::string impl = cpu::gemm_implementation(false, false, M, N, K, DType::BF16);
+  EXPECT_EQ(impl.find("vdpbf16ps") != std::string::npos, cpu::cpu_has_avx512_bf16()) << impl;
+}
+
+TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
+  if (!cpu::cpu_isa_supported(cpu::CpuIsa::Avx512)) GTEST_SKIP() << "needs AVX-512";
+  ScopedGemmKernel automatic(cpu::GemmKernel::Auto);
+  cpu::ScopedCpuIsa avx512(cpu::CpuIsa::Avx512);
+  auto impl = [](bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType dtype) {
+    return cpu::gemm_implementation(ta, tb, M, N, K, dtype);
+  };
+  auto blocked = [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType dtype) {
+    return impl(ta, tb, M, N, K, dtype).rfind("loom blocked avx512", 0) == 0;
+  };
+  const bool rule_applies = !cpu::cpu_has_amx_bf16();  // with AMX, oneDNN's tiles keep every GEMM
+  // GPT-2's LM head: dx in f32 (K = 50257), dW in bf16 (M = 50257) and CS336's dW (M = 10000).
+  EXPECT_EQ(blocked(false, false, 1024, 768, 50257, DType::F32), rule_applies);
+  EXPECT_EQ(blocked(true, false, 50257, 768, 1024, DType::BF16), rule_applies && cpu::cpu_has_avx512_bf16());
+  EXPECT_EQ(blocked(true, false, 10000, 512, 2048, DType::BF16), rule_applies && cpu::cpu_has_avx512_bf16());
+  // Everything else stays on oneDNN: the body's products, the head's forward, the other dtype (bf16
+  // only where oneDNN has bf16 kernels: Gemm.OnAnAvx2OnlyCpu caps it at AVX2, and the blocked kernel
+  // then takes every bf16 GEMM).
+  const bool onednn_has_bf16 = !blocked(false, true, 64, 96, 80, DType::BF16);
+  EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::F32));
+  EXPECT_FALSE(blocked(true, false, 50257, 768, 1024, DType::F32));
+  if (onednn_has_bf16) {
+    EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::BF16));
+    EXPECT_FALSE(blocked(true, false, 512, 512, 2048, DType::BF16));
+    EXPECT_FALSE(blocked(false, true, 1024, 50257, 768, DType::BF16));
+    EXPECT_FALSE(blocked(false, false, 1024, 768, 50257, DType::BF16));
+  }
+  // The AVX2 copy is not chosen by this rule.
+  cpu::ScopedCpuIsa avx2(cpu::CpuIsa::Avx2);
+  EXPECT_FALSE(blocked(false, false, 1024, 768, 50257, DType::F32));
 }
 
 TEST(Gemm, KernelChoiceErrorsNameTheValue) {

@@ -242,6 +242,17 @@ bool onednn_avx2_is_slow_at(const GemmKey& k) {
   return k.trans_a && !k.trans_b && output_256_to_512 && k.K >= 1024;
 }
 
+// On AVX-512 CPUs without AMX (Zen 4 measured), oneDNN 2.6's brgemm and the blocked kernel's 14 x 32
+// tile run most shapes within 5% of each other; the blocked kernel leads on two LM-head products of a
+// large vocabulary (medians of 7 interleaved rounds, 2 threads, docs/gemm.md "AVX-512 tile"):
+//   dx = dlogits W, f32, K = the vocabulary >= 16384: 1.24x (GPT-2's 1024 x 768 x 50257);
+//   dW = dlogits^T x, bf16, M = the vocabulary >= 8192: 1.07x (CS336's 10000) to 1.26x (GPT-2's).
+bool blocked_leads_on_avx512(const GemmKey& k) {
+  if (cpu_isa() != CpuIsa::Avx512 || cpu_has_amx_bf16()) return false;
+  if (k.dtype == DType::F32) return !k.trans_a && !k.trans_b && k.K >= 16384 && k.M >= 256;
+  return k.trans_a && !k.trans_b && k.M >= 8192 && k.K >= 256 && cpu_has_avx512_bf16();
+}
+
 bool use_blocked(const GemmKey& k) {
   switch (gemm_kernel()) {
     case GemmKernel::Blocked:
@@ -250,9 +261,11 @@ bool use_blocked(const GemmKey& k) {
       return false;
     case GemmKernel::Auto:
       // f32: oneDNN, whose AVX2 and AVX-512 kernels the blocked kernel only matches (docs/gemm.md),
-      // except for the shapes where oneDNN's AVX2 kernel is measurably slow. bf16 on a CPU without oneDNN
+      // except for the shapes where oneDNN's AVX2 kernel is measurably slow, and the LM-head shapes
+      // where the AVX-512 copy leads (above). bf16 on a CPU without oneDNN
       // bf16 kernels: the blocked kernel, whatever the rows, since oneDNN would first copy both operands
       // to f32 in full; the blocked kernel widens them while it packs.
+      if (blocked_leads_on_avx512(k)) return true;
       if (k.dtype == DType::F32) return cpu_isa() == CpuIsa::Avx2 && onednn_avx2_is_slow_at(k);
       return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);
   }
@@ -281,7 +294,14 @@ void run_blocked(const GemmKey& key, const void* A, const void* B, const float* 
   g.ldc = key.ldc;
   g.stride_c = key.batch > 1 ? key.stride_c : 0;
   g.threads = key.threads;
-  isa_avx2::blocked_gemm(g);
+  // The copy follows cpu_isa() (LOOM_CPU_ISA), so the tests can run each; below AVX2 (a scalar choice on
+  // an AVX2 CPU) the AVX2 copy still runs: set_gemm_kernel allows Blocked only where it can.
+  if (cpu_isa() == CpuIsa::Avx512) {
+    g.bf16_pairs = g.bf16 && cpu_has_avx512_bf16();
+    isa_avx512::blocked_gemm(g);
+  } else {
+    isa_avx2::blocked_gemm(g);
+  }
 }
 
 void run(GemmKey key, const void* A, const void* B, const float* bias, float* C) {
@@ -506,8 +526,12 @@ std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N
   GemmKey k = make_key(trans_a, trans_b, 1, M, N, K, 1.0f, trans_a ? M : K, 0, trans_b ? K : N, 0, 0.0f, N, 0,
                        dtype, false);
   check_problem(k);
-  if (use_blocked(k)) return dtype == DType::BF16 ? "loom blocked avx2 6x16, bf16 widened while packing"
-                                                  : "loom blocked avx2 6x16";
+  if (use_blocked(k)) {
+    const std::string copy = cpu_isa() == CpuIsa::Avx512 ? "loom blocked avx512 14x32" : "loom blocked avx2 6x16";
+    if (dtype == DType::F32) return copy;
+    const bool pairs = cpu_isa() == CpuIsa::Avx512 && cpu_has_avx512_bf16();
+    return copy + (pairs ? ", bf16 pairs by vdpbf16ps" : ", bf16 widened while packing");
+  }
   k.threads = threads_for(k);
   if (dtype == DType::BF16 && !bf16_kernels_available()) {
     k.dtype = DType::F32;

@@ -77,10 +77,13 @@ struct GemmCacheStats {
 GemmCacheStats gemm_cache_stats();
 
 // Which kernel runs the GEMMs: oneDNN's matmul, or loom's blocked AVX2 kernel (gemm_blocked.h).
-//   Auto (the default): oneDNN for f32 everywhere (the blocked kernel only matches it, docs/gemm.md);
-//        for bf16 operands on a CPU where oneDNN has no bf16 kernels (AVX2 only: Zen 1-3, Haswell to
-//        Alder Lake), the blocked kernel, which widens them while packing instead of copying both to f32.
-//   OneDnn, Blocked: every GEMM on that kernel (Blocked needs AVX2 + FMA).
+//   Auto (the default): oneDNN, which the blocked kernel only matches on most shapes (docs/gemm.md),
+//        except where the blocked kernel was measured ahead: for bf16 operands on a CPU where oneDNN has
+//        no bf16 kernels (AVX2 only: Zen 1-3, Haswell to Alder Lake; it widens them while packing instead
+//        of copying both to f32), the weight gradients of d_model-512 models on AVX2, and two LM-head
+//        products of a large vocabulary on AVX-512 CPUs without AMX (gemm.cpp names the shapes).
+//   OneDnn, Blocked: every GEMM on that kernel (Blocked needs AVX2 + FMA; on an AVX-512 CPU it runs the
+//        AVX-512 copy, with bf16 pairs by vdpbf16ps where the CPU has AVX512-BF16).
 // LOOM_GEMM=auto|onednn|blocked sets it for the process, set_gemm_kernel for tests and benchmarks.
 // Under Blocked, f32 problems of fewer than 8 rows (decoding) still run on oneDNN.
 enum class GemmKernel { Auto, OneDnn, Blocked };

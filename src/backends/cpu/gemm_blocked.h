@@ -1,22 +1,27 @@
-// loom's own f32 GEMM: packed panels and a 6 x 16 register tile (the BLIS design: Van Zee and van de
-// Geijn, "BLIS: A Framework for Rapidly Instantiating BLAS Functionality", 2015), compiled for AVX2 + FMA.
-// gemm.cpp runs it instead of oneDNN on CPUs whose widest kernels are AVX2 (Zen 1-3, Haswell to
-// Alder Lake), where Debian's oneDNN 2.6 falls back to its older `gemm:jit` kernels; docs/gemm.md has
-// the measurements and the rule.
+// loom's own GEMM: packed panels and a register tile (the BLIS design: Van Zee and van de Geijn, "BLIS: A
+// Framework for Rapidly Instantiating BLAS Functionality", 2015), compiled twice:
+//   isa_avx2    a 6 x 16 tile of ymm accumulators (AVX2 + FMA: 16 registers);
+//   isa_avx512  a 14 x 32 tile of zmm accumulators (AVX-512: 32 registers), and, on CPUs with
+//               AVX512-BF16, the same tile over bf16 pairs multiplied by `vdpbf16ps` (bf16_pairs).
+// gemm.cpp chooses it or oneDNN per CPU and dtype (gemm.h, GemmKernel); docs/gemm.md has the
+// measurements and the rule.
 //
 // Legend: M rows of C, N columns of C, K the reduction; row-major; gemm.h's contract:
 //   C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C (+ bias[N] on every row)
 //
-// Blocking (cache level each block is sized for, on Zen 3: 32 KiB L1d, 512 KiB L2):
-//   K is cut into blocks of kKC; a 16-column panel of op(B) for one K block is kKC x 16 floats (16 KiB, L1);
-//   the 6-row panels of op(A) for one K block and kMC rows are kMC x kKC floats (L2);
-//   op(B) is packed kNC columns x one K block at a time (shared by all threads: 2 MiB, L3).
-// Packing widens bf16 inputs to f32 (exact), so a bf16 GEMM costs the same as an f32 one here.
+// Blocking (cache level each block is sized for; Zen 3 and 4: 32 KiB L1d, 512 KiB / 1 MiB L2):
+//   K is cut into blocks of kKC; a kNR-column panel of op(B) for one K block stays in L1 (16-24 KiB);
+//   the kMR-row panels of op(A) for one K block and kMC rows stay in L2 (96-126 KiB);
+//   op(B) is packed kNC columns x one K block at a time (shared by all threads: 2 MiB at most, L3).
+// Packing widens bf16 inputs to f32 (exact), so a bf16 GEMM costs the same as an f32 one, except on the
+// bf16 pairs path, which packs bf16 as it is and runs at twice the f32 rate.
 //
 // Results: every element of C is the same sequence of operations whatever the thread count, the
-// tiling and which thread computes it: its K products summed in order by FMAs, kKC at a time into a
-// register from zero, each block's sum added to C (after alpha) in K order. So C is bitwise identical
-// for any thread count (tested), which oneDNN does not promise.
+// tiling and which thread computes it: its K products summed in order by FMAs (or by vdpbf16ps, two
+// products at a time), kKC at a time into a register from zero, each block's sum added to C (after
+// alpha) in K order. So C is bitwise identical for any thread count (tested), which oneDNN does not
+// promise. The two copies (and the two bf16 paths) differ from each other in the last bits: their K
+// blocks differ, and vdpbf16ps flushes denormals.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,9 @@ namespace loom::cpu {
 struct BlockedGemm {
   bool trans_a = false, trans_b = false;
   bool bf16 = false;  // A and B hold bf16 (widened to f32 while packing), else f32
+  // bf16 only, isa_avx512 only, and only on a CPU with AVX512-BF16 (cpu_has_avx512_bf16()): keep bf16
+  // pairs and multiply them by vdpbf16ps instead of widening. Ignored by isa_avx2.
+  bool bf16_pairs = false;
   int64_t batch = 1, M = 0, N = 0, K = 0;
   float alpha = 1.0f, beta = 0.0f;
   const void* A = nullptr;
@@ -39,8 +47,11 @@ struct BlockedGemm {
 };
 
 // The caller (gemm.cpp) has checked the problem (sizes, leading dimensions) and handled the empty and
-// K = 0 cases; M, N, K > 0 here. Runs only on a CPU with AVX2 and FMA (cpu_isa_supported(Avx2)).
+// K = 0 cases; M, N, K > 0 here. Each copy runs only on a CPU that cpu_isa_supported() says can.
 namespace isa_avx2 {
+void blocked_gemm(const BlockedGemm& g);
+}
+namespace isa_avx512 {
 void blocked_gemm(const BlockedGemm& g);
 }
 

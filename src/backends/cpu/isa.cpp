@@ -15,7 +15,7 @@ namespace loom::cpu {
 namespace {
 
 struct Features {
-  bool avx2 = false, avx512 = false;
+  bool avx2 = false, avx512 = false, avx512_bf16 = false, amx_bf16 = false;
 };
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -34,6 +34,10 @@ Features read_features() {
   f.avx2 = ((b >> 5) & 1) && fma;
   // AVX-512 F (EBX bit 16), DQ (17), BW (30), VL (31): what isa_avx512.cpp is compiled for.
   f.avx512 = f.avx2 && zmm_state && ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
+  // AVX512-BF16: leaf 7 subleaf 1, EAX bit 5 (Cooper Lake, Sapphire Rapids, Zen 4 and later).
+  // AMX-BF16: leaf 7 subleaf 0, EDX bit 22 (Sapphire Rapids and later; oneDNN asks Linux for the tile state).
+  f.amx_bf16 = f.avx512 && ((d >> 22) & 1);
+  f.avx512_bf16 = f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
   return f;
 }
 #else
@@ -75,6 +79,9 @@ const char* cpu_isa_name(CpuIsa isa) {
   }
   return "?";
 }
+
+bool cpu_has_avx512_bf16() { return features().avx512_bf16; }
+bool cpu_has_amx_bf16() { return features().amx_bf16; }
 
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {

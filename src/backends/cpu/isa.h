@@ -33,6 +33,12 @@ enum class CpuIsa { Scalar, Avx2, Avx512 };
 const char* cpu_isa_name(CpuIsa isa);
 // Whether this CPU (and OS) can run the variant. Scalar always can.
 bool cpu_isa_supported(CpuIsa isa);
+// Whether the CPU has AVX512-BF16 (`vdpbf16ps`) besides the AVX-512 that isa_avx512.cpp needs: the blocked
+// GEMM's bf16 pairs path (gemm_blocked.h) and the bf16 peak (peak.h) run only where it is.
+bool cpu_has_avx512_bf16();
+// Whether the CPU has AMX-BF16 tiles (Sapphire Rapids and later), which oneDNN's bf16 kernels use: gemm.cpp
+// leaves every GEMM to oneDNN there.
+bool cpu_has_amx_bf16();
 // Every variant cpu_isa_supported accepts, narrowest first: what the tests loop over.
 std::vector<CpuIsa> supported_cpu_isas();
 // The variant the kernels use now (see the header comment for how it is chosen).

@@ -23,7 +23,7 @@
 
 #include "backends/cpu/activation.inc"
 #include "backends/cpu/attention.inc"
-#include "backends/cpu/gemm_blocked.inc"  // the AVX2 copy only: gemm_blocked.h says why
+#include "backends/cpu/gemm_blocked.inc"
 
 #if LOOM_KERNEL_ISA == 2
 #if defined(__clang__)

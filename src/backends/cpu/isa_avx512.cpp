@@ -25,6 +25,7 @@
 
 #include "backends/cpu/activation.inc"
 #include "backends/cpu/attention.inc"
+#include "backends/cpu/gemm_blocked.inc"
 
 #if LOOM_KERNEL_ISA == 3
 #if defined(__clang__)

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backends/cpu/isa.h"
+
 namespace loom::cpu {
 namespace {
 
@@ -105,7 +107,7 @@ double best_rate(int threads, double seconds, double flops_per_iteration, Kernel
 
 }  // namespace
 
-bool cpu_has_bf16_dot() { return __builtin_cpu_supports("avx512bf16"); }
+bool cpu_has_bf16_dot() { return cpu_has_avx512_bf16(); }
 
 FmaPeak measure_bf16_dot_peak(int threads, double seconds) {
   if (!cpu_has_bf16_dot()) return FmaPeak{0, threads, 0};

@@ -261,11 +261,10 @@ bool use_blocked(const GemmKey& k) {
     case GemmKernel::OneDnn:
       return false;
     case GemmKernel::Auto:
-      // f32: oneDNN, whose AVX2 and AVX-512 kernels the blocked kernel only matches (docs/gemm.md),
-      // except for the shapes where oneDNN's AVX2 kernel is measurably slow, and the LM-head shapes
-      // where the AVX-512 copy leads (above). bf16 on a CPU without oneDNN
-      // bf16 kernels: the blocked kernel, whatever the rows, since oneDNN would first copy both operands
-      // to f32 in full; the blocked kernel widens them while it packs.
+      // oneDNN, which the blocked kernel only matches on most shapes (docs/gemm.md), except: the
+      // LM-head shapes where the AVX-512 copy leads (above); in f32, the shapes where oneDNN's AVX2
+      // kernel is measurably slow; in bf16 on a CPU without oneDNN bf16 kernels, every GEMM, since
+      // oneDNN would first copy both operands to f32 in full (the blocked kernel widens them while it packs).
       if (blocked_leads_on_avx512(k)) return true;
       if (k.dtype == DType::F32) return cpu_isa() == CpuIsa::Avx2 && onednn_avx2_is_slow_at(k);
       return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);

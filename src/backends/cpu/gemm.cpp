@@ -245,9 +245,9 @@ bool onednn_avx2_is_slow_at(const GemmKey& k) {
 // On AVX-512 CPUs without AMX (Zen 4 measured), oneDNN 2.6's brgemm and the blocked kernel's 14 x 32
 // tile run most shapes within 5% of each other; the blocked kernel leads on two LM-head products of a
 // large vocabulary (medians of 7 interleaved rounds, 2 threads, docs/gemm.md "AVX-512 tile"):
-//   dx = dlogits W, f32, K = the vocabulary >= 16384: 1.24x (GPT-2's 1024 x 768 x 50257);
-//   dW = dlogits^T x, bf16, M = the vocabulary >= 10000: 1.05-1.07x (CS336's 10000) to 1.22-1.26x
-//   (GPT-2's). dsv3-mini's 8192 (1.05-1.08x alone) stays: its bf16 step ran 0.88-0.97x with it.
+//   dx = dlogits W, f32, K = the vocabulary >= 16384: 1.18-1.26x (GPT-2's 1024 x 768 x 50257);
+//   dW = dlogits^T x, bf16, M = the vocabulary >= 10000: 1.05-1.08x (CS336's 10000) to 1.22-1.42x
+//   (GPT-2's). dsv3-mini's 8192 (1.04-1.08x alone) stays: its bf16 step ran 0.88-0.97x with it.
 bool blocked_leads_on_avx512(const GemmKey& k) {
   if (cpu_isa() != CpuIsa::Avx512 || cpu_has_amx_bf16()) return false;
   if (k.dtype == DType::F32) return !k.trans_a && !k.trans_b && k.K >= 16384 && k.M >= 256;

@@ -283,12 +283,12 @@ TEST(Gemm, SmallSerialCallsLeaveTheCallersThreadCountAlone) {
 TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  // Edges of every block of both copies: M past one row block (96 AVX2, 168 AVX-512) with a partial
-  // panel (6 / 14 rows), K past one block (256 AVX2, 192 AVX-512 f32, 384 bf16 pairs) and odd (a
+  // Edges of every block of both copies: M past one row block (96 AVX2, 112 AVX-512) with a partial
+  // panel (6 / 14 rows), K past one block (256 AVX2, 512 AVX-512 f32, 1024 bf16 pairs) and odd (a
   // half pair), N past one 2048-column block with a partial panel (16 / 32 columns), and a problem
   // smaller than one tile. Leading dimensions are padded by odd amounts: bf16 pairs start at any
   // 2-byte alignment.
-  const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}, {30, 70, 385}};
+  const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}, {30, 70, 1031}};
   for (cpu::CpuIsa isa : blocked_copies()) {
     cpu::ScopedCpuIsa copy(isa);
     uint64_t seed = 100;
@@ -375,7 +375,7 @@ TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
   for (cpu::CpuIsa isa : blocked_copies()) {
     cpu::ScopedCpuIsa copy(isa);
     // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
-    const int64_t M = 250, N = 300, K = 700;
+    const int64_t M = 250, N = 300, K = 1100;  // K: past a K block of each copy and path
     auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
     const int before = num_threads();
     std::vector<std::vector<float>> results;

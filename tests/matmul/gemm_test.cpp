@@ -27,6 +27,13 @@ std::vector<float> random_vec(int64_t n, uint64_t seed) {
   return v;
 }
 
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out;
+  out.reserve(v.size());
+  for (float x : v) out.push_back(bf16::from_float(x));
+  return out;
+}
+
 void expect_near_all(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -152,9 +159,7 @@ TEST(Gemm, Bf16MatchesReferenceOnTheSameBf16Inputs) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         auto Af = random_vec(c.M * c.K, 11), Bf = random_vec(c.K * c.N, 12);
-        std::vector<bf16> A, B;
-        for (float v : Af) A.push_back(bf16::from_float(v));
-        for (float v : Bf) B.push_back(bf16::from_float(v));
+        const std::vector<bf16> A = to_bf16(Af), B = to_bf16(Bf);
         const int64_t lda = ta ? c.M : c.K, ldb = tb ? c.K : c.N;
         std::vector<float> got(c.M * c.N, 1.0f), want(c.M * c.N, 1.0f);
         cpu::gemm_bf16(ta, tb, c.M, c.N, c.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, got.data(), c.N);
@@ -313,9 +318,7 @@ TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
               for (int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(got[m * ldc + n], C0[m * ldc + n]) << "padding m=" << m;
             // bf16 operands (widened while packed, or bf16 pairs: exact products either way), against the
             // reference on the same bf16 values.
-            std::vector<bf16> Ab, Bb;
-            for (float v : A) Ab.push_back(bf16::from_float(v));
-            for (float v : B) Bb.push_back(bf16::from_float(v));
+            const std::vector<bf16> Ab = to_bf16(A), Bb = to_bf16(B);
             got = C0, want = C0;
             cpu::gemm_bf16(ta, tb, c.M, c.N, c.K, alpha, Ab.data(), lda, Bb.data(), ldb, beta, got.data(), ldc);
             cpu::gemm_reference_bf16(ta, tb, c.M, c.N, c.K, alpha, Ab.data(), lda, Bb.data(), ldb, beta,
@@ -346,9 +349,7 @@ TEST(Gemm, BlockedBiasBetaZeroOverNaNAndBf16) {
     expect_near_all(got, want, 1e-3f, 1e-4f, "bias over NaN");
     // bf16 operands are widened while packed or kept as bf16 pairs: exact products either way, so the
     // reference on the same bf16 values; the bias too, over NaN.
-    std::vector<bf16> Ab, Bb;
-    for (float v : A) Ab.push_back(bf16::from_float(v));
-    for (float v : B) Bb.push_back(bf16::from_float(v));
+    const std::vector<bf16> Ab = to_bf16(A), Bb = to_bf16(B);
     std::fill(got.begin(), got.end(), NAN);
     std::fill(want.begin(), want.end(), 0.0f);
     cpu::gemm_bias_bf16(false, true, M, N, K, Ab.data(), K, Bb.data(), K, bias.data(), 0.0f, got.data(), N);
@@ -377,34 +378,32 @@ TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
     // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
     const int64_t M = 250, N = 300, K = 1100;  // K: past a K block of each copy and path
     auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
-    const int before = num_threads();
-    std::vector<std::vector<float>> results;
-    for (int threads : {1, 2, 3}) {
-      set_num_threads(threads);
-      std::vector<float> C(M * N);
-      cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-      results.push_back(C);
-    }
-    set_num_threads(before);
+    // C on 1, 2 and 3 threads.
+    auto on_threads = [&](auto&& run) {
+      const int before = num_threads();
+      std::vector<std::vector<float>> out;
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        std::vector<float> C(M * N);
+        run(C.data());
+        out.push_back(C);
+      }
+      set_num_threads(before);
+      return out;
+    };
+    const auto results = on_threads(
+        [&](float* C) { cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, C, N); });
     EXPECT_EQ(results[0], results[1]) << "1 vs 2 threads";
     EXPECT_EQ(results[0], results[2]) << "1 vs 3 threads";
     // bf16 (the pairs path where the CPU has AVX512-BF16) likewise.
-    std::vector<bf16> Ab, Bb;
-    for (float v : A) Ab.push_back(bf16::from_float(v));
-    for (float v : B) Bb.push_back(bf16::from_float(v));
-    std::vector<std::vector<float>> bf16_results;
-    for (int threads : {1, 2, 3}) {
-      set_num_threads(threads);
-      std::vector<float> C(M * N);
-      cpu::gemm_bf16(false, false, M, N, K, 0.5f, Ab.data(), K, Bb.data(), N, 0.0f, C.data(), N);
-      bf16_results.push_back(C);
-    }
-    set_num_threads(before);
+    const std::vector<bf16> Ab = to_bf16(A), Bb = to_bf16(B);
+    const auto bf16_results = on_threads(
+        [&](float* C) { cpu::gemm_bf16(false, false, M, N, K, 0.5f, Ab.data(), K, Bb.data(), N, 0.0f, C, N); });
     EXPECT_EQ(bf16_results[0], bf16_results[1]) << "bf16, 1 vs 2 threads";
     EXPECT_EQ(bf16_results[0], bf16_results[2]) << "bf16, 1 vs 3 threads";
     // From inside a parallel region (one thread per call), and as entries of a batch (both batch paths).
     std::vector<float> nested(2 * M * N);
-  #pragma omp parallel for num_threads(2)
+#pragma omp parallel for num_threads(2)
     for (int i = 0; i < 2; ++i)
       cpu::gemm(false, false, M, N, K, 0.5f, A.data(), K, B.data(), N, 0.0f, nested.data() + i * M * N, N);
     EXPECT_EQ(std::vector<float>(nested.begin(), nested.begin() + M * N), results[0]) << "nested";
@@ -451,9 +450,7 @@ TEST(Gemm, BlockedAvx512RunsBf16AsPairsWhereTheCpuHasAvx512Bf16AndWidensElsewher
   // widened one runs through cpu::gemm_bf16 only on AVX-512 CPUs without AVX512-BF16).
   const int64_t M = 45, N = 70, K = 403;
   auto A = random_vec(M * K, 501), B = random_vec(K * N, 502);
-  std::vector<bf16> Ab, Bb;
-  for (float v : A) Ab.push_back(bf16::from_float(v));
-  for (float v : B) Bb.push_back(bf16::from_float(v));
+  const std::vector<bf16> Ab = to_bf16(A), Bb = to_bf16(B);
   std::vector<float> want(M * N);
   cpu::gemm_reference_bf16(false, false, M, N, K, 1.0f, Ab.data(), K, Bb.data(), N, 0.0f, want.data(), N);
   for (bool pairs : {false, true}) {

@@ -71,10 +71,13 @@ void BM_CausalSelfAttention(benchmark::State& state) {
 }
 
 // The kernels alone (no autograd engine, no leaf-gradient copies): what the fused op costs inside a
-// model step, where q, k, v are activations rather than leaves.
+// model step, where q, k, v are activations rather than leaves. Third argument 1: bf16 products
+// (AttentionProblem::bf16_products, as under --bf16), which run only where the CPU has AVX512-BF16:
+// elsewhere the row repeats the f32 one, and says so in its label.
 template <bool kBackward>
 void BM_FlashKernels(benchmark::State& state) {
   const int64_t t = state.range(0), d = state.range(1), c = kH * d;
+  const bool bf16 = state.range(2) != 0;
   Tensor q = randn({kB, t, c}, 1), k = randn({kB, t, c}, 2), v = randn({kB, t, c}, 3), dy = randn({kB, t, c}, 4);
   Tensor out = Tensor::empty(q.shape()), lse = Tensor::empty({kB * kH, t});
   Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(q.shape()), dv = Tensor::empty(q.shape());
@@ -91,6 +94,8 @@ void BM_FlashKernels(benchmark::State& state) {
   p.causal = true;
   p.q = p.k = p.v = p.out = {t * c, d, c};
   p.rope = {cos.data(), sin.data(), 0, false};
+  p.bf16_products = bf16;
+  if (bf16) state.SetLabel(cpu::flash_attention_uses_bf16(p) ? "bf16 products" : "no AVX512-BF16: f32 products");
   for (auto _ : state) {
     cpu::flash_attention_forward(p, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                  lse.data<float>());
@@ -106,10 +111,18 @@ void BM_FlashKernels(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_FlashKernels<false>)->Name("kernel/forward")->Args({kT, kD})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashKernels<false>)
+    ->Name("kernel/forward")
+    ->Args({kT, kD, 0})
+    ->Args({kT, kD, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_FlashKernels<true>)
     ->Name("kernel/forward_backward")
-    ->Args({kT, kD})
+    ->Args({kT, kD, 0})
+    ->Args({kT, kD, 1})
+    ->Args({kT, 64, 0})
+    ->Args({kT, 64, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_CausalSelfAttention<true, false>)

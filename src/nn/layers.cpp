@@ -201,8 +201,9 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions,
   if (rope) rope_options = ops::RopeOptions{positions, rope->theta, rope->style, rope->cache};
   // Under tensor parallelism q, k and v hold this rank's whole heads only (dist::sharded_linear).
   const int64_t D = d_model / num_heads;
+  // Mixed precision reaches the attention products too (as SDPA under autocast): q_proj's precision.
   Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(q.size(2) / D), rope_options,
-                                        static_cast<int>(k.size(2) / D), dropout);
+                                        static_cast<int>(k.size(2) / D), dropout, q_proj.precision);
   return output_proj.forward(y);
 }
 

@@ -113,7 +113,7 @@ Tensor causal_self_attention_cuda(const cpu::AttentionProblem& p, const Tensor& 
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    bool causal, std::optional<float> scale) {
+                                    bool causal, std::optional<float> scale, MatmulPrecision precision) {
   const char* op = "scaled_dot_product_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
@@ -163,6 +163,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   p.dv = dv;
   p.scale = s;
   p.causal = causal;
+  p.bf16_products = precision == MatmulPrecision::BF16;
   p.q = {tq * d, 0, d};
   p.k = {tk * d, 0, d};
   p.v = {tk * dv, 0, dv};
@@ -223,7 +224,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                              const std::optional<RopeOptions>& rope, int num_kv_heads,
-                             const AttentionDropout& dropout) {
+                             const AttentionDropout& dropout, MatmulPrecision precision) {
   const char* op = "causal_self_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
@@ -274,6 +275,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.k = p.v = {t * ckv, d, ckv};
   p.dropout_p = dropout.p;
   p.dropout_key = dropout.key;
+  p.bf16_products = precision == MatmulPrecision::BF16;
 
   if (device.is_cuda()) return causal_self_attention_cuda(p, q, k, v, *state, num_heads, num_kv_heads);
 

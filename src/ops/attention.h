@@ -7,6 +7,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/matmul.h"
 #include "ops/rope.h"
 
 namespace loom::ops {
@@ -22,9 +23,13 @@ namespace loom::ops {
 // A query row whose mask allows no key gets zeros (not NaN), and zero gradients.
 // Kernels: without a mask, the flash kernels (backends/cpu/attention.h); with a mask, a naive kernel
 // that materialises each head's [Tq, Tk] scores (the mask is that size already).
+//   precision: BF16 is mixed precision as SDPA under torch.autocast(bfloat16): f32 tensors in and out,
+//              the flash kernels' products on bf16-rounded operands with f32 accumulation, where the CPU
+//              has a bf16 dot product (AVX512-BF16); elsewhere, with a mask and on CUDA, f32 as F32.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
-                                    std::optional<float> scale = std::nullopt);
+                                    std::optional<float> scale = std::nullopt,
+                                    MatmulPrecision precision = MatmulPrecision::F32);
 
 struct RopeOptions {
   Tensor positions;  // i32 [T] or [B, T]
@@ -54,9 +59,11 @@ struct AttentionDropout {
 //   reads k/v head h / (H / Hkv)); 0 means Hkv = H.
 //   dropout: on the attention probabilities (see AttentionDropout); p = 0 (the default) runs exactly
 //   the kernels and gives exactly the bits of a call without it.
+//   precision: as scaled_dot_product_attention's (the model passes its projections' GEMM precision).
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                              const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0,
-                             const AttentionDropout& dropout = {});
+                             const AttentionDropout& dropout = {},
+                             MatmulPrecision precision = MatmulPrecision::F32);
 
 // ---- helpers and the composite reference (MLX-style fallback and test oracle) --------------------
 

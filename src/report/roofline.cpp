@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/attention.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/peak.h"
 #include "core/autograd.h"
@@ -287,9 +288,13 @@ RooflineReport bench_roofline(const models::ModelConfig& config, const RooflineO
   measure_roofs();
   rep.gemm_peak_gflops = options.bf16 && rep.bf16_peak_gflops > 0 ? rep.bf16_peak_gflops : rep.peak_gflops;
   for (auto& r : rep.families) {
-    // The families whose FLOPs run on bf16 GEMMs under --bf16: the routed experts' GEMMs take bf16
-    // operands too. Flash attention computes in f32 on either precision, so its roof is the FMA peak.
-    const bool gemm = r.family == "matmul" || r.family == "lm_head+loss" || r.family == "moe";
+    // The families whose FLOPs run on bf16 units under --bf16: the routed experts' GEMMs take bf16
+    // operands too, and flash attention's products where the kernels take bf16 products (AVX512-BF16:
+    // cpu::flash_attention_uses_bf16); elsewhere attention computes in f32 and its roof is the FMA peak.
+    cpu::AttentionProblem bf16_attention;
+    bf16_attention.bf16_products = options.bf16;
+    const bool gemm = r.family == "matmul" || r.family == "lm_head+loss" || r.family == "moe" ||
+                      (r.family == "attention" && cpu::flash_attention_uses_bf16(bf16_attention));
     const double peak = gemm ? rep.gemm_peak_gflops : rep.peak_gflops;
     if (r.flops > 0 && r.bytes > 0) {
       const double memory_roof = r.intensity() * rep.bandwidth_gb_per_s;

@@ -8,6 +8,7 @@
 #include "backends/cpu/attention.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/rope.h"
+#include "core/parallel.h"
 #include "support/op_test.h"
 
 using namespace loom;
@@ -135,6 +136,95 @@ TEST(AttentionIsa, EveryFlashCopyMatchesTheOracleAndTheScalarCopy) {
       // moves the last bits.
       if (oracle) expect_results_close(got, want, 3e-5f, 3e-4f, "vs oracle", false);
       expect_results_close(got, scalar, 1e-6f, 1e-5f, "vs scalar copy", true);
+    }
+  }
+}
+
+namespace {
+
+float bf16_round(float x) { return bf16::from_float(x).to_float(); }
+
+std::vector<float> rounded(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_round(x[i]);
+  return r;
+}
+
+// max |got - want| / max |want|: one number per output, comparable across tensors of any scale.
+float relative_max_error(const std::vector<float>& got, const std::vector<float>& want) {
+  float err = 0.0f, scale = 0.0f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+}  // namespace
+
+// bf16 products (AttentionProblem::bf16_products): every output within 3x the error that rounding the
+// inputs alone to bf16 costs the f32 kernels (the rest is P and dS rounded before their products), and
+// under 1% of the output's largest value. A wrong pair layout is off by O(1).
+TEST(AttentionIsa, Bf16ProductsTrackF32WithinBf16Rounding) {
+  if (!cpu::cpu_isa_supported(CpuIsa::Avx512) || !cpu::cpu_has_avx512_bf16())
+    GTEST_SKIP() << "bf16 products need AVX512-BF16";
+  const Case cases[] = {{"causal", true, 1, false, 0.0f, 150, 32},
+                        {"full, grouped-query", false, 2, false, 0.0f, 150, 32},
+                        {"causal, RoPE, D 20, odd T", true, 1, true, 0.0f, 37, 20},
+                        {"causal, RoPE, dropout", true, 2, true, 0.2f, 150, 32},
+                        {"causal, D 64, T 300", true, 1, false, 0.0f, 300, 64}};
+  cpu::ScopedCpuIsa use(CpuIsa::Avx512);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem pr(c);
+    const Result f32 = pr.run_flash();
+    pr.p.bf16_products = true;
+    ASSERT_TRUE(cpu::flash_attention_uses_bf16(pr.p));
+    const Result got = pr.run_flash();
+    Problem in(c);  // the f32 kernels on q, k, v and dO rounded to bf16
+    in.q = rounded(in.q);
+    in.k = rounded(in.k);
+    in.v = rounded(in.v);
+    in.dout = rounded(in.dout);
+    const Result inputs_rounded = in.run_flash();
+    auto check = [](const char* name, const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<float>& rounded_inputs) {
+      const float err = relative_max_error(got, want), input_err = relative_max_error(rounded_inputs, want);
+      EXPECT_LE(err, 3.0f * input_err) << name;
+      EXPECT_LT(err, 0.01f) << name;
+      EXPECT_GT(err, 0.0f) << name << ": bitwise the f32 result, so no bf16 product ran";
+    };
+    check("out", got.out, f32.out, inputs_rounded.out);
+    check("dq", got.dq, f32.dq, inputs_rounded.dq);
+    check("dk", got.dk, f32.dk, inputs_rounded.dk);
+    check("dv", got.dv, f32.dv, inputs_rounded.dv);
+  }
+}
+
+// The bf16 path keeps the kernels' contract: bitwise the same for any thread count, and copies without
+// bf16 products (scalar, AVX2) ignore the flag: bitwise their f32 result.
+TEST(AttentionIsa, Bf16ProductsAreDeterministicAndOtherCopiesStayF32) {
+  Problem pr({"causal, RoPE, dropout", true, 2, true, 0.2f, 150, 32});
+  for (CpuIsa isa : cpu::supported_cpu_isas()) {
+    SCOPED_TRACE(cpu::cpu_isa_name(isa));
+    cpu::ScopedCpuIsa use(isa);
+    pr.p.bf16_products = false;
+    const Result f32 = pr.run_flash();
+    pr.p.bf16_products = true;
+    const bool bf16 = cpu::flash_attention_uses_bf16(pr.p);
+    EXPECT_EQ(bf16, isa == CpuIsa::Avx512 && cpu::cpu_has_avx512_bf16());
+    const int saved = num_threads();
+    set_num_threads(1);
+    const Result one = pr.run_flash();
+    set_num_threads(3);
+    const Result two = pr.run_flash();
+    set_num_threads(saved);
+    for (const auto& [a, b] : {std::pair{&one.out, &two.out}, {&one.dq, &two.dq}, {&one.dk, &two.dk},
+                               {&one.dv, &two.dv}, {&one.lse, &two.lse}})
+      EXPECT_EQ(*a, *b) << "thread count changed a bf16 result";
+    if (!bf16) {
+      EXPECT_EQ(one.out, f32.out);
+      EXPECT_EQ(one.dq, f32.dq);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "backends/cpu/attention.h"
 #include "backends/cpu/isa.h"
 #include "core/profile.h"
 #include "core/tensor.h"
@@ -191,7 +192,9 @@ TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
 // Under --bf16 the families whose FLOPs run on bf16 GEMMs (matmul, the LM head, the routed experts) sit
 // under the bf16 roof; flash attention computes in f32, so its roof stays the FMA peak. (On a CPU without
 // a bf16 dot product both roofs are the FMA peak and this only checks the bound's formula.)
-TEST(Roofline, UnderBf16OnlyTheGemmFamiliesHaveTheBf16Roof) {
+// Under --bf16 the GEMM families have the bf16 roof, and attention too where its kernels take bf16
+// products (AVX512-BF16); every other family keeps the FMA roof.
+TEST(Roofline, UnderBf16TheFamiliesOnBf16UnitsHaveTheBf16Roof) {
   auto config = train::TrainConfig::load("dsv3-tiny").model;
   report::RooflineOptions o = quick_options();
   o.bf16 = true;
@@ -202,8 +205,11 @@ TEST(Roofline, UnderBf16OnlyTheGemmFamiliesHaveTheBf16Roof) {
   std::set<std::string> checked;
   for (const auto& f : r.families) {
     if (f.flops <= 0 || f.bytes <= 0) continue;
-    const bool on_bf16_gemms = f.family == "matmul" || f.family == "lm_head+loss" || f.family == "moe";
-    const double roof = on_bf16_gemms ? r.gemm_peak_gflops : r.peak_gflops;
+    cpu::AttentionProblem attention;
+    attention.bf16_products = true;
+    const bool on_bf16_units = f.family == "matmul" || f.family == "lm_head+loss" || f.family == "moe" ||
+                               (f.family == "attention" && cpu::flash_attention_uses_bf16(attention));
+    const double roof = on_bf16_units ? r.gemm_peak_gflops : r.peak_gflops;
     EXPECT_DOUBLE_EQ(f.bound_gflops, std::min(roof, f.intensity() * r.bandwidth_gb_per_s)) << f.family;
     checked.insert(f.family);
   }

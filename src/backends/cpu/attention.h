@@ -64,6 +64,13 @@ struct AttentionProblem {
   // 0 = no dropout: the kernels then take exactly the code path they take without it.
   float dropout_p = 0.0f;
   RngKey dropout_key;
+  // bf16 products (mixed precision, as SDPA under torch.autocast(bfloat16) and FlashAttention-2's bf16
+  // kernels): the flash kernels round the operands of their five products (q, k, v, dO as they are
+  // packed; P and dS as they form) to bf16, nearest even, and multiply them with f32 accumulation by
+  // `vdpbf16ps`. Scores, the online softmax, lse, D_i and dS themselves stay f32, as do inputs and outputs.
+  // Only the AVX-512 copy on a CPU with AVX512-BF16 has these products (flash_attention_uses_bf16); every
+  // other copy, the masked kernels and CUDA compute in f32 as without the flag (no bf16 speed to gain).
+  bool bf16_products = false;
 
   int64_t heads() const { return batches * heads_per_batch; }
   int64_t kv_heads() const { return heads() / kv_group; }
@@ -76,6 +83,10 @@ inline uint64_t attention_dropout_counter(const AttentionProblem& p, int64_t n, 
   const int64_t tk64 = (p.tk + 63) / 64 * 64;
   return static_cast<uint64_t>(n * p.tq + i) * static_cast<uint64_t>(tk64) + static_cast<uint64_t>(j);
 }
+
+// Whether flash_attention_{forward,backward} take bf16 products for p on this CPU and the kernel copy
+// cpu_isa() names now: p.bf16_products, the AVX-512 copy, and AVX512-BF16.
+bool flash_attention_uses_bf16(const AttentionProblem& p);
 
 // out: rows of Dv per the out layout (with dropout, the dropped output: the backward needs that one).
 // lse: [N, Tq], the per-row log2-sum-exp2 of the scores scaled by scale*log2(e) (+inf for a row that sees

@@ -56,6 +56,10 @@ void dropout_forward(bf16* y, const bf16* x, int64_t n, float p, RngKey key) {
 
 // ---- attention (attention.inc) -----------------------------------------------------------------
 
+bool flash_attention_uses_bf16(const AttentionProblem& p) {
+  return p.bf16_products && cpu_isa() == CpuIsa::Avx512 && cpu_has_avx512_bf16();
+}
+
 void flash_attention_forward(const AttentionProblem& p, const float* q, const float* k, const float* v,
                              float* out, float* lse) {
   LOOM_CPU_DISPATCH(flash_attention_forward, p, q, k, v, out, lse);

@@ -102,7 +102,9 @@ Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_ro
   Tensor shared = ops::reshape(k_rope, {B, 1, S, d_rope});
   Tensor k = ops::concat({k_nope, ops::concat(TensorList(static_cast<size_t>(H), shared), 1)}, -1);
   Tensor q = ops::concat({q_nope, q_rope}, -1);               // [B, H, T, N+P]
-  Tensor o = ops::scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, scale);  // [B, H, T, Dv]
+  // Mixed precision reaches the attention products too (as SDPA under autocast): wkv_b's precision.
+  Tensor o = ops::scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, scale,
+                                               wkv_b.precision);  // [B, H, T, Dv]
   return ops::reshape(ops::transpose(o, 1, 2), {B, T, H * d_v});
 }
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/attention.h"
 #include "core/allocator.h"
 #include "core/parallel.h"
 #include "fixture_check.h"
@@ -429,4 +430,43 @@ TEST(Attention, GroupedQueryGradcheckAndDeterminism) {
                               {"num_kv_heads=4", "num_heads=2"});
   test::expect_error_mentions([&] { ops::causal_self_attention(x, Tensor::zeros({2, 4, 4}), x, 3, std::nullopt, 1); },
                               {"[2, 4, 4]", "[2, 4, 12]"});
+}
+
+// The ops pass MatmulPrecision::BF16 on to the flash kernels: bf16 products where the CPU has them (close
+// to f32, not equal), and exactly the f32 result where it has not or where the masked kernel runs.
+TEST(Attention, Bf16PrecisionReachesTheFlashKernels) {
+  cpu::AttentionProblem probe;
+  probe.bf16_products = true;
+  const bool bf16 = cpu::flash_attention_uses_bf16(probe);
+  const int64_t B = 2, T = 40, H = 2, D = 16;
+  const TensorList qkv = {test::randn({B, T, H * D}, 11), test::randn({B, T, H * D}, 12), test::randn({B, T, H * D}, 13)};
+  const Tensor dy = test::randn({B, T, H * D}, 14);
+  auto fused = [&](ops::MatmulPrecision precision) {
+    return run_with_grads([&](const TensorList& in) {
+      return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(H), std::nullopt, 0, {}, precision);
+    }, qkv, dy);
+  };
+  auto sdpa = [&](ops::MatmulPrecision precision, bool masked) {
+    return run_with_grads([&](const TensorList& in) {
+      Tensor q = ops::split_heads(in[0], static_cast<int>(H)), k = ops::split_heads(in[1], static_cast<int>(H));
+      Tensor v = ops::split_heads(in[2], static_cast<int>(H));
+      return ops::merge_heads(ops::scaled_dot_product_attention(q, k, v, masked ? ops::causal_mask(T) : Tensor(),
+                                                                !masked, std::nullopt, precision));
+    }, qkv, dy);
+  };
+  auto check = [&](const TensorList& f32, const TensorList& mixed) {
+    for (size_t i = 0; i < f32.size(); ++i) {
+      const float diff = max_abs_diff(f32[i], mixed[i]);
+      if (bf16) {
+        EXPECT_GT(diff, 0.0f) << "output " << i << ": no bf16 product ran";
+        test::expect_close(mixed[i], f32[i], 0.03f, 0.03f, "bf16 against f32");
+      } else {
+        EXPECT_EQ(diff, 0.0f) << "output " << i << ": no bf16 dot product here, so f32 bits";
+      }
+    }
+  };
+  check(fused(ops::MatmulPrecision::F32), fused(ops::MatmulPrecision::BF16));
+  check(sdpa(ops::MatmulPrecision::F32, false), sdpa(ops::MatmulPrecision::BF16, false));
+  const TensorList masked_f32 = sdpa(ops::MatmulPrecision::F32, true), masked_bf16 = sdpa(ops::MatmulPrecision::BF16, true);
+  for (size_t i = 0; i < masked_f32.size(); ++i) EXPECT_EQ(max_abs_diff(masked_f32[i], masked_bf16[i]), 0.0f) << i;
 }

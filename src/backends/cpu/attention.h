@@ -68,8 +68,9 @@ struct AttentionProblem {
   // kernels): the flash kernels round the operands of their five products (q, k, v, dO as they are
   // packed; P and dS as they form) to bf16, nearest even, and multiply them with f32 accumulation by
   // `vdpbf16ps`. Scores, the online softmax, lse, D_i and dS themselves stay f32, as do inputs and outputs.
-  // Only the AVX-512 copy on a CPU with AVX512-BF16 has these products (flash_attention_uses_bf16); every
-  // other copy, the masked kernels and CUDA compute in f32 as without the flag (no bf16 speed to gain).
+  // Only the AVX-512 copy on a CPU with AVX512-BF16 has these products (flash_attention_uses_bf16); the
+  // other CPU copies (no bf16 unit to gain speed from) and the masked kernels compute in f32 as without
+  // the flag, and CUDA ignores it (its kernels take bf16 tensors for that).
   bool bf16_products = false;
 
   int64_t heads() const { return batches * heads_per_batch; }

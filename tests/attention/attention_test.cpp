@@ -470,3 +470,44 @@ TEST(Attention, Bf16PrecisionReachesTheFlashKernels) {
   const TensorList masked_f32 = sdpa(ops::MatmulPrecision::F32, true), masked_bf16 = sdpa(ops::MatmulPrecision::BF16, true);
   for (size_t i = 0; i < masked_f32.size(); ++i) EXPECT_EQ(max_abs_diff(masked_f32[i], masked_bf16[i]), 0.0f) << i;
 }
+
+// bf16 products with Tq != Tk and Dv != D (DeepSeek-V3's MLA has Dv != D) over two key blocks, causal
+// (with the Tk - Tq offset) and not: each output within 3x the error that rounding q, k, v and dy alone to
+// bf16 costs the f32 kernels, so a pair layout that mixes up D and Dv, or Tq and Tk, cannot pass (one that
+// offset the second key block's V pairs by D instead of Dv was tried, and failed).
+TEST(Attention, Bf16ProductsWithTqNotTkAndDvNotD) {
+  cpu::AttentionProblem probe;
+  probe.bf16_products = true;
+  if (!cpu::flash_attention_uses_bf16(probe)) GTEST_SKIP() << "no bf16 attention products on this CPU";
+  auto rounded = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F32); };
+  auto relative = [](const Tensor& got, const Tensor& want) {
+    float err = 0.0f, scale = 0.0f;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      err = std::max(err, std::fabs(got.data<float>()[i] - want.data<float>()[i]));
+      scale = std::max(scale, std::fabs(want.data<float>()[i]));
+    }
+    return err / scale;
+  };
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const TensorList qkv = {test::randn({2, 3, 37, 24}, 21), test::randn({2, 3, 150, 24}, 22),
+                            test::randn({2, 3, 150, 40}, 23)};
+    const Tensor dy = test::randn({2, 3, 37, 40}, 24);
+    auto run = [&](const TensorList& in, const Tensor& g, ops::MatmulPrecision precision) {
+      return run_with_grads([&](const TensorList& x) {
+        return ops::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), causal, std::nullopt, precision);
+      }, in, g);
+    };
+    const TensorList f32 = run(qkv, dy, ops::MatmulPrecision::F32);
+    const TensorList bf16 = run(qkv, dy, ops::MatmulPrecision::BF16);
+    const TensorList inputs_rounded =
+        run({rounded(qkv[0]), rounded(qkv[1]), rounded(qkv[2])}, rounded(dy), ops::MatmulPrecision::F32);
+    const char* names[] = {"y", "dq", "dk", "dv"};
+    for (size_t i = 0; i < f32.size(); ++i) {
+      const float err = relative(bf16[i], f32[i]), input_err = relative(inputs_rounded[i], f32[i]);
+      EXPECT_LE(err, 3.0f * input_err) << names[i];
+      EXPECT_LT(err, 0.01f) << names[i];
+      EXPECT_GT(err, 0.0f) << names[i];
+    }
+  }
+}

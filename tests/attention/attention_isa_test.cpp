@@ -150,14 +150,8 @@ std::vector<float> rounded(const std::vector<float>& x) {
   return r;
 }
 
-// max |got - want| / max |want|: one number per output, comparable across tensors of any scale.
 float relative_max_error(const std::vector<float>& got, const std::vector<float>& want) {
-  float err = 0.0f, scale = 0.0f;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err = std::max(err, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
+  return test::max_error_relative_to_max(t(got), t(want));
 }
 
 }  // namespace

@@ -480,14 +480,6 @@ TEST(Attention, Bf16ProductsWithTqNotTkAndDvNotD) {
   probe.bf16_products = true;
   if (!cpu::flash_attention_uses_bf16(probe)) GTEST_SKIP() << "no bf16 attention products on this CPU";
   auto rounded = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F32); };
-  auto relative = [](const Tensor& got, const Tensor& want) {
-    float err = 0.0f, scale = 0.0f;
-    for (int64_t i = 0; i < want.numel(); ++i) {
-      err = std::max(err, std::fabs(got.data<float>()[i] - want.data<float>()[i]));
-      scale = std::max(scale, std::fabs(want.data<float>()[i]));
-    }
-    return err / scale;
-  };
   for (bool causal : {true, false}) {
     SCOPED_TRACE(causal ? "causal" : "full");
     const TensorList qkv = {test::randn({2, 3, 37, 24}, 21), test::randn({2, 3, 150, 24}, 22),
@@ -504,7 +496,8 @@ TEST(Attention, Bf16ProductsWithTqNotTkAndDvNotD) {
         run({rounded(qkv[0]), rounded(qkv[1]), rounded(qkv[2])}, rounded(dy), ops::MatmulPrecision::F32);
     const char* names[] = {"y", "dq", "dk", "dv"};
     for (size_t i = 0; i < f32.size(); ++i) {
-      const float err = relative(bf16[i], f32[i]), input_err = relative(inputs_rounded[i], f32[i]);
+      const float err = test::max_error_relative_to_max(bf16[i], f32[i]);
+      const float input_err = test::max_error_relative_to_max(inputs_rounded[i], f32[i]);
       EXPECT_LE(err, 3.0f * input_err) << names[i];
       EXPECT_LT(err, 0.01f) << names[i];
       EXPECT_GT(err, 0.0f) << names[i];

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -89,6 +90,17 @@ inline void expect_close(const Tensor& actual, const Tensor& expected, float ato
   EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? pa[worst] : 0)
                       << ", expected " << (worst >= 0 ? pe[worst] : 0) << " (atol " << atol << ", rtol "
                       << rtol << ")";
+}
+
+// max |actual - expected| / max |expected|: one error figure per tensor, comparable across tensors of any
+// scale (the bf16 tests compare it with the error of rounding the inputs alone).
+inline float max_error_relative_to_max(const Tensor& actual, const Tensor& expected) {
+  float err = 0.0f, scale = 0.0f;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    err = std::max(err, std::fabs(actual.data<float>()[i] - expected.data<float>()[i]));
+    scale = std::max(scale, std::fabs(expected.data<float>()[i]));
+  }
+  return err / scale;
 }
 
 // Checks d(sum(f(inputs) * R))/d(input) for every input that requires grad, against central differences

@@ -23,7 +23,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static int peak_threads = 0;
   peak->add_option("--threads", peak_threads, "threads (default: all)");
   peak->callback([] {
-    int threads = peak_threads > 0 ? peak_threads : loom::num_threads();
+    const int threads = loom::threads_or_default(peak_threads, "bench peak: --threads");
     auto r = loom::cpu::measure_fma_peak(threads, 1.0);
     nlohmann::json j = {{"peak_gflops", r.gflops}, {"threads", r.threads}, {"vector_bits", r.vector_bits}};
     std::printf("%s\n", j.dump().c_str());
@@ -35,7 +35,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   bw->add_option("--threads", bw_threads, "threads (default: all)");
   bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)");
   bw->callback([] {
-    const int threads = bw_threads > 0 ? bw_threads : loom::num_threads();
+    const int threads = loom::threads_or_default(bw_threads, "bench bandwidth: --threads");
     auto r = loom::report::measure_read_bandwidth(threads, bw_mib << 20);
     nlohmann::json j = {{"read_gb_per_s", r.gb_per_s}, {"bytes", r.bytes}, {"threads", r.threads}};
     std::printf("%s\n", j.dump().c_str());
@@ -59,7 +59,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
       if (qm_path == loom::quant::kernel_path_name(p)) path = p, known = true;
     }
     if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2 or avx512-vnni");
-    const int threads = qm_threads > 0 ? qm_threads : loom::num_threads();
+    const int threads = loom::threads_or_default(qm_threads, "bench qmatmul: --threads");
     auto r = loom::report::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
     nlohmann::json j = {{"type", r.type}, {"path", r.path}, {"M", r.M}, {"N", r.N}, {"K", r.K},
                         {"us_per_call", r.seconds * 1e6}, {"weight_gb_per_s", r.weight_gb_per_s},

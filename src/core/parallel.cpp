@@ -66,4 +66,10 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
+int threads_or_default(int64_t requested, const char* what) {
+  LOOM_CHECK(requested >= 0 && requested <= kMaxThreads, what, " must be in [0, ", kMaxThreads,
+             "] (0: the default, ", num_threads(), " here), got ", requested);
+  return requested > 0 ? static_cast<int>(requested) : num_threads();
+}
+
 }  // namespace loom

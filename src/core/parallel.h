@@ -34,6 +34,9 @@ bool set_default_wait_policy_env();
 // Number of threads kernels use. Defaults to OMP_NUM_THREADS / the core count.
 int num_threads();
 void set_num_threads(int n);  // n in [1, kMaxThreads] (core/thread_count.h)
+// A `--threads`-style request checked to be in [0, kMaxThreads]; 0 (the default) means num_threads().
+// `what` names the argument in the error: "bench train: threads".
+int threads_or_default(int64_t requested, const char* what);
 
 // Parallel regions started so far by parallel_for and parallel_team, process-wide: how a caller (a
 // benchmark, a test) sees what one step of its work costs in fork/join. Counting costs one relaxed

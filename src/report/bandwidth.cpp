@@ -173,7 +173,7 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
   LOOM_CHECK(o.prompt_tokens >= 1 && o.new_tokens >= 1 && o.repeats >= 1, "bench decode: prompt_tokens=",
              o.prompt_tokens, ", new_tokens=", o.new_tokens, " and repeats=", o.repeats, " must be >= 1");
   const int saved = num_threads();
-  const int threads = o.threads > 0 ? o.threads : saved;
+  const int threads = threads_or_default(o.threads, "bench decode: threads");
   set_num_threads(threads);
   std::unique_ptr<models::LanguageModel> loaded;
   std::unique_ptr<llama::TransformerLM> synthetic;

@@ -53,7 +53,8 @@ std::string TrainBenchResult::to_json() const {
 TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBenchOptions& options) {
   LOOM_CHECK(options.batch_size > 0, "bench: batch size must be positive, got ", options.batch_size);
   LOOM_CHECK(options.steps > 0, "bench: steps must be positive, got ", options.steps);
-  if (options.threads > 0) set_num_threads(options.threads);
+  LOOM_CHECK(options.warmup_steps >= 0, "bench: warm-up steps must be >= 0, got ", options.warmup_steps);
+  set_num_threads(threads_or_default(options.threads, "bench: threads"));
   const int threads = num_threads();
   const double start_rss_mib = proc_status_mib("VmRSS");
   Allocator& allocator = allocator_for(Device::cpu());

@@ -217,7 +217,7 @@ RooflineReport bench_roofline(const models::ModelConfig& config, const RooflineO
   LOOM_CHECK(options.steps > 0, "bench roofline: steps must be positive, got ", options.steps);
   LOOM_CHECK(options.warmup_steps >= 0, "bench roofline: warm-up steps must be >= 0, got ", options.warmup_steps);
   LOOM_CHECK(options.bandwidth_mib >= 1, "bench roofline: bandwidth buffer must be >= 1 MiB, got ", options.bandwidth_mib);
-  if (options.threads > 0) set_num_threads(options.threads);
+  set_num_threads(threads_or_default(options.threads, "bench roofline: threads"));
   RooflineReport rep;
   rep.threads = num_threads();
   rep.bf16 = options.bf16;

@@ -83,3 +83,28 @@ TEST(QuantBenchCli, DecodeAndBandwidthRun) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("too small"), std::string::npos) << r.output;
 }
+
+// Every bench subcommand takes --threads as 0 (the default count) or a count up to kMaxThreads; a
+// negative or absurd value is an error naming it, not a silent run on the default count.
+TEST(BenchCli, ThreadsAndWarmupOutOfRangeAreRefusedByName) {
+  const char* commands[] = {
+      "bench peak",
+      "bench bandwidth --mib 4",
+      "bench qmatmul --type Q8_0 -n 16 -k 64 --calls 1",
+      "bench decode --layers 1 --vocab 128 --new-tokens 1 --repeats 1",
+      "bench train --preset tiny --batch 1 --steps 1 --warmup 0",
+      "bench roofline --preset tiny --batch 1 --steps 1 --warmup 0 --bandwidth-mib 4",
+  };
+  for (const char* command : commands) {
+    for (const char* threads : {"-1", "100000"}) {
+      auto r = run_cli(std::string(command) + " --threads " + threads);
+      EXPECT_EQ(r.status, 1) << command << " --threads " << threads << "\n" << r.output;
+      EXPECT_NE(r.output.find(std::string("threads must be in [0, 1024] (0: the default, ")), std::string::npos)
+          << command << "\n" << r.output;
+      EXPECT_NE(r.output.find(std::string("got ") + threads), std::string::npos) << command << "\n" << r.output;
+    }
+  }
+  auto r = run_cli("bench train --preset tiny --batch 1 --steps 1 --warmup -1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("warm-up steps must be >= 0, got -1"), std::string::npos) << r.output;
+}

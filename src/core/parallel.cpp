@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -67,8 +68,7 @@ void set_num_threads(int n) {
 }
 
 int threads_or_default(int64_t requested, const char* what) {
-  LOOM_CHECK(requested >= 0 && requested <= kMaxThreads, what, " must be in [0, ", kMaxThreads,
-             "] (0: the default, ", num_threads(), " here), got ", requested);
+  check_thread_request(requested, what, "the default, " + std::to_string(num_threads()) + " here");
   return requested > 0 ? static_cast<int>(requested) : num_threads();
 }
 

@@ -17,11 +17,16 @@ namespace loom {
 // destroyed during unwinding calls std::terminate), nor an OpenMP team of 100,000 threads.
 inline constexpr int64_t kMaxThreads = 1024;
 
+// Checks that `requested` is in [0, kMaxThreads]. `what` names the argument in the error ("encode:
+// threads"), `zero_means` what 0 stands for ("every core").
+inline void check_thread_request(int64_t requested, std::string_view what, std::string_view zero_means) {
+  LOOM_CHECK(requested >= 0 && requested <= kMaxThreads, what, " must be in [0, ", kMaxThreads, "] (0: ",
+             zero_means, "), got ", requested);
+}
+
 // `requested` checked to be in [0, kMaxThreads], with 0 (every core) resolved to the core count.
-// `what` names the argument in the error: "encode: threads".
 inline int resolve_thread_count(int64_t requested, std::string_view what) {
-  LOOM_CHECK(requested >= 0 && requested <= kMaxThreads, what, " must be in [0, ", kMaxThreads,
-             "] (0: every core), got ", requested);
+  check_thread_request(requested, what, "every core");
   if (requested > 0) return static_cast<int>(requested);
   return static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxThreads));
 }

@@ -85,7 +85,7 @@ void BM_FlashKernels(benchmark::State& state) {
   for (int64_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   std::vector<float> cos(static_cast<size_t>(t * d / 2)), sin(cos.size());
   cpu::rope_tables(cos.data(), sin.data(), pos.data(), t, d, 10000.0f);
-  cpu::AttentionProblem p;
+  AttentionProblem p;
   p.batches = kB;
   p.heads_per_batch = kH;
   p.tq = p.tk = t;

@@ -28,8 +28,8 @@
 
 #include "core/allocator.h"
 #include "core/parallel.h"
-#include "dist/mpi.h"
-#include "dist/runtime.h"
+#include "mesh/mpi.h"
+#include "parallel/runtime.h"
 #include "models/deepseek_v3/model.h"
 #include "models/llama/model.h"
 #include "train/optimizer.h"

@@ -8,11 +8,11 @@
 #include "backends/cpu/peak.h"
 #include "cli/command.h"
 #include "core/parallel.h"
-#include "report/bandwidth.h"
-#include "report/benchmark.h"
-#include "report/roofline.h"
+#include "benchmark/bandwidth.h"
+#include "benchmark/train_step.h"
+#include "benchmark/roofline.h"
 #include "train/config.h"
-#include "train/memory.h"
+#include "runs/memory.h"
 
 namespace {
 
@@ -36,7 +36,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)");
   bw->callback([] {
     const int threads = loom::threads_or_default(bw_threads, "bench bandwidth: --threads");
-    auto r = loom::report::measure_read_bandwidth(threads, bw_mib << 20);
+    auto r = loom::bench::measure_read_bandwidth(threads, bw_mib << 20);
     nlohmann::json j = {{"read_gb_per_s", r.gb_per_s}, {"bytes", r.bytes}, {"threads", r.threads}};
     std::printf("%s\n", j.dump().c_str());
   });
@@ -60,7 +60,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
     }
     if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2 or avx512-vnni");
     const int threads = loom::threads_or_default(qm_threads, "bench qmatmul: --threads");
-    auto r = loom::report::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
+    auto r = loom::bench::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
     nlohmann::json j = {{"type", r.type}, {"path", r.path}, {"M", r.M}, {"N", r.N}, {"K", r.K},
                         {"us_per_call", r.seconds * 1e6}, {"weight_gb_per_s", r.weight_gb_per_s},
                         {"gflops", r.gflops}, {"threads", r.threads}};
@@ -70,7 +70,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   auto* dec = cmd.add_subcommand("decode",
                                  "Time prefill and KV-cache decoding of a synthetic Llama (SmolLM2-135M's shape by "
                                  "default) with f32 or quantized weights");
-  static loom::report::DecodeBenchOptions dec_options;
+  static loom::bench::DecodeBenchOptions dec_options;
   dec->add_option("--weights", dec_options.weights, "Linear weights: f32, Q8_0, Q4_0 or Q4_1 (default Q4_1)");
   dec->add_option("--head", dec_options.head, "lm_head with quantized weights: f32, Q8_0, Q4_0 or Q4_1 (default Q8_0)");
   dec->add_option("--prompt-tokens", dec_options.prompt_tokens, "prefill length (default 4)");
@@ -82,12 +82,12 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   dec->add_option("--gguf", dec_options.gguf, "time this Llama GGUF file (matrices kept quantized) instead of a synthetic model");
   dec->add_flag("!--unfused", dec_options.fused,
                 "decode op by op (one parallel region per op) instead of the fused quantized step");
-  dec->callback([] { std::printf("%s\n", loom::report::bench_decode(dec_options).to_json().c_str()); });
+  dec->callback([] { std::printf("%s\n", loom::bench::bench_decode(dec_options).to_json().c_str()); });
 
   auto* train = cmd.add_subcommand("train", "Time full training steps (forward, backward, clip, AdamW) on synthetic tokens");
   static std::string preset = "tiny";
   static std::vector<std::string> sets;
-  static loom::report::TrainBenchOptions options;
+  static loom::bench::TrainBenchOptions options;
   train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)");
   train->add_option("--set", sets, "override a config key of the preset: --set model.context_length=256 (repeatable)");
   train->add_option("--batch", options.batch_size, "batch size");
@@ -100,9 +100,9 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
                     "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   train->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(preset, sets).model;
-    loom::train::check_memory(loom::train::training_step_memory(model, options.batch_size, options.bf16, "--batch"),
-                              loom::train::MemoryBudget::from_setting(max_memory), "bench train");
-    auto r = loom::report::bench_train(model, options);
+    loom::runs::check_memory(loom::runs::training_step_memory(model, options.batch_size, options.bf16, "--batch"),
+                              loom::runs::MemoryBudget::from_setting(max_memory), "bench train");
+    auto r = loom::bench::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });
 
@@ -111,7 +111,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
                                   "bandwidth; print a table and write roofline.svg");
   static std::string roof_preset = "tiny", roof_out = ".";
   static std::vector<std::string> roof_sets;
-  static loom::report::RooflineOptions roof_options;
+  static loom::bench::RooflineOptions roof_options;
   roof->add_option("--preset", roof_preset, "model preset or config file (tiny, cs336-tinystories, gpt2-small, ..., FILE.json)");
   roof->add_option("--set", roof_sets, "override a config key of the preset (repeatable)");
   roof->add_option("--batch", roof_options.batch_size, "batch size (default 8)");
@@ -123,9 +123,9 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   roof->add_option("--out", roof_out, "folder for roofline.svg and roofline.json (default: .)");
   roof->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(roof_preset, roof_sets).model;
-    loom::train::check_memory(loom::train::training_step_memory(model, roof_options.batch_size, roof_options.bf16, "--batch"),
-                              loom::train::MemoryBudget::from_setting(""), "bench roofline");
-    auto r = loom::report::bench_roofline(model, roof_options);
+    loom::runs::check_memory(loom::runs::training_step_memory(model, roof_options.batch_size, roof_options.bf16, "--batch"),
+                              loom::runs::MemoryBudget::from_setting(""), "bench roofline");
+    auto r = loom::bench::bench_roofline(model, roof_options);
     std::filesystem::create_directories(roof_out);
     const std::string svg_path = (std::filesystem::path(roof_out) / "roofline.svg").string();
     std::ofstream svg(svg_path);

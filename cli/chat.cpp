@@ -11,8 +11,8 @@
 #include "generate/chat.h"
 #include "models/gguf.h"
 #include "tokenizer/pretokenizer.h"
-#include "train/memory.h"
-#include "train/run.h"
+#include "runs/memory.h"
+#include "runs/load.h"
 
 namespace {
 
@@ -62,11 +62,11 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
     } catch (const loom::Error& e) {
       throw loom::Error(std::string("chat: ") + e.what());
     }
-    const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
-    const auto job = [](const loom::models::ModelConfig& m) { return loom::train::generation_memory(m); };
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
-                                : loom::train::load_run(a.run, budget, job);
-    loom::train::check_memory(job(loaded.model->model_config()), budget, "chat");
+    const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
+    const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
+    auto loaded = a.run.empty() ? loom::runs::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
+                                : loom::runs::load_run(a.run, budget, job);
+    loom::runs::check_memory(job(loaded.model->model_config()), budget, "chat");
     LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
     std::string jinja = loaded.chat_template;

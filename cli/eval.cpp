@@ -5,9 +5,9 @@
 #include "core/autograd.h"
 #include "io/safetensors.h"
 #include "train/evaluate.h"
-#include "train/consistency.h"
-#include "train/memory.h"
-#include "train/run.h"
+#include "runs/consistency.h"
+#include "runs/memory.h"
+#include "runs/load.h"
 
 namespace {
 
@@ -31,19 +31,19 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "eval: give --run DIR or --weights PATH");
-    const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
+    const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     const std::string source = a.run.empty() ? a.weights : a.run;
     // The whole job's memory, checked from the model's config before the model is built.
     const auto job = [](const loom::models::ModelConfig& m) {
-      return loom::train::inference_memory(m, 8, a.context_length, a.logits_out.empty() ? 0 : m.context_length());
+      return loom::runs::inference_memory(m, 8, a.context_length, a.logits_out.empty() ? 0 : m.context_length());
     };
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job)
-                                : loom::train::load_run(a.run, budget, job);
+    auto loaded = a.run.empty() ? loom::runs::load_weights(a.weights, budget, job)
+                                : loom::runs::load_run(a.run, budget, job);
     auto tokens = loom::data::TokenFile::open(a.data);
     // Before any compute: the data was made by the run's tokenizer.
-    const std::string note = loom::train::check_eval_data(loaded, source, a.data);
+    const std::string note = loom::runs::check_eval_data(loaded, source, a.data);
     if (!note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
-    loom::train::check_memory(job(loaded.model->model_config()), budget, "eval");  // an HF import's model
+    loom::runs::check_memory(job(loaded.model->model_config()), budget, "eval");  // an HF import's model
     auto r = loom::train::evaluate(*loaded.model, tokens, a.context_length, a.max_windows);
     if (!a.logits_out.empty()) {
       const int64_t T = a.context_length > 0 ? a.context_length : loaded.model->context_length();

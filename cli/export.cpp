@@ -6,8 +6,8 @@
 #include "cli/command.h"
 #include "models/gguf.h"
 #include "models/hf.h"
-#include "train/run.h"
-#include "train/run_dir.h"
+#include "runs/load.h"
+#include "runs/run_dir.h"
 
 namespace {
 
@@ -32,7 +32,7 @@ loom::cli::Register reg("export", "Export a run as a Hugging Face directory (Lla
                  " exists (give --overwrite to replace it)");
       LOOM_CHECK(!std::filesystem::is_directory(a.out), "export: --out ", a.out, " is a directory; a GGUF export is a file");
       const bool dir = std::filesystem::is_directory(a.run);
-      auto loaded = dir ? loom::train::load_run(a.run) : loom::train::load_weights(a.run);
+      auto loaded = dir ? loom::runs::load_run(a.run) : loom::runs::load_weights(a.run);
       if (!loaded.tokenizer) std::fprintf(stderr, "note: no tokenizer.json in %s: exporting the weights only\n", a.run.c_str());
       o.name = std::filesystem::path(a.run).filename().string();
       if (loaded.tokenizer) {
@@ -52,15 +52,15 @@ loom::cli::Register reg("export", "Export a run as a Hugging Face directory (Lla
                    loaded.tokenizer ? ", tokenizer" : "");
       return;
     }
-    // A new or empty directory, or (with --overwrite) one of loom's; locked until the end (train/run_dir.h).
-    auto out_dir = loom::train::RunDir::claim(a.out, loom::train::RunKind::Export,
-                                              a.overwrite ? loom::train::ExistingRun::Overwrite
-                                                          : loom::train::ExistingRun::Refuse);
-    auto loaded = std::filesystem::is_directory(a.run) ? loom::train::load_run(a.run) : loom::train::load_weights(a.run);
+    // A new or empty directory, or (with --overwrite) one of loom's; locked until the end (runs/run_dir.h).
+    auto out_dir = loom::runs::RunDir::claim(a.out, loom::runs::RunKind::Export,
+                                              a.overwrite ? loom::runs::ExistingRun::Overwrite
+                                                          : loom::runs::ExistingRun::Refuse);
+    auto loaded = std::filesystem::is_directory(a.run) ? loom::runs::load_run(a.run) : loom::runs::load_weights(a.run);
     if (!loaded.tokenizer) std::fprintf(stderr, "note: no tokenizer.json in %s: exporting the weights only\n", a.run.c_str());
     out_dir.start();
     loom::models::export_hf(*loaded.model, loaded.tokenizer ? &*loaded.tokenizer : nullptr, a.out);
-    out_dir.finish(loom::train::RunState::Finished);
+    out_dir.finish(loom::runs::RunState::Finished);
     std::fprintf(stderr, "wrote %s (config.json, model.safetensors%s)\n", a.out.c_str(),
                  loaded.tokenizer ? ", generation_config.json and the tokenizer" : ", generation_config.json");
   });

@@ -5,8 +5,8 @@
 #include "cli/command.h"
 #include "generate/generate.h"
 #include "tokenizer/pretokenizer.h"
-#include "train/memory.h"
-#include "train/run.h"
+#include "runs/memory.h"
+#include "runs/load.h"
 
 namespace {
 
@@ -48,12 +48,12 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     } catch (const loom::Error& e) {
       throw loom::Error(std::string("generate: ") + e.what());
     }
-    const auto budget = loom::train::MemoryBudget::from_setting(a.max_memory);
+    const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     // The KV cache of the whole context, checked from the model's config before the model is built.
-    const auto job = [](const loom::models::ModelConfig& m) { return loom::train::generation_memory(m); };
-    auto loaded = a.run.empty() ? loom::train::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
-                                : loom::train::load_run(a.run, budget, job);
-    loom::train::check_memory(job(loaded.model->model_config()), budget, "generate");  // an HF import's model
+    const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
+    auto loaded = a.run.empty() ? loom::runs::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
+                                : loom::runs::load_run(a.run, budget, job);
+    loom::runs::check_memory(job(loaded.model->model_config()), budget, "generate");  // an HF import's model
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
     const auto& tok = *loaded.tokenizer;
     loom::generate::GenerateOptions o;

@@ -11,9 +11,9 @@
 #include "models/gguf.h"
 #include "models/hf.h"
 #include "data/provenance.h"
-#include "train/memory.h"
-#include "train/run.h"
-#include "train/run_dir.h"
+#include "runs/memory.h"
+#include "runs/load.h"
+#include "runs/run_dir.h"
 
 namespace {
 
@@ -33,32 +33,32 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.hf.empty() || !a.gguf.empty(), "import: give --hf DIR or --gguf FILE");
-    // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (train/run_dir.h).
-    auto run_dir = loom::train::RunDir::claim(a.out, loom::train::RunKind::Import,
-                                              a.overwrite ? loom::train::ExistingRun::Overwrite
-                                                          : loom::train::ExistingRun::Refuse);
+    // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (runs/run_dir.h).
+    auto run_dir = loom::runs::RunDir::claim(a.out, loom::runs::RunKind::Import,
+                                              a.overwrite ? loom::runs::ExistingRun::Overwrite
+                                                          : loom::runs::ExistingRun::Refuse);
     if (!a.gguf.empty()) {
       auto g = loom::models::import_gguf(a.gguf);
-      loom::train::check_memory(loom::train::model_memory(g.model->model_config()),
-                                loom::train::MemoryBudget::from_setting(a.max_memory), "import " + a.gguf);
+      loom::runs::check_memory(loom::runs::model_memory(g.model->model_config()),
+                                loom::runs::MemoryBudget::from_setting(a.max_memory), "import " + a.gguf);
       run_dir.start();
       for (const auto& note : g.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
       std::filesystem::create_directories(a.out);
       const auto weights = std::filesystem::path(a.out) / "model.safetensors";
-      loom::train::save_model_weights(*g.model, weights.string());
+      loom::runs::save_model_weights(*g.model, weights.string());
       if (g.tokenizer) {
         loom::tokenizer::save_hf_json(*g.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
         loom::models::write_tokenizer_config(a.out, *g.tokenizer, g.bos, g.eos, g.chat_template,
                                              g.model->model_config().json().value("context_length", int64_t{0}));
       }
-      run_dir.finish(loom::train::RunState::Finished);
+      run_dir.finish(loom::runs::RunState::Finished);
       std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
                    static_cast<long long>(g.model->num_parameters()),
                    g.tokenizer ? ", tokenizer.json and tokenizer_config.json" : "");
       return;
     }
     // Before anything is built: the model config.json describes must fit (sizes from the headers).
-    loom::train::check_memory(loom::train::hf_import_memory(a.hf), loom::train::MemoryBudget::from_setting(a.max_memory),
+    loom::runs::check_memory(loom::runs::hf_import_memory(a.hf), loom::runs::MemoryBudget::from_setting(a.max_memory),
                               "import " + a.hf);
     auto hf = loom::models::import_hf(a.hf);
     if (hf.tokenizer) {  // its ids must be rows of the model's embedding table
@@ -71,9 +71,9 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
     for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::filesystem::create_directories(a.out);
     const auto weights = std::filesystem::path(a.out) / "model.safetensors";
-    loom::train::save_model_weights(*hf.model, weights.string());
+    loom::runs::save_model_weights(*hf.model, weights.string());
     if (hf.tokenizer) loom::tokenizer::save_hf_json(*hf.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
-    run_dir.finish(loom::train::RunState::Finished);
+    run_dir.finish(loom::runs::RunState::Finished);
     std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
                  static_cast<long long>(hf.model->num_parameters()), hf.tokenizer ? " and tokenizer.json" : "");
   });

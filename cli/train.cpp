@@ -11,17 +11,18 @@
 #include "backends/backend.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
-#include "dist/mesh.h"
-#include "dist/mpi.h"
-#include "dist/runtime.h"
+#include "mesh/mesh.h"
+#include "mesh/mpi.h"
+#include "parallel/runtime.h"
 #include "generate/generate.h"
 #include "models/gguf.h"
 #include "tokenizer/formats.h"
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/config_file.h"
-#include "train/memory.h"
-#include "train/run.h"
-#include "train/run_dir.h"
+#include "runs/memory.h"
+#include "runs/load.h"
+#include "runs/run_dir.h"
+#include "train/run_data.h"
 #include "train/trainer.h"
 
 namespace {
@@ -44,9 +45,9 @@ struct TrainArgs {
 // set, it changes no parameter), and the data section points at the weights' tokenizer and token files
 // made with it, in data/<weights name>/ unless --set names data.tokenizer/train/val. Returns the loaded
 // weights, whose parameters are copied into the trainer's model before step 0.
-loom::train::LoadedRun start_from_weights(loom::train::TrainConfig& cfg, const TrainArgs& args,
-                                          const loom::train::MemoryBudget& budget) {
-  auto loaded = loom::train::load_weights(args.weights, budget);
+loom::runs::LoadedRun start_from_weights(loom::train::TrainConfig& cfg, const TrainArgs& args,
+                                          const loom::runs::MemoryBudget& budget) {
+  auto loaded = loom::runs::load_weights(args.weights, budget);
   LOOM_CHECK(loaded.tokenizer.has_value(), "train --weights: ", args.weights,
              " has no tokenizer (a GGUF with tokenizer metadata, an HF directory with tokenizer.json, or a "
              "weights file with tokenizer.json beside it)");
@@ -181,26 +182,26 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
 
 void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool writer,
                   const std::shared_ptr<loom::dist::RankContext>& rank_context) {
-    // Before any compute: the whole run's memory (train/memory.h), then where the data paths point.
-    const auto budget = loom::train::MemoryBudget::from_setting(args.max_memory);
-    std::optional<loom::train::LoadedRun> init;
+    // Before any compute: the whole run's memory (runs/memory.h), then where the data paths point.
+    const auto budget = loom::runs::MemoryBudget::from_setting(args.max_memory);
+    std::optional<loom::runs::LoadedRun> init;
     if (!args.weights.empty()) {
       // Every rank would convert the same file and write the same tokenizer: one process for now.
       LOOM_CHECK(!rank_context, "train --weights ", args.weights, " runs on one process; start it without mpirun, "
                  "export a loom run, then train that on the mesh");
       init = start_from_weights(cfg, args, budget);
     }
-    loom::train::check_memory(loom::train::training_memory(cfg), budget, "train");
+    loom::runs::check_memory(loom::train::training_memory(cfg), budget, "train");
     auto* comm = rank_context ? rank_context->comm : nullptr;
     // Rank 0 owns the run directory and the data preparation; the others wait for it.
-    std::optional<loom::train::RunDir> run_dir;
+    std::optional<loom::runs::RunDir> run_dir;
     if (writer) {
       for (const auto& line : loom::train::describe_data_paths(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
       // Refuses a directory that is not loom's, or an existing run without --resume/--overwrite, and locks
-      // it for the rest of the process (train/run_dir.h).
-      using loom::train::ExistingRun;
-      run_dir.emplace(loom::train::RunDir::claim(
-          out, loom::train::RunKind::Train,
+      // it for the rest of the process (runs/run_dir.h).
+      using loom::runs::ExistingRun;
+      run_dir.emplace(loom::runs::RunDir::claim(
+          out, loom::runs::RunKind::Train,
           args.resume ? ExistingRun::Resume : args.overwrite ? ExistingRun::Overwrite : ExistingRun::Refuse));
       for (const auto& line : loom::train::ensure_training_data(cfg)) std::fprintf(stderr, "%s\n", line.c_str());
     }
@@ -225,7 +226,7 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
       if (!writer) {
       } else if (step) {
         std::fprintf(stderr, "resuming from step %lld (%s)\n", static_cast<long long>(*step),
-                     (fs::path(loom::train::checkpoints_dir(out)) / loom::train::checkpoint_name(*step)).c_str());
+                     (fs::path(loom::runs::checkpoints_dir(out)) / loom::runs::checkpoint_name(*step)).c_str());
       } else {
         run_dir->check_nothing_to_resume();  // only a new or empty directory may start from step 0
         std::fprintf(stderr, "no checkpoint in %s (a new run): starting from step 0\n", out.c_str());
@@ -261,7 +262,7 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
                    "continue with: loom train --out %s --resume\n",
                    static_cast<long long>(summary.steps_completed), static_cast<long long>(cfg.training.max_steps),
                    static_cast<long long>(summary.steps_skipped), summary.tokens_per_s, out.c_str(), out.c_str());
-      run_dir->finish(loom::train::RunState::Interrupted, summary.steps_completed);
+      run_dir->finish(loom::runs::RunState::Interrupted, summary.steps_completed);
       throw loom::cli::ExitStatus{loom::cli::exit_status_for_signal(stop.signal() ? stop.signal() : SIGINT)};
     }
     std::fprintf(stderr, "done: %lld steps (%lld skipped), %.0f tokens/s", static_cast<long long>(summary.steps_completed),
@@ -270,10 +271,10 @@ void run_training(loom::train::TrainConfig& cfg, const std::string& out, bool wr
       std::fprintf(stderr, ", validation loss %.4f -> %.4f", *summary.first_val_loss, *summary.last_val_loss);
     }
     std::fprintf(stderr, "\nweights: %s/model.safetensors\n", out.c_str());
-    run_dir->finish(loom::train::RunState::Finished, summary.steps_completed);
+    run_dir->finish(loom::runs::RunState::Finished, summary.steps_completed);
     if (cfg.sample.num_samples > 0 && !stop.requested()) {
       // A sharded model generates only with its peers: rank 0 samples from the gathered weights instead.
-      auto whole = rank_context ? loom::train::load_model_weights((fs::path(out) / "model.safetensors").string())
+      auto whole = rank_context ? loom::runs::load_model_weights((fs::path(out) / "model.safetensors").string())
                                 : nullptr;
       print_samples(cfg, whole ? *whole : trainer.model(), loom::tokenizer::load_tokenizer(cfg.data.tokenizer));
     }

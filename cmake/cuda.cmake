@@ -60,9 +60,9 @@ find_library(LOOM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolk
              ${CUDAToolkit_LIBRARY_DIR}/../lib)
 if(LOOM_NCCL_INCLUDE_DIR AND LOOM_NCCL_LIBRARY)
   set(LOOM_HAVE_NCCL ON)
-  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/backends/cuda/nccl/nccl_communicator.cpp)
+  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/mesh/nccl/nccl_communicator.cpp)
 else()
-  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/backends/cuda/nccl/nccl_stub.cpp)
+  list(APPEND LOOM_CUDA_SOURCES ${CMAKE_SOURCE_DIR}/src/mesh/nccl/nccl_stub.cpp)
 endif()
 
 add_library(loom_cuda OBJECT ${LOOM_CUDA_SOURCES})

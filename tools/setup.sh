@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything loom needs to build and test, from Debian's packages, then configures and
-# builds it into build/. Safe to run again. Run as root (or through sudo).
+# Installs everything loom needs to build and test, from Debian's packages, then configures build/ and
+# builds the CLI (tools/test.sh builds the test suites, benchmarks and Python module on top). Safe to run
+# again. Run as root (or through sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +41,7 @@ python3 -m pip install -q "${py_packages[@]}" 2>/dev/null ||
   python3 -m pip install -q --break-system-packages "${py_packages[@]}"
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_PYTHON=ON
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" --target loom
 
 # The default training corpus, Jane Austen's novels, from Debian's r-cran-janeaustenr, into data/austen/.
 tools/get_corpus.sh data/austen build/loom

@@ -4,9 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure_setup.sh --tests
+# The floors of docs/architecture.md: every #include in src/, cli/ and python/src/ points to its own floor
+# or one below; then the check is shown to catch a planted upward, sibling and undeclared-folder include.
+python3 tools/check_layers.py
+python3 tools/check_layers.py --self-test
 [ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 # The Python module is built in the same tree (build/python/loom), reusing the compiled library.
 cmake -S . -B build -DLOOM_BUILD_PYTHON=ON >/dev/null
+# Everything: the library, the CLI, the test suites, the benchmark programs and the Python module
+# (tools/setup.sh, and so a fresh clone's first `./loom`, builds only the CLI).
 cmake --build build -j"$(nproc)"
 # The readers of untrusted files (safetensors headers, configs, tokenizer.json, GGUF) under libFuzzer with ASan
 # and UBSan, 60 seconds in all (before CTest, so CTest's summary closes the log).

@@ -3,7 +3,7 @@
 // in-process communicator (threads), like JAX's --xla_force_host_platform_device_count. It exposes, for
 // every parameter and optimizer moment, its partition spec, global shape and each device's shard
 // (device, offset, array), and trains on global batches exactly as one process would. The expert axis
-// (dp_ep, fsdp_ep; dist/expert.h) is there too: routed experts split over it, tokens exchanged between
+// (dp_ep, fsdp_ep; nn/expert_parallel.h) is there too: routed experts split over it, tokens exchanged between
 // the expert ranks by the in-process all-to-all.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "convert.h"
-#include "dist/communicator.h"
-#include "dist/runtime.h"
+#include "mesh/communicator.h"
+#include "parallel/runtime.h"
 #include "core/rng.h"
 #include "io/json.h"
 #include "models/model_config.h"

@@ -15,7 +15,7 @@
 #include "io/json.h"
 #include "models/llama/model.h"
 #include "models/model_config.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 namespace loom::python {
 
@@ -136,7 +136,7 @@ void bind_models(nb::module_& m) {
            })
       .def("save",
            [](const models::LanguageModel& self, const std::string& path) {
-             without_gil([&] { train::save_model_weights(self, path); });
+             without_gil([&] { runs::save_model_weights(self, path); });
            })
       // New tokens (not the prompt), sampled with the model's decoding cache.
       .def(
@@ -181,14 +181,14 @@ void bind_models(nb::module_& m) {
   });
 
   m.def("load_model_weights", [](const std::string& path) {
-    return without_gil([&] { return train::load_model_weights(path); });
+    return without_gil([&] { return runs::load_model_weights(path); });
   });
   // (model, tokenizer or None, config JSON text or None) of a run directory or a weights file.
   m.def("load_run", [](const std::string& path, bool is_weights_file) {
-    train::LoadedRun run = without_gil([&] { return is_weights_file ? train::load_weights(path) : train::load_run(path); });
+    runs::LoadedRun run = without_gil([&] { return is_weights_file ? runs::load_weights(path) : runs::load_run(path); });
     nb::object model = nb::cast(run.model.release(), nb::rv_policy::take_ownership);
     nb::object tok = run.tokenizer ? nb::cast(std::move(*run.tokenizer), nb::rv_policy::move) : nb::none();
-    nb::object cfg = run.config ? nb::cast(run.config->to_json().dump()) : nb::none();
+    nb::object cfg = run.config ? nb::cast(run.config->dump()) : nb::none();
     return nb::make_tuple(model, tok, cfg);
   });
 }

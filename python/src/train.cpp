@@ -25,9 +25,10 @@
 #include "io/safetensors.h"
 #include "train/config.h"
 #include "train/optimizer.h"
-#include "train/run.h"
-#include "train/run_dir.h"
+#include "runs/load.h"
+#include "runs/run_dir.h"
 #include "train/stop_signal.h"
+#include "train/run_data.h"
 #include "train/trainer.h"
 
 namespace loom::python {
@@ -365,22 +366,22 @@ void bind_train(nb::module_& m) {
     return cfg.to_json().dump();
   });
   // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json, under the same
-  // run-directory rules (train/run_dir.h: a new or empty directory, or one of loom's runs with overwrite;
+  // run-directory rules (runs/run_dir.h: a new or empty directory, or one of loom's runs with overwrite;
   // locked while training). Ctrl-C stops cleanly after the current step (the weights are still saved).
   m.def("train", [](const std::string& config_json, const std::string& out, bool overwrite) {
     auto cfg = train::TrainConfig::from_json(io::parse_json(config_json, "config"));
     train::TrainSummary summary = without_gil([&] {
-      train::RunDir run_dir = train::RunDir::claim(
-          out, train::RunKind::Train, overwrite ? train::ExistingRun::Overwrite : train::ExistingRun::Refuse);
+      runs::RunDir run_dir = runs::RunDir::claim(
+          out, runs::RunKind::Train, overwrite ? runs::ExistingRun::Overwrite : runs::ExistingRun::Refuse);
       train::ensure_training_data(cfg, cfg.logging.progress != "none");
       train::Trainer trainer(cfg, out);
       run_dir.start();
       train::StopSignal stop;
       train::TrainSummary s = trainer.run(&stop);
       namespace fs = std::filesystem;
-      train::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
+      runs::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
       train::save_run_tokenizer(cfg, out);
-      run_dir.finish(s.stopped_early ? train::RunState::Interrupted : train::RunState::Finished, s.steps_completed);
+      run_dir.finish(s.stopped_early ? runs::RunState::Interrupted : runs::RunState::Finished, s.steps_completed);
       return s;
     });
     return summary_dict(summary);

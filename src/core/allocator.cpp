@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/runtime.h"
+#include "core/hooks.h"
 
 namespace loom {
 namespace {
@@ -77,7 +77,7 @@ class CpuCachingAllocator final : public Allocator {
 
 Allocator& allocator_for(Device device) {
   // A GPU's caching allocator (core/caching_allocator.h) lives with its context in the CUDA backend.
-  if (device.is_cuda()) return cuda::device_allocator(device.index());
+  if (device.is_cuda()) return hooks::device_allocator(device);
   // Leaked on purpose: tensors held in static objects may be freed after main returns.
   static auto* cpu = new CpuCachingAllocator();
   return *cpu;

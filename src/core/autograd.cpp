@@ -2,8 +2,8 @@
 
 #include <unordered_map>
 
+#include "core/hooks.h"
 #include "core/profile.h"
-#include "ops/elementwise.h"
 
 namespace loom::autograd {
 namespace {
@@ -77,7 +77,7 @@ void accumulate(Tensor& slot, const Tensor& grad) {
   if (!slot.defined()) {
     slot = grad;
   } else {
-    slot = ops::add(slot, grad);
+    slot = hooks::add_gradients(slot, grad);
   }
 }
 
@@ -100,7 +100,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
   if (!root.grad_fn()) {  // the root is itself a leaf
     TensorImpl* leaf = root.impl();
     if (!leaf->grad.defined()) leaf->grad = seed.clone();
-    else ops::add_(leaf->grad, seed);
+    else hooks::add_gradient_into(leaf->grad, seed);
     return;
   }
 
@@ -177,7 +177,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
           if (!leaf->grad.defined()) {
             leaf->grad = g.dtype() != leaf->dtype ? g.to(leaf->dtype) : owns_its_buffer(g) ? std::move(g) : g.clone();
           } else {
-            ops::add_(leaf->grad, g);
+            hooks::add_gradient_into(leaf->grad, g);
           }
         }
         if (hook && --leaf_edges[leaf] == 0) hook(leaf);

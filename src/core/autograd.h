@@ -86,7 +86,7 @@ void record(const char* name, const TensorList& inputs, const TensorList& output
 // While one lives, backward() on this thread calls `hook(leaf)` as soon as a leaf has received the last
 // gradient this backward() gives it, so its .grad is final for the pass (like PyTorch's post-accumulate-
 // grad hooks). The sharded runtime starts gradient all-reduces there, overlapping them with the rest of
-// the backward (dist/runtime.cpp). Scoped and nestable; the calls come in the engine's (fixed) order.
+// the backward (parallel/runtime.cpp). Scoped and nestable; the calls come in the engine's (fixed) order.
 class LeafGradHook {
  public:
   explicit LeafGradHook(std::function<void(TensorImpl* leaf)> hook);

@@ -1,7 +1,7 @@
 #include "core/step_capture.h"
 
-#include "backends/cuda/graph.h"
 #include "core/allocator.h"
+#include "core/hooks.h"
 
 namespace loom {
 namespace {
@@ -42,7 +42,7 @@ class EagerStepCapture final : public StepCapture {
 }  // namespace
 
 std::unique_ptr<StepCapture> make_step_capture(Device device, StepCaptureOptions options) {
-  if (device.is_cuda()) return cuda::make_graph_step_capture(device.index(), options);
+  if (device.is_cuda()) return hooks::make_device_step_capture(device, options);
   return std::make_unique<EagerStepCapture>(device, options);
 }
 

@@ -2,7 +2,7 @@
 // clip, AdamW) to a StepCapture instead of calling it.
 //   * CPU (EagerStepCapture): the step runs each time. The capture checks the step's promise that,
 //     after warm-up, it takes no new memory from the allocator (docs/engine.md), and reports it.
-//   * CUDA (cuda::make_graph_step_capture, src/backends/cuda/graph.h): the warm-up steps run eagerly in a
+//   * CUDA (cuda::make_graph_step_capture, src/backends/cuda/graph.h, reached through core/hooks.h): the warm-up steps run eagerly in a
 //     private memory pool, the next step is captured once into a CUDA graph, and every later call
 //     replays the graph (one launch for the whole step).
 //

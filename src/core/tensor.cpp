@@ -3,9 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "backends/cpu/elementwise.h"
-#include "backends/cuda/runtime.h"
 #include "core/autograd.h"
+#include "core/hooks.h"
 #include "core/parallel.h"
 
 namespace loom {
@@ -136,7 +135,7 @@ Tensor Tensor::to(DType target) const {
     return 0.0f;
   };
   if (dtype() == DType::F32 && target == DType::BF16) {  // the mixed-precision GEMMs' hot conversion
-    cpu::convert_f32_to_bf16(static_cast<const float*>(raw_data()), out.data<bf16>(), n);
+    hooks::convert_f32_to_bf16(static_cast<const float*>(raw_data()), out.data<bf16>(), n);
     return out;
   }
   if (dtype() == DType::U16 && target == DType::I32) {  // token ids: exact integer path
@@ -164,7 +163,7 @@ void Tensor::fill_(float value) {
   if (!device().is_cpu()) {
     // Zero is all-zero bytes in every dtype; other values are filled on the host and copied.
     if (value == 0.0f && !std::signbit(value)) {
-      cuda::zero(raw_data(), device(), nbytes(), "fill_");
+      hooks::device_zero(raw_data(), device(), nbytes(), "fill_");
     } else {
       copy_from(full(shape(), value, dtype(), Device::cpu()));
     }
@@ -194,8 +193,8 @@ void Tensor::copy_from(const Tensor& src) {
              " does not match destination ", describe());
   if (raw_data() == src.raw_data() && device() == src.device()) return;
   if (!device().is_cpu() || !src.device().is_cpu()) {
-    cuda::copy(raw_data(), device(), src.raw_data(), src.device(), nbytes(),
-               device().is_cpu() ? "copy to cpu" : "copy to cuda");
+    hooks::device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes(),
+                       device().is_cpu() ? "copy to cpu" : "copy to cuda");
     return;
   }
   char* d = static_cast<char*>(raw_data());

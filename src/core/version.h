@@ -1,5 +1,5 @@
 // loom's version, one constant for `loom version`, `loom --version` and the run.json marker that every
-// run directory carries (train/run_dir.h). Keep it equal to pyproject.toml's.
+// run directory carries (runs/run_dir.h). Keep it equal to pyproject.toml's.
 #pragma once
 
 namespace loom {

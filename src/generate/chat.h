@@ -81,7 +81,7 @@ class ChatSession {
   const tokenizer::Tokenizer& tok_;
   GenerateOptions options_;
   int32_t im_start_, im_end_, eos_;
-  std::unique_ptr<models::DecodeCache> cache_;
+  std::unique_ptr<nn::DecodeCache> cache_;
   std::vector<int32_t> conversation_, last_prefill_;
   std::vector<float> last_logits_;
   uint64_t sampled_ = 0;  // tokens sampled so far (the sampler's counter)

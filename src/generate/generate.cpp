@@ -15,8 +15,8 @@ std::vector<int32_t> generate(const models::LanguageModel& model, const std::vec
     LOOM_CHECK(id >= 0 && id < V, "generate: prompt token ", id, " is outside the vocabulary [0, ", V, ")");
   }
   const RngKey key = RngKey::from_seed(options.seed).fold_in("sample");
-  std::unique_ptr<models::DecodeCache> cache_ptr = model.make_decode_cache(1);
-  models::DecodeCache& cache = *cache_ptr;
+  std::unique_ptr<nn::DecodeCache> cache_ptr = model.make_decode_cache(1);
+  nn::DecodeCache& cache = *cache_ptr;
   std::vector<int32_t> history = prompt, output;
 
   // Feeds `tokens` (after clearing the cache when `restart`) and returns the last position's logits.

@@ -2,11 +2,12 @@
 
 #include <cstring>
 
-#include "dist/runtime.h"
+#include "mesh/mesh.h"
+#include "mesh/rank_context.h"
 
 namespace loom::models {
 
-Tensor LanguageModel::decode_last(const Tensor& ids, DecodeCache& cache) const {
+Tensor LanguageModel::decode_last(const Tensor& ids, nn::DecodeCache& cache) const {
   Tensor all = decode(ids, cache);  // [B, t, V]
   const int64_t B = all.size(0), t = all.size(1), V = all.size(2);
   Tensor last = Tensor::empty({B, 1, V}, all.dtype());

@@ -17,7 +17,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "models/decode_cache.h"
+#include "nn/decode_cache.h"
 #include "models/model_config.h"
 #include "models/stats.h"
 #include "nn/parameter.h"
@@ -52,12 +52,12 @@ class LanguageModel : public nn::Module {
 
   // Incremental decoding, no autodiff: ids [B, t] follow the cache's contents; returns their logits
   // [B, t, V] and appends them to the cache.
-  virtual std::unique_ptr<DecodeCache> make_decode_cache(int64_t batch) const = 0;
-  virtual Tensor decode(const Tensor& ids, DecodeCache& cache) const = 0;
+  virtual std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const = 0;
+  virtual Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const = 0;
   // decode() that returns only the last position's logits [B, 1, V]: a prompt's prefill needs no
   // others, and the LM head over every position is a large part of it (SmolLM2: 28M of the ~120M
   // multiply-adds per token). The default slices decode()'s; a family may skip the other rows' head.
-  virtual Tensor decode_last(const Tensor& ids, DecodeCache& cache) const;
+  virtual Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const;
 
   // The arithmetic of the model's GEMMs (f32, or bf16 operands with f32 accumulation and weights).
   virtual void set_matmul_precision(ops::MatmulPrecision precision) = 0;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "dist/runtime.h"
+#include "nn/sharded.h"
 
 #include "core/autograd.h"
 #include "ops/activation.h"
@@ -207,7 +207,7 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions,
   return output_proj.forward(y);
 }
 
-Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+Tensor MultiHeadSelfAttention::forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache,
                                               int64_t layer) const {
   check_ndim(x, 3, "MultiHeadSelfAttention", "x");
   const int64_t B = x.size(0), t = x.size(1), D = d_model / num_heads;
@@ -251,7 +251,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const
   return ops::add(h.sum, ffn.forward(h.normed));
 }
 
-Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache,
+Tensor TransformerBlock::forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache,
                                         int64_t layer) const {
   Tensor h = ops::add(x, attn.forward_cached(ln1.forward(x, attn.q_proj), positions, cache, layer));
   return ops::add(h, ffn.forward(ln2.forward(h, ffn.w1)));

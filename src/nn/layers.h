@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "generate/kv_cache.h"
+#include "nn/kv_cache.h"
 #include "nn/parameter.h"
 #include "ops/attention.h"
 #include "ops/matmul.h"
@@ -139,7 +139,7 @@ class MultiHeadSelfAttention : public Module {
   // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
   // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
   // everything cached before them. Returns [B, t, C].
-  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache, int64_t layer) const;
   int64_t d_model, num_heads, num_kv_heads;
   Linear q_proj, k_proj, v_proj, output_proj;
   std::optional<RotaryPositionalEmbedding> rope;
@@ -151,7 +151,7 @@ class TransformerBlock : public Module {
   TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
                    int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key, int64_t num_kv_heads = 0);
   Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [B, T, C]
-  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache, int64_t layer) const;
   MultiHeadSelfAttention attn;
   RMSNorm ln1, ln2;
   SwiGLU ffn;

@@ -2,25 +2,9 @@
 
 #include "backends/cpu/elementwise.h"
 #include "core/autograd.h"
-#include "dist/runtime.h"
+#include "nn/sharded.h"
 
 namespace loom::nn {
-
-const char* param_group_name(ParamGroup group) {
-  switch (group) {
-    case ParamGroup::DenseIn: return "dense_in";
-    case ParamGroup::DenseOut: return "dense_out";
-    case ParamGroup::Embedding: return "embedding";
-    case ParamGroup::LmHead: return "lm_head";
-    case ParamGroup::Norm: return "norm";
-    case ParamGroup::Bias: return "bias";
-    case ParamGroup::Position: return "position";
-    case ParamGroup::DenseInWhole: return "dense_in_whole";
-    case ParamGroup::ExpertIn: return "expert_in";
-    case ParamGroup::ExpertOut: return "expert_out";
-  }
-  return "?";
-}
 
 Tensor compute_value(const Parameter& p) { return p.dist ? dist::gathered_value(p) : p.value; }
 

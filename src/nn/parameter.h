@@ -16,7 +16,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "dist/sharding.h"
+#include "mesh/sharding.h"
 
 namespace loom::dist {
 struct RankContext;
@@ -24,22 +24,10 @@ struct RankContext;
 
 namespace loom::nn {
 
-// What a parameter is, for sharding (the mesh maps each group to a partition spec per parallel mode, as
-// in the JAX-LM design's table) and for reports.
-enum class ParamGroup {
-  DenseIn,    // a Linear that widens or reads the residual stream: q, k, v, w1, w3, fc
-  DenseOut,   // a Linear that writes back to the residual stream: output_proj, w2, proj
-  Embedding,  // the token embedding table
-  LmHead,     // an untied output head
-  Norm,       // norm gains (and their biases)
-  Bias,       // Linear biases
-  Position,   // learned position embeddings
-  DenseInWhole,  // a Linear whose output is read whole (normed, or the residual stream): MLA's wq_a and
-                 // wkv_a, a MoE router, MTP's proj; tensor parallelism keeps it whole (dist/mesh.h)
-  ExpertIn,   // routed experts' w1, w3 [E, F, C]
-  ExpertOut,  // routed experts' w2 [E, C, F]
-};
-const char* param_group_name(ParamGroup group);
+// What a parameter is, for sharding and reports (mesh/sharding.h: the mesh maps each group to a
+// partition spec per parallel mode).
+using ParamGroup = dist::ParamGroup;
+using dist::param_group_name;
 
 struct Parameter {
   std::string name;

@@ -34,7 +34,7 @@ void check_float(const Tensor& t, const char* op, const char* arg) {
 // RoPE tables for causal_self_attention, kept alive by the backward closure.
 struct RopeState {
   Tensor cos, sin;  // [P, D/2]
-  cpu::RopeTables tables() const;
+  RopeTables tables() const;
   int64_t batch_stride = 0;
   bool interleaved = true;
 };
@@ -44,8 +44,8 @@ void check_dropout(const AttentionDropout& dropout, const char* op) {
              dropout.p);
 }
 
-cpu::RopeTables RopeState::tables() const {
-  cpu::RopeTables t;
+RopeTables RopeState::tables() const {
+  RopeTables t;
   if (cos.defined()) {
     t.cos = cos.data<float>();
     t.sin = sin.data<float>();
@@ -58,7 +58,7 @@ cpu::RopeTables RopeState::tables() const {
 // causal_self_attention on CUDA (arguments validated, p filled in without RoPE): RoPE is not fused into
 // the CUDA kernels, so q and k are rotated into new tensors first (cuda::rope_apply over [B*T, H, D]), and
 // the backward rotates dq and dk back (RoPE's transpose) in place.
-Tensor causal_self_attention_cuda(const cpu::AttentionProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor causal_self_attention_cuda(const AttentionProblem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const RopeState& rope, int num_heads, int num_kv_heads) {
   const char* op = "causal_self_attention";
   const Device device = q.device();
@@ -155,7 +155,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   LOOM_CHECK(std::isfinite(s), op, ": scale must be finite, got ", s);
 
   const int64_t heads = lead.numel();
-  cpu::AttentionProblem p;
+  AttentionProblem p;
   p.batches = heads;
   p.tq = tq;
   p.tk = tk;
@@ -263,7 +263,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     state->interleaved = rope->style == RopeStyle::Interleaved;
   }
 
-  cpu::AttentionProblem p;
+  AttentionProblem p;
   p.batches = b;
   p.heads_per_batch = num_heads;
   p.tq = p.tk = t;
@@ -289,7 +289,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
                     lse](const autograd::BackwardContext& ctx) {
                      const Tensor& dout = ctx.grad_output(0);
                      Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
-                     cpu::AttentionProblem pb = p;
+                     AttentionProblem pb = p;
                      pb.rope = state->tables();
                      cpu::flash_attention_backward(pb, q.data<float>(), k.data<float>(), v.data<float>(),
                                                    saved_out.data<float>(), dout.data<float>(), lse.data<float>(),

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/communicator.h"
+#include "mesh/communicator.h"
 
 namespace loom::ops {
 

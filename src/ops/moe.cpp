@@ -44,7 +44,7 @@ Tensor grad_as(const Tensor& g, DType dtype) { return g.dtype() == dtype ? g : g
 
 // moe_experts on CUDA (arguments validated, the dispatch built, y/h1/h3 allocated on the device): the
 // dispatch's permutations go to the device, then the same forward and backward as on the CPU.
-Tensor moe_experts_cuda(Device device, const std::shared_ptr<const cpu::MoeDispatch>& dispatch, const Tensor& x,
+Tensor moe_experts_cuda(Device device, const std::shared_ptr<const MoeDispatch>& dispatch, const Tensor& x,
                         const Tensor& xo, const Tensor& gates, const Tensor& w1, const Tensor& w3, const Tensor& w2,
                         const Tensor& w1o, const Tensor& w3o, const Tensor& w2o, bool bf16_ops, Tensor y,
                         const Tensor& h1, const Tensor& h3, bool recording, int64_t C, int64_t F) {
@@ -201,7 +201,7 @@ Tensor moe_experts(const Tensor& x, const Tensor& expert_index, const Tensor& ga
   auto operand = [&](const Tensor& t) { return bf16_ops && t.dtype() != DType::BF16 ? t.to(DType::BF16) : t; };
   const Tensor xo = operand(x), w1o = operand(w1), w3o = operand(w3), w2o = operand(w2);
 
-  auto dispatch = std::make_shared<const cpu::MoeDispatch>(cpu::moe_dispatch(index_host.data<int32_t>(), N, K, E));
+  auto dispatch = std::make_shared<const MoeDispatch>(moe_dispatch(index_host.data<int32_t>(), N, K, E));
   Tensor y = Tensor::empty(Shape{N, C}, DType::F32, x.device());
   Tensor h1 = recording ? Tensor::empty(Shape{N * K, F}, DType::F32, x.device()) : Tensor();
   Tensor h3 = recording ? Tensor::empty(Shape{N * K, F}, DType::F32, x.device()) : Tensor();

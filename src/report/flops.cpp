@@ -7,36 +7,10 @@
 #include <thread>
 
 #include "train/config.h"
-#include "report/progress.h"
+#include "train/progress.h"
 
 namespace loom::report {
 
-double estimate_cpu_peak_flops(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  double mhz = 2000;
-  double per_cycle = 8;
-  std::ifstream in("/proc/cpuinfo");
-  bool got_mhz = false, got_flags = false;
-  for (std::string line; std::getline(in, line) && !(got_mhz && got_flags);) {
-    if (!got_mhz && line.rfind("cpu MHz", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        double v = std::atof(line.c_str() + colon + 1);
-        if (v > 100) mhz = v;
-      }
-      got_mhz = true;
-    } else if (!got_flags && line.rfind("flags", 0) == 0) {
-      std::string flags = line + " ";
-      if (flags.find(" avx512f ") != std::string::npos) {
-        per_cycle = 64;
-      } else if (flags.find(" avx2 ") != std::string::npos && flags.find(" fma ") != std::string::npos) {
-        per_cycle = 32;
-      }
-      got_flags = true;
-    }
-  }
-  return threads * mhz * 1e6 * per_cycle;
-}
 
 FlopsReport flops_report(const train::TrainConfig& config, std::optional<double> tokens_per_s,
                          std::optional<double> peak_flops, std::optional<int64_t> tokens) {
@@ -51,10 +25,10 @@ FlopsReport flops_report(const train::TrainConfig& config, std::optional<double>
   r.run_flops_chinchilla = models::chinchilla_train_flops_exact(r.stats, r.run_tokens);
   r.peak_flops = peak_flops                          ? *peak_flops
                  : config.logging.peak_flops > 0 ? config.logging.peak_flops
-                                                 : estimate_cpu_peak_flops(static_cast<int>(config.training.threads));
+                                                 : train::estimate_cpu_peak_flops(static_cast<int>(config.training.threads));
   if (tokens_per_s && *tokens_per_s > 0) {
     r.tokens_per_s = tokens_per_s;
-    r.mfu = mfu(r.palm_per_token, *tokens_per_s, r.peak_flops);
+    r.mfu = train::mfu(r.palm_per_token, *tokens_per_s, r.peak_flops);
     r.run_seconds = static_cast<double>(r.run_tokens) / *tokens_per_s;
     r.chinchilla_optimal_seconds = r.chinchilla_optimal_tokens / *tokens_per_s;
   }
@@ -124,8 +98,8 @@ std::string format_flops_report(const FlopsReport& r) {
   o << "  training FLOPs, Chinchilla appendix F: " << with_commas(r.run_flops_chinchilla) << "\n";
   o << "  training FLOPs, 6N + attention:        " << sci(r.run_flops) << "\n";
   if (r.tokens_per_s) {
-    o << "at " << si(*r.tokens_per_s) << " tokens/s: this run " << format_duration(*r.run_seconds)
-      << ", Chinchilla-optimal " << format_duration(*r.chinchilla_optimal_seconds) << "; "
+    o << "at " << si(*r.tokens_per_s) << " tokens/s: this run " << train::format_duration(*r.run_seconds)
+      << ", Chinchilla-optimal " << train::format_duration(*r.chinchilla_optimal_seconds) << "; "
       << sci(*r.tokens_per_s * r.palm_per_token) << " FLOP/s achieved";
     char buf[64];
     std::snprintf(buf, sizeof(buf), ", MFU %.1f%% of ", 100.0 * r.mfu.value_or(0));

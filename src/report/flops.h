@@ -8,22 +8,13 @@
 #include <string>
 
 #include "models/stats.h"
+#include "train/progress.h"
 
 namespace loom::train {
 struct TrainConfig;
 }
 
 namespace loom::report {
-
-// Model FLOPs utilisation: achieved FLOP/s over the peak.
-inline double mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
-  return peak_flops > 0 ? flops_per_token * tokens_per_s / peak_flops : 0.0;
-}
-
-// A rough fp32 peak for `threads` cores of this CPU: cores × clock × FLOPs/cycle, with 64 FLOPs/cycle
-// for AVX-512 (two 16-lane FMA units), 32 for AVX2+FMA, 8 otherwise; the clock is /proc/cpuinfo's
-// "cpu MHz" (2 GHz if absent). An estimate for MFU, not a measurement: set logging.peak_flops to override.
-double estimate_cpu_peak_flops(int threads);
 
 struct FlopsReport {
   std::string arch;

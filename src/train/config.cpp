@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_count.h"
-#include "dist/mesh.h"
+#include "mesh/mesh.h"
 #include "generate/generate.h"
 #include "io/file.h"
 #include "io/json_checked.h"

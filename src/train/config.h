@@ -80,7 +80,7 @@ struct SampleConfig {
   double top_p = 1.0;        // 1 = off
 };
 
-// How the run is spread over ranks (src/dist/mesh.h, docs/mesh.md): the device mesh and the parallel mode.
+// How the run is spread over ranks (src/mesh/mesh.h, docs/mesh.md): the device mesh and the parallel mode.
 // The mesh size must equal the number of ranks started (mpirun -np / srun -n); one rank trains alone.
 struct ParallelConfig {
   std::string mode = "dp";                // "dp", "fsdp", "tp", "fsdp_tp", "dp_ep" or "fsdp_ep"

@@ -1,5 +1,5 @@
 // What a training run records: DIR/metrics.jsonl, one JSON object per event, flushed per line, for
-// `loom plot` and later analysis. (The console side is report/progress.h.)
+// `loom plot` and later analysis. (The console side is train/progress.h.)
 //
 // metrics.jsonl events:
 //   {"event":"train","step":S,"loss":L,"lr":..,"grad_norm":..,"tokens_per_s":..,"mfu":..}

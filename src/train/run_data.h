@@ -19,4 +19,13 @@ struct RunData {
 
 RunData open_run_data(const TrainConfig& config);
 
+// Creates the tokenizer and token files the config names when they are missing. Returns a line per
+// thing it made, for the console.
+std::vector<std::string> ensure_training_data(const TrainConfig& config, bool progress = true);
+
+// Puts the run's tokenizer in <run_dir>/tokenizer.json: data.tokenizer copied byte for byte when it is
+// a tokenizer.json, converted when it is a vocab.json + merges.txt folder (GPT-2's own). Nothing when
+// data.tokenizer does not exist.
+void save_run_tokenizer(const TrainConfig& config, const std::string& run_dir);
+
 }  // namespace loom::train

@@ -14,32 +14,28 @@
 #include "io/safetensors.h"
 #include "ops/elementwise.h"
 #include "tokenizer/formats.h"
-#include "train/checkpoint.h"
-#include "dist/checkpoint.h"
-#include "report/flops.h"
+#include "runs/checkpoint.h"
+#include "parallel/checkpoint.h"
 #include "train/metrics.h"
-#include "report/progress.h"
+#include "train/progress.h"
 #include "train/run_data.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 namespace loom::train {
-using report::Progress;
-using report::progress_mode_from_name;
-using report::mfu;
 
 struct Trainer::Data {
   data::BatchLoader train;
   std::vector<data::Batch> val;
 };
 
-Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory)
+Trainer::Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudget& memory)
     : Trainer(std::move(config), std::move(run_dir), memory, nullptr) {}
 
-Trainer::Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory,
+Trainer::Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudget& memory,
                  std::shared_ptr<const dist::RankContext> dist)
     : config_(std::move(config)), dist_(std::move(dist)), run_dir_(std::move(run_dir)) {
   config_.validate();
-  check_memory(training_memory(config_), memory, "train");
+  runs::check_memory(training_memory(config_), memory, "train");
   if (config_.training.threads > 0) set_num_threads(static_cast<int>(config_.training.threads));
   // The loaders, with the data checks that name config keys (src/train/run_data.h); validation uses a
   // fixed set of batches drawn once.
@@ -72,8 +68,8 @@ std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
 
 TrainSummary Trainer::run(const StopSignal* stop) {
   if (step_ == 0 && !resume_attempted_ && config_.checkpoint.interval > 0) {
-    auto existing = list_checkpoints(run_dir_);
-    LOOM_CHECK(existing.empty(), "train: ", checkpoints_dir(run_dir_), " already holds checkpoints (newest: step ",
+    auto existing = runs::list_checkpoints(run_dir_);
+    LOOM_CHECK(existing.empty(), "train: ", runs::checkpoints_dir(run_dir_), " already holds checkpoints (newest: step ",
                existing.empty() ? 0 : existing.back().step,
                ") from an earlier run: continue it with --resume, or train into another --out directory");
   }
@@ -282,8 +278,8 @@ std::string Trainer::save_checkpoint() {
     best_checkpoint_val_ = *last_val_loss_;
   }
   if (dist_) return save_sharded_checkpoint();
-  std::vector<CheckpointFile> files;
-  files.push_back({"model.safetensors", [&](const std::string& path) { save_model_weights(*model_, path); }});
+  std::vector<runs::CheckpointFile> files;
+  files.push_back({"model.safetensors", [&](const std::string& path) { runs::save_model_weights(*model_, path); }});
   files.push_back({"optimizer.safetensors", [&](const std::string& path) {
                      const int64_t count = optimizer_->step_count();
                      std::vector<io::SafetensorsEntry> entries;
@@ -301,14 +297,14 @@ std::string Trainer::save_checkpoint() {
                      io::write_safetensors(path, entries, {{"loom.optimizer", "adamw"}});
                    }});
   files.push_back(state_file());
-  std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
+  std::string path = runs::write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
-  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
+  runs::apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
   return path;
 }
 
-CheckpointFile Trainer::state_file() const {
+runs::CheckpointFile Trainer::state_file() const {
   return {"trainer_state.json", [this](const std::string& path) {
             std::string text = state_json().dump(2) + "\n";
             io::write_file_atomically(path, [&](io::FileWriter& w) { w.write(text.data(), text.size()); });
@@ -317,7 +313,7 @@ CheckpointFile Trainer::state_file() const {
 
 // Every rank writes its blocks into the temporary directory rank 0's write_checkpoint makes (its name
 // is broadcast); rank 0 writes the index and the trainer state, waits for everyone's file (a barrier),
-// and only then lets write_checkpoint digest them all and rename the directory (dist/checkpoint.h).
+// and only then lets write_checkpoint digest them all and rename the directory (parallel/checkpoint.h).
 std::string Trainer::save_sharded_checkpoint() {
   namespace fs = std::filesystem;
   const dist::RankContext& c = *dist_;
@@ -328,7 +324,7 @@ std::string Trainer::save_sharded_checkpoint() {
     m.push_back(&optimizer_->exp_avg(i));
     v.push_back(&optimizer_->exp_avg_sq(i));
   }
-  const std::string final_path = (fs::path(checkpoints_dir(run_dir_)) / checkpoint_name(step_)).string();
+  const std::string final_path = (fs::path(runs::checkpoints_dir(run_dir_)) / runs::checkpoint_name(step_)).string();
   if (c.rank != 0) {
     const std::string tmp = dist::broadcast_text("", 0, c);
     if (!tmp.empty()) {  // empty: rank 0 found this step's checkpoint already saved
@@ -345,7 +341,7 @@ std::string Trainer::save_sharded_checkpoint() {
     dist::broadcast_text(tmp, 0, c);
     announced = true;
   };
-  std::vector<CheckpointFile> files;
+  std::vector<runs::CheckpointFile> files;
   files.push_back({dist::kShardIndex, [&](const std::string& path) {
                      announce(fs::path(path).parent_path().string());
                      const std::string text = dist::shard_index(params, layout_, c, model_->state_tensors()).dump(1) + "\n";
@@ -357,11 +353,11 @@ std::string Trainer::save_sharded_checkpoint() {
                    }});
   for (int r = 1; r < c.comm->size(); ++r) files.push_back({dist::shard_file_name(r), [](const std::string&) {}});
   files.push_back(state_file());
-  const std::string path = write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
+  const std::string path = runs::write_checkpoint(run_dir_, step_, files, before_checkpoint_file);
   announce("");  // still unannounced: the step was saved already and nothing was written
   std::vector<int64_t> keep;
   if (best_checkpoint_step_) keep.push_back(*best_checkpoint_step_);
-  apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
+  runs::apply_retention(run_dir_, config_.checkpoint.keep_last, keep, step_);
   c.comm->barrier(world);
   return path;
 }
@@ -402,7 +398,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       count = s.at("optimizer_steps").get<int64_t>();
     } else {
       weights.emplace(io::SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
-      load_model_tensors(*model_, *weights, dir + "/model.safetensors");  // parameters and model state
+      runs::load_model_tensors(*model_, *weights, dir + "/model.safetensors");  // parameters and model state
       opt.emplace(io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string()));
       const auto& step_info = opt->info("step");
       LOOM_CHECK(step_info.dtype == io::SafetensorsDtype::I64 && step_info.nbytes() == 8, dir,
@@ -499,7 +495,7 @@ std::vector<Tensor> Trainer::whole_parameters() {
 }
 
 void Trainer::save_weights(const std::string& path) {
-  if (!dist_) return save_model_weights(*model_, path);
+  if (!dist_) return runs::save_model_weights(*model_, path);
   std::vector<Tensor> whole = whole_parameters();
   if (writes_files()) {
     io::NamedTensors tensors;
@@ -514,7 +510,7 @@ void Trainer::save_weights(const std::string& path) {
 std::optional<int64_t> Trainer::resume(
     const std::function<void(const std::string&, const std::string&)>& skipped) {
   resume_attempted_ = true;
-  auto ref = latest_valid_checkpoint(run_dir_, skipped);
+  auto ref = runs::latest_valid_checkpoint(run_dir_, skipped);
   if (!ref) return std::nullopt;
   load_checkpoint(ref->path);
   return step_;

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 #include "models/model.h"
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/config.h"
 #include "train/memory.h"
 #include "train/optimizer.h"
@@ -34,13 +34,13 @@ struct TrainSummary {
 class Trainer {
  public:
   // Opens the data named by the config (checking sizes and vocabulary), builds the model and optimizer.
-  // Refuses (loom::Error) a config whose memory estimate exceeds `memory` before allocating (train/memory.h).
-  Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory = MemoryBudget::of_machine());
+  // Refuses (loom::Error) a config whose memory estimate exceeds `memory` before allocating (runs/memory.h).
+  Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudget& memory = runs::MemoryBudget::of_machine());
   // One rank of a sharded run (docs/mesh.md): the model is sharded over `dist`'s mesh in `dist`'s mode
   // right after it is built. Every rank runs the same calls (steps, validation and checkpoints talk to
   // the others); rank 0 writes the run's files (metrics, config, the final weights, gathered), and every
-  // rank writes its blocks of each checkpoint (dist/checkpoint.h), which resumes on any mesh or mode.
-  Trainer(TrainConfig config, std::string run_dir, const MemoryBudget& memory,
+  // rank writes its blocks of each checkpoint (parallel/checkpoint.h), which resumes on any mesh or mode.
+  Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudget& memory,
           std::shared_ptr<const dist::RankContext> dist);
 
   // Trains from the current step to training.max_steps, or until `stop` is requested. `stop` is looked at
@@ -52,7 +52,7 @@ class Trainer {
   // Test hook: called after backward() and before clipping, with the step and the gradients.
   std::function<void(int64_t step, std::vector<Tensor>& grads)> after_backward;
 
-  // Checkpoints (layout and atomicity: train/checkpoint.h). run() saves one every checkpoint.interval
+  // Checkpoints (layout and atomicity: runs/checkpoint.h). run() saves one every checkpoint.interval
   // steps, at the end, and when stopped (none when checkpoint.interval is 0), then applies retention:
   // the newest checkpoint.keep_last plus the best by validation loss (among checkpoints saved at a step
   // where validation ran).
@@ -111,7 +111,7 @@ class Trainer {
   models::ForwardContext train_context(int64_t micro) const;
   // Mean validation loss, or nullopt when `stop` was requested before the last batch.
   std::optional<double> validation_loss(const StopSignal* stop);
-  // What differs when sharded (src/dist/runtime.h): this rank's rows of a batch tensor, the global loss,
+  // What differs when sharded (src/parallel/runtime.h): this rank's rows of a batch tensor, the global loss,
   // the gradients completed after backward(), the global norm, and a stop all ranks agree on.
   Tensor local(const Tensor& batch_tensor) const;
   double global(double local_loss) const;
@@ -120,8 +120,8 @@ class Trainer {
   bool agreed(bool stop) const;
   // Whole parameter tensors (gathered when sharded: collective).
   std::vector<Tensor> whole_parameters();
-  // The trainer_state.json of a checkpoint; a sharded checkpoint's save (dist/checkpoint.h).
-  CheckpointFile state_file() const;
+  // The trainer_state.json of a checkpoint; a sharded checkpoint's save (parallel/checkpoint.h).
+  runs::CheckpointFile state_file() const;
   std::string save_sharded_checkpoint();
 };
 

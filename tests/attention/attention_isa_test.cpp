@@ -31,7 +31,7 @@ struct Result {
 
 // [B, T, H*D] projections, as the model passes them (H = 4 query heads, 4 / kv_group k/v heads).
 struct Problem {
-  cpu::AttentionProblem p;
+  AttentionProblem p;
   std::vector<float> q, k, v, dout, cos, sin;
 
   explicit Problem(const Case& c) {

@@ -435,7 +435,7 @@ TEST(Attention, GroupedQueryGradcheckAndDeterminism) {
 // The ops pass MatmulPrecision::BF16 on to the flash kernels: bf16 products where the CPU has them (close
 // to f32, not equal), and exactly the f32 result where it has not or where the masked kernel runs.
 TEST(Attention, Bf16PrecisionReachesTheFlashKernels) {
-  cpu::AttentionProblem probe;
+  AttentionProblem probe;
   probe.bf16_products = true;
   const bool bf16 = cpu::flash_attention_uses_bf16(probe);
   const int64_t B = 2, T = 40, H = 2, D = 16;
@@ -476,7 +476,7 @@ TEST(Attention, Bf16PrecisionReachesTheFlashKernels) {
 // bf16 costs the f32 kernels, so a pair layout that mixes up D and Dv, or Tq and Tk, cannot pass (one that
 // offset the second key block's V pairs by D instead of Dv was tried, and failed).
 TEST(Attention, Bf16ProductsWithTqNotTkAndDvNotD) {
-  cpu::AttentionProblem probe;
+  AttentionProblem probe;
   probe.bf16_products = true;
   if (!cpu::flash_attention_uses_bf16(probe)) GTEST_SKIP() << "no bf16 attention products on this CPU";
   auto rounded = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F32); };

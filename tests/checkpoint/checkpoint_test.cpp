@@ -13,7 +13,7 @@
 #include "io/safetensors.h"
 #include "support/op_test.h"
 #include "support/synthetic_corpus.h"
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -170,7 +170,7 @@ TEST(Checkpoint, StopSavesACheckpointThatResumesExactly) {
     EXPECT_TRUE(summary.stopped_early);
     EXPECT_EQ(summary.steps_completed, 13);
   }
-  auto refs = train::list_checkpoints(b.string());
+  auto refs = runs::list_checkpoints(b.string());
   ASSERT_FALSE(refs.empty());
   EXPECT_EQ(refs.back().step, 13);
   train::Trainer resumed(tmp.config(30), b.string());
@@ -212,8 +212,8 @@ TEST(Checkpoint, DamagedOrUnfinishedCheckpointsAreSkipped) {
   train::Trainer t(tmp.config(30, {"checkpoint.keep_last=0"}), run.string());
   t.run();
   const fs::path ck = run / "checkpoints";
-  ASSERT_EQ(train::list_checkpoints(run.string()).size(), 3u);  // 10, 20, 30
-  EXPECT_FALSE(train::checkpoint_problem((ck / "step_00000030").string()));
+  ASSERT_EQ(runs::list_checkpoints(run.string()).size(), 3u);  // 10, 20, 30
+  EXPECT_FALSE(runs::checkpoint_problem((ck / "step_00000030").string()));
 
   // A flipped byte in the newest one's weights, and a newer one whose manifest was never written.
   {
@@ -226,21 +226,21 @@ TEST(Checkpoint, DamagedOrUnfinishedCheckpointsAreSkipped) {
   // A stray temporary directory (a writer killed mid-checkpoint) with a higher step is ignored.
   fs::copy(ck / "step_00000020", ck / ".tmp-step_00000050-1", fs::copy_options::recursive);
 
-  auto p30 = train::checkpoint_problem((ck / "step_00000030").string());
+  auto p30 = runs::checkpoint_problem((ck / "step_00000030").string());
   ASSERT_TRUE(p30);
   EXPECT_NE(p30->find("model.safetensors"), std::string::npos) << *p30;
-  auto p40 = train::checkpoint_problem((ck / "step_00000040").string());
+  auto p40 = runs::checkpoint_problem((ck / "step_00000040").string());
   ASSERT_TRUE(p40);
   EXPECT_NE(p40->find("manifest"), std::string::npos) << *p40;
 
   // A checkpoint copied under another step's name is caught by the manifest's step.
   fs::copy(ck / "step_00000010", ck / "step_00000035", fs::copy_options::recursive);
-  auto p35 = train::checkpoint_problem((ck / "step_00000035").string());
+  auto p35 = runs::checkpoint_problem((ck / "step_00000035").string());
   ASSERT_TRUE(p35);
   EXPECT_NE(p35->find("says step 10"), std::string::npos) << *p35;
   // A truncated file is caught by its size (step 10 is older than the one resume picks, so not visited).
   fs::resize_file(ck / "step_00000010" / "optimizer.safetensors", 100);
-  auto p10 = train::checkpoint_problem((ck / "step_00000010").string());
+  auto p10 = runs::checkpoint_problem((ck / "step_00000010").string());
   ASSERT_TRUE(p10);
   EXPECT_NE(p10->find("bytes"), std::string::npos) << *p10;
 
@@ -274,7 +274,7 @@ TEST(Checkpoint, RetentionKeepsTheLastKAndTheBest) {
   train::Trainer t(tmp.config(50, {"eval.interval=10", "checkpoint.keep_last=2"}), run.string());
   t.run();
   std::vector<int64_t> steps;
-  for (const auto& c : train::list_checkpoints(run.string())) steps.push_back(c.step);
+  for (const auto& c : runs::list_checkpoints(run.string())) steps.push_back(c.step);
   // Loss falls monotonically here, so the best is also the newest: exactly the last two remain.
   EXPECT_EQ(steps, (std::vector<int64_t>{40, 50}));
 
@@ -296,17 +296,17 @@ TEST(Checkpoint, RetentionKeepsTheLastKAndTheBest) {
   }
   ASSERT_NE(best_step, 40) << "gradient ascent should make a checkpoint other than the last the best";
   steps.clear();
-  for (const auto& c : train::list_checkpoints(noisy.string())) steps.push_back(c.step);
+  for (const auto& c : runs::list_checkpoints(noisy.string())) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{best_step, 40}));
 
   // Directly: keep the last 2 plus step 10.
   const fs::path ck = run / "checkpoints";
-  for (int s : {10, 20, 30}) fs::copy(ck / "step_00000040", ck / train::checkpoint_name(s), fs::copy_options::recursive);
+  for (int s : {10, 20, 30}) fs::copy(ck / "step_00000040", ck / runs::checkpoint_name(s), fs::copy_options::recursive);
   fs::create_directories(ck / ".trash-step_00000005-1");
-  auto deleted = train::apply_retention(run.string(), 2, {10});
+  auto deleted = runs::apply_retention(run.string(), 2, {10});
   EXPECT_EQ(deleted, (std::vector<int64_t>{20, 30}));
   steps.clear();
-  for (const auto& c : train::list_checkpoints(run.string())) steps.push_back(c.step);
+  for (const auto& c : runs::list_checkpoints(run.string())) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 40, 50}));
   EXPECT_FALSE(fs::exists(ck / ".trash-step_00000005-1"));
 }
@@ -372,7 +372,7 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
     ::kill(pid, SIGINT);
     status = wait_exit(pid);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "Ctrl-C'd run failed, see " << tmp.dir / "crash.log";
-    auto refs = train::list_checkpoints(crash.string());
+    auto refs = runs::list_checkpoints(crash.string());
     ASSERT_FALSE(refs.empty());
     EXPECT_EQ(refs.back().step, last_logged_step(crash)) << "Ctrl-C must save the step it stopped at";
     EXPECT_LT(refs.back().step, steps);
@@ -407,14 +407,14 @@ TEST(Checkpoint, KillNineAndResumeMatchesAnUninterruptedRun) {
     }
     mid_checkpoint += tmp_left;
     // Every visible checkpoint is complete.
-    for (const auto& c : train::list_checkpoints(crash.string())) {
-      auto problem = train::checkpoint_problem(c.path);
+    for (const auto& c : runs::list_checkpoints(crash.string())) {
+      auto problem = runs::checkpoint_problem(c.path);
       EXPECT_FALSE(problem) << "after kill " << kills << ": " << c.path << ": " << *problem;
     }
     // At most one interval lost: the newest checkpoint is within `interval` of the last logged step.
     {
       const int64_t logged = last_logged_step(crash);
-      auto refs = train::list_checkpoints(crash.string());
+      auto refs = runs::list_checkpoints(crash.string());
       const int64_t newest = refs.empty() ? 0 : refs.back().step;
       EXPECT_LE(logged - newest, interval) << "after kill " << kills << ": logged step " << logged
                                            << ", newest checkpoint " << newest;

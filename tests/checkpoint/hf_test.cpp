@@ -16,7 +16,7 @@
 #include "models/hf.h"
 #include "models/llama/hf.h"
 #include "tokenizer/train.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 using namespace loom;
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include "io/safetensors.h"
 #include "support/op_test.h"
 #include "support/synthetic_corpus.h"
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -33,7 +33,7 @@ struct Corpus : test::SyntheticCorpusDir {
 
 std::vector<int64_t> steps_of(const fs::path& run) {
   std::vector<int64_t> steps;
-  for (const auto& c : train::list_checkpoints(run.string())) steps.push_back(c.step);
+  for (const auto& c : runs::list_checkpoints(run.string())) steps.push_back(c.step);
   return steps;
 }
 
@@ -69,16 +69,16 @@ TEST(CheckpointOwnership, RetentionLeavesAFolderLoomDidNotWriteAlone) {
     std::ofstream(run / "checkpoints" / "step_00000020" / "manifest.json") << m.dump();
   }
   write(run / "checkpoints" / "step_00000020" / "my_eval.txt", "mine");
-  EXPECT_FALSE(train::checkpoint_written_by_loom((run / "checkpoints" / "step_00000020").string()));
-  EXPECT_TRUE(train::checkpoint_written_by_loom((run / "checkpoints" / "step_00000030").string()));
-  EXPECT_TRUE(train::apply_retention(run.string(), 1).empty());
+  EXPECT_FALSE(runs::checkpoint_written_by_loom((run / "checkpoints" / "step_00000020").string()));
+  EXPECT_TRUE(runs::checkpoint_written_by_loom((run / "checkpoints" / "step_00000030").string()));
+  EXPECT_TRUE(runs::apply_retention(run.string(), 1).empty());
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000020" / "my_eval.txt"));
 
   // Leftover-looking folders holding unknown files are not removed either; loom's own leftovers are.
   write(run / "checkpoints" / ".tmp-step_00000040-1" / "precious.bin", "x");
   write(run / "checkpoints" / ".tmp-step_00000050-2" / "model.safetensors", "partial");
   write(run / "checkpoints" / ".tmp-step_00000050-2" / ".trainer_state.json.tmp.123", "partial");
-  train::apply_retention(run.string(), 1);
+  runs::apply_retention(run.string(), 1);
   EXPECT_TRUE(fs::exists(run / "checkpoints" / ".tmp-step_00000040-1" / "precious.bin"));
   EXPECT_FALSE(fs::exists(run / "checkpoints" / ".tmp-step_00000050-2"));
 
@@ -103,7 +103,7 @@ TEST(CheckpointOwnership, RetentionNeverDeletesTheLastValidCheckpoint) {
   const fs::path ck = run / "checkpoints";
   // Two newer checkpoints, both damaged (a flipped byte): with keep_last=2 they would be "the newest two".
   for (int step : {20, 30}) {
-    const fs::path c = ck / train::checkpoint_name(step);
+    const fs::path c = ck / runs::checkpoint_name(step);
     fs::copy(ck / "step_00000010", c, fs::copy_options::recursive);
     std::ifstream in(c / "manifest.json");
     nlohmann::json m = nlohmann::json::parse(in);
@@ -113,10 +113,10 @@ TEST(CheckpointOwnership, RetentionNeverDeletesTheLastValidCheckpoint) {
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
-  ASSERT_TRUE(train::checkpoint_problem((ck / "step_00000030").string()));
-  EXPECT_TRUE(train::apply_retention(run.string(), 2).empty());
+  ASSERT_TRUE(runs::checkpoint_problem((ck / "step_00000030").string()));
+  EXPECT_TRUE(runs::apply_retention(run.string(), 2).empty());
   EXPECT_EQ(steps_of(run), (std::vector<int64_t>{10, 20, 30}));
-  EXPECT_FALSE(train::checkpoint_problem((ck / "step_00000010").string()));
+  EXPECT_FALSE(runs::checkpoint_problem((ck / "step_00000010").string()));
 }
 
 TEST(CheckpointOwnership, AStopDuringValidationIsRedoneOnResumeExactly) {

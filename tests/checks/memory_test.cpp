@@ -1,4 +1,4 @@
-// Memory is bounded before it is spent (train/memory.h): absurd sizes from --set and from a weights file's
+// Memory is bounded before it is spent (runs/memory.h): absurd sizes from --set and from a weights file's
 // metadata are refused in well under a second with a small peak RSS, naming the keys and the estimate in
 // GiB; the estimator's terms and the --max-memory sizes.
 #include <gtest/gtest.h>
@@ -12,14 +12,15 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "train/config.h"
+#include "runs/memory.h"
 #include "train/memory.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 namespace fs = std::filesystem;
 using loom::test::CliResult;
 using loom::test::run_loom;
 using loom::test::TempDir;
-using loom::train::MemoryBudget;
+using loom::runs::MemoryBudget;
 
 namespace {
 
@@ -79,7 +80,7 @@ TEST(Memory, AbsurdWeightsMetadataIsRefusedBeforeTheModelIsBuilt) {
     expect_refused_fast(run_loom({"generate", "--weights", path, "--prompt", "a"}), {named, path});
     expect_refused_fast(run_loom({"eval", "--weights", path, "--data", dir / "none.bin"}), {named, path});
     // In the library: the model alone (for `loom export`, Python's load_run) against a budget it exceeds.
-    EXPECT_THROW(loom::train::load_model_weights(path, MemoryBudget::parse("1G")), loom::Error);
+    EXPECT_THROW(loom::runs::load_model_weights(path, MemoryBudget::parse("1G")), loom::Error);
   }
 }
 
@@ -148,6 +149,6 @@ TEST(Memory, TheEstimateCountsWhatTrainingHolds) {
   EXPECT_LT(mib, 2 * 267);
   // A config whose int64 parameter count would overflow is still counted as huge.
   const auto huge = c.model.with("d_model", int64_t{1} << 32).with("num_heads", 1);
-  EXPECT_GT(loom::train::model_memory(huge).total_bytes(), 1e19);
-  EXPECT_THROW(loom::train::check_memory(loom::train::model_memory(huge), MemoryBudget::parse("1T"), "test"), loom::Error);
+  EXPECT_GT(loom::runs::model_memory(huge).total_bytes(), 1e19);
+  EXPECT_THROW(loom::runs::check_memory(loom::runs::model_memory(huge), MemoryBudget::parse("1T"), "test"), loom::Error);
 }

@@ -1,4 +1,4 @@
-// Tokenizer, token files and model are checked against each other before any compute (train/consistency.h,
+// Tokenizer, token files and model are checked against each other before any compute (runs/consistency.h,
 // data/provenance.h), through the CLI as a user meets them: `loom train` with another tokenizer's token
 // files, `loom eval` of a run on another tokenizer's data, `loom prepare` over another tokenizer's folder,
 // and a tokenizer larger than the model.

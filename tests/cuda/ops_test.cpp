@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "backends/cpu/attention.h"
 #include "backends/cuda/attention.h"
 #include "backends/cuda/optimizer.h"
 #include "core/autograd.h"
@@ -440,7 +441,7 @@ TEST(CudaScaledDotProductAttention, CausalAndFullWithTqNotTk) {
 TEST(CudaFlashAttention, Bf16OperandsMatchTheCpuOnRoundedInputs) {
   LOOM_REQUIRE_GPU();
   const int64_t N = 4, T = 96, D = 64;
-  cpu::AttentionProblem p;
+  AttentionProblem p;
   p.batches = N;
   p.tq = p.tk = T;
   p.d = p.dv = D;

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "backends/backend.h"
-#include "backends/cuda/nccl/nccl_communicator.h"
+#include "mesh/nccl/nccl_communicator.h"
 #include "core/step_capture.h"
 #include "gpu_test.h"
 #include "ops/activation.h"
@@ -121,7 +121,7 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
     EXPECT_TRUE(contains(m, "cuda:0")) << op << ": " << m;
     EXPECT_TRUE(contains(m, cuda::unavailable_reason())) << op << ": " << m;
   }
-  EXPECT_TRUE(contains(message_of([] { cuda::make_nccl_communicator(nullptr, 0); }), "nccl"));
+  EXPECT_TRUE(contains(message_of([] { dist::make_nccl_communicator(nullptr, 0); }), "nccl"));
 }
 
 // `loom train/generate --device`: without a usable GPU, one clear error naming the device and the

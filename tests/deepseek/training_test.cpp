@@ -10,7 +10,7 @@
 #include "support/synthetic_corpus.h"
 #include "train/config.h"
 #include "train/metrics.h"
-#include "train/run.h"
+#include "runs/load.h"
 #include "train/trainer.h"
 
 using namespace loom;
@@ -118,8 +118,8 @@ TEST(Dsv3Training, RoutingBiasesAreSavedWithTheWeightsAndRestoredExactly) {
   for (int e = 0; e < 4; ++e) b[e] = 0.1f * static_cast<float>(e) - 0.013f;
   TempDir tmp;
   const std::string path = (tmp.dir / "model.safetensors").string();
-  train::save_model_weights(model, path);
-  auto loaded = train::load_model_weights(path);
+  runs::save_model_weights(model, path);
+  auto loaded = runs::load_model_weights(path);
   EXPECT_EQ(biases_of(*loaded), biases_of(model));
   EXPECT_EQ(loaded->parameters().size(), model.parameters().size());
   // Not a parameter: the optimizer never sees it.

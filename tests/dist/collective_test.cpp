@@ -1,4 +1,4 @@
-// The in-process communicator (src/dist/communicator.h) and the differentiable collectives
+// The in-process communicator (src/mesh/communicator.h) and the differentiable collectives
 // (src/ops/collective.h): values, gradients (each op's backward is its conjugate), groups, failures.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mesh.h"
+#include "mesh/communicator.h"
+#include "mesh/mesh.h"
 #include "ops/collective.h"
 #include "ops/elementwise.h"
 

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "core/parallel.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 #include "models/gpt2/model.h"
 #include "models/llama/model.h"
 #include "ops/elementwise.h"

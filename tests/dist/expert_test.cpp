@@ -13,7 +13,8 @@
 #include <tuple>
 
 #include "core/parallel.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
+#include "nn/sharded.h"
 #include "models/deepseek_v3/model.h"
 #include "ops/collective.h"
 #include "ops/elementwise.h"

@@ -1,4 +1,4 @@
-// The mesh, the modes' validation and the per-parameter layout (src/dist/mesh.h).
+// The mesh, the modes' validation and the per-parameter layout (src/mesh/mesh.h).
 //
 // The expected layout is restated here from the table in terms of parameter names (which
 // dimension of which weight each axis splits), independently of dist::spec_for, and every tensor's
@@ -9,7 +9,8 @@
 #include <regex>
 
 #include "core/error.h"
-#include "dist/mesh.h"
+#include "mesh/mesh.h"
+#include "nn/sharded.h"
 #include "models/gpt2/model.h"
 #include "models/llama/model.h"
 

@@ -8,7 +8,7 @@
 
 #include "core/allocator.h"
 #include "core/parallel.h"
-#include "dist/runtime.h"
+#include "parallel/runtime.h"
 #include "models/llama/model.h"
 
 using namespace loom;

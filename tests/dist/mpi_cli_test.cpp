@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "dist/checkpoint.h"
-#include "dist/mpi.h"
+#include "parallel/checkpoint.h"
+#include "mesh/mpi.h"
 #include "io/safetensors.h"
 #include "support/synthetic_corpus.h"
 

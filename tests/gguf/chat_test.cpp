@@ -11,7 +11,7 @@
 #include "generate/chat.h"
 #include "gguf/gguf.h"
 #include "support/cli.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -108,7 +108,7 @@ TEST(Chat, RefusesTemplatesItCannotRenderNamingThem) {
 }
 
 TEST(Chat, PromptTokensAreTheRenderedTemplateWithControlTokensAndUserTextIsNeverControl) {
-  auto loaded = train::load_weights(kTiny);
+  auto loaded = runs::load_weights(kTiny);
   const auto& tok = *loaded.tokenizer;
   generate::ChatSession chat(*loaded.model, tok, generate::ChatTemplate::from_jinja(kSmolTemplate), std::nullopt,
                              greedy(3), loaded.eos);
@@ -129,7 +129,7 @@ TEST(Chat, PromptTokensAreTheRenderedTemplateWithControlTokensAndUserTextIsNever
 }
 
 TEST(Chat, LaterTurnsPrefillOnlyTheirTokensAndMatchAFreshRunOnTheWholeConversation) {
-  auto loaded = train::load_weights(kTiny);
+  auto loaded = runs::load_weights(kTiny);
   const auto& tok = *loaded.tokenizer;
   generate::ChatSession chat(*loaded.model, tok, generate::ChatTemplate::from_jinja(kSmolTemplate), std::string("s"),
                              greedy(6), loaded.eos);
@@ -155,7 +155,7 @@ TEST(Chat, LaterTurnsPrefillOnlyTheirTokensAndMatchAFreshRunOnTheWholeConversati
 }
 
 TEST(Chat, StopsAtTheEndOfTurnTokenWithoutEmittingIt) {
-  auto loaded = train::load_weights(kTiny);
+  auto loaded = runs::load_weights(kTiny);
   const auto& tok = *loaded.tokenizer;
   auto tmpl = generate::ChatTemplate::from_jinja(kSmolTemplate);
   generate::ChatSession probe(*loaded.model, tok, tmpl, std::nullopt, greedy(1), loaded.eos);
@@ -171,7 +171,7 @@ TEST(Chat, StopsAtTheEndOfTurnTokenWithoutEmittingIt) {
 }
 
 TEST(Chat, RefusesATurnThatDoesNotFitTheContext) {
-  auto loaded = train::load_weights(kTiny);  // context length 128
+  auto loaded = runs::load_weights(kTiny);  // context length 128
   generate::ChatSession chat(*loaded.model, *loaded.tokenizer, generate::ChatTemplate::from_jinja(kSmolTemplate),
                              std::nullopt, greedy(2), loaded.eos);
   try {
@@ -190,7 +190,7 @@ TEST(Chat, CliReadsStdinPrintsOnlyTheReplyAndRefusesUnknownTemplates) {
   auto r = test::run_cli("chat --weights " + gguf + args, /*with_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.output;
   // The reply is the session's greedy reply, decoded.
-  auto loaded = train::load_weights(gguf, train::MemoryBudget::of_machine(), train::model_memory, true);
+  auto loaded = runs::load_weights(gguf, runs::MemoryBudget::of_machine(), runs::model_memory, true);
   generate::ChatSession chat(*loaded.model, *loaded.tokenizer, generate::ChatTemplate::from_jinja(kSmolTemplate),
                              std::nullopt, greedy(5), loaded.eos);
   auto reply = chat.turn("hello there");
@@ -210,7 +210,7 @@ TEST(Chat, CliReadsStdinPrintsOnlyTheReplyAndRefusesUnknownTemplates) {
 }
 
 TEST(Chat, DecodeLastGivesTheLastRowOfDecode) {
-  auto loaded = train::load_weights(kTiny);
+  auto loaded = runs::load_weights(kTiny);
   const auto& m = *loaded.model;
   const int64_t V = m.vocab_size();
   std::vector<int32_t> ids = {5, 40, 41, 7, 100, 3};

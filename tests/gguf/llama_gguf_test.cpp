@@ -21,7 +21,7 @@
 #include "models/llama/gguf.h"
 #include "support/cli.h"
 #include "tokenizer/formats.h"
-#include "train/run.h"
+#include "runs/load.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -309,7 +309,7 @@ TEST(LlamaGguf, TrainContinuesFromGgufWeightsWithTheirTokenizer) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("starting from the weights of"), std::string::npos) << r.output;
   models::GgufImport g = models::import_gguf(kTiny);
-  auto run = train::load_run(dir.file("run"));
+  auto run = runs::load_run(dir.file("run"));
   EXPECT_EQ(run.model->model_config().json()["context_length"], 32);
   for (nn::Parameter* p : g.model->parameters()) {
     const Tensor& a = p->value;

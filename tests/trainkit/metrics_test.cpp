@@ -11,11 +11,10 @@
 
 #include "core/error.h"
 #include "train/metrics.h"
-#include "report/progress.h"
+#include "train/progress.h"
 
 namespace fs = std::filesystem;
 using namespace loom::train;
-using namespace loom::report;
 using nlohmann::json;
 
 namespace {

@@ -18,7 +18,7 @@
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "report/plot.h"
-#include "report/roofline.h"
+#include "benchmark/roofline.h"
 #include "support/cli.h"
 #include "train/config.h"
 
@@ -83,15 +83,15 @@ TEST(Roofline, CostOfALinearIsTwoMnkEachWay) {
   op.inputs = {{Shape{2, 8, 16}, DType::F32, true}, {Shape{32, 16}, DType::F32, true}};
   op.outputs = {{Shape{2, 8, 32}, DType::F32, true}};
   op.has_backward = true;
-  auto c = report::op_cost(op);
+  auto c = bench::op_cost(op);
   EXPECT_EQ(c.family, "matmul");
   EXPECT_DOUBLE_EQ(c.forward_flops, 2.0 * 16 * 32 * 16);
   EXPECT_DOUBLE_EQ(c.backward_flops, 2 * c.forward_flops);  // dx and dw
   EXPECT_DOUBLE_EQ(c.forward_bytes, 4.0 * (256 + 512 + 512));
   op.inputs[0].requires_grad = false;  // the first layer's input: dw only
-  EXPECT_DOUBLE_EQ(report::op_cost(op).backward_flops, c.forward_flops);
+  EXPECT_DOUBLE_EQ(bench::op_cost(op).backward_flops, c.forward_flops);
   op.name = "some_new_op";
-  auto unknown = report::op_cost(op);
+  auto unknown = bench::op_cost(op);
   EXPECT_EQ(unknown.family, "some_new_op");
   EXPECT_EQ(unknown.forward_flops, 0.0);
 }
@@ -105,16 +105,16 @@ TEST(Roofline, CostOfTheRoutedExpertsIsTheirGemms) {
   op.outputs = {{Shape{10, 8}, DType::F32, true}};
   op.has_backward = true;
   const double gemm = 2.0 * 20 * 6 * 8;
-  auto c = report::op_cost(op);
+  auto c = bench::op_cost(op);
   EXPECT_EQ(c.family, "moe");
   EXPECT_DOUBLE_EQ(c.palm_flops, 3 * gemm + 6 * gemm);  // dau, dx (two), dw1, dw3, dw2
   EXPECT_GT(c.forward_flops, 3 * gemm);                 // + SwiGLU and the combine
   EXPECT_GT(c.backward_flops, 6 * gemm);
   for (auto& in : op.inputs) in.requires_grad = false;  // frozen experts, no dx: dau only
-  EXPECT_DOUBLE_EQ(report::op_cost(op).palm_flops, 3 * gemm + gemm);
+  EXPECT_DOUBLE_EQ(bench::op_cost(op).palm_flops, 3 * gemm + gemm);
   op.name = "moe_route";
-  EXPECT_EQ(report::op_cost(op).family, "moe");
-  EXPECT_EQ(report::op_cost(op).forward_flops, 0.0);
+  EXPECT_EQ(bench::op_cost(op).family, "moe");
+  EXPECT_EQ(bench::op_cost(op).forward_flops, 0.0);
 }
 
 TEST(Plot, LogAxesPlaceDecadesEvenlyAndLeaveOutNonPositivePoints) {
@@ -145,8 +145,8 @@ TEST(Plot, LogAxesPlaceDecadesEvenlyAndLeaveOutNonPositivePoints) {
 }
 
 // One small profiled step: enough to exercise every family without timing anything carefully.
-static report::RooflineOptions quick_options() {
-  report::RooflineOptions o;
+static bench::RooflineOptions quick_options() {
+  bench::RooflineOptions o;
   o.batch_size = 2;
   o.steps = 1;
   o.warmup_steps = 0;
@@ -157,8 +157,8 @@ static report::RooflineOptions quick_options() {
 
 TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
   auto config = train::TrainConfig::load("tiny").model;
-  report::RooflineOptions o = quick_options();
-  auto r = report::bench_roofline(config, o);
+  bench::RooflineOptions o = quick_options();
+  auto r = bench::bench_roofline(config, o);
   // GEMMs and attention against PaLM's 6N + 12·L·d·T: N also counts the norms' weights, which no GEMM
   // multiplies (0.2% of tiny's N), hence the 0.5%.
   EXPECT_NEAR(r.palm_counted_flops_per_step / r.model_flops_per_step, 1.0, 0.005);
@@ -196,16 +196,16 @@ TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {
 // products (AVX512-BF16); every other family keeps the FMA roof.
 TEST(Roofline, UnderBf16TheFamiliesOnBf16UnitsHaveTheBf16Roof) {
   auto config = train::TrainConfig::load("dsv3-tiny").model;
-  report::RooflineOptions o = quick_options();
+  bench::RooflineOptions o = quick_options();
   o.bf16 = true;
-  auto r = report::bench_roofline(config, o);
+  auto r = bench::bench_roofline(config, o);
   if (r.bf16_peak_gflops > 0) {
     EXPECT_EQ(r.gemm_peak_gflops, r.bf16_peak_gflops);
   }
   std::set<std::string> checked;
   for (const auto& f : r.families) {
     if (f.flops <= 0 || f.bytes <= 0) continue;
-    cpu::AttentionProblem attention;
+    AttentionProblem attention;
     attention.bf16_products = true;
     const bool on_bf16_units = f.family == "matmul" || f.family == "lm_head+loss" || f.family == "moe" ||
                                (f.family == "attention" && cpu::flash_attention_uses_bf16(attention));

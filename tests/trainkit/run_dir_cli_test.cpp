@@ -19,7 +19,7 @@
 
 #include "io/safetensors.h"
 #include "support/synthetic_corpus.h"
-#include "train/checkpoint.h"
+#include "runs/checkpoint.h"
 #include "train/metrics.h"
 
 namespace fs = std::filesystem;
@@ -202,7 +202,7 @@ TEST(RunDirCli, ResumeWithoutAValidCheckpointChangesNothing) {
   const fs::path run = f.dir / "run";
   ASSERT_EQ(f.run(f.train_args(run, 4)).status, 0);
   const std::string model = read(run / "model.safetensors"), metrics = read(run / "metrics.jsonl");
-  auto refs = loom::train::list_checkpoints(run.string());
+  auto refs = loom::runs::list_checkpoints(run.string());
   ASSERT_EQ(refs.size(), 2u);  // 2 and 4
   for (const auto& c : refs) {  // damage every checkpoint
     std::fstream file(fs::path(c.path) / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -216,7 +216,7 @@ TEST(RunDirCli, ResumeWithoutAValidCheckpointChangesNothing) {
   EXPECT_FALSE(contains(r.output, "starting from step 0")) << r.output;
   EXPECT_EQ(read(run / "model.safetensors"), model);
   EXPECT_EQ(read(run / "metrics.jsonl"), metrics);
-  EXPECT_EQ(loom::train::list_checkpoints(run.string()).size(), 2u) << "the damaged checkpoints are still there";
+  EXPECT_EQ(loom::runs::list_checkpoints(run.string()).size(), 2u) << "the damaged checkpoints are still there";
   EXPECT_EQ(state_of(run), "finished");
 
   // --resume into a new directory starts a new run.
@@ -234,7 +234,7 @@ TEST(RunDirCli, RetentionLeavesAUsersCheckpointFolderAlone) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(read(run / "checkpoints" / "step_00000001" / "notes.txt"), "mine");
   std::vector<int64_t> steps;
-  for (const auto& c : loom::train::list_checkpoints(run.string())) steps.push_back(c.step);
+  for (const auto& c : loom::runs::list_checkpoints(run.string())) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 8}));
 }
 
@@ -284,10 +284,10 @@ TEST(RunDirCli, OneWriterPerRunAndKillNineLeavesNoStaleLock) {
   const fs::path run = f.dir / "run";
   Process first = spawn(f.train_args(run, 1000000, {"--set", "checkpoint.interval=3"}), f.log("first"));
   const auto give_up = Clock::now() + std::chrono::seconds(120);
-  while (loom::train::list_checkpoints(run.string()).empty() && Clock::now() < give_up) {
+  while (loom::runs::list_checkpoints(run.string()).empty() && Clock::now() < give_up) {
     ASSERT_FALSE(first.wait_for(std::chrono::milliseconds(20))) << read(first.log);
   }
-  ASSERT_FALSE(loom::train::list_checkpoints(run.string()).empty()) << read(first.log);
+  ASSERT_FALSE(loom::runs::list_checkpoints(run.string()).empty()) << read(first.log);
 
   for (const std::vector<std::string>& extra : {std::vector<std::string>{"--resume"}, std::vector<std::string>{},
                                                 std::vector<std::string>{"--overwrite"}}) {
@@ -308,7 +308,7 @@ TEST(RunDirCli, OneWriterPerRunAndKillNineLeavesNoStaleLock) {
   ::kill(first.pid, SIGKILL);
   EXPECT_EQ(first.wait_for(std::chrono::seconds(30)), std::optional<int>(-1));
   // The kernel dropped the lock with the process: a resume takes it and finishes.
-  const int64_t newest = loom::train::latest_valid_checkpoint(run.string())->step;
+  const int64_t newest = loom::runs::latest_valid_checkpoint(run.string())->step;
   Result resumed = f.run(f.train_args(run, newest + 2, {"--resume"}));
   EXPECT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "resuming from step " + std::to_string(newest))) << resumed.output;

@@ -1,4 +1,4 @@
-// Run directory ownership in process (train/run_dir.h): which directories loom claims, what --overwrite
+// Run directory ownership in process (runs/run_dir.h): which directories loom claims, what --overwrite
 // deletes and what it leaves, the run.json marker, and the lock. The same promises through the real CLI
 // are in run_dir_cli_test.cpp.
 #include <gtest/gtest.h>
@@ -11,14 +11,14 @@
 
 #include "core/error.h"
 #include "io/file.h"
-#include "train/checkpoint.h"
-#include "train/run_dir.h"
+#include "runs/checkpoint.h"
+#include "runs/run_dir.h"
 
 using namespace loom;
-using train::ExistingRun;
-using train::RunDir;
-using train::RunKind;
-using train::RunState;
+using runs::ExistingRun;
+using runs::RunDir;
+using runs::RunKind;
+using runs::RunState;
 namespace fs = std::filesystem;
 
 namespace {
@@ -46,7 +46,7 @@ std::string read(const fs::path& path) {
 
 // A checkpoint as loom writes it (manifest with sizes and hashes), holding one small file.
 void write_loom_checkpoint(const fs::path& run, int64_t step) {
-  train::write_checkpoint(run.string(), step, {{"trainer_state.json", [](const std::string& path) {
+  runs::write_checkpoint(run.string(), step, {{"trainer_state.json", [](const std::string& path) {
                                                   io::write_file_atomically(path, [](io::FileWriter& w) { w.write("{}", 2); });
                                                 }}});
 }
@@ -87,7 +87,7 @@ TEST(RunDir, ANewDirectoryIsCreatedMarkedAndLocked) {
   nlohmann::json m = marker_json(run);
   EXPECT_EQ(m["state"], "finished");
   EXPECT_EQ(m["step"], 42);
-  auto marker = train::read_run_marker(run.string());
+  auto marker = runs::read_run_marker(run.string());
   ASSERT_TRUE(marker);
   EXPECT_EQ(marker->state, RunState::Finished);
   EXPECT_EQ(marker->step, std::optional<int64_t>(42));

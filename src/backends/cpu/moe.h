@@ -26,14 +26,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/moe_dispatch.h"
 #include "core/dtype.h"
 
 namespace loom::cpu {
-
-// Rows per expert tile. 128 keeps a tile's x, SwiGLU activations and output (C, F in the hundreds) in
-// L2 while giving oneDNN a full-height block. bench/moe.cpp, dsv3-mini shapes, 1 thread, MoE / dense CPU
-// time (medians of 5): 1.11 with 64 rows, 1.04 with 128, 1.11 with 256.
-constexpr int64_t kMoeRowTile = 128;
 
 // ---- routing -------------------------------------------------------------------------------------
 
@@ -51,23 +47,6 @@ void moe_route_forward(const T* logits, const float* bias, int64_t N, int64_t E,
 template <typename T>
 void moe_route_backward(T* dlogits, const float* dgates, const float* daffinity, const float* affinity,
                         const int32_t* index, int64_t N, int64_t E, int64_t K, float route_scale);
-
-// ---- dispatch ------------------------------------------------------------------------------------
-
-struct MoeDispatch {
-  int64_t N = 0, K = 0, E = 0;
-  std::vector<int64_t> offsets;      // [E+1]
-  std::vector<int32_t> slot_of_row;  // [P]
-  std::vector<int32_t> row_of_slot;  // [P]
-  struct Tile {
-    int32_t expert;
-    int64_t begin, end;  // rows
-  };
-  std::vector<Tile> tiles;  // every expert's run cut into R-row tiles, in expert order
-};
-
-// expert_index: [N,K], every value in [0, E) (checked by the op).
-MoeDispatch moe_dispatch(const int32_t* expert_index, int64_t N, int64_t K, int64_t E);
 
 // ---- routed experts ------------------------------------------------------------------------------
 

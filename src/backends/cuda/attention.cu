@@ -24,7 +24,7 @@ struct Geometry {
   float scale_log2;  // scale * log2(e)
   float scale;
   bool causal;
-  cpu::HeadLayout q, k, v, out;
+  HeadLayout q, k, v, out;
   // dropout: keep iff (bits >> 8) >= threshold, kept values scaled by keep_scale; threshold 0 = none
   uint32_t threshold;
   float keep_scale;
@@ -35,7 +35,7 @@ struct Geometry {
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
-__device__ __forceinline__ int64_t row_offset(const cpu::HeadLayout& l, int64_t b, int64_t h, int64_t t) {
+__device__ __forceinline__ int64_t row_offset(const HeadLayout& l, int64_t b, int64_t h, int64_t t) {
   return b * l.batch_stride + h * l.head_stride + t * l.row_stride;
 }
 
@@ -56,7 +56,7 @@ __device__ __forceinline__ float dropout_factor(const Geometry& g, int64_t n, in
 // Loads `rows` rows of width `width` starting at row `first` of an operand into a shared [tile, width]
 // buffer (f32), by the whole block; rows past `limit` are not read.
 template <typename T>
-__device__ void stage_rows(float* smem, const T* base, const cpu::HeadLayout& l, int64_t b, int64_t h, int64_t first,
+__device__ void stage_rows(float* smem, const T* base, const HeadLayout& l, int64_t b, int64_t h, int64_t first,
                            int rows, int64_t limit, int64_t width) {
   for (int64_t e = threadIdx.x; e < rows * width; e += blockDim.x) {
     const int64_t r = e / width, c = e % width;
@@ -261,7 +261,7 @@ __global__ void dkdv_kernel(Geometry g, const T* q, const T* k, const T* v, cons
   }
 }
 
-Geometry geometry(const cpu::AttentionProblem& p, const char* op) {
+Geometry geometry(const AttentionProblem& p, const char* op) {
   LOOM_CHECK(p.rope.cos == nullptr, op, ": the CUDA kernels take RoPE'd q and k (rope is not fused here)");
   LOOM_CHECK(p.d > 0 && p.d <= kMaxDim && p.dv > 0 && p.dv <= kMaxDim, op, ": head dimensions D=", p.d, ", Dv=",
              p.dv, " must be in [1, ", kMaxDim, "] for the CUDA kernels");
@@ -293,10 +293,10 @@ Geometry geometry(const cpu::AttentionProblem& p, const char* op) {
 }
 
 // Rows per shared tile: 32, or 16 when two 32-row tiles of D + Dv floats would pass 48 KiB.
-int tile_rows(const cpu::AttentionProblem& p) { return (p.d + p.dv) * 32 * 4 <= 48 * 1024 - 1024 ? 32 : 16; }
+int tile_rows(const AttentionProblem& p) { return (p.d + p.dv) * 32 * 4 <= 48 * 1024 - 1024 ? 32 : 16; }
 
 template <typename T>
-void forward(const Context& ctx, const cpu::AttentionProblem& p, const T* q, const T* k, const T* v, T* out,
+void forward(const Context& ctx, const AttentionProblem& p, const T* q, const T* k, const T* v, T* out,
              float* lse) {
   const char* op = "flash_attention";
   const Geometry g = geometry(p, op);
@@ -310,7 +310,7 @@ void forward(const Context& ctx, const cpu::AttentionProblem& p, const T* q, con
 }
 
 template <typename T>
-void backward(const Context& ctx, const cpu::AttentionProblem& p, const T* q, const T* k, const T* v, const T* out,
+void backward(const Context& ctx, const AttentionProblem& p, const T* q, const T* k, const T* v, const T* out,
               const T* dout, const float* lse, T* dq, T* dk, T* dv) {
   const char* op = "flash_attention backward";
   const Geometry g = geometry(p, op);
@@ -350,20 +350,20 @@ void backward(const Context& ctx, const cpu::AttentionProblem& p, const T* q, co
 
 }  // namespace
 
-void flash_attention_forward(const Context& ctx, const cpu::AttentionProblem& p, const float* q, const float* k,
+void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                              const float* v, float* out, float* lse) {
   forward(ctx, p, q, k, v, out, lse);
 }
-void flash_attention_forward(const Context& ctx, const cpu::AttentionProblem& p, const bf16* q, const bf16* k,
+void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,
                              const bf16* v, bf16* out, float* lse) {
   forward(ctx, p, q, k, v, out, lse);
 }
-void flash_attention_backward(const Context& ctx, const cpu::AttentionProblem& p, const float* q, const float* k,
+void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                               const float* v, const float* out, const float* dout, const float* lse, float* dq,
                               float* dk, float* dv) {
   backward(ctx, p, q, k, v, out, dout, lse, dq, dk, dv);
 }
-void flash_attention_backward(const Context& ctx, const cpu::AttentionProblem& p, const bf16* q, const bf16* k,
+void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,
                               const bf16* v, const bf16* out, const bf16* dout, const float* lse, bf16* dq, bf16* dk,
                               bf16* dv) {
   backward(ctx, p, q, k, v, out, dout, lse, dq, dk, dv);

@@ -1,4 +1,4 @@
-// CUDA flash attention: the contract of cpu::flash_attention_{forward,backward} (backends/cpu/attention.h:
+// CUDA flash attention: the contract of cpu::flash_attention_{forward,backward} (backends/attention_problem.h:
 // the same AttentionProblem, layouts, causal rule, grouped-query heads, dropout counter and lse
 // convention), on device memory, queued on ctx's stream. What differs:
 //   * RoPE is not fused: p.rope.cos must be null (the op rotates q and k with cuda::rope_apply first, and
@@ -18,21 +18,21 @@
 
 #include <cstdint>
 
-#include "backends/cpu/attention.h"
+#include "backends/attention_problem.h"
 #include "backends/cuda/runtime.h"
 #include "core/dtype.h"
 
 namespace loom::cuda {
 
-void flash_attention_forward(const Context& ctx, const cpu::AttentionProblem& p, const float* q, const float* k,
+void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                              const float* v, float* out, float* lse);
-void flash_attention_forward(const Context& ctx, const cpu::AttentionProblem& p, const bf16* q, const bf16* k,
+void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,
                              const bf16* v, bf16* out, float* lse);
 // Overwrites dq, dk, dv (laid out like q, k, v).
-void flash_attention_backward(const Context& ctx, const cpu::AttentionProblem& p, const float* q, const float* k,
+void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                               const float* v, const float* out, const float* dout, const float* lse, float* dq,
                               float* dk, float* dv);
-void flash_attention_backward(const Context& ctx, const cpu::AttentionProblem& p, const bf16* q, const bf16* k,
+void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,
                               const bf16* v, const bf16* out, const bf16* dout, const float* lse, bf16* dq, bf16* dk,
                               bf16* dv);
 

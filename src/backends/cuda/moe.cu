@@ -112,7 +112,7 @@ void gemm_t(const Context& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   gemm(ctx, p);
 }
 
-int64_t rows_of(const cpu::MoeDispatch& d, int64_t e) { return d.offsets[size_t(e + 1)] - d.offsets[size_t(e)]; }
+int64_t rows_of(const MoeDispatch& d, int64_t e) { return d.offsets[size_t(e + 1)] - d.offsets[size_t(e)]; }
 
 }  // namespace
 
@@ -120,7 +120,7 @@ template <typename T>
 void moe_experts_forward(const Context& ctx, const MoeDeviceDispatch& d, const T* x, const float* gates, const T* w1,
                          const T* w3, const T* w2, int64_t C, int64_t F, float* y, float* h1, float* h3) {
   const char* op = "moe_experts";
-  const cpu::MoeDispatch& hd = *d.host;
+  const MoeDispatch& hd = *d.host;
   const int64_t N = hd.N, K = hd.K, E = hd.E, P = N * K;
   if (N == 0) return;
   DeviceGuard guard(ctx.index, op);
@@ -155,7 +155,7 @@ void moe_experts_backward(const Context& ctx, const MoeDeviceDispatch& d, const 
                           const float* gates, const T* w1, const T* w3, const T* w2, const float* h1, const float* h3,
                           int64_t C, int64_t F, float* dx, float* dgates, float* dw1, float* dw3, float* dw2) {
   const char* op = "moe_experts backward";
-  const cpu::MoeDispatch& hd = *d.host;
+  const MoeDispatch& hd = *d.host;
   const int64_t N = hd.N, K = hd.K, E = hd.E, P = N * K;
   DeviceGuard guard(ctx.index, op);
   for (float* w : {dw1, dw3, dw2}) {  // experts no token chose keep these zeros

@@ -1,7 +1,7 @@
 // CUDA routed experts: the contract of cpu::moe_experts_{forward,backward} (backends/cpu/moe.h: legend,
 // dispatch layout, h1/h3 saved in row order, the same backward formulation) on device memory, queued on
 // ctx's stream. The dispatch (a counting sort of expert_index) is computed on the host by
-// cpu::moe_dispatch; its two permutations are passed as device arrays, its offsets as the host copy.
+// moe_dispatch; its two permutations are passed as device arrays, its offsets as the host copy.
 //
 // Per expert, the rows of its run go through cuBLASLt GEMMs (a grouped GEMM as one cuBLASLt call per
 // non-empty expert); gathers, the SwiGLU, the per-row backward and the combines are small kernels. The
@@ -12,14 +12,14 @@
 
 #include <cstdint>
 
-#include "backends/cpu/moe.h"
+#include "backends/moe_dispatch.h"
 #include "backends/cuda/runtime.h"
 #include "core/dtype.h"
 
 namespace loom::cuda {
 
 struct MoeDeviceDispatch {
-  const cpu::MoeDispatch* host = nullptr;  // N, K, E, offsets
+  const MoeDispatch* host = nullptr;  // N, K, E, offsets
   const int32_t* slot_of_row = nullptr;    // [P] on the device
   const int32_t* row_of_slot = nullptr;    // [P] on the device
 };

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "core/autograd.h"
-#include "dist/runtime.h"
+#include "nn/sharded.h"
 #include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/rope.h"

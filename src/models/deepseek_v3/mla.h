@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "models/decode_cache.h"
+#include "nn/decode_cache.h"
 #include "models/deepseek_v3/config.h"
 #include "nn/layers.h"
 
@@ -31,7 +31,7 @@ namespace loom::deepseek_v3 {
 // Per layer, [B, capacity, R + P]: the normalised latent c and the rotated shared RoPE key of every
 // token fed so far. With `absorbed`, decoding uses the absorbed form; its folded weights are computed
 // from the model's weights the first time a layer decodes, so a cache belongs to one set of weights.
-class LatentCache : public models::DecodeCache {
+class LatentCache : public nn::DecodeCache {
  public:
   LatentCache(const Config& config, int64_t batch, bool absorbed);
   int64_t length() const override { return length_; }

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "core/autograd.h"
-#include "dist/expert.h"
-#include "dist/runtime.h"
+#include "nn/expert_parallel.h"
+#include "nn/sharded.h"
 #include "io/json_checked.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
@@ -237,11 +237,11 @@ std::unique_ptr<LatentCache> DeepSeekV3::make_latent_cache(int64_t batch, bool a
   return std::make_unique<LatentCache>(config_, batch, absorbed);
 }
 
-std::unique_ptr<models::DecodeCache> DeepSeekV3::make_decode_cache(int64_t batch) const {
+std::unique_ptr<nn::DecodeCache> DeepSeekV3::make_decode_cache(int64_t batch) const {
   return make_latent_cache(batch, /*absorbed=*/true);
 }
 
-Tensor DeepSeekV3::decode(const Tensor& ids, models::DecodeCache& cache_base) const {
+Tensor DeepSeekV3::decode(const Tensor& ids, nn::DecodeCache& cache_base) const {
   auto* cache = dynamic_cast<LatentCache*>(&cache_base);
   LOOM_CHECK(cache != nullptr, "DeepSeekV3::decode: the cache was not made by this model's make_decode_cache");
   check_dtype(ids, DType::I32, "DeepSeekV3::decode", "ids");

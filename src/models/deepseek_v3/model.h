@@ -100,10 +100,10 @@ class DeepSeekV3 : public models::LanguageModel {
   // next-token cross-entropy only, comparable with other families.
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
   // Decoding from the latent cache, in the absorbed form.
-  std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
+  std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const override;
   // `absorbed` false: the naive form that rebuilds per-head keys and values (tests compare the two).
   std::unique_ptr<LatentCache> make_latent_cache(int64_t batch, bool absorbed) const;
-  Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
 
   // The routing biases, layers.{i}.moe.bias.

@@ -72,7 +72,7 @@ Tensor Block::forward(const Tensor& x, const models::ForwardContext& ctx, int64_
   return ops::add(h, dropout_at(mlp.forward(ln2_forward(h)), p, ctx, key.fold_in("mlp_out")));
 }
 
-Tensor Block::forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const {
+Tensor Block::forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache, int64_t layer) const {
   Tensor h = ops::add(x, attn.forward_cached(ln1_forward(x), positions, cache, layer));
   return ops::add(h, mlp.forward(ln2_forward(h)));
 }
@@ -152,13 +152,13 @@ Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::Forwar
                                    bf16_copy ? nn::bf16_weight_of(head) : Tensor());
 }
 
-std::unique_ptr<models::DecodeCache> GPT2::make_decode_cache(int64_t batch) const {
-  return std::make_unique<generate::KVCache>(config_.num_layers, batch, config_.num_heads, config_.context_length,
+std::unique_ptr<nn::DecodeCache> GPT2::make_decode_cache(int64_t batch) const {
+  return std::make_unique<nn::KVCache>(config_.num_layers, batch, config_.num_heads, config_.context_length,
                                              config_.head_dim());
 }
 
-Tensor GPT2::decode(const Tensor& ids, models::DecodeCache& cache_base) const {
-  auto* cache = dynamic_cast<generate::KVCache*>(&cache_base);
+Tensor GPT2::decode(const Tensor& ids, nn::DecodeCache& cache_base) const {
+  auto* cache = dynamic_cast<nn::KVCache*>(&cache_base);
   LOOM_CHECK(cache != nullptr, "GPT2::decode: the cache was not made by this model's make_decode_cache");
   autograd::NoGradGuard no_grad;
   const int64_t start = cache->length();

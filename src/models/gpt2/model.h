@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "generate/kv_cache.h"
+#include "nn/kv_cache.h"
 #include "models/gpt2/config.h"
 #include "models/model.h"
 #include "nn/layers.h"
@@ -41,7 +41,7 @@ class Block : public nn::Module {
  public:
   Block(const std::string& name, const Config& c, RngKey key);
   Tensor forward(const Tensor& x, const models::ForwardContext& ctx, int64_t layer, float dropout) const;
-  Tensor forward_cached(const Tensor& x, const Tensor& positions, generate::KVCache& cache, int64_t layer) const;
+  Tensor forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache, int64_t layer) const;
   Tensor ln1_forward(const Tensor& x) const;  // ln1(x), in bf16 for the q, k, v GEMMs under mixed precision
   Tensor ln2_forward(const Tensor& h) const;  // ln2(h), in bf16 for fc's GEMM under mixed precision
   nn::LayerNorm ln1;
@@ -62,8 +62,8 @@ class GPT2 : public models::LanguageModel {
 
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
-  std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
-  Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const override;
+  Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
 
   const Config& config() const { return config_; }

@@ -47,14 +47,14 @@ std::string fused_decode_unsupported(const TransformerLM& m) {
   return "";
 }
 
-Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCache& cache) {
+Tensor fused_decode_step(const TransformerLM& m, int32_t token, nn::KVCache& cache) {
   const Config& c = m.config();
   const int64_t C = c.d_model, H = c.num_heads, Hkv = c.kv_heads(), D = c.head_dim(), F = c.d_ff, V = c.vocab_size;
   const int64_t P = cache.length(), L = static_cast<int64_t>(m.layers.size());
   LOOM_CHECK(token >= 0 && token < V, "TransformerLM: token id ", token, " is outside the vocabulary [0, ", V, ")");
   LOOM_CHECK(P + 1 <= c.context_length && P + 1 <= cache.capacity(), "TransformerLM: ", P,
              " cached + 1 new token exceed context_length ", c.context_length);
-  const generate::LayerKV& kv0 = cache.layer(0);
+  const nn::LayerKV& kv0 = cache.layer(0);
   LOOM_CHECK(kv0.k.ndim() == 4 && kv0.k.size(0) == 1 && kv0.k.size(1) == Hkv && kv0.k.size(3) == D,
              "TransformerLM: the cache ", kv0.k.describe(), " is not a batch-1 cache of this model");
   quant::best_kernel_path();  // resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw
@@ -114,7 +114,7 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
       const float* cos = rope.cache.cos.data<float>() + P * half;
       const float* sin = rope.cache.sin.data<float>() + P * half;
       const bool interleaved = rope.style == ops::RopeStyle::Interleaved;
-      generate::LayerKV& kv = cache.layer(li);
+      nn::LayerKV& kv = cache.layer(li);
       float* kc = kv.k.data<float>();  // [Hkv, cap, D]
       float* vc = kv.v.data<float>();
 
@@ -143,7 +143,7 @@ Tensor fused_decode_step(const TransformerLM& m, int32_t token, generate::KVCach
       // the activations after it turns any other summation order into visibly different logits).
       for (int64_t hd = a0; hd < a1; ++hd) {
         const int64_t j = hd / group;
-        cpu::AttentionProblem ap;
+        AttentionProblem ap;
         ap.tq = 1;
         ap.tk = P + 1;
         ap.d = ap.dv = D;

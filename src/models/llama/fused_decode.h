@@ -26,7 +26,7 @@
 
 #include <string>
 
-#include "generate/kv_cache.h"
+#include "nn/kv_cache.h"
 #include "models/llama/model.h"
 
 namespace loom::llama {
@@ -39,6 +39,6 @@ std::string fused_decode_unsupported(const TransformerLM& model);
 // One token at position P = cache.length() (batch 1): returns its logits [1, 1, V] and writes its keys
 // and values to the cache's row P of every layer; the caller advances the cache. Checks the token and
 // the room left in the cache; the model must be supported (fused_decode_unsupported empty).
-Tensor fused_decode_step(const TransformerLM& model, int32_t token, generate::KVCache& cache);
+Tensor fused_decode_step(const TransformerLM& model, int32_t token, nn::KVCache& cache);
 
 }  // namespace loom::llama

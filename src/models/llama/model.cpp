@@ -62,7 +62,7 @@ Tensor TransformerLM::forward(const Tensor& ids, const Tensor& positions) const 
   return lm_head.forward(hidden(ids, positions));  // [B, T, V]
 }
 
-Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache, bool last_only) const {
+Tensor TransformerLM::forward_cached(const Tensor& ids, nn::KVCache& cache, bool last_only) const {
   check_dtype(ids, DType::I32, "TransformerLM", "ids");
   check_ndim(ids, 2, "TransformerLM", "ids");
   const int64_t t = ids.size(1), start = cache.length();
@@ -91,24 +91,24 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, generate::KVCache& cache
   return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
-generate::KVCache TransformerLM::make_cache(int64_t batch) const {
-  return generate::KVCache(config_.num_layers, batch, config_.kv_heads(), config_.context_length, config_.head_dim());
+nn::KVCache TransformerLM::make_cache(int64_t batch) const {
+  return nn::KVCache(config_.num_layers, batch, config_.kv_heads(), config_.context_length, config_.head_dim());
 }
 
 Tensor TransformerLM::logits(const Tensor& ids, const models::ForwardContext&) const { return forward(ids); }
 
-std::unique_ptr<models::DecodeCache> TransformerLM::make_decode_cache(int64_t batch) const {
-  return std::make_unique<generate::KVCache>(make_cache(batch));
+std::unique_ptr<nn::DecodeCache> TransformerLM::make_decode_cache(int64_t batch) const {
+  return std::make_unique<nn::KVCache>(make_cache(batch));
 }
 
-Tensor TransformerLM::decode(const Tensor& ids, models::DecodeCache& cache) const {
-  auto* kv = dynamic_cast<generate::KVCache*>(&cache);
+Tensor TransformerLM::decode(const Tensor& ids, nn::DecodeCache& cache) const {
+  auto* kv = dynamic_cast<nn::KVCache*>(&cache);
   LOOM_CHECK(kv != nullptr, "TransformerLM::decode: the cache was not made by this model's make_decode_cache");
   return forward_cached(ids, *kv);
 }
 
-Tensor TransformerLM::decode_last(const Tensor& ids, models::DecodeCache& cache) const {
-  auto* kv = dynamic_cast<generate::KVCache*>(&cache);
+Tensor TransformerLM::decode_last(const Tensor& ids, nn::DecodeCache& cache) const {
+  auto* kv = dynamic_cast<nn::KVCache*>(&cache);
   LOOM_CHECK(kv != nullptr, "TransformerLM::decode: the cache was not made by this model's make_decode_cache");
   return forward_cached(ids, *kv, /*last_only=*/true);
 }

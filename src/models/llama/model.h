@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "generate/kv_cache.h"
+#include "nn/kv_cache.h"
 #include "models/llama/config.h"
 #include "models/model.h"
 #include "nn/layers.h"
@@ -30,19 +30,19 @@ class TransformerLM : public models::LanguageModel {
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
   // last_only: the head over the last position only ([B, 1, V]).
-  Tensor forward_cached(const Tensor& ids, generate::KVCache& cache, bool last_only = false) const;
+  Tensor forward_cached(const Tensor& ids, nn::KVCache& cache, bool last_only = false) const;
   // A cache sized for this model: capacity context_length.
-  generate::KVCache make_cache(int64_t batch) const;
+  nn::KVCache make_cache(int64_t batch) const;
 
   // models::LanguageModel. The Llama has no dropout: ctx changes nothing.
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   // Mean next-token cross-entropy through ops::linear_cross_entropy: the [B, T, V] logits and their
   // gradient are never materialised.
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
-  std::unique_ptr<models::DecodeCache> make_decode_cache(int64_t batch) const override;
-  Tensor decode(const Tensor& ids, models::DecodeCache& cache) const override;
+  std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const override;
+  Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
   // The head over the last position only.
-  Tensor decode_last(const Tensor& ids, models::DecodeCache& cache) const override;
+  Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
 
   const Config& config() const { return config_; }

@@ -7,7 +7,6 @@
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/graph.h"
-#include "backends/cuda/nccl/nccl_communicator.h"
 #include "backends/cuda/loss.h"
 #include "backends/cuda/moe.h"
 #include "backends/cuda/norm.h"
@@ -139,19 +138,19 @@ void swiglu_backward(const Context&, bf16*, bf16*, const bf16*, const bf16*, con
 }
 void dropout_forward(const Context&, float*, const float*, int64_t, float, RngKey) { not_built("dropout"); }
 void dropout_forward(const Context&, bf16*, const bf16*, int64_t, float, RngKey) { not_built("dropout"); }
-void flash_attention_forward(const Context&, const cpu::AttentionProblem&, const float*, const float*, const float*,
+void flash_attention_forward(const Context&, const AttentionProblem&, const float*, const float*, const float*,
                              float*, float*) {
   not_built("flash_attention");
 }
-void flash_attention_forward(const Context&, const cpu::AttentionProblem&, const bf16*, const bf16*, const bf16*,
+void flash_attention_forward(const Context&, const AttentionProblem&, const bf16*, const bf16*, const bf16*,
                              bf16*, float*) {
   not_built("flash_attention");
 }
-void flash_attention_backward(const Context&, const cpu::AttentionProblem&, const float*, const float*, const float*,
+void flash_attention_backward(const Context&, const AttentionProblem&, const float*, const float*, const float*,
                               const float*, const float*, const float*, float*, float*, float*) {
   not_built("flash_attention backward");
 }
-void flash_attention_backward(const Context&, const cpu::AttentionProblem&, const bf16*, const bf16*, const bf16*,
+void flash_attention_backward(const Context&, const AttentionProblem&, const bf16*, const bf16*, const bf16*,
                               const bf16*, const bf16*, const float*, bf16*, bf16*, bf16*) {
   not_built("flash_attention backward");
 }
@@ -189,12 +188,6 @@ void gemm_bf16(const Context&, bool, bool, int64_t, int64_t, int64_t, float, con
 void gemm_bf16(const Context&, bool, bool, int64_t, int64_t, int64_t, float, const bf16*, int64_t, const bf16*,
                int64_t, float, bf16*, int64_t, const float*, GemmEpilogue) {
   not_built("gemm");
-}
-
-bool nccl_built() { return false; }
-std::unique_ptr<dist::Communicator> make_nccl_communicator(std::shared_ptr<dist::Communicator>, int,
-                                                           std::chrono::milliseconds) {
-  not_built("nccl communicator");
 }
 
 }  // namespace loom::cuda

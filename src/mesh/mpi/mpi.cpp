@@ -1,0 +1,247 @@
+// The MPI communicator. Groups (mesh axes) get their own MPI communicators, made with
+// MPI_Comm_create_group, which only the group's members call, so a group can be first used lazily.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "core/error.h"
+#include "mesh/mpi.h"
+
+namespace loom::dist {
+namespace {
+
+void check(int code, const char* what, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw Error(str(what, " failed at ", file, ":", line, ": ", std::string(text, static_cast<size_t>(len))));
+}
+#define LOOM_MPI(call) check((call), #call, __FILE__, __LINE__)
+
+std::string group_text(const std::vector<int>& g) {
+  std::string s = "{";
+  for (size_t i = 0; i < g.size(); ++i) s += (i ? "," : "") + std::to_string(g[i]);
+  return s + "}";
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(std::chrono::milliseconds timeout) : timeout_(timeout) {
+    LOOM_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    LOOM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    // Started collectives run on a second thread (never at the same time as this one's calls).
+    int level = MPI_THREAD_SINGLE;
+    LOOM_MPI(MPI_Query_thread(&level));
+    run_started_inline_ = level < MPI_THREAD_SERIALIZED;
+  }
+  ~MpiCommunicator() override {
+    stop_communication_thread();
+    for (auto& [ranks, comm] : comms_) {
+      if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string kind() const override { return "mpi"; }
+
+  void all_reduce_sum(float* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    if (group.size() > 1) reduce(data, n, MPI_FLOAT, group);
+    stats.all_reduce_bytes += n * 4;
+    ++stats.calls;
+  }
+  void all_reduce_sum(double* data, int64_t n, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    if (group.size() > 1) reduce(data, n, MPI_DOUBLE, group);
+    stats.all_reduce_bytes += n * 8;
+    ++stats.calls;
+  }
+
+  void all_gather(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    MPI_Request req;
+    LOOM_MPI(MPI_Iallgather(in, count(n), MPI_FLOAT, out, count(n), MPI_FLOAT, comm(group), &req));
+    wait(req, "all_gather", group);
+    stats.all_gather_bytes += n * 4;
+    ++stats.calls;
+  }
+
+  void reduce_scatter_sum(const float* in, int64_t n, float* out, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    // As a sum of the members' blocks in group order: an all-to-all, then a local sum, so every
+    // member's block is added in the same order as in the in-process communicator.
+    const int g = static_cast<int>(group.size());
+    std::vector<float> blocks(static_cast<size_t>(n) * static_cast<size_t>(g));
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoall(in, count(n), MPI_FLOAT, blocks.data(), count(n), MPI_FLOAT, comm(group), &req));
+    wait(req, "reduce_scatter", group);
+    std::fill(out, out + n, 0.0f);
+    for (int i = 0; i < g; ++i) {
+      const float* b = blocks.data() + static_cast<int64_t>(i) * n;
+      for (int64_t j = 0; j < n; ++j) out[j] += b[j];
+    }
+    stats.reduce_scatter_bytes += n * g * 4;
+    ++stats.calls;
+  }
+
+  void broadcast(float* data, int64_t n, int root, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    auto it = std::find(group.begin(), group.end(), root);
+    LOOM_ASSERT(it != group.end(), "broadcast root ", root, " is not in the group");
+    MPI_Request req;
+    LOOM_MPI(MPI_Ibcast(data, count(n), MPI_FLOAT, static_cast<int>(it - group.begin()), comm(group), &req));
+    wait(req, "broadcast", group);
+    if (rank_ == root) stats.broadcast_bytes += n * 4;
+    ++stats.calls;
+  }
+
+  void barrier(const std::vector<int>& group) override {
+    Blocking guard(*this);
+    MPI_Request req;
+    LOOM_MPI(MPI_Ibarrier(comm(group), &req));
+    wait(req, "barrier", group);
+    ++stats.calls;
+  }
+
+  void all_to_all_counts(const int64_t* send, int64_t* recv, const std::vector<int>& group) override {
+    Blocking guard(*this);
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoall(send, 1, MPI_INT64_T, recv, 1, MPI_INT64_T, comm(group), &req));
+    wait(req, "all_to_all_counts", group);
+    ++stats.calls;
+  }
+
+  void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
+                    const std::vector<int>& group) override {
+    Blocking guard(*this);
+    const size_t g = group.size();
+    std::vector<int> sc(g), sd(g), rc(g), rd(g);
+    int64_t s_at = 0, r_at = 0;
+    const int me = index_in(group);
+    for (size_t i = 0; i < g; ++i) {
+      sc[i] = count(send_counts[i]);
+      rc[i] = count(recv_counts[i]);
+      sd[i] = count(s_at);
+      rd[i] = count(r_at);
+      s_at += send_counts[i];
+      r_at += recv_counts[i];
+      if (static_cast<int>(i) != me) stats.all_to_all_bytes += send_counts[i] * 4;
+    }
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT, comm(group), &req));
+    wait(req, "all_to_all_v", group);
+    ++stats.calls;
+  }
+
+ private:
+  // A reduce-scatter then an all-gather (2n(g-1)/g elements on the wire, like a ring, and O(n) memory),
+  // each element summed over the members in group order by the member that owns its chunk: every member
+  // gets the same bits, in the in-process communicator's order. (MPI_Allreduce does not promise equal
+  // results on all ranks, and replicated weights must stay bitwise identical.)
+  template <typename T>
+  void reduce(T* data, int64_t n, MPI_Datatype type, const std::vector<int>& group) {
+    const int g = static_cast<int>(group.size());
+    const int64_t chunk = (n + g - 1) / g;
+    std::vector<T> send(static_cast<size_t>(chunk * g), T(0)), recv(send.size());
+    std::copy(data, data + n, send.begin());
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoall(send.data(), count(chunk), type, recv.data(), count(chunk), type, comm(group), &req));
+    wait(req, "all_reduce", group);
+    std::vector<T> mine(static_cast<size_t>(chunk), T(0));
+    for (int i = 0; i < g; ++i) {
+      const T* b = recv.data() + static_cast<int64_t>(i) * chunk;
+      for (int64_t j = 0; j < chunk; ++j) mine[static_cast<size_t>(j)] += b[j];
+    }
+    LOOM_MPI(MPI_Iallgather(mine.data(), count(chunk), type, send.data(), count(chunk), type, comm(group), &req));
+    wait(req, "all_reduce", group);
+    std::copy(send.begin(), send.begin() + n, data);
+  }
+
+  static int count(int64_t n) {
+    LOOM_CHECK(n >= 0 && n <= INT32_MAX, "MPI: a collective of ", n, " elements exceeds MPI's int count");
+    return static_cast<int>(n);
+  }
+
+  MPI_Comm comm(const std::vector<int>& group) {
+    settle();  // (Blocking did already, in the collectives above)
+    auto it = comms_.find(group);
+    if (it != comms_.end()) return it->second;
+    LOOM_ASSERT(std::find(group.begin(), group.end(), rank_) != group.end(), "rank ", rank_, " is not in group ",
+                group_text(group));
+    MPI_Comm c = MPI_COMM_WORLD;
+    if (static_cast<int>(group.size()) != size_) {
+      MPI_Group world, sub;
+      LOOM_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+      LOOM_MPI(MPI_Group_incl(world, static_cast<int>(group.size()), group.data(), &sub));
+      LOOM_MPI(MPI_Comm_create_group(MPI_COMM_WORLD, sub, /*tag=*/0, &c));
+      MPI_Group_free(&sub);
+      MPI_Group_free(&world);
+    }
+    comms_[group] = c;
+    return c;
+  }
+
+  // Polls with a growing sleep (1 us .. 1 ms), so waiting ranks leave the cores to the working ones
+  // (8 ranks on 2 cores), and gives up after the timeout: a dead peer never completes the request.
+  void wait(MPI_Request& req, const char* op, const std::vector<int>& group) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto nap = std::chrono::microseconds(1);
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      LOOM_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (spins < 64) continue;
+      if (std::chrono::steady_clock::now() > deadline) {
+        mpi_abort(str("loom: rank ", rank_, ": ", op, " over ranks ", group_text(group), " got no answer within ",
+                      timeout_.count() / 1000.0, " s: a peer rank has stopped (killed, crashed or lost); ending the job"),
+                  3);
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, size_ = 1;
+  std::map<std::vector<int>, MPI_Comm> comms_;
+};
+
+struct MpiSession {
+  MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;  // SERIALIZED: the communication thread of started collectives
+    if (!initialized) LOOM_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+}  // namespace
+
+bool mpi_built() { return true; }
+
+std::shared_ptr<Communicator> mpi_world(std::chrono::milliseconds timeout) {
+  static MpiSession session;  // finalised at exit, after the communicators are gone
+  return std::make_shared<MpiCommunicator>(timeout);
+}
+
+void mpi_abort(const std::string& why, int status) {
+  std::fprintf(stderr, "%s\n", why.c_str());
+  std::fflush(stderr);
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Abort(MPI_COMM_WORLD, status);
+  std::exit(status);
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,83 @@
+// What overlapping communication with compute remembers between layers and across a step (docs/mesh.md,
+// "What is overlapped"): the FSDP Linear (nn/sharded.cpp) prefetches the next weight and reduce-scatters
+// gradients in the background; the step's backward and finish_gradients (parallel/runtime.cpp) start the
+// data-axis all-reduces in buckets and wait for everything. One per rank, made by shard_model and kept in
+// RankContext::overlap_state.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "mesh/rank_context.h"
+#include "nn/parameter.h"
+#include "ops/collective.h"
+
+namespace loom::dist {
+
+// One per rank; every rank takes the same decisions in the same
+// order, so they start the same collectives in the same order.
+struct OverlapState {
+  // An FSDP Linear as a pass meets it: the weight, and the bias its forward gathers with it.
+  struct Use {
+    const nn::Parameter* weight = nullptr;
+    const nn::Parameter* bias = nullptr;
+  };
+  // The order the forward (or the backward) pass gathers FSDP weights in, learned from the first pass:
+  // complete when a weight comes round again, when the pass after it begins, or at finish_gradients.
+  struct Order {
+    std::vector<Use> uses;
+    std::unordered_map<const nn::Parameter*, size_t> position;
+    bool learned = false;
+    void note(const Use& u) {
+      if (learned) return;
+      if (position.count(u.weight)) {
+        learned = true;
+        return;
+      }
+      position[u.weight] = uses.size();
+      uses.push_back(u);
+    }
+    void close() { learned = learned || !uses.empty(); }
+    const Use* after(const nn::Parameter* weight) const {
+      if (!learned) return nullptr;
+      auto it = position.find(weight);
+      return it == position.end() || it->second + 1 >= uses.size() ? nullptr : &uses[it->second + 1];
+    }
+  };
+  Order forward, backward;
+  // The gathers of the next Linear, started while the current one computes: at most one in flight, so
+  // at most two layers' weights are whole at a time.
+  struct Prefetch {
+    const nn::Parameter* weight = nullptr;
+    ops::StartedCollective w, b;
+  } prefetch;
+  // FSDP gradients being reduce-scattered, oldest first; each is added to its shard's .grad on completion
+  // (in start order, which is the order backward() would have added them in).
+  struct GradSum {
+    Tensor shard;
+    bool accumulate = true;
+    ops::StartedCollective sum;
+  };
+  std::deque<GradSum> grads;
+  // Data-axis all-reduces of the other gradients: the bucket being filled, and the started ones.
+  struct Bucket {
+    std::vector<nn::Parameter*> params;
+    int64_t bytes = 0;
+    Tensor flat;
+    Communicator::Pending work;
+  };
+  Bucket filling;
+  std::deque<Bucket> buckets;
+  std::unordered_set<const nn::Parameter*> bucketed;  // this step's, whose all-reduce has started
+};
+
+
+// The state when overlap is on, else null.
+OverlapState* overlap_of(const RankContext& c);
+// Started gradient sums before the newest `keep` are completed (added to their shards' .grad).
+void complete_grad_sums(OverlapState& s, size_t keep);
+
+}  // namespace loom::dist

@@ -1,0 +1,279 @@
+#include "nn/sharded.h"
+
+#include <cstring>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "nn/overlap.h"
+#include "ops/collective.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+
+namespace loom::dist {
+
+namespace {
+
+DimSplit axis_of(const nn::Parameter& p, int dim) {
+  if (p.spec.dims.empty()) return {};
+  return p.spec.dims[static_cast<size_t>(dim)];
+}
+
+// An FSDP dimension: one split over data, alone or with the expert axis folded in (fsdp_ep's dense
+// weights). The layer gathers it before computing, over the ranks that hold its blocks.
+bool is_data_dim(const nn::Parameter& p, int dim) { return axis_of(p, dim).has(MeshAxis::Data); }
+Group data_dim_group(const nn::Parameter& p, int dim, const RankContext& c) { return c.group(axis_of(p, dim)); }
+
+// `t` gathered on every FSDP dimension of the spec, differentiably.
+Tensor gather_data_dims(Tensor t, const nn::Parameter& p, const RankContext& c) {
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (is_data_dim(p, d)) t = ops::all_gather(t, d, data_dim_group(p, d, c));
+  }
+  return t;
+}
+
+// y [..., N] + b [N] (broadcast over rows); db = sum over rows of dy. The row-parallel Linear adds its
+// bias after the all-reduce, once.
+Tensor add_bias(const Tensor& y, const Tensor& b) {
+  check_dtype(y, DType::F32, "add_bias", "y");
+  check_dtype(b, DType::F32, "add_bias", "b");
+  const int64_t N = b.numel(), rows = y.numel() / N;
+  LOOM_CHECK(y.size(-1) == N, "add_bias: y ", y.describe(), " does not end in the bias's ", N);
+  Tensor out = Tensor::empty(y.shape());
+  const float* src = y.data<float>();
+  const float* bias = b.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < N; ++j) dst[r * N + j] = src[r * N + j] + bias[j];
+  }
+  autograd::record("add_bias", {y, b}, {out}, [N, rows](const autograd::BackwardContext& ctx) {
+    const Tensor& dy = ctx.grad_output(0);
+    Tensor db;
+    if (ctx.needs_input_grad(1)) {
+      db = Tensor::zeros({N});
+      const float* g = dy.data<float>();
+      float* acc = db.data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < N; ++j) acc[j] += g[r * N + j];
+      }
+    }
+    return TensorList{dy, db};
+  });
+  return out;
+}
+
+// Values only (not recorded): `t` gathered on the spec's FSDP dims, and the reverse reduce-scatter of
+// a whole-tensor gradient onto the shard.
+Tensor gather_data_values(Tensor t, const nn::Parameter& p, const RankContext& c) {
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (is_data_dim(p, d)) t = ops::all_gather_values(t, d, data_dim_group(p, d, c));
+  }
+  return t;
+}
+Tensor scatter_data_values(Tensor g, const nn::Parameter& p, const RankContext& c) {
+  for (int d = static_cast<int>(p.spec.dims.size()) - 1; d >= 0; --d) {
+    if (is_data_dim(p, d)) g = ops::reduce_scatter_values(g, d, data_dim_group(p, d, c));
+  }
+  return g;
+}
+bool has_data_dim(const nn::Parameter& p) { return is_split_over(p, MeshAxis::Data); }
+// The one FSDP dimension of the spec, or -1 (none, or several: those take the blocking path).
+int data_dim(const nn::Parameter& p) {
+  int found = -1;
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (is_data_dim(p, d)) {
+      if (found >= 0) return -1;
+      found = d;
+    }
+  }
+  return found;
+}
+
+// `p` gathered over data, started in the background (its value as it is when nothing splits it).
+ops::StartedCollective start_gather(const nn::Parameter& p, const RankContext& c) {
+  const int d = data_dim(p);
+  if (d >= 0) return ops::start_all_gather_values(p.value, d, data_dim_group(p, d, c));
+  Tensor whole = gather_data_values(p.value, p, c);  // nothing to gather (or several dims: at once)
+  return ops::StartedCollective([whole] { return whole; });
+}
+
+// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, the prefetched gathers
+// when they are this Linear's (else gathered now), and then the gathers of the Linear the pass meets
+// next start, to run while this one computes.
+std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Parameter* b, const RankContext& c,
+                                       bool backward_pass) {
+  OverlapState* s = overlap_of(c);
+  if (!s) return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
+  if (backward_pass) s->forward.close();  // the forward before this backward has ended
+  OverlapState::Order& order = backward_pass ? s->backward : s->forward;
+  order.note({&w, b});
+  OverlapState::Prefetch& pre = s->prefetch;
+  Tensor wf, bf;
+  if (pre.weight == &w) {
+    wf = pre.w.wait();
+    if (b) bf = pre.b.defined() ? pre.b.wait() : gather_data_values(b->value, *b, c);
+  }
+  pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
+  if (!wf.defined()) {
+    wf = gather_data_values(w.value, w, c);
+    if (b) bf = gather_data_values(b->value, *b, c);
+  }
+  if (const OverlapState::Use* next = order.after(&w)) {
+    pre.weight = next->weight;
+    pre.w = start_gather(*next->weight, c);
+    if (next->bias && !backward_pass) pre.b = start_gather(*next->bias, c);
+  }
+  return {wf, bf};
+}
+
+// A gradient of the whole `p` reduce-scattered onto its shard in the background (overlap on), added to
+// the shard's .grad by finish_gradients or when a later layer's sums start. Returns false when it must
+// take the blocking path (no single data dim).
+bool reduce_in_background(OverlapState& s, const Tensor& grad, const nn::Parameter& p, const Tensor& shard,
+                          bool accumulate, const RankContext& c) {
+  const int d = data_dim(p);
+  if (d < 0) return false;
+  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c))});
+  return true;
+}
+
+void complete_grad_sum(OverlapState::GradSum& g) {
+  Tensor sum = g.sum.wait();
+  if (!g.accumulate) return;
+  Tensor current = g.shard.grad();
+  if (!current.defined()) {
+    g.shard.set_grad(sum);
+  } else {
+    ops::add_(current, sum);  // as backward() accumulates a leaf's gradients
+  }
+}
+
+
+// y = x W^T (+ b) with W (and b) split over data: W is gathered for the forward and freed when it
+// returns, gathered again in the backward and freed after it, so a whole weight lives only while its
+// layer computes (FSDP). x: [..., in] -> [..., out]; dW is reduce-scattered onto the shard.
+Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Parameter* bias,
+                   ops::MatmulPrecision precision) {
+  const RankContext& c = *weight.dist;
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    const auto [w_full, b_full] = gather_layer(weight, bias, c, /*backward_pass=*/false);  // freed on return
+    y = ops::linear(x, w_full, b_full, ops::WeightLayout::OutIn, precision);
+  }
+  const Tensor w_shard = weight.value;
+  const nn::Parameter* w = &weight;
+  const nn::Parameter* b = bias;
+  TensorList inputs{x, w_shard};
+  if (bias) inputs.push_back(bias->value);
+  autograd::record("fsdp_linear", inputs, {y}, [x, w_shard, w, b](const autograd::BackwardContext& ctx) {
+    const RankContext& c = *w->dist;
+    const Tensor& dy = ctx.grad_output(0);
+    const int64_t in = x.size(-1), out = dy.size(-1), M = x.numel() / in;
+    const Tensor dy2 = dy.view({M, out}), x2 = x.detach().view({M, in});
+    TensorList grads(b ? 3 : 2);
+    // The gather runs on every rank whatever needs_input_grad says: collectives must match up.
+    const Tensor w_full = gather_layer(*w, nullptr, c, /*backward_pass=*/true).first;  // [out, in], freed on return
+    if (ctx.needs_input_grad(0)) grads[0] = ops::matmul(dy2, w_full).view(x.shape());       // dx = dy W
+    const Tensor dW = ops::matmul(dy2, x2, /*transpose_a=*/true);                           // dW = dy^T x
+    Tensor db;
+    if (b) {
+      db = Tensor::zeros({out});
+      const float* g = dy2.data<float>();
+      float* acc = db.data<float>();
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t j = 0; j < out; ++j) acc[j] += g[r * out + j];
+      }
+    }
+    // With overlap, the sums onto the shards run while the layers before this one compute their
+    // backward; their results reach .grad in finish_gradients (the engine gets none here).
+    OverlapState* s = overlap_of(c);
+    const size_t before = s ? s->grads.size() : 0;
+    if (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c)) grads[1] = scatter_data_values(dW, *w, c);
+    if (b && (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
+      grads[2] = scatter_data_values(db, *b, c);
+    }
+    if (s) complete_grad_sums(*s, s->grads.size() - before);  // keep only this layer's in flight
+    return grads;
+  });
+  return y;
+}
+
+}  // namespace
+
+OverlapState* overlap_of(const RankContext& c) { return c.overlap ? c.overlap_state.get() : nullptr; }
+
+// By now the older sums have had a layer's backward to run; completing them bounds the whole-size
+// gradients alive.
+void complete_grad_sums(OverlapState& s, size_t keep) {
+  while (s.grads.size() > keep) {
+    complete_grad_sum(s.grads.front());
+    s.grads.pop_front();
+  }
+}
+
+bool is_split_over(const nn::Parameter& p, MeshAxis axis) { return p.spec.splits_over(axis); }
+
+Tensor data_gathered_value(const nn::Parameter& p) {
+  LOOM_ASSERT(p.dist, "data_gathered_value: '", p.name, "' is not sharded");
+  return gather_data_dims(p.value, p, *p.dist);
+}
+
+Tensor enter_tensor_split(const Tensor& x, const nn::Parameter& p) {
+  if (!p.dist || !is_split_over(p, MeshAxis::Tensor)) return x;
+  return ops::copy_to_group(x, p.dist->group(MeshAxis::Tensor));
+}
+
+Tensor leave_tensor_split(const Tensor& y, const nn::Parameter& p) {
+  if (!p.dist || !is_split_over(p, MeshAxis::Tensor)) return y;
+  return ops::all_reduce(y, p.dist->group(MeshAxis::Tensor));
+}
+
+Tensor gathered_value(const nn::Parameter& p) {
+  LOOM_ASSERT(p.dist, "gathered_value: '", p.name, "' is not sharded");
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    LOOM_ASSERT(!axis_of(p, d).has(MeshAxis::Expert) || is_data_dim(p, d), "gathered_value: '", p.name,
+                "' is split over the expert axis; its layer computes on its own experts (nn/expert_parallel.h)");
+  }
+  const RankContext& c = *p.dist;
+  Tensor t = gather_data_dims(p.value, p, c);  // FSDP dims, (data, expert) ones included
+  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+    if (axis_of(p, d) == DimSplit(MeshAxis::Tensor)) t = ops::gather_replicated(t, d, c.group(MeshAxis::Tensor));
+  }
+  return t;
+}
+
+Tensor sharded_linear(const Tensor& x, const nn::Parameter& weight, const nn::Parameter* bias,
+                      ops::MatmulPrecision precision) {
+  const RankContext& c = *weight.dist;
+  const bool column = weight.group == nn::ParamGroup::DenseIn && axis_of(weight, 0) == DimSplit(MeshAxis::Tensor);
+  const bool row = weight.group == nn::ParamGroup::DenseOut && axis_of(weight, 1) == DimSplit(MeshAxis::Tensor);
+  const bool fsdp = has_data_dim(weight);
+  if (!column && !row) {  // nothing computed on tensor shards: FSDP's gather-compute-free, or a plain Linear
+    if (fsdp) return fsdp_linear(x, weight, bias, precision);
+    return ops::linear(x, gathered_value(weight), bias ? gathered_value(*bias) : Tensor(), ops::WeightLayout::OutIn,
+                       precision);
+  }
+  // The local product, gathering FSDP dims around it when there are any: [out/t, in] or [out, in/t].
+  auto local_linear = [&](const Tensor& in, const nn::Parameter* b) {
+    if (fsdp) return fsdp_linear(in, weight, b, precision);
+    return ops::linear(in, weight.value, b ? b->value : Tensor(), ops::WeightLayout::OutIn, precision);
+  };
+  const Group tensor = c.group(MeshAxis::Tensor);
+  if (column) {
+    // x: [..., C] replicated over tensor -> y: [..., out/t]. f: the input's gradient sums the ranks' parts.
+    LOOM_ASSERT(!bias || !has_data_dim(*bias) || fsdp, "a column-parallel bias is never split over data");
+    return local_linear(ops::copy_to_group(x, tensor), bias);
+  }
+  // x: [..., in/t] (this rank's heads or d_ff slice) -> partial [..., out], summed over tensor (g).
+  Tensor y = ops::all_reduce(local_linear(x, nullptr), tensor);
+  return bias ? add_bias(y, gather_data_dims(bias->value, *bias, c)) : y;
+}
+
+std::vector<ParamInfo> param_infos(const std::vector<nn::Parameter*>& params) {
+  std::vector<ParamInfo> out;
+  out.reserve(params.size());
+  for (const nn::Parameter* p : params) out.push_back({p->name, p->global_shape, p->group});
+  return out;
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,108 @@
+#include "runs/load.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "tokenizer/formats.h"
+#include "models/gguf.h"
+#include "models/hf.h"
+#include "data/provenance.h"
+#include "runs/consistency.h"
+
+namespace loom::runs {
+namespace fs = std::filesystem;
+
+void save_model_weights(const models::LanguageModel& model, const std::string& path) {
+  io::NamedTensors tensors;
+  for (nn::Parameter* p : const_cast<models::LanguageModel&>(model).parameters()) {
+    tensors.emplace_back(p->name, p->value.detach());
+  }
+  for (const auto& [name, t] : model.state_tensors()) tensors.emplace_back(name, t);
+  io::write_safetensors(path, tensors, {{"loom.model_config", model.model_config().json().dump()}});
+}
+
+std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& path, const MemoryBudget& memory,
+                                                          const ModelJobMemory& job) {
+  io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  auto it = file.metadata().find("loom.model_config");
+  LOOM_CHECK(it != file.metadata().end(), path,
+             ": no \"loom.model_config\" in the metadata (not written by loom's save_model_weights)");
+  nlohmann::json j = io::parse_json(it->second, path + ": the metadata's loom.model_config");
+  models::ModelConfig config;
+  try {
+    config = models::ModelConfig::from_json(j);
+  } catch (const Error& e) {
+    LOOM_FAIL(path, ": the metadata's loom.model_config is not a model loom can build: ", e.what());
+  }
+  check_memory(job(config), memory, str(path, " (its loom.model_config)"));
+  auto model = config.build(0);
+  load_model_tensors(*model, file, path);
+  return model;
+}
+
+void load_model_tensors(models::LanguageModel& model, const io::SafetensorsFile& file, const std::string& where) {
+  const auto params = model.parameters();
+  const auto state = model.state_tensors();
+  for (nn::Parameter* p : params) {
+    LOOM_CHECK(file.contains(p->name), where, ": missing parameter '", p->name, "'");
+    model.load_parameter(p->name, file.tensor(p->name));
+  }
+  for (const auto& [name, t] : state) {
+    LOOM_CHECK(file.contains(name), where, ": missing model state '", name, "'");
+    model.load_state(name, file.tensor(name));
+  }
+  LOOM_CHECK(file.size() == params.size() + state.size(), where, ": holds ", file.size(), " tensors, the model has ",
+             params.size(), " parameters", state.empty() ? "" : str(" and ", state.size(), " state tensors"));
+}
+
+LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job,
+                       bool quantized_gguf) {
+  LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
+  LoadedRun run;
+  if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
+    check_memory(hf_import_memory(path), memory, str("import ", path));
+    models::HfImport hf = models::import_hf(path);
+    run.model = std::move(hf.model);
+    run.tokenizer = std::move(hf.tokenizer);
+    if (run.tokenizer) {  // where models::hf_read_tokenizer found it
+      const fs::path json_file = fs::path(path) / "tokenizer.json";
+      run.tokenizer_path = fs::exists(json_file) ? json_file.string() : path;
+    }
+    check_loaded_run(run, path);
+    return run;
+  }
+  if (models::is_gguf_file(path)) {  // a GGUF file (models/gguf.h): dequantized to f32
+    models::GgufImport g = models::import_gguf(path, quantized_gguf);
+    check_memory(job(g.model->model_config()), memory, str("import ", path));
+    run.model = std::move(g.model);
+    run.tokenizer = std::move(g.tokenizer);
+    if (run.tokenizer) run.tokenizer_path = path;
+    run.eos = g.eos;
+    run.chat_template = std::move(g.chat_template);
+    check_loaded_run(run, path);
+    return run;
+  }
+  run.model = load_model_weights(path, memory, job);
+  fs::path tok = fs::path(path).parent_path() / "tokenizer.json";
+  if (fs::exists(tok)) {
+    run.tokenizer = tokenizer::load_tokenizer(tok.string());
+    run.tokenizer_path = tok.string();
+  }
+  check_loaded_run(run, path);
+  return run;
+}
+
+LoadedRun load_run(const std::string& dir, const MemoryBudget& memory, const ModelJobMemory& job) {
+  LOOM_CHECK(fs::is_directory(dir), "run directory \"", dir, "\" does not exist");
+  fs::path weights = fs::path(dir) / "model.safetensors";
+  if (models::is_hf_dir(dir)) return load_weights(dir, memory, job);
+  LOOM_CHECK(fs::exists(weights), "run directory \"", dir, "\" has no model.safetensors (has training finished?)");
+  LoadedRun run = load_weights(weights.string(), memory, job);
+  fs::path config = fs::path(dir) / "config.json";
+  if (fs::exists(config)) run.config = io::read_json_file(config.string(), "the run's config.json");
+  return run;
+}
+
+}  // namespace loom::runs

@@ -1,0 +1,102 @@
+// Memory a job will need, estimated from its configuration before anything is allocated, and the check
+// that refuses a job the machine cannot hold: a model of a million layers, a 1e9-token context or 1e9
+// validation batches is an error naming the keys that drive it and the estimate in GiB, in
+// milliseconds, instead of a std::bad_alloc (or the OOM killer) after minutes of allocating.
+//
+// The estimate, in bytes, all values f32 (4 bytes) unless said:
+//   parameters        P·4, P = the family's stats().total_params, never less than the double-precision
+//                     lower bound vocab_size·d_model + num_layers·2·d_model²; above 1e15 parameters the
+//                     bound alone (the families count in int64, which such a model could overflow)
+//   position tables   context_length·8 (position ids and the like, built with the model)
+//   gradients         P·4                       (training)
+//   AdamW moments     P·8                       (training)
+//   bf16 copies       P·2                       (training.precision = bf16)
+//   activations       B·T·d_model·num_layers·kActivationValues·4 for training (kept for backward);
+//                     B·T·d_model·kActivationValues·4 for a forward pass without gradients (one layer's
+//                     worth alive at a time). kActivationValues = 24 values per token, layer and unit of
+//                     width: `loom bench train` peak RSS on a Llama with d_ff = 2.75·d_model grows by 79
+//                     bytes (20 values) per token·layer·d_model; 24 leaves room for GPT-2's 4·d_model MLP
+//                     and the caching allocator's slack.
+//   loss chunk        512·vocab_size·8 (the fused LM head's logits and their gradient, 512 rows at a time)
+//   batches           B·T·8 per batch (i32 inputs and targets), validation: eval.batches of them
+//   KV cache          batch·kv_cache_floats_per_token·context_length·4 (decoding allocates it whole)
+//   runtime           64 MiB (code, oneDNN, OpenMP, allocator; `bench train` on a tiny model peaks at 51)
+// Token files are memory-mapped and not counted (the kernel can drop their pages).
+//
+// The budget is MemAvailable from /proc/meminfo (what can be had without swapping), or less when a
+// cgroup (v2 memory.max) limits the process; `--max-memory SIZE` sets it explicitly, e.g. when the
+// estimate is too cautious for a job the user knows fits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/model_config.h"
+
+namespace loom::runs {
+
+// One term of an estimate: what it is, the keys (with values) that drive it, and its size.
+struct MemoryTerm {
+  std::string what;
+  std::string keys;
+  double bytes = 0;
+};
+
+struct MemoryEstimate {
+  std::vector<MemoryTerm> terms;
+  void add(std::string what, std::string keys, double bytes);
+  void add(const MemoryEstimate& other);
+  double total_bytes() const;
+  // "parameters 1.2 GiB (model.num_layers=1000000 ...), activations ..." largest first.
+  std::string describe() const;
+};
+
+// The model's weights and the tables built with it.
+MemoryEstimate model_memory(const models::ModelConfig& model);
+// Training steps of `batch_size` sequences (`batch_key` names the setting, "training.batch_size" or
+// "--batch"): weights, gradients, AdamW moments, activations, the loss chunk, the batch.
+MemoryEstimate training_step_memory(const models::ModelConfig& model, int64_t batch_size, bool bf16,
+                                    const std::string& batch_key = "training.batch_size");
+// Forward passes without gradients over `batch` windows of `context` tokens (0: the model's context),
+// as `loom eval` runs them; logits_rows > 0 adds full logits [logits_rows, V] (eval --logits-out).
+MemoryEstimate inference_memory(const models::ModelConfig& model, int64_t batch, int64_t context = 0,
+                                int64_t logits_rows = 0);
+// The KV cache of `batch` sequences of the full context, alone.
+MemoryEstimate kv_cache_memory(const models::ModelConfig& model, int64_t batch);
+// Decoding `batch` sequences: weights and the KV cache of the full context.
+MemoryEstimate generation_memory(const models::ModelConfig& model, int64_t batch = 1);
+// What a caller will do with a model it loads, as an estimate from the model's config: loading a weights
+// file checks it before building the model (runs/load.h), so an absurd config in a file's metadata is
+// refused for the whole job (a KV cache of its context, say) before anything is allocated.
+using ModelJobMemory = std::function<MemoryEstimate(const models::ModelConfig&)>;
+
+// Importing a Hugging Face directory, from config.json's shape keys (hidden_size/n_embd,
+// num_hidden_layers/n_layer, intermediate_size/n_inner, vocab_size, max_position_embeddings/n_positions:
+// 2·V·d + L·(4·d² + 3·d·F) + T·d parameters, an upper bound for the families loom reads) and the
+// safetensors headers (the tensors' sizes, read without their data).
+MemoryEstimate hf_import_memory(const std::string& dir);
+
+// How much memory a job may use, and where the number comes from (for the error message).
+struct MemoryBudget {
+  double bytes = 0;
+  std::string source;
+  // MemAvailable, capped by the cgroup's memory.max minus memory.current; unlimited when neither can be
+  // read (not Linux).
+  static MemoryBudget of_machine();
+  // A size: bytes, or a number with K, M, G or T (powers of 1024; "GiB", "GB", "G" alike), e.g. "8G",
+  // "512MiB", "1.5GiB". `what` names the setting in errors and in `source`.
+  static MemoryBudget parse(const std::string& size, const std::string& what = "--max-memory");
+  // parse(setting) when the setting is given, else of_machine().
+  static MemoryBudget from_setting(const std::string& setting, const std::string& what = "--max-memory");
+};
+
+// Throws loom::Error when the estimate exceeds the budget, naming the job, the estimate and the budget
+// in GiB, and the terms with the keys that drive them.
+void check_memory(const MemoryEstimate& estimate, const MemoryBudget& budget, const std::string& job);
+
+// Bytes as "12.3 GiB" (or MiB below 1 GiB).
+std::string format_bytes(double bytes);
+
+}  // namespace loom::runs

@@ -15,7 +15,7 @@
 # `run` writes into $OUT (the device tool brings it back; build-device/out elsewhere), at most 8 files:
 #   summary.md        the table: machine, build, each CUDA test's result and time
 #   device_check.log  everything the script printed
-#   cuda_tests.json   GoogleTest's report of tests/cuda
+#   cuda_tests.json   GoogleTest's report of tests/backends/cuda
 #   core_tests.log    the allocator and step-capture suites (tests/core) on that machine
 #   sanitizer.log     compute-sanitizer memcheck over the kernel tests, when the tool and time allow
 # Every step is time-boxed so the whole run ends inside 9 minutes and the summary is always written.
@@ -96,11 +96,11 @@ build="$bundle/build"
 if timeout 120 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
      -DLOOM_BUILD_PYTHON=OFF -DLOOM_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$root/usr" >"$OUT/configure.txt" 2>&1; then
   tail -5 "$OUT/configure.txt"
-  note "build (loom_test_cuda, loom_test_core)"
+  note "build (loom_test_backends_cuda, loom_test_core)"
   if [ -n "${LOOM_DEVICE_CHECK_CONFIGURE_ONLY:-}" ]; then
     echo "LOOM_DEVICE_CHECK_CONFIGURE_ONLY: stopping after configure (a check of this script on a CPU machine)"
     exit 0
-  elif timeout 330 cmake --build "$build" -j"$(nproc)" --target loom_test_cuda loom_test_core >"$OUT/build.txt" 2>&1; then
+  elif timeout 330 cmake --build "$build" -j"$(nproc)" --target loom_test_backends_cuda loom_test_core >"$OUT/build.txt" 2>&1; then
     build_status="built in $(elapsed)s"
   else
     build_status="build failed (see device_check.log)"
@@ -114,10 +114,10 @@ fi
 rm -f "$OUT/configure.txt" "$OUT/build.txt"
 note "$build_status"
 
-if [ -x "$build/tests/loom_test_cuda" ]; then
-  note "tests/cuda"
-  timeout 150 "$build/tests/loom_test_cuda" --gtest_output="json:$OUT/cuda_tests.json"
-  echo "loom_test_cuda exit $?"
+if [ -x "$build/tests/loom_test_backends_cuda" ]; then
+  note "tests/backends/cuda"
+  timeout 150 "$build/tests/loom_test_backends_cuda" --gtest_output="json:$OUT/cuda_tests.json"
+  echo "loom_test_backends_cuda exit $?"
   note "tests/core: the allocator and step capture"
   timeout 60 "$build/tests/loom_test_core" --gtest_filter='CachingAllocator.*:StepCapture.*' >"$OUT/core_tests.log" 2>&1
   echo "loom_test_core exit $?"; tail -3 "$OUT/core_tests.log"
@@ -125,7 +125,7 @@ if [ -x "$build/tests/loom_test_cuda" ]; then
     note "compute-sanitizer memcheck over the kernel tests"
     # Every kernel suite (not the allocator's OOM probe or graph capture, which the sanitizer perturbs, nor the
     # whole-model test, which repeats the op tests' kernels hundreds of times).
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/loom_test_cuda" \
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/loom_test_backends_cuda" \
       --gtest_filter='*:-CudaAllocator.*:CudaStepCapture.*:CudaRuntime.*:CudaDispatch.*:CudaCli.*:*CudaModel.*' \
       >"$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer exit $?"; tail -5 "$OUT/sanitizer.log"

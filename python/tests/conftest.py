@@ -10,7 +10,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def load_fixture(relpath):
-    """tests/<area>/fixtures/<name>.json as {key: numpy array} (the C++ suites' PyTorch dumps)."""
+    """tests/<folder>/fixtures/<name>.json as {key: numpy array} (the C++ suites' PyTorch dumps)."""
     with open(os.path.join(REPO, "tests", relpath)) as f:
         raw = json.load(f)
     out = {}

@@ -48,7 +48,7 @@ def test_silu_and_softmax():
 def test_rms_norm_against_numpy_and_fixture():
     x, w = randn(2, 3, 8), randn(8)
     np.testing.assert_allclose(loom.rms_norm(x, w, 1e-5), np_rms_norm(x, w), rtol=1e-4, atol=1e-5)
-    fx = load_fixture("norm/fixtures/rms_norm.json")
+    fx = load_fixture("ops/fixtures/rms_norm.json")
     # Plain rms_norm cases (the fused add + rms_norm ones have a .residual and no .eps).
     cases = sorted(k[:-2] for k in fx if k.endswith(".x") and k[:-2] + ".eps" in fx)
     assert cases, "the rms_norm fixture has cases"
@@ -103,8 +103,8 @@ def test_rope_interleaved_positions():
 
 
 def test_rope_against_fixture():
-    # PyTorch values from tests/attention/fixtures/make_fixtures.py (thetas as in its case list).
-    fx = load_fixture("attention/fixtures/rope.json")
+    # PyTorch values from tests/ops/fixtures/make_attention_fixtures.py (thetas as in its case list).
+    fx = load_fixture("ops/fixtures/rope.json")
     cases = {"shared_interleaved": (10000.0, "interleaved"), "shared_half": (10000.0, "rotate_half"),
              "perrow_interleaved": (500.0, "interleaved"), "perrow_half": (10000.0, "rotate_half"),
              "long_interleaved": (10000.0, "interleaved")}
@@ -147,7 +147,7 @@ def test_cross_entropy():
     assert abs(loom.cross_entropy(logits, t2) - ref2) < 1e-5
     with pytest.raises(ValueError, match="11"):
         loom.cross_entropy(logits, np.full((2, 3), 11))
-    fx = load_fixture("matmul/fixtures/cross_entropy.json")
+    fx = load_fixture("ops/fixtures/cross_entropy.json")
     cases = sorted({k.rsplit("_", 1)[0] for k in fx if k.endswith("_logits")})
     assert cases
     for c in cases:

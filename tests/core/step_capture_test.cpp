@@ -58,7 +58,7 @@ TEST(StepCapture, CpuReportsAStepThatKeepsTakingNewMemory) {
 
 TEST(StepCapture, RejectsBadOptionsAndUnusableDevices) {
   EXPECT_THROW(make_step_capture(Device::cpu(), {.warmup_steps = -1}), Error);
-  if (cuda_available()) GTEST_SKIP() << "a GPU is present: tests/cuda covers the CUDA capture";
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present: tests/backends/cuda covers the CUDA capture";
   try {
     make_step_capture(Device::cuda(0));
     FAIL() << "a CUDA step capture was made without a GPU";

@@ -1,4 +1,4 @@
-// Mixture-of-experts ops (ops/moe.h): PyTorch fixtures (tests/moe/fixtures/make_fixtures.py) for
+// Mixture-of-experts ops (ops/moe.h): PyTorch fixtures (tests/ops/fixtures/make_moe_fixtures.py) for
 // routing, the routed experts, the balance loss and the whole routed layer, forward and every gradient;
 // finite-difference gradchecks; the sparse kernels against the dense reference; tie-breaking; an
 // expert without tokens; bitwise thread-count independence; bf16; and the errors.

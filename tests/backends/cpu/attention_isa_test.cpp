@@ -121,7 +121,7 @@ TEST(AttentionIsa, EveryFlashCopyMatchesTheOracleAndTheScalarCopy) {
       scalar = pr.run_flash();
     }
     // The oracle knows no RoPE or dropout: it checks the plain cases; the others are held to the
-    // scalar copy, which the rest of tests/attention checks against the composite reference.
+    // scalar copy, which the attention tests in tests/ops check against the composite reference.
     const bool oracle = !c.rope && c.dropout_p == 0.0f;
     const Result want = oracle ? pr.run_oracle() : Result{};
     for (CpuIsa isa : cpu::supported_cpu_isas()) {

@@ -1,4 +1,4 @@
-// Helpers shared by the tests in tests/norm.
+// Helpers shared by the norm and activation tests (tests/ops) and the CPU kernels' (tests/backends/cpu).
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Helpers of the CUDA suite (tests/cuda). Tests that need a GPU start with LOOM_REQUIRE_GPU(), which
+// Helpers of the CUDA suite (tests/backends/cuda). Tests that need a GPU start with LOOM_REQUIRE_GPU(), which
 // skips them, saying why, on machines without one (CI here): they run in tools/device_check.sh on a
 // lent GPU. The tests without it check what must hold on every machine (device queries, error paths).
 #pragma once

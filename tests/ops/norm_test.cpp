@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "backends/cpu/norm.h"
-#include "norm_helpers.h"
+#include "support/norm_helpers.h"
 #include "ops/elementwise.h"
 #include "ops/norm.h"
 

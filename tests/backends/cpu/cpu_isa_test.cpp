@@ -7,7 +7,7 @@
 
 #include "backends/cpu/activation.h"
 #include "backends/cpu/isa.h"
-#include "norm_helpers.h"
+#include "support/norm_helpers.h"
 
 using namespace loom;
 using cpu::CpuIsa;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backends/cpu/activation.h"
-#include "norm_helpers.h"
+#include "support/norm_helpers.h"
 #include "ops/activation.h"
 
 using namespace loom;

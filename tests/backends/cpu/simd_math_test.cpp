@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "backends/cpu/simd_math.h"
-#include "norm_helpers.h"
+#include "support/norm_helpers.h"
 
 using namespace loom;
 

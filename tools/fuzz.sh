@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes loom's readers of untrusted files with libFuzzer, ASan and UBSan, for a bounded total time split
 # evenly between the targets, each seeded with its committed corpus:
-#   safetensors     fuzz/safetensors_fuzz.cpp     safetensors headers   tests/safetensors/corpus
+#   safetensors     fuzz/safetensors_fuzz.cpp     safetensors headers   tests/io/corpus
 #   config          fuzz/config_fuzz.cpp          training configs      configs/, fuzz/corpus/config
 #   tokenizer_json  fuzz/tokenizer_json_fuzz.cpp  tokenizer.json and    fuzz/corpus/tokenizer_json
 #                                                 vocab.json
@@ -50,7 +50,7 @@ libs_of() {
 }
 corpora_of() {
   case "$1" in
-    safetensors) echo tests/safetensors/corpus/valid tests/safetensors/corpus/malformed ;;
+    safetensors) echo tests/io/corpus/valid tests/io/corpus/malformed ;;
     config) echo configs fuzz/corpus/config ;;
     tokenizer_json) echo fuzz/corpus/tokenizer_json ;;
     gguf) echo tests/gguf/corpus/valid tests/gguf/corpus/malformed ;;

@@ -3,7 +3,7 @@
 the independent oracle for the format) and hand-built malformed files, one per rule the reader enforces.
 
     python3 -m pip install safetensors numpy
-    python3 tests/safetensors/make_corpus.py
+    python3 tests/io/make_corpus.py
 
 Writes (all deterministic, so rerunning changes nothing):
   corpus/valid/*.safetensors       files that must load

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cli_support.h"
+#include "support/cli_support.h"
 #include "core/error.h"
 #include "data/provenance.h"
 #include "tokenizer/formats.h"

@@ -26,7 +26,7 @@ using loom::test::error_of;
 
 const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
 
-class ConfigFile : public ::testing::Test {
+class ConfigFileLimits : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = fs::temp_directory_path() / ("loom_config_limits_" + std::to_string(::getpid()) + ".json");
@@ -41,7 +41,7 @@ class ConfigFile : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(ConfigFile, DeepJsonIsRefusedQuicklyNamingTheFile) {
+TEST_F(ConfigFileLimits, DeepJsonIsRefusedQuicklyNamingTheFile) {
   // ~70,000 levels used to overflow the stack in the error message's dump() (`loom train` segfaulted).
   for (const std::string& text : {"{\"model\": " + kDeep + "}", kDeep, "{\"model\": {\"d_model\": " + kDeep + "}}"}) {
     const std::string path = write(text);
@@ -52,7 +52,7 @@ TEST_F(ConfigFile, DeepJsonIsRefusedQuicklyNamingTheFile) {
   }
 }
 
-TEST_F(ConfigFile, AnOversizedFileIsRefused) {
+TEST_F(ConfigFileLimits, AnOversizedFileIsRefused) {
   const std::string path = write("{\"description\": \"" + std::string(17 << 20, 'x') + "\"}");
   EXPECT_HAS(error_of([&] { TrainConfig::load(path); }), "bytes, over loom's limit of 16777216 bytes");
 }

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "cli_support.h"
+#include "support/cli_support.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/config_file.h"

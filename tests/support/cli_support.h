@@ -1,6 +1,7 @@
-// Helpers for the checks' CLI tests: the built `loom` (LOOM_CLI) run as a child with its exit status,
-// output, wall time and peak RSS (from wait4), a temp folder per test, and small text corpora to train
-// tokenizers on.
+// Helpers for the CLI tests of the checks made before work starts (a tokenizer's provenance in tests/data,
+// memory budgets in tests/runs, config files in tests/train): the built `loom` (LOOM_CLI) run as a child
+// with its exit status, output, wall time and peak RSS (from wait4), a temp folder per test, and small
+// text corpora to train tokenizers on.
 #pragma once
 
 #include <fcntl.h>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_support.h"
+#include "support/cli_support.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "train/config.h"

@@ -22,7 +22,7 @@ def load_fixture(relpath):
 
 @pytest.fixture(scope="session")
 def lm_fixture():
-    return load_fixture("model/fixtures/transformer_lm.json")
+    return load_fixture("models/llama/fixtures/transformer_lm.json")
 
 
 def lm_config(fx):

@@ -1,5 +1,5 @@
 """Every family through loom.Model: GPT-2 against the independent PyTorch GPT-2 in
-tests/model/fixtures/gpt2_lm.json (float64 oracle), a generic config, save/load, and concurrent use."""
+tests/models/gpt2/fixtures/gpt2_lm.json (float64 oracle), a generic config, save/load, and concurrent use."""
 
 import json
 import os
@@ -14,7 +14,7 @@ from conftest import REPO
 
 @pytest.fixture(scope="module")
 def gpt2_fixture():
-    with open(os.path.join(REPO, "tests", "model", "fixtures", "gpt2_lm.json")) as f:
+    with open(os.path.join(REPO, "tests", "models", "gpt2", "fixtures", "gpt2_lm.json")) as f:
         raw = json.load(f)
     out = {}
     for k, v in raw.items():

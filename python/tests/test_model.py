@@ -1,4 +1,4 @@
-"""TransformerLM and TransformerBlock against the PyTorch model in tests/model/fixtures (float64 oracle)."""
+"""TransformerLM and TransformerBlock against the PyTorch model in tests/models/llama/fixtures (float64 oracle)."""
 
 import numpy as np
 import pytest

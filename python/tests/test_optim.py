@@ -1,4 +1,4 @@
-"""AdamW, clipping and the cosine schedule: PyTorch's trajectory from tests/model/fixtures, and numpy."""
+"""AdamW, clipping and the cosine schedule: PyTorch's trajectory from tests/models/llama/fixtures, and numpy."""
 
 import math
 

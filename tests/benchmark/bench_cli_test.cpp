@@ -63,12 +63,12 @@ TEST(QuantBenchCli, DecodeAndBandwidthRun) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_GE(last_json_line(r.output)["parallel_regions_per_token"].get<double>(), 15.0) << r.output;
   // A real GGUF file instead of the synthetic model.
-  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/gguf/fixtures/tiny_llama.gguf --prompt-tokens 2 "
+  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/models/llama/fixtures/tiny_llama.gguf --prompt-tokens 2 "
               "--new-tokens 2 --repeats 1 --threads 1", false);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_GT(last_json_line(r.output)["weight_bytes"].get<int64_t>(), 0) << r.output;
-  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/gguf/fixtures/tiny_llama.gguf --prompt-tokens 2000 "
-              "--new-tokens 2 --repeats 1 --threads 1");
+  r = run_cli("bench decode --gguf " LOOM_SOURCE_DIR "/tests/models/llama/fixtures/tiny_llama.gguf "
+              "--prompt-tokens 2000 --new-tokens 2 --repeats 1 --threads 1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("2000 + 2 tokens exceed the model's context length"), std::string::npos) << r.output;
 

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""Makes the GGUF test corpus and fixtures. The oracle for the format is PyPI's `gguf` package (the
-llama.cpp project's own Python reader/writer); the oracle for the model is transformers' Llama.
+"""Makes the GGUF test corpus and fixtures: the format's for tests/gguf, beside this file, and a tiny
+Llama's for the family's GGUF tests in tests/models/llama (also read by tests/generate and
+tests/benchmark). The oracle for the format is PyPI's `gguf` package (the llama.cpp project's own Python
+reader/writer); the oracle for the model is transformers' Llama.
 
     python3 -m venv --system-site-packages /tmp/tfvenv     # torch 1.13 from the system
     /tmp/tfvenv/bin/pip install gguf==0.19.0 transformers==4.46.3
     /tmp/tfvenv/bin/python tests/gguf/make_fixtures.py
 
-Writes (deterministic, so rerunning changes nothing):
+Writes (deterministic, so rerunning changes nothing), under tests/gguf/:
   corpus/valid/*.gguf            files written by gguf.GGUFWriter that must load (also the fuzz seeds)
   corpus/malformed/*.gguf        hand-built files, one per rule the reader enforces, that must be refused
   fixtures/values.json           what gguf.GGUFReader reads from corpus/valid: every metadata value with its
                                  type, every tensor's type, ne and values (dequantized by gguf.quants)
   fixtures/malformed_expected.json   for each malformed file, text its error message must contain
+and under tests/models/llama/:
   fixtures/tiny_llama.gguf       a 2-layer Llama (GQA, tied head, Q8_0/Q4_1/F16/F32 tensors) with a
                                  byte-level BPE tokenizer in its metadata, written as llama.cpp's
                                  convert_hf_to_gguf.py writes one: q/k rows permuted from HF's order
@@ -39,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VALID = os.path.join(HERE, "corpus", "valid")
 MALFORMED = os.path.join(HERE, "corpus", "malformed")
 FIXTURES = os.path.join(HERE, "fixtures")
+LLAMA_FIXTURES = os.path.normpath(os.path.join(HERE, "..", "models", "llama", "fixtures"))
 
 
 def write_with_gguf(path, arch, kvs, tensors):
@@ -311,7 +315,7 @@ def make_tiny_llama():
             tensors.append((f"blk.{i}.{g}.weight", w, types_of.get(g, Q.F32)))
     tensors.append(("output_norm.weight", sd["model.norm.weight"], Q.F32))
 
-    path = os.path.join(FIXTURES, "tiny_llama.gguf")
+    path = os.path.join(LLAMA_FIXTURES, "tiny_llama.gguf")
     kvs = [
         ("general.name", "tiny llama", VT.STRING, None),
         ("llama.block_count", L, VT.UINT32, None), ("llama.context_length", 128, VT.UINT32, None),
@@ -384,7 +388,7 @@ def make_tiny_llama():
                               for i, t in enumerate(types) if t == 3])
         v.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
         v.decoder = decoders.ByteLevel()
-        v.save(os.path.join(FIXTURES, f"tokenizer_{name}.json"))
+        v.save(os.path.join(LLAMA_FIXTURES, f"tokenizer_{name}.json"))
         variants[name] = [v.encode(t).ids for t in texts]
     return {"ids": ids[0], "logits": [[float(x) for x in row] for row in logits], "vocab_size": V,
             "tokenizer": encodings, "tokenizer_json": variants}
@@ -407,15 +411,16 @@ def main():
         check_loom_gguf(sys.argv[2])
         return
     os.makedirs(FIXTURES, exist_ok=True)
+    os.makedirs(LLAMA_FIXTURES, exist_ok=True)
     make_valid()
     expected = make_malformed()
     with open(os.path.join(FIXTURES, "values.json"), "w") as f:
         json.dump(describe_valid(), f, indent=1, ensure_ascii=False)
     with open(os.path.join(FIXTURES, "malformed_expected.json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
-    with open(os.path.join(FIXTURES, "tiny_llama.json"), "w") as f:
+    with open(os.path.join(LLAMA_FIXTURES, "tiny_llama.json"), "w") as f:
         json.dump(make_tiny_llama(), f)
-    print("wrote", VALID, MALFORMED, FIXTURES)
+    print("wrote", VALID, MALFORMED, FIXTURES, LLAMA_FIXTURES)
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ TEST(RunDirCli, RetentionLeavesAUsersCheckpointFolderAlone) {
 
 TEST(RunDirCli, ImportAndExportFollowTheSameRule) {
   Fixture f;
-  const std::string hf = std::string(LOOM_SOURCE_DIR) + "/tests/checkpoint/fixtures/hf_tiny";
+  const std::string hf = std::string(LOOM_SOURCE_DIR) + "/tests/models/llama/fixtures/hf_tiny";
   const fs::path imported = f.dir / "imported";
   Result first = f.run({"import", "--hf", hf, "--out", imported.string()});
   ASSERT_EQ(first.status, 0) << first.output;
@@ -300,7 +300,7 @@ TEST(RunDirCli, OneWriterPerRunAndKillNineLeavesNoStaleLock) {
         << second.output;
     EXPECT_LT(seconds, 20.0) << "the second writer must fail at once, not wait";
   }
-  Result importer = f.run({"import", "--hf", std::string(LOOM_SOURCE_DIR) + "/tests/checkpoint/fixtures/hf_tiny",
+  Result importer = f.run({"import", "--hf", std::string(LOOM_SOURCE_DIR) + "/tests/models/llama/fixtures/hf_tiny",
                            "--out", run.string(), "--overwrite"});
   EXPECT_TRUE(contains(importer.output, "is in use by process " + std::to_string(first.pid))) << importer.output;
   EXPECT_FALSE(first.wait_for(std::chrono::milliseconds(1))) << "the first writer must be unaffected";

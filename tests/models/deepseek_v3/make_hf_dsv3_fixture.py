@@ -4,9 +4,9 @@ loom), and the logits and loss transformers computes from them.
 
 Needs a transformers with DeepseekV3 (4.50+, which needs torch 2), e.g.
     python3 -m venv /tmp/dsv3venv && /tmp/dsv3venv/bin/pip install torch transformers safetensors
-    /tmp/dsv3venv/bin/python tests/checkpoint/make_hf_dsv3_fixture.py
+    /tmp/dsv3venv/bin/python tests/models/deepseek_v3/make_hf_dsv3_fixture.py
 
-Writes, under tests/checkpoint/fixtures/:
+Writes, under tests/models/deepseek_v3/fixtures/:
   hf_dsv3_tiny/         DeepseekV3ForCausalLM(DeepseekV3Config(...)).save_pretrained(dir): vocab 96, hidden 32,
                         3 layers (first_k_dense_replace 1, so 2 MoE layers), 2 heads, q_lora_rank 16,
                         kv_lora_rank 8, qk_nope_head_dim 8, qk_rope_head_dim 4, v_head_dim 6, intermediate 40,

@@ -18,7 +18,7 @@ using namespace loom;
 
 namespace {
 
-const std::string kTiny = (fs::path(LOOM_TEST_DIR) / "fixtures" / "tiny_llama.gguf").string();
+const std::string kTiny = (fs::path(LOOM_SOURCE_DIR) / "tests/models/llama/fixtures/tiny_llama.gguf").string();
 
 // SmolLM2-135M-Instruct's template, as its GGUF file holds it.
 const std::string kSmolTemplate =

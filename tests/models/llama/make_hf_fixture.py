@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Writes tests/checkpoint/fixtures/hf_tiny/: a small Hugging Face Llama directory that loom did not write,
+"""Writes tests/models/llama/fixtures/hf_tiny/: a small Hugging Face Llama directory that loom did not write,
 plus the loss an independent PyTorch implementation of HF's Llama forward computes on a token file.
 
-Run with Debian's python (torch 1.13): /usr/bin/python3 tests/checkpoint/make_hf_fixture.py
+Run with Debian's python (torch 1.13): /usr/bin/python3 tests/models/llama/make_hf_fixture.py
 
 Everything here is independent of loom: the weights are drawn by torch, stored under HF's names in HF's
 layout (rotate-half RoPE, [out, in] Linear weights) by a hand-written safetensors writer, and the forward

@@ -3,9 +3,9 @@
 loom), and the logits and loss transformers computes from them.
 
 Run with the transformers venv (transformers 4.35, safetensors, Debian's torch 1.13):
-    /tmp/hfvenv/bin/python tests/checkpoint/make_hf_gpt2_fixture.py
+    /tmp/hfvenv/bin/python tests/models/gpt2/make_hf_gpt2_fixture.py
 
-Writes, under tests/checkpoint/fixtures/:
+Writes, under tests/models/gpt2/fixtures/:
   hf_gpt2_tiny/     GPT2LMHeadModel(GPT2Config(...)).save_pretrained(dir, safe_serialization=True): tied
                     embeddings (no lm_head.weight in the file), n_embd 32, n_head 4, n_layer 2,
                     n_positions 32, vocab 300, float32.
@@ -35,7 +35,7 @@ HF GPT-2 uses Conv1D: weights are stored [in, out], and c_attn packs q, k, v alo
 
 As a check, each directory's safetensors files are also read with the safetensors library alone, mapped to
 loom's names by hand and run through the independent float64 GPT-2 of
-tests/model/fixtures/make_gpt2_fixtures.py; the largest difference from transformers' logits is printed.
+tests/models/gpt2/fixtures/make_gpt2_fixtures.py; the largest difference from transformers' logits is printed.
 Nothing here uses loom's code.
 """
 import glob
@@ -53,7 +53,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
-sys.path.insert(0, os.path.join(HERE, "..", "model", "fixtures"))
+sys.path.insert(0, FIXTURES)
 from make_gpt2_fixtures import f32_text, forward as oracle_forward  # noqa: E402
 
 T, WINDOWS, DATA_VOCAB = 16, 5, 300

@@ -1,6 +1,7 @@
-// GGUF import and export of loom's Llama and of tokenizers, against fixtures make_fixtures.py wrote:
-// a tiny Llama GGUF written by the `gguf` package with q/k permuted as llama.cpp's converter does,
-// transformers' logits for it, and tokenizers' ids for its vocabulary (which lacks three bytes).
+// GGUF import and export of loom's Llama and of tokenizers, against fixtures tests/gguf/make_fixtures.py
+// wrote to fixtures/ here: a tiny Llama GGUF written by the `gguf` package with q/k permuted as llama.cpp's
+// converter does, transformers' logits for it, and tokenizers' ids for its vocabulary (which lacks three
+// bytes).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -25,7 +25,7 @@
 //   * any other non-empty directory: never (it is the user's; loom does not delete files it did not write).
 // A directory whose lock another process holds is refused at once: "run directory X is in use by process N".
 //
-// Tested in tests/trainkit/run_dir_test.cpp (the rules, the lock, in process) and tests/trainkit/
+// Tested in tests/runs/run_dir_test.cpp (the rules, the lock, in process) and tests/runs/
 // run_dir_cli_test.cpp (train, resume, import and export through the real CLI, two concurrent writers,
 // kill -9); the promises are listed in docs/guarantees.md.
 #pragma once

@@ -3,7 +3,7 @@
 //
 // The same rounds as core/rng.cpp's philox4x32, which stays the definition: element i of a stream is
 // random_bits(key, i) = word i % 4 of the block with counter i / 4. The tests check the kernels' masks
-// against random_uniform bit for bit (tests/norm/dropout_test.cpp, tests/attention/attention_test.cpp).
+// against random_uniform bit for bit (tests/ops/dropout_test.cpp, tests/ops/attention_test.cpp).
 #pragma once
 
 #include <cmath>

@@ -4,7 +4,7 @@
 // a loop over std::exp stays scalar (~10x slower than the loop around it). These are branch-free scalar
 // functions that `#pragma omp simd` loops vectorise into straight-line AVX-512 (or AVX2) code.
 // Accuracy, measured against double-precision libm over the ranges the activations use (see
-// tests/norm/simd_math_test.cpp): exp <= 1.1 ulp, sigmoid <= 2.3 ulp, erf <= 3.4e-7 absolute
+// tests/backends/cpu/simd_math_test.cpp): exp <= 1.1 ulp, sigmoid <= 2.3 ulp, erf <= 3.4e-7 absolute
 // (a few ulp of 1 where erf saturates, |x| > 3).
 #pragma once
 

@@ -21,7 +21,7 @@
 //   output.weight                    lm_head.weight (absent: the head is tied, lm_head = a copy of the embedding)
 // RoPE: llama.cpp's converter permutes HF's q/k rows (rotate-half pairs (i, i + D/2)) into interleaved
 // pairs (2i, 2i + 1) per head, and llama.cpp rotates adjacent pairs; loom's RoPE rotates the same adjacent
-// pairs, so q/k rows are taken as they are (tests/gguf checks this against transformers' logits).
+// pairs, so q/k rows are taken as they are (tests/models/llama checks this against transformers' logits).
 // Every tensor is dequantized to f32 (quant::dequantize).
 #pragma once
 

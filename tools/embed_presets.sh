@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates src/models/<arch>/presets.cpp from configs/*.json (each file goes to the family its
 # model.arch names), so the presets are compiled into `loom` (`--config tiny` works from any directory).
-# tests/train/config_test.cpp fails when a compiled copy differs from its file.
+# tests/trainkit/config_test.cpp fails when a compiled copy differs from its file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ident() { echo "k$(echo "$1" | sed -E 's/(^|[-_])([a-z0-9])/\U\2/g')"; }
@@ -19,7 +19,7 @@ for arch in "${archs[@]}"; do
   {
     cat <<HEAD
 // The built-in presets of the $arch family, compiled in so that \`--config NAME\` works from any
-// directory. Generated from configs/*.json by tools/embed_presets.sh; tests/train/config_test.cpp
+// directory. Generated from configs/*.json by tools/embed_presets.sh; tests/trainkit/config_test.cpp
 // fails if a copy here differs from its file, so edit the JSON file and rerun the script.
 #include "models/$arch/family.h"
 

@@ -1,5 +1,5 @@
 // The built-in presets of the gpt2 family, compiled in so that `--config NAME` works from any
-// directory. Generated from configs/*.json by tools/embed_presets.sh; tests/train/config_test.cpp
+// directory. Generated from configs/*.json by tools/embed_presets.sh; tests/trainkit/config_test.cpp
 // fails if a copy here differs from its file, so edit the JSON file and rerun the script.
 #include "models/gpt2/family.h"
 

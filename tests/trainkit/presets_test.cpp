@@ -31,6 +31,19 @@ std::string resolve_error(const std::string& name, const std::vector<Preset>& ta
 
 #define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg)
 
+// Each leaf of `layer` that has the same value in `base`, as "section.key".
+void restated_keys(const json& layer, const json& base, const std::string& prefix, std::vector<std::string>& out) {
+  for (const auto& [key, value] : layer.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (!base.contains(key)) continue;  // the key check reports it
+    if (value.is_object()) {
+      restated_keys(value, base[key], path, out);
+    } else if (value == base[key]) {
+      out.push_back(path);
+    }
+  }
+}
+
 }  // namespace
 
 TEST(Presets, EveryFileInConfigsIsAPresetAndLoads) {
@@ -51,7 +64,37 @@ TEST(Presets, EveryFileInConfigsIsAPresetAndLoads) {
   }
 }
 
+TEST(Presets, StateOnlyWhatDiffersFromTheirBase) {
+  for (const auto& name : loom::train::preset_names()) {
+    SCOPED_TRACE(name);
+    json layer = json::parse(loom::train::preset_text(name));
+    const json base = layer.contains("base") ? loom::train::resolve_preset(layer["base"].get<std::string>())
+                                             : TrainConfig::defaults_json(TrainConfig::load(name).model.arch());
+    layer.erase("base");
+    layer.erase("description");  // its own, always
+    if (layer.contains("model") && !json::parse(loom::train::preset_text(name)).contains("base")) {
+      layer["model"].erase("arch");  // a preset on the defaults names its family, default or not
+    }
+    std::vector<std::string> same;
+    restated_keys(layer, base, "", same);
+    EXPECT_TRUE(same.empty()) << "configs/" << name << ".json restates its base's value of " << same.front();
+  }
+}
+
 TEST(Presets, ABaseChainIsResolvedLayerByLayer) {
+  // gpt2-medium names gpt2-small, which sits on the gpt2 defaults: it gets gpt2-small's data and
+  // precision (neither is the defaults') and keeps its own shape.
+  const json medium = json::parse(loom::train::preset_text("gpt2-medium"));
+  ASSERT_EQ(medium.value("base", ""), "gpt2-small");
+  ASSERT_FALSE(medium.contains("data"));
+  const TrainConfig m = TrainConfig::load("gpt2-medium"), s = TrainConfig::load("gpt2-small");
+  const json defaults = TrainConfig::defaults_json("gpt2");
+  EXPECT_EQ(m.data.tokenizer, s.data.tokenizer);
+  EXPECT_NE(json(m.data.tokenizer), defaults["data"]["tokenizer"]);
+  EXPECT_EQ(m.training.precision, "bf16");
+  EXPECT_EQ(m.model.json()["d_model"], 1024);
+  EXPECT_EQ(m.model.json()["qkv_bias"], true);
+
   // Three layers: each key from the nearest layer that states it, the rest from the defaults.
   const std::vector<Preset> table = {
       {"root", R"({"description": "r", "optimizer": {"lr": 0.5, "min_lr": 0.1}, "training": {"max_steps": 9}})"},

@@ -32,12 +32,6 @@ struct GgufTensorOut {
   bool matrix = false;  // a weight matrix, stored in the export's type; others (norm gains) stay F32
 };
 
-// A built-in training config (the JSON text of configs/<name>.json, compiled in).
-struct Preset {
-  const char* name;
-  const char* text;
-};
-
 struct Family {
   std::string arch;     // model.arch: "llama", "gpt2"
   std::string summary;  // one line for listings
@@ -64,14 +58,11 @@ struct Family {
       import_gguf;
   std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
       export_gguf;
-
-  // Built-in presets of this family (generated from configs/*.json by tools/embed_presets.sh).
-  std::vector<Preset> presets;
 };
 
 // A Family with what every family fills the same way from its Config type (Config{}.to_json() as the
 // defaults, Config::from_json to validate, with errors prefixed "config: ") and its model class (built
-// from Config and a seed). The family adds stats, HF and presets.
+// from Config and a seed). The family adds stats, HF and GGUF.
 template <typename Config, typename Model>
 Family family_of(std::string arch, std::string summary) {
   Family f;

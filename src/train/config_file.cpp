@@ -1,9 +1,11 @@
 #include "train/config_file.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
 #include "models/family.h"
+#include "train/presets.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -32,21 +34,6 @@ void merge_into(json& base, const json& over) {
   }
 }
 
-std::string presets_of(const std::string& arch) {
-  std::string names;
-  for (const models::Family* f : models::families()) {
-    if (f->arch != arch) continue;
-    for (const models::Preset& p : f->presets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  }
-  return names.empty() ? "none" : names;
-}
-
-json preset_json(const std::string& name, const std::string& path) {
-  json j = json::parse(preset_text(name), nullptr, /*allow_exceptions=*/false);
-  LOOM_ASSERT(!j.is_discarded(), "preset ", name, " is not valid JSON (", path, ")");
-  return j;
-}
-
 }  // namespace
 
 json layer_on_base(const json& file, const std::string& path) {
@@ -55,19 +42,25 @@ json layer_on_base(const json& file, const std::string& path) {
   std::string base_name = kImplicitBase;
   const bool named = over.contains("base");
   if (named) {
-    LOOM_CHECK(over["base"].is_string(), "config: ", path, ": \"base\" must name a preset (", [] {
+    const std::vector<std::string> names = preset_names();
+    const auto known = [&names] {
       std::string all;
-      for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
+      for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
       return all;
-    }(), "), got ", over["base"].dump());
+    };
+    LOOM_CHECK(over["base"].is_string(), "config: ", path, ": \"base\" must name a preset (", known(), "), got ",
+               over["base"].dump());
     base_name = over["base"].get<std::string>();
+    LOOM_CHECK(std::find(names.begin(), names.end(), base_name) != names.end(), "config: ", path, ": \"base\": \"",
+               base_name, "\" is not a preset (presets: ", known(), ")");
     over.erase("base");
   }
-  json base = preset_json(base_name, path);
+  json base = resolve_preset(base_name);  // complete, so the file's missing keys all come from it
   const std::string file_arch = arch_of(over), base_arch = arch_of(base);
   if (!file_arch.empty() && file_arch != base_arch) {
     LOOM_CHECK(!named, "config: ", path, " sets model.arch = \"", file_arch, "\" but its base preset \"", base_name,
-               "\" is a ", base_arch, " model; name a base of the ", file_arch, " family (", presets_of(file_arch), ")");
+               "\" is a ", base_arch, " model; name a base of the ", file_arch, " family (",
+               preset_names_of_family(file_arch), ")");
     // No base named and another family: the model section cannot come from the default preset, so it must
     // be complete.
     std::string missing;
@@ -76,7 +69,7 @@ json layer_on_base(const json& file, const std::string& path) {
     }
     LOOM_CHECK(missing.empty(), "config: ", path, " has no \"base\" preset and its model.arch = \"", file_arch,
                "\" is not the ", base_arch, " family of the implicit base \"", kImplicitBase, "\", so it must give every ",
-               "model key; missing: ", missing, ". Add \"base\": one of ", presets_of(file_arch));
+               "model key; missing: ", missing, ". Add \"base\": one of ", preset_names_of_family(file_arch));
     base.erase("model");
   }
   merge_into(base, over);

@@ -1,11 +1,13 @@
 // How a config file (`loom train --config FILE.json`) is read, beyond the key and type checks of
 // TrainConfig::load:
 //
-//   * Its missing keys come from a named preset, never from defaults that match no preset. The preset is
-//     the file's top-level "base" key ({"base": "tiny", "training": {"max_steps": 50}}), or "default"
-//     (the preset `loom train` runs with no arguments) when the file has none. A base of another model
-//     family than the file's model.arch is an error; a file without "base" whose model.arch is not the
-//     default preset's family must spell out its whole model section (or name a base of its family).
+//   * Its missing keys come from a named preset (resolved in full: train/presets.h), never from defaults
+//     that match no preset. The preset is the file's top-level "base" key ({"base": "tiny", "training":
+//     {"max_steps": 50}}), or "default" (the preset `loom train` runs with no arguments) when the file
+//     has none. A base of another model family than the file's model.arch is an error; a file without
+//     "base" whose model.arch is not the default preset's family must spell out its whole model section
+//     (or name a base of its family). Here a file differs from a preset, which without "base" sits on
+//     the built-in defaults: configs/*.json are presets, loaded by name (`--config tiny`), not by path.
 //   * Relative paths in it (data.corpus, data.tokenizer, data.train, data.val) resolve against the
 //     working directory, as in presets and in the config.json a run writes (so `--resume` finds the
 //     same files); `loom train` prints each one resolved before it starts.

@@ -50,6 +50,18 @@ TEST(ConfigFile, APartialFileTakesItsMissingValuesFromItsBasePreset) {
   EXPECT_EQ(back.to_json(), c.to_json());
 }
 
+TEST(ConfigFile, ABaseThatHasABaseGivesTheWholeChain) {
+  TempDir dir("cfg_chain");
+  // gpt2-medium states its shape and optimizer on gpt2-small, which states the data and precision.
+  std::ofstream(dir.path / "mine.json") << R"({"base": "gpt2-medium", "training": {"max_steps": 3}})";
+  TrainConfig c = TrainConfig::load(dir / "mine.json");
+  nlohmann::json expected = TrainConfig::load("gpt2-medium").to_json();
+  expected["training"]["max_steps"] = 3;
+  EXPECT_EQ(c.to_json(), expected);
+  EXPECT_EQ(c.data.tokenizer, TrainConfig::load("gpt2-small").data.tokenizer);
+  EXPECT_EQ(c.model.json()["d_model"], 1024);
+}
+
 TEST(ConfigFile, WithoutABaseThePresetIsDefault) {
   TempDir dir("cfg_default");
   std::ofstream(dir.path / "mine.json") << R"({"optimizer": {"lr": 0.5, "min_lr": 0}})";
@@ -63,7 +75,8 @@ TEST(ConfigFile, WithoutABaseThePresetIsDefault) {
 TEST(ConfigFile, BaseErrorsNameTheFileAndThePresets) {
   TempDir dir("cfg_errors");
   std::ofstream(dir.path / "unknown.json") << R"({"base": "huge"})";
-  EXPECT_TRUE(has(load_error(dir / "unknown.json"), "huge")) << load_error(dir / "unknown.json");
+  EXPECT_TRUE(has(load_error(dir / "unknown.json"), dir / "unknown.json" + ": \"base\": \"huge\" is not a preset"))
+      << load_error(dir / "unknown.json");
   EXPECT_TRUE(has(load_error(dir / "unknown.json"), "tiny")) << "lists the presets";
   std::ofstream(dir.path / "number.json") << R"({"base": 3})";
   EXPECT_TRUE(has(load_error(dir / "number.json"), "\"base\" must name a preset"));

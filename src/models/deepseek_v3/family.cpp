@@ -72,7 +72,6 @@ models::Family make_family() {
   f.hf_model_type = "deepseek_v3";
   f.export_hf = export_hf;
   f.import_hf = import_hf;
-  f.presets = presets();
   return f;
 }
 

@@ -47,7 +47,6 @@ models::Family make_family() {
   f.gguf_arch = "gpt2";
   f.import_gguf = import_gguf;
   f.export_gguf = export_gguf;
-  f.presets = presets();
   return f;
 }
 

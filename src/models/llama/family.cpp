@@ -42,7 +42,6 @@ models::Family make_family() {
   f.gguf_arch = "llama";
   f.import_gguf = import_gguf;
   f.export_gguf = export_gguf;
-  f.presets = presets();
   return f;
 }
 

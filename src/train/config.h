@@ -2,8 +2,8 @@
 // eval, checkpoint, logging, sample.
 //
 // Resolution: built-in defaults <- preset or file (`--config tiny` or `--config path.json`) <- `--set
-// section.key=value` overrides. A file is first layered on a preset (its "base" key, else "default";
-// train/config_file.h), so no value comes from the built-in defaults, which match no preset. Every
+// section.key=value` overrides. A preset or a file states what differs from its base: the preset its
+// "base" key names, else the built-in defaults (train/presets.h, train/config_file.h). Every
 // layer is checked against the defaults' keys and types, so an unknown key, a wrong type or an
 // impossible value fails before training starts, naming the key:
 //   config: optimizer.lr must be a number, got "abc"

@@ -56,54 +56,76 @@ std::string_view preset_text(const std::string& name, std::span<const Preset> pr
   return p->text;
 }
 
-json resolve_preset(const std::string& name, std::span<const Preset> presets) {
-  // The chain from `name` to the preset without a base, each layer with its "base" key removed.
-  std::vector<std::string> chain;
-  std::vector<json> layers;
-  std::string current = name;
-  preset_text(current, presets);  // an unknown name says so, listing the presets
+json resolve_layers(const json& first, const std::string& first_name, bool first_is_preset,
+                   std::span<const Preset> presets) {
+  // The chain from the first layer down its bases, each layer with its "base" key removed. A layer is
+  // named in errors as `preset "tiny"` or by the file's path.
+  std::vector<std::string> chain{first_name};
+  std::vector<json> layers{first};
+  const auto label = [&](size_t i) {
+    return i == 0 && !first_is_preset ? chain[0] : str("preset \"", chain[i], "\"");
+  };
   for (;;) {
-    if (std::find(chain.begin(), chain.end(), current) != chain.end()) {
-      LOOM_FAIL("config: preset \"", name, "\": its bases form a cycle: ", joined(chain, " -> "), " -> ", current);
-    }
-    chain.push_back(current);
-    json layer;
-    try {
-      layer = io::parse_json(find_preset(current, presets)->text, "the file");
-    } catch (const Error& e) {
-      rethrow_for_preset(e, current);
-    }
-    if (!layer.is_object() || !layer.contains("base")) {
-      layers.push_back(std::move(layer));
-      break;
-    }
-    LOOM_CHECK(layer["base"].is_string(), "config: preset \"", current, "\": \"base\" must name a preset (",
+    json& layer = layers.back();
+    if (!layer.is_object() || !layer.contains("base")) break;
+    LOOM_CHECK(layer["base"].is_string(), "config: ", label(layers.size() - 1), ": \"base\" must name a preset (",
                joined(preset_names(presets), ", "), "), got ", layer["base"].dump());
     const std::string base = layer["base"].get<std::string>();
-    LOOM_CHECK(find_preset(base, presets) != nullptr, "config: preset \"", current, "\" names base \"", base,
+    const Preset* found = find_preset(base, presets);
+    LOOM_CHECK(found != nullptr, "config: ", label(layers.size() - 1), " names base \"", base,
                "\", which is not a preset (presets: ", joined(preset_names(presets), ", "), ")");
+    const size_t seen = static_cast<size_t>(std::find(chain.begin(), chain.end(), base) - chain.begin());
+    if (seen < chain.size() && (seen > 0 || first_is_preset)) {
+      LOOM_FAIL("config: ", label(0), ": its bases form a cycle: ", joined(chain, " -> "), " -> ", base);
+    }
     layer.erase("base");
-    layers.push_back(std::move(layer));
-    current = base;
+    json next;
+    try {
+      next = io::parse_json(found->text, "the file");
+    } catch (const Error& e) {
+      rethrow_for_preset(e, base);
+    }
+    chain.push_back(base);
+    layers.push_back(std::move(next));
   }
 
-  // The root's family gives the defaults; every layer above must keep it (a gpt2 preset on a llama base
+  // The root's family gives the defaults; every layer above must keep it (a gpt2 layer on a llama base
   // would inherit model keys the gpt2 family does not have).
   const std::string root_arch = stated_arch(layers.back());
   const std::string arch = root_arch.empty() ? "llama" : root_arch;
   json merged = TrainConfig::defaults_json(arch);
   for (size_t i = layers.size(); i-- > 0;) {
     const std::string layer_arch = stated_arch(layers[i]);
-    LOOM_CHECK(layer_arch.empty() || layer_arch == arch, "config: preset \"", chain[i], "\" sets model.arch = \"",
-               layer_arch, "\" but its base \"", chain[i + 1], "\" is a ", arch, " model; name a base of the ",
-               layer_arch, " family or none");
+    if (!layer_arch.empty() && layer_arch != arch) {
+      // A user's file is told which presets would do; a preset's own error stops there (listing the
+      // family's presets resolves every preset, this one included).
+      const std::string choices = i == 0 && !first_is_preset ? str(" (", preset_names_of_family(layer_arch, presets), ")") : "";
+      LOOM_FAIL("config: ", label(i), " sets model.arch = \"", layer_arch, "\" but its base \"", chain[i + 1], "\" is a ",
+                arch, " model; name a base of the ", layer_arch, " family", choices, " or none");
+    }
     try {
       io::merge_checked(merged, layers[i], "");
     } catch (const Error& e) {
+      if (i == 0 && !first_is_preset) {
+        std::string what = e.what();
+        if (what.rfind("config: ", 0) == 0) what.erase(0, 8);
+        throw Error(str("config: ", chain[0], ": ", what));
+      }
       rethrow_for_preset(e, chain[i]);
     }
   }
   return merged;
+}
+
+json resolve_preset(const std::string& name, std::span<const Preset> presets) {
+  const std::string_view text = preset_text(name, presets);  // an unknown name says so, listing the presets
+  json layer;
+  try {
+    layer = io::parse_json(text, "the file");
+  } catch (const Error& e) {
+    rethrow_for_preset(e, name);
+  }
+  return resolve_layers(layer, name, /*first_is_preset=*/true, presets);
 }
 
 std::string preset_names_of_family(const std::string& arch, std::span<const Preset> presets) {

@@ -35,6 +35,10 @@ std::string_view preset_text(const std::string& name, std::span<const Preset> pr
 // present and checked against the defaults' keys and types. Throws naming the preset (and the base) on
 // an unknown base, a base of another model family, a cycle of bases or a bad key.
 nlohmann::json resolve_preset(const std::string& name, std::span<const Preset> presets = builtin_presets());
+// A config layer (a preset's JSON, or a user's file: first_is_preset false, first_name its path) resolved
+// the same way: its chain of "base" presets layered onto the built-in defaults. Errors name the layer.
+nlohmann::json resolve_layers(const nlohmann::json& first, const std::string& first_name, bool first_is_preset,
+                              std::span<const Preset> presets = builtin_presets());
 // The names of the presets whose model.arch is `arch`, comma-separated, or "none": for error messages.
 std::string preset_names_of_family(const std::string& arch, std::span<const Preset> presets = builtin_presets());
 

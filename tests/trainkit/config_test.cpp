@@ -161,7 +161,7 @@ TEST(Config, FilesLoadPartiallyAndTheResolvedConfigRoundTrips) {
   TrainConfig c = TrainConfig::load((dir / "mine.json").string(), {"training.batch_size=2"});
   EXPECT_EQ(c.training.max_steps, 3);
   EXPECT_EQ(c.training.batch_size, 2);
-  EXPECT_EQ(c.model.json()["d_model"], TrainConfig::load("default").model.json()["d_model"]);  // the rest comes from the "default" preset (no "base" key)
+  EXPECT_EQ(c.model.json()["d_model"], TrainConfig::defaults_json()["model"]["d_model"]);  // the rest: the built-in defaults (no "base" key)
 
   std::string written = c.write((dir / "run").string());
   EXPECT_EQ(written, (dir / "run" / "config.json").string());

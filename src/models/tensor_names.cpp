@@ -261,6 +261,10 @@ std::vector<StoredTensor> stored_tensors(const TensorTable& table, TensorFormat 
     }
     begin = end;
   }
+  for (const StoredTensor& t : out) {
+    LOOM_ASSERT(static_cast<int>(t.loom.size()) == t.row->how.part.count, "tensor names of ", table.family, ": ", t.name,
+                " has ", t.loom.size(), " parts, its rows say ", t.row->how.part.count);
+  }
   return out;
 }
 

@@ -67,7 +67,8 @@ struct Conversion {
   // A tensor that may be tied to this one (an LM head to the embedding). On import, a model that holds
   // it while the file does not gets a copy (with a note); a model that ties it (GPT-2's tied head, which
   // has no lm_head) accepts a stored one that equals it. GGUF export leaves it out when equal bit for
-  // bit, as llama.cpp's converter does.
+  // bit, as llama.cpp's converter does (so an untied GPT-2 whose head equals its embedding comes back
+  // tied: the same function).
   const char* tied_to = nullptr;
   // A bias the model lacks (GPT-2 without q/k/v or output bias) is exported as zeros: the same function.
   bool zeros_if_absent = false;
@@ -117,7 +118,7 @@ std::vector<std::pair<std::string, Tensor>> export_tensors(const TensorTable& ta
                                                            const LanguageModel& model);
 
 struct TensorImportOptions {
-  bool rope_rows_as_stored = false;  // the file's RoPE rows are already in loom's order
+  bool rope_rows_as_stored = false;    // the file's RoPE rows are already in loom's order
   std::vector<std::string> ignored{};  // more stored names to skip (as TensorTable::hf_ignored)
   std::string unknown_hint{};          // appended to "is not part of loom's <family>"
 };
@@ -144,7 +145,7 @@ class TensorImport {
   struct Expected {
     StoredTensor tensor;
     Shape shape{};
-    bool present = false;     // the model holds its loom tensors (else: a tie the model keeps itself)
+    bool present = false;  // the model holds its loom tensors (else: a tie the model keeps itself)
     bool loaded = false;
   };
   Expected& expected(const StoredTensor& t);
@@ -156,9 +157,9 @@ class TensorImport {
   TensorImportOptions options_;
   std::vector<Expected> expected_;
   std::map<std::string, size_t> by_name_;
-  std::set<std::string> state_;                         // the model's state tensors (the rest are parameters)
-  std::map<std::string, Tensor> slices_;                // loom name -> the [E, ...] being assembled
-  std::vector<std::pair<size_t, Tensor>> duplicates_;   // stored values that must equal a loom tensor
+  std::set<std::string> state_;                        // the model's state tensors (the rest are parameters)
+  std::map<std::string, Tensor> slices_;               // loom name -> the [E, ...] being assembled
+  std::vector<std::pair<size_t, Tensor>> duplicates_;  // stored values that must equal a loom tensor
 };
 
 // The RoPE row reordering behind Change::Rope*, for tests and tools: w [heads * (nope + rope), C].

@@ -74,6 +74,16 @@ Parameter& Module::parameter(const std::string& name) {
   LOOM_FAIL("no parameter named '", name, "'");
 }
 
+void Module::add_child(Module* child) {
+  LOOM_ASSERT(child != nullptr && child->parent_ == nullptr, "Module::add_child: a module has one parent");
+  child->parent_ = this;
+  children_.push_back(child);
+}
+
+void Module::layers_changed() {
+  for (Module* m = this; m != nullptr; m = m->parent_) m->on_layers_changed();
+}
+
 Parameter& Module::add_parameter(Parameter p) {
   own_.push_back(std::make_unique<Parameter>(std::move(p)));
   return *own_.back();

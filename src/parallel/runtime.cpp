@@ -73,6 +73,7 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
     p.dist = context;
   }
   if (!context->overlap_state) context->overlap_state = std::make_shared<OverlapState>();
+  model.layers_changed();  // the parameters' tensors are shards now: what a model derived from them is stale
   return layout;
 }
 

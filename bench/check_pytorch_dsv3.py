@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-TINY = "configs/dsv3-tiny.json"
+TINY = "dsv3-tiny"  # a loom preset, resolved by `loom config` (bench/loom_config.py)
 
 
 def dump(path):

@@ -6,7 +6,8 @@ The seed is this project's design document. The block between the "seed code" ma
 code copied unchanged, in the seed's order (Config; init; block/forward; rms_norm; rope; MLA; MoE,
 routing and balancing; loss and MTP; the jitted train step; train.py's optimizer); only the tokenizer,
 sampling and generation parts are left out, as a train step does not use them. Everything after the
-block is added here for timing only: a Config built from a loom config JSON (checked against the seed's
+block is added here for timing only: a Config built from a loom preset or config file (resolved by
+`loom config`, bench/loom_config.py; checked against the seed's
 defaults), synthetic tokens, and the timing loop.
 
 Note what the seed's `moe` computes: every routed expert on every token, the unpicked ones with gate 0
@@ -15,7 +16,7 @@ active experts. That is the seed's design, measured as it is.
 
 Needs a venv with PyPI's jax and optax (CPU), e.g.
     python3 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install jax optax
-    taskset -c 0,1 /tmp/jaxvenv/bin/python bench/jax_dsv3_seed.py --config configs/dsv3-mini.json \
+    taskset -c 0,1 /tmp/jaxvenv/bin/python bench/jax_dsv3_seed.py --config dsv3-mini \
         --batch 8 --steps 3 --threads 2 [--dtype float32|bfloat16]
 Prints one JSON line like bench/pytorch_dsv3.py (compile_s: the first, jit-compiling step).
 """
@@ -283,6 +284,8 @@ import json
 import statistics
 import time
 
+import loom_config
+
 # loom's config keys for the seed's Config fields (seq_len, batch and dtype come from the command line).
 LOOM_KEYS = {"vocab": "vocab_size", "d_model": "d_model", "n_layers": "num_layers", "n_dense": "n_dense",
              "n_heads": "num_heads", "q_rank": "q_rank", "kv_rank": "kv_rank", "d_nope": "d_nope",
@@ -292,22 +295,21 @@ LOOM_KEYS = {"vocab": "vocab_size", "d_model": "d_model", "n_layers": "num_layer
              "init_std": "init_std"}
 
 
-def config_from_loom(path, batch, dtype):
-    with open(path) as f:
-        m = json.load(f).get("model", {})
+def config_from_loom(config, batch, dtype):
+    m = loom_config.resolve(config)["model"]
     if m.get("arch") != "deepseek_v3":
-        sys.exit(f"{path}: model.arch is {m.get('arch')!r}, the seed's code is deepseek_v3")
+        sys.exit(f"{config}: model.arch is {m.get('arch')!r}, the seed's code is deepseek_v3")
     missing = [k for k in list(LOOM_KEYS.values()) + ["context_length"] if k not in m]
     if missing:
-        sys.exit(f"{path}: model is missing {', '.join(missing)}")
+        sys.exit(f"{config}: model is missing {', '.join(missing)}")
     if m.get("norm_eps", 1e-6) != 1e-6:
-        sys.exit(f"{path}: model.norm_eps is {m['norm_eps']}, the seed's rms_norm uses 1e-6")
+        sys.exit(f"{config}: model.norm_eps is {m['norm_eps']}, the seed's rms_norm uses 1e-6")
     return Config(**{f: m[k] for f, k in LOOM_KEYS.items()}, seq_len=m["context_length"], batch=batch, dtype=dtype)
 
 
 def main():
     ap = argparse.ArgumentParser(description="time the seed's JAX DeepSeek-V3 train step")
-    ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "dsv3-mini.json"))
+    ap.add_argument("--config", default="dsv3-mini", help="loom preset name or config file")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps after the compiling one")

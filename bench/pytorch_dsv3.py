@@ -3,11 +3,12 @@
 written as ordinary PyTorch, the same training step (forward, backward, global-norm clip, AdamW, then the
 aux-loss-free bias update) on synthetic tokens, timed the same way.
 
-    /usr/bin/python3 bench/pytorch_dsv3.py --config configs/dsv3-mini.json --batch 8 --steps 3 --threads 2
-    /usr/bin/python3 bench/pytorch_dsv3.py --config configs/dsv3-mini.json --count   # parameters only
+    /usr/bin/python3 bench/pytorch_dsv3.py --config dsv3-mini --batch 8 --steps 3 --threads 2
+    /usr/bin/python3 bench/pytorch_dsv3.py --config dsv3-mini --count   # parameters only
     $PEER_VENV/bin/python bench/pytorch_dsv3.py --compile [--bf16]      # PyTorch 2.x (tools/peer_venv.sh)
 
-The model is read from a loom config JSON (its "model" section, arch deepseek_v3). It is an independent
+The model is a loom preset's or config file's "model" section (arch deepseek_v3), resolved by `loom config`
+(bench/loom_config.py; build loom first). It is an independent
 restatement of the seed, not of loom:
   * MLA: q = wq_b(rms(wq_a x)) split per head into nope | rope; [c | k_rope] = wkv_a x, c RMSNorm'd,
     k_rope one RoPE key shared by the heads; wkv_b c -> per-head k_nope | v; scale 1/sqrt(nope + rope);
@@ -43,6 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import loom_config
 from pytorch_train import memory_fields, proc_status_mib
 
 MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "n_dense", "num_heads", "q_rank", "kv_rank",
@@ -50,16 +52,14 @@ MODEL_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "n_dense"
               "alpha_seq", "n_mtp", "mtp_lambda", "rope_theta", "init_std", "norm_eps")
 
 
-def load_model_config(path):
-    with open(path) as f:
-        m = json.load(f).get("model")
-    if not isinstance(m, dict):
-        sys.exit(f"{path}: no \"model\" object")
+def load_model_config(config):
+    """The model section of a loom preset name or config file, resolved in full by loom."""
+    m = loom_config.resolve(config)["model"]
     if m.get("arch") != "deepseek_v3":
-        sys.exit(f"{path}: model.arch is {m.get('arch')!r}, this script builds deepseek_v3 only")
+        sys.exit(f"{config}: model.arch is {m.get('arch')!r}, this script builds deepseek_v3 only")
     missing = [k for k in MODEL_KEYS if k not in m]
     if missing:
-        sys.exit(f"{path}: model is missing {', '.join(missing)}")
+        sys.exit(f"{config}: model is missing {', '.join(missing)}")
     return {k: m[k] for k in MODEL_KEYS}
 
 
@@ -248,7 +248,7 @@ class DeepSeekV3(nn.Module):
 def main():
     start_rss_mib = proc_status_mib("VmRSS")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "dsv3-mini.json"))
+    ap.add_argument("--config", default="dsv3-mini", help="loom preset name or config file")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=-1, help="untimed steps first (default 1; 2 with --compile)")

@@ -129,8 +129,8 @@ std::shared_ptr<loom::dist::RankContext> start_ranks(loom::train::TrainConfig& c
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
   cmd.add_option("--config", args.config,
                  "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file (its missing "
-                 "keys come from the preset its \"base\" key names, else \"default\"; relative paths resolve against "
-                 "the working directory)");
+                 "keys come from the preset its \"base\" key names, else the built-in defaults, as a preset's do; "
+                 "relative paths resolve against the working directory; `loom config` prints it resolved)");
   cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
   auto* config_opt = cmd.get_option("--config");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");

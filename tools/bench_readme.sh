@@ -80,7 +80,7 @@ preset_peer() {
   case $1 in
     cs336-tinystories) echo "bench/pytorch_train.py --preset cs336-tinystories --batch 8" ;;
     gpt2-small) echo "bench/pytorch_train.py --preset gpt2-small --context 256 --batch 4" ;;
-    dsv3-mini) echo "bench/pytorch_dsv3.py --config configs/dsv3-mini.json --batch 8" ;;
+    dsv3-mini) echo "bench/pytorch_dsv3.py --config dsv3-mini --batch 8" ;;
   esac
 }
 preset_steps() {

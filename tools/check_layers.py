@@ -9,6 +9,8 @@ folder under src/, or `cli`, `python`). The rules, with no list of exceptions:
      backends/cpu, models/gpt2 does not include models/llama); the floor's own folder and its
      subfolders may include each other (a registry names its families, a family uses the shared code).
   3. Every folder under src/ is a declared floor, so a new folder must be placed before it is used.
+  4. The floors named on the line `<!-- ops only: ... -->` (nn, models) include nothing from backends/:
+     they reach kernels only through ops, which validate and dispatch to a device's kernel.
 Quoted includes are resolved as the compiler does here: beside the including file, then under src/,
 then under the repository root. Usage: tools/check_layers.py [--root DIR]; exits 1 on any violation.
 """
@@ -44,6 +46,23 @@ def read_floors(root):
     return list(reversed(names))
 
 
+KERNELS = "backends"  # the floor of the kernels, which the ops-only floors reach only through ops
+
+
+def read_ops_only(root, floors):
+    """The floors named on docs/architecture.md's `<!-- ops only: ... -->` line: a set of names."""
+    path = os.path.join(root, "docs", "architecture.md")
+    for line in open(path, encoding="utf-8").read().splitlines():
+        m = re.fullmatch(r"<!-- ops only:(.*)-->", line.strip())
+        if m:
+            names = set(m.group(1).split())
+            unknown = sorted(names - set(floors))
+            if unknown:
+                sys.exit(f"check_layers: {path}'s ops-only line names {unknown}, which are not floors")
+            return names
+    sys.exit(f"check_layers: {path} has no <!-- ops only: ... --> line")
+
+
 def place(rel):
     """(floor, subfolder) of a repository-relative path, e.g. ('models', 'llama'), or None."""
     parts = rel.split("/")
@@ -67,6 +86,7 @@ def resolve(root, rel, include):
 
 def check(root):
     floors = read_floors(root)
+    ops_only = read_ops_only(root, floors)
     rank = {name: i for i, name in enumerate(floors)}
     problems = []
     for folder in sorted(os.listdir(os.path.join(root, "src"))):
@@ -101,6 +121,9 @@ def check(root):
             elif dst[0] == src[0] and src[1] and dst[1] and src[1] != dst[1]:
                 problems.append(f"{rel}:{number}: includes {target}: {src[0]}/{src[1]} may not include its "
                                 f"sibling {dst[0]}/{dst[1]}")
+            elif src[0] in ops_only and dst[0] == KERNELS:
+                problems.append(f"{rel}:{number}: includes {target}: floor {src[0]} reaches {KERNELS} only "
+                                f"through ops")
     return floors, files, edges, problems
 
 
@@ -116,6 +139,7 @@ def self_test(root):
         ("src/models/gpt2/model.h", '#include "models/llama/model.h"\n',
          "models/gpt2 may not include its sibling models/llama"),
         ("src/newfloor/thing.h", "#pragma once\n", "src/newfloor/ is not a floor"),
+        ("src/models/llama/model.h", '#include "backends/cpu/gemm.h"\n', "floor models reaches backends only through ops"),
     ]
     failures = 0
     for path, line, expected in plants:
@@ -137,8 +161,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     parser.add_argument("--self-test", action="store_true",
-                        help="plant an upward, a sibling and an undeclared-folder include in a copy of the "
-                             "tree and check that each is reported")
+                        help="plant an upward, a sibling, an undeclared-folder and a kernel include in a copy "
+                             "of the tree and check that each is reported")
     args = parser.parse_args()
     if args.self_test:
         return self_test(os.path.abspath(args.root))

@@ -93,8 +93,7 @@ def test_loss_and_grads_from_several_threads(gpt2_fixture):
 def test_deepseek_v3_through_the_generic_model(tmp_path):
     """The DeepSeek-V3 family needs nothing of its own in Python: build, forward, loss, gradients, generate,
     save and load (the routing biases, model state, travel with the weights file)."""
-    with open(os.path.join(REPO, "configs", "dsv3-tiny.json")) as f:
-        section = json.load(f)["model"]
+    section = loom.resolve_config("dsv3-tiny")["model"]  # the file states only what differs from the defaults
     model = loom.Model.from_config(section, seed=3)
     assert model.arch == "deepseek_v3"
     assert model.config["kv_rank"] == 8 and model.config["top_k"] == 2

@@ -32,51 +32,41 @@ struct GgufTensorOut {
   bool matrix = false;  // a weight matrix, stored in the export's type; others (norm gains) stay F32
 };
 
-// A built-in training config (the JSON text of configs/<name>.json, compiled in).
-struct Preset {
-  const char* name;
-  const char* text;
-};
-
+// Every member has an initializer, so a family's designated initializers (family_of) may leave any out.
 struct Family {
-  std::string arch;     // model.arch: "llama", "gpt2"
-  std::string summary;  // one line for listings
+  std::string arch{};     // model.arch: "llama", "gpt2"
+  std::string summary{};  // one line for listings
 
   // Every key of the model section with its default value, "arch" included. Config files are checked
   // against it key by key and type by type.
-  nlohmann::json defaults;
+  nlohmann::json defaults{};
   // Checks a complete model section; throws loom::Error naming "model.<key>" and the value.
-  std::function<void(const nlohmann::json& model)> validate;
-  std::function<std::unique_ptr<LanguageModel>(const ModelConfig& config, uint64_t seed)> build;
-  std::function<ModelStats(const nlohmann::json& model)> stats;
+  std::function<void(const nlohmann::json& model)> validate{};
+  std::function<std::unique_ptr<LanguageModel>(const ModelConfig& config, uint64_t seed)> build{};
+  std::function<ModelStats(const nlohmann::json& model)> stats{};
 
   // Hugging Face: the config.json model_type this family reads, and the converters.
-  std::string hf_model_type;
-  std::function<void(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir)> export_hf;
-  std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf;
+  std::string hf_model_type{};
+  std::function<void(const LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir)> export_hf{};
+  std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf{};
 
   // GGUF (models/gguf.h): the general.architecture this family reads and writes, the reader (the
   // model only; the tokenizer is the caller's, `notes` gets what was adapted; with `quantized`, layers
   // whose weights are stored in a type with kernels also keep them quantized for inference) and the writer
   // of the architecture's metadata and tensors (the caller adds general.*, the tokenizer, and quantizes).
-  std::string gguf_arch;
+  std::string gguf_arch{};
   std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, bool quantized, std::vector<std::string>& notes)>
-      import_gguf;
+      import_gguf{};
   std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
-      export_gguf;
-
-  // Built-in presets of this family (generated from configs/*.json by tools/embed_presets.sh).
-  std::vector<Preset> presets;
+      export_gguf{};
 };
 
-// A Family with what every family fills the same way from its Config type (Config{}.to_json() as the
-// defaults, Config::from_json to validate, with errors prefixed "config: ") and its model class (built
-// from Config and a seed). The family adds stats, HF and presets.
+// A family's Family: what it says itself (arch, summary, stats, converters: designated initializers)
+// and what every family fills the same way from its Config type and model class: Config{}.to_json() as
+// the defaults, Config::from_json to validate (errors prefixed "config: "), and the model built from
+// Config and a seed.
 template <typename Config, typename Model>
-Family family_of(std::string arch, std::string summary) {
-  Family f;
-  f.arch = std::move(arch);
-  f.summary = std::move(summary);
+Family family_of(Family f) {
   f.defaults = Config{}.to_json();
   f.validate = [](const nlohmann::json& j) {
     try {

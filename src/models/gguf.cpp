@@ -124,6 +124,27 @@ void export_gguf(const LanguageModel& model, const tokenizer::Tokenizer* tok, co
   gguf::write_gguf_file(path, kv, entries);
 }
 
+void gguf_tensors_of(const LanguageModel& model, const TensorTable& table, std::vector<GgufTensorOut>& tensors) {
+  for (auto& [name, v] : export_tensors(table, TensorFormat::Gguf, model)) {
+    const bool matrix = v.shape().ndim() == 2;
+    tensors.push_back({name, std::move(v), matrix});
+  }
+}
+
+void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const gguf::GgufFile& file,
+                       std::vector<std::string>& notes) {
+  TensorImport in(table, TensorFormat::Gguf, model);
+  for (const gguf::TensorInfo& t : file.header().tensors) {
+    const StoredTensor* s = in.find(t.name);
+    LOOM_CHECK(s != nullptr, file.path(), ": tensor ", gguf::quoted(t.name), " (", quant::quant_type_name(t.type),
+               ") is not part of loom's ", table.family);
+    LOOM_CHECK(file.shape(t.name) == in.shape(*s), file.path(), ": tensor ", gguf::quoted(t.name), " has shape ",
+               file.shape(t.name), " (ne reversed) but the metadata implies ", in.shape(*s));
+    in.load(*s, file.dequantized(t.name), file.path());
+  }
+  in.finish(file.path(), notes);
+}
+
 void write_tokenizer_config(const std::string& dir, const tokenizer::Tokenizer& tok, std::optional<tokenizer::TokenId> bos,
                             std::optional<tokenizer::TokenId> eos, const std::string& chat_template,
                             int64_t model_max_length) {

@@ -1,7 +1,8 @@
 // GGUF model files (llama.cpp, ollama, LM Studio): the family-independent part of import and export.
 // A family reads and writes its architecture's metadata and tensors (Family::import_gguf/export_gguf,
 // chosen by general.architecture); this layer adds the tokenizer (gguf/tokenizer.h), general.*,
-// and the storage type of the weight matrices.
+// and the storage type of the weight matrices. The tensors go through the family's table of tensor
+// names (models/tensor_names.h): a family writes only its metadata mapping.
 #pragma once
 
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include "gguf/tokenizer.h"
 #include "models/family.h"
+#include "models/tensor_names.h"
 #include "quant/quant.h"
 
 namespace loom::models {
@@ -43,6 +45,14 @@ void export_gguf(const LanguageModel& model, const tokenizer::Tokenizer* tok, co
                  const GgufExportOptions& options);
 // The export type named on the command line ("f32", "F16", "q8_0", ...), or an error listing the choices.
 quant::QuantType gguf_export_type(const std::string& name);
+
+// Every tensor of `model` under its GGUF name (the family's table), in llama.cpp's order; matrices are
+// marked for the export's storage type. A head equal to its tied embedding is left out.
+void gguf_tensors_of(const LanguageModel& model, const TensorTable& table, std::vector<GgufTensorOut>& tensors);
+// Loads every tensor of `file` (dequantized) into `model` through the family's table: a tensor the
+// model has no place for, one of the wrong shape, or one it lacks is an error naming it.
+void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const gguf::GgufFile& file,
+                       std::vector<std::string>& notes);
 
 // bos/eos/chat template kept beside an imported tokenizer: DIR/tokenizer_config.json in Hugging Face's
 // form (bos_token, eos_token, chat_template). Written by `loom import --gguf`, read by the GGUF export.

@@ -115,6 +115,51 @@ void hf_for_each_tensor(const std::string& dir,
   }
 }
 
+std::set<std::string> hf_tensor_names(const std::string& dir) {
+  std::set<std::string> names;
+  hf_for_each_tensor(dir, [&](const io::SafetensorsFile&, const std::string& name) { names.insert(name); });
+  return names;
+}
+
+void hf_write_tensors(const LanguageModel& model, const TensorTable& table, const std::string& out_dir) {
+  io::write_safetensors((fs::path(out_dir) / "model.safetensors").string(),
+                        export_tensors(table, TensorFormat::Hf, model), {{"format", "pt"}});
+}
+
+void hf_write_configs(const std::string& out_dir, json config, json generation, const tokenizer::Tokenizer* tok,
+                      int64_t model_max_length, bool gpt2_files) {
+  if (std::optional<int64_t> eot = hf_end_of_text(tok)) {
+    for (json* j : {&config, &generation}) {
+      (*j)["bos_token_id"] = *eot;
+      (*j)["eos_token_id"] = *eot;
+    }
+  }
+  hf_write_json(fs::path(out_dir) / "config.json", config);
+  hf_write_json(fs::path(out_dir) / "generation_config.json", generation);
+  if (tok) hf_write_tokenizer(*tok, out_dir, model_max_length, gpt2_files);
+}
+
+HfImport hf_import_model(std::unique_ptr<LanguageModel> model, const TensorTable& table, const std::string& dir,
+                         const TensorImportOptions& options, std::vector<std::string> notes) {
+  TensorImport in(table, TensorFormat::Hf, *model, options);
+  hf_for_each_tensor(dir, [&](const io::SafetensorsFile& file, const std::string& name) {
+    if (in.ignored(name)) return;
+    const StoredTensor* t = in.find(name);
+    LOOM_CHECK(t != nullptr, file.path(), ": tensor '", name, "' is not part of loom's ", table.family,
+               options.unknown_hint);
+    Tensor v = hf_read_as_f32(file, name);
+    LOOM_CHECK(v.shape() == in.shape(*t), file.path(), ": '", name, "' has shape ", v.shape(),
+               " but config.json implies ", in.shape(*t));
+    in.load(*t, v, file.path());
+  });
+  in.finish(str("HF import: \"", dir, "\""), notes);
+  HfImport out;
+  out.model = std::move(model);
+  out.notes = std::move(notes);
+  hf_read_tokenizer(dir, out);
+  return out;
+}
+
 std::optional<int64_t> hf_end_of_text(const tokenizer::Tokenizer* tok) {
   if (tok) {
     if (auto id = tok->special_token_id("<|endoftext|>")) return static_cast<int64_t>(*id);

@@ -1,17 +1,20 @@
 // Hugging Face transformers directories: the family-independent part. `export_hf` and `import_hf`
 // dispatch on the model's family (Family::export_hf / import_hf, chosen by config.json's model_type on
-// import); the helpers below are what the family converters share.
+// import); the helpers below are what the family converters share. The weights go through the family's
+// table of tensor names (models/tensor_names.h): a family writes only its config.json mapping.
 #pragma once
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "models/family.h"
+#include "models/tensor_names.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::models {
@@ -47,5 +50,18 @@ void hf_read_tokenizer(const std::string& dir, HfImport& out);
 // an error.
 void hf_for_each_tensor(const std::string& dir,
                         const std::function<void(const io::SafetensorsFile& file, const std::string& name)>& visit);
+// The names of every tensor in the directory's weight files.
+std::set<std::string> hf_tensor_names(const std::string& dir);
+
+// model.safetensors (F32) with every tensor of `model` under its HF name (the family's table).
+void hf_write_tensors(const LanguageModel& model, const TensorTable& table, const std::string& out_dir);
+// config.json and generation_config.json, both with <|endoftext|> as bos and eos when `tok` has it, and
+// the tokenizer's files (hf_write_tokenizer) when there is one.
+void hf_write_configs(const std::string& out_dir, nlohmann::json config, nlohmann::json generation,
+                      const tokenizer::Tokenizer* tok, int64_t model_max_length, bool gpt2_files);
+// Loads every tensor of the directory into `model` through the family's table and reads the tokenizer:
+// a tensor the model has no place for, one of the wrong shape, or one it lacks is an error naming it.
+HfImport hf_import_model(std::unique_ptr<LanguageModel> model, const TensorTable& table, const std::string& dir,
+                         const TensorImportOptions& options = {}, std::vector<std::string> notes = {});
 
 }  // namespace loom::models

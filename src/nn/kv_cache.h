@@ -19,6 +19,7 @@ class KVCache : public DecodeCache {
 
   int64_t length() const override { return length_; }
   int64_t capacity() const override { return capacity_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   LayerKV& layer(int64_t i) { return layers_[static_cast<size_t>(i)]; }
   // Appends new keys/values [B, H, t, D] to layer i's rows [length, length + t).
   void write(int64_t layer, const Tensor& k, const Tensor& v);

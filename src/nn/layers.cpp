@@ -57,6 +57,7 @@ void Linear::set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q) {
                " weights cannot be multiplied quantized (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K can); dequantize them");
   }
   quantized = std::move(q);
+  layers_changed();
 }
 
 Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, RngKey key)

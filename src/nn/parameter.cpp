@@ -1,8 +1,8 @@
 #include "nn/parameter.h"
 
-#include "backends/cpu/elementwise.h"
 #include "core/autograd.h"
 #include "nn/sharded.h"
+#include "ops/elementwise.h"
 
 namespace loom::nn {
 
@@ -19,7 +19,7 @@ Tensor bf16_weight_of(Parameter& p) {
   // afresh, leaving the Parameter untouched, so concurrent forwards never write shared state.
   if (!(autograd::grad_enabled() && v.requires_grad())) return v.to(DType::BF16);
   if (!fits) p.bf16_copy = Tensor::empty(v.shape(), DType::BF16, v.device());
-  cpu::convert_f32_to_bf16(v.data<float>(), p.bf16_copy.data<bf16>(), v.numel());
+  ops::convert_(p.bf16_copy, v);
   p.bf16_copy_current = false;  // becomes current when the optimizer writes it with the value
   return p.bf16_copy;
 }
@@ -72,6 +72,16 @@ Parameter& Module::parameter(const std::string& name) {
     if (p->name == name) return *p;
   }
   LOOM_FAIL("no parameter named '", name, "'");
+}
+
+void Module::add_child(Module* child) {
+  LOOM_ASSERT(child != nullptr && child->parent_ == nullptr, "Module::add_child: a module has one parent");
+  child->parent_ = this;
+  children_.push_back(child);
+}
+
+void Module::layers_changed() {
+  for (Module* m = this; m != nullptr; m = m->parent_) m->on_layers_changed();
 }
 
 Parameter& Module::add_parameter(Parameter p) {

@@ -103,13 +103,23 @@ class Module {
   // Looks a parameter up by dotted name; throws naming it if absent.
   Parameter& parameter(const std::string& name);
 
+  // Says that what this module's layers hold changed in a way their values in place would not show: a
+  // weight now held quantized or no longer (Linear::set_quantized calls it), parameters' tensors
+  // replaced or sharded (dist::shard_model). Runs on_layers_changed on this module, then on each module
+  // above it, so a model that derives something from its layers once (the Llama's fused decode step)
+  // rebuilds it then, and never has to check per call. New values copied into the tensors in place
+  // (load_parameter, the optimizer) need no call.
+  void layers_changed();
+
  protected:
   Parameter& add_parameter(Parameter p);
-  void add_child(Module* child) { children_.push_back(child); }
+  void add_child(Module* child);
+  virtual void on_layers_changed() {}
 
  private:
   std::vector<std::unique_ptr<Parameter>> own_;
   std::vector<Module*> children_;
+  Module* parent_ = nullptr;  // the module that add_child'ed this one
 };
 
 // Joins a prefix and a name with a dot: join("layers.0", "attn") -> "layers.0.attn".

@@ -110,6 +110,29 @@ void add_(Tensor& dst, const Tensor& src) {
   }
 }
 
+void scale_(Tensor& a, float s) {
+  check_dtype(a, DType::F32, "scale_", "a");
+  if (const cuda::Context* cu = gpu("scale_", {&a})) {
+    cuda::scale_forward(*cu, a.data<float>(), a.data<float>(), s, a.numel());
+  } else {
+    cpu::scale_forward(a.data<float>(), a.data<float>(), s, a.numel());
+  }
+}
+
+void convert_(Tensor& dst, const Tensor& src) {
+  LOOM_CHECK(dst.defined() && src.defined(), "convert_: dst ", dst.describe(), " and src ", src.describe(),
+             " must be defined");
+  LOOM_CHECK(dst.shape() == src.shape(), "convert_: dst has shape ", dst.shape(), " but src has ", src.shape());
+  LOOM_CHECK(src.dtype() == DType::F32 && dst.dtype() == DType::BF16, "convert_: converts f32 into bf16, got src ",
+             src.describe(), " and dst ", dst.describe());
+  check_same_device(dst, src, "convert_");
+  if (const cuda::Context* cu = gpu("convert_", {&dst, &src})) {
+    cuda::convert_f32_to_bf16(*cu, dst.data<bf16>(), src.data<float>(), src.numel());
+  } else {
+    cpu::convert_f32_to_bf16(src.data<float>(), dst.data<bf16>(), src.numel());
+  }
+}
+
 }  // namespace loom::ops
 
 // The autodiff engine's gradient sums (core/hooks.h): the engine runs with gradients off, so nothing is

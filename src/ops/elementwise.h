@@ -15,5 +15,10 @@ Tensor mean(const Tensor& a);                   // scalar [] mean of all element
 
 // In place, never recorded: dst += src (used by the autodiff engine and optimizers).
 void add_(Tensor& dst, const Tensor& src);
+// In place, never recorded: a *= s (gradient clipping, averaging gradients over ranks).
+void scale_(Tensor& a, float s);
+// In place, never recorded: dst (bf16) = src (f32) rounded to nearest even, same shape and device: a
+// mixed-precision weight's bf16 copy, refilled without allocating (Tensor::to allocates).
+void convert_(Tensor& dst, const Tensor& src);
 
 }  // namespace loom::ops

@@ -5,8 +5,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "backends/cpu/elementwise.h"
-#include "backends/cpu/optimizer.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "nn/overlap.h"
@@ -14,6 +12,7 @@
 #include "ops/collective.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/optimizer.h"
 
 namespace loom::dist {
 namespace {
@@ -74,6 +73,7 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
     p.dist = context;
   }
   if (!context->overlap_state) context->overlap_state = std::make_shared<OverlapState>();
+  model.layers_changed();  // the parameters' tensors are shards now: what a model derived from them is stale
   return layout;
 }
 
@@ -151,7 +151,7 @@ void finish_gradients(const std::vector<nn::Parameter*>& params, const RankConte
       if (!is_split_over(*p, a) && c.mesh.axis_size(a) > 1) axes.push_back(a);
     }
     if (!axes.empty() && !bucketed.count(p)) c.comm->all_reduce_sum(g.data<float>(), g.numel(), c.mesh.group(c.rank, axes));
-    cpu::scale_forward(g.data<float>(), g.data<float>(), inv, g.numel());
+    ops::scale_(g, inv);
   }
 }
 
@@ -167,7 +167,7 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::ve
                         const RankContext& c) {
   LOOM_ASSERT(params.size() == layout.size(), "global_grad_norm: ", params.size(), " parameters, ", layout.size(),
               " layouts");
-  double total = 0.0;
+  std::vector<Tensor> owned;  // the gradient blocks this rank adds, in the parameters' order
   for (const nn::Parameter* p : params) {
     const Tensor g = p->value.grad();
     if (!g.defined()) continue;
@@ -176,8 +176,9 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::ve
     for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
       if (!is_split_over(*p, a) && c.coord(a) != 0) owner = false;
     }
-    if (owner) total += cpu::sum_of_squares(g.data<float>(), g.numel());
+    if (owner) owned.push_back(g);
   }
+  double total = ops::sum_of_squares(owned);
   c.comm->all_reduce_sum(&total, 1, c.comm->world());
   return std::sqrt(total);
 }
@@ -190,7 +191,7 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, const std::vect
     const float factor = static_cast<float>(max_norm / (norm + 1e-6));
     for (const nn::Parameter* p : params) {
       Tensor g = p->value.grad();
-      if (g.defined()) cpu::scale_forward(g.data<float>(), g.data<float>(), factor, g.numel());
+      if (g.defined()) ops::scale_(g, factor);
     }
   }
   return norm;

@@ -86,7 +86,7 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
                       KernelPath path = KernelPath::Auto);
 
 // One thread's part of quantized_matmul, for callers that run their own team of threads (the fused
-// decode step: models/llama/fused_decode.h). Both run on the calling thread only.
+// decode step: backends/cpu/decode_step.h). Both run on the calling thread only.
 //   quantize_activation_rows: quantize_activations without the thread split (the same bytes).
 //   quantized_matmul_rows: y[m * ldy + n] for n in [n0, n1) and m in [0, M) from activations a [M, K/32]
 //     already quantized; n0 must be a multiple of 8 (the interleaved row groups). Every output is

@@ -14,8 +14,9 @@
 #include "io/file.h"
 #include "io/json_checked.h"
 #include "models/family.h"
-#include "train/config_file.h"
 #include "io/json.h"
+#include "train/config_file.h"
+#include "train/presets.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
@@ -23,10 +24,6 @@ using nlohmann::json;
 using io::merge_checked;
 
 namespace {
-
-json parse_json_text(const std::string& text, const std::string& where) {
-  return io::parse_json(text, "config: " + where);
-}
 
 // Applies one "a.b=value" override to the merged JSON.
 void apply_override(json& merged, const std::string& assignment) {
@@ -269,7 +266,7 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   if (looks_like_path || fs::is_regular_file(source)) {
     j = layer_on_base(io::read_json_file(source, "config"), source);  // missing keys from a preset (train/config_file.h)
   } else {
-    j = parse_json_text(preset_text(source), "preset " + source);
+    j = resolve_preset(source);  // complete: its bases layered onto the defaults (train/presets.h)
   }
   const std::string arch = requested_arch(j, overrides);
   json merged = defaults_json(arch);
@@ -277,25 +274,6 @@ TrainConfig TrainConfig::load(const std::string& preset_or_file, const std::vect
   merge_checked(merged, j, "");
   for (const auto& o : overrides) apply_override(merged, o);
   return from_json(merged);
-}
-
-std::vector<std::string> preset_names() {
-  std::vector<std::string> names;
-  for (const models::Family* f : models::families()) {
-    for (const models::Preset& p : f->presets) names.emplace_back(p.name);
-  }
-  return names;
-}
-
-const char* preset_text(const std::string& name) {
-  for (const models::Family* f : models::families()) {
-    for (const models::Preset& p : f->presets) {
-      if (name == p.name) return p.text;
-    }
-  }
-  std::string known;
-  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-  LOOM_FAIL("config: no preset named \"", name, "\" and no such file (presets: ", known, ")");
 }
 
 std::string TrainConfig::write(const std::string& run_dir) const {

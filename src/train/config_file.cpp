@@ -3,84 +3,15 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "models/family.h"
+#include "train/presets.h"
 
 namespace loom::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-constexpr const char* kImplicitBase = "default";
-
-std::string arch_of(const json& j) {
-  if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("arch") &&
-      j["model"]["arch"].is_string()) {
-    return j["model"]["arch"].get<std::string>();
-  }
-  return "";
-}
-
-// `over` onto `base`, object by object; values that are not objects replace.
-void merge_into(json& base, const json& over) {
-  for (const auto& [key, value] : over.items()) {
-    if (value.is_object() && base.contains(key) && base[key].is_object()) {
-      merge_into(base[key], value);
-    } else {
-      base[key] = value;
-    }
-  }
-}
-
-std::string presets_of(const std::string& arch) {
-  std::string names;
-  for (const models::Family* f : models::families()) {
-    if (f->arch != arch) continue;
-    for (const models::Preset& p : f->presets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  }
-  return names.empty() ? "none" : names;
-}
-
-json preset_json(const std::string& name, const std::string& path) {
-  json j = json::parse(preset_text(name), nullptr, /*allow_exceptions=*/false);
-  LOOM_ASSERT(!j.is_discarded(), "preset ", name, " is not valid JSON (", path, ")");
-  return j;
-}
-
-}  // namespace
-
 json layer_on_base(const json& file, const std::string& path) {
   if (!file.is_object()) return file;  // TrainConfig::load names the problem
-  json over = file;
-  std::string base_name = kImplicitBase;
-  const bool named = over.contains("base");
-  if (named) {
-    LOOM_CHECK(over["base"].is_string(), "config: ", path, ": \"base\" must name a preset (", [] {
-      std::string all;
-      for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
-      return all;
-    }(), "), got ", over["base"].dump());
-    base_name = over["base"].get<std::string>();
-    over.erase("base");
-  }
-  json base = preset_json(base_name, path);
-  const std::string file_arch = arch_of(over), base_arch = arch_of(base);
-  if (!file_arch.empty() && file_arch != base_arch) {
-    LOOM_CHECK(!named, "config: ", path, " sets model.arch = \"", file_arch, "\" but its base preset \"", base_name,
-               "\" is a ", base_arch, " model; name a base of the ", file_arch, " family (", presets_of(file_arch), ")");
-    // No base named and another family: the model section cannot come from the default preset, so it must
-    // be complete.
-    std::string missing;
-    for (const auto& [key, value] : models::family(file_arch).defaults.items()) {
-      if (!over["model"].contains(key)) missing += (missing.empty() ? "" : ", ") + ("model." + key);
-    }
-    LOOM_CHECK(missing.empty(), "config: ", path, " has no \"base\" preset and its model.arch = \"", file_arch,
-               "\" is not the ", base_arch, " family of the implicit base \"", kImplicitBase, "\", so it must give every ",
-               "model key; missing: ", missing, ". Add \"base\": one of ", presets_of(file_arch));
-    base.erase("model");
-  }
-  merge_into(base, over);
-  return base;
+  return resolve_layers(file, path, /*first_is_preset=*/false);
 }
 
 std::vector<std::string> describe_data_paths(const TrainConfig& c) {

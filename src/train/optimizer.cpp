@@ -2,13 +2,21 @@
 
 #include <cmath>
 
-#include "backends/backend.h"
-#include "backends/cpu/elementwise.h"
-#include "backends/cpu/optimizer.h"
-#include "backends/cuda/elementwise.h"
-#include "backends/cuda/optimizer.h"
+#include "ops/elementwise.h"
+#include "ops/optimizer.h"
 
 namespace loom::train {
+
+namespace {
+// The parameter's bf16 copy when it can be written with the update (allocated by nn::bf16_weight_of, of
+// the value's shape on its device), else undefined: a copy that does not fit is left alone and stays stale.
+Tensor bf16_copy_of(const nn::Parameter& p) {
+  const Tensor& c = p.bf16_copy;
+  const bool fits = c.defined() && c.dtype() == DType::BF16 && c.shape() == p.value.shape() &&
+                    c.device() == p.value.device();
+  return fits ? c : Tensor();
+}
+}  // namespace
 
 void AdamWOptions::validate() const {
   LOOM_CHECK(lr >= 0 && std::isfinite(lr), "optimizer.lr must be a finite number >= 0, got ", lr);
@@ -39,35 +47,22 @@ void AdamW::step(float lr) {
     if (!g.defined()) continue;
     const std::string& name = params_[i]->name;
     LOOM_CHECK(p.defined(), "AdamW: parameter '", name, "' has a gradient but no value");
-    dispatch_device("AdamW", {&p, &g, &m_[i], &v_[i]});  // one device per parameter, usable here
-    LOOM_CHECK(p.dtype() == DType::F32 && g.dtype() == DType::F32, "AdamW: parameter '", name, "' is ", p.dtype(),
-               " with a ", g.dtype(), " gradient; AdamW updates f32 parameters with f32 gradients");
-    LOOM_CHECK(g.numel() == p.numel() && m_[i].numel() == p.numel() && v_[i].numel() == p.numel(),
-               "AdamW: parameter '", name, "' has shape ", p.shape(), " but its gradient has ", g.shape(),
-               " and its moments ", m_[i].shape());
+    ops::check_adamw_update(p, g, m_[i], v_[i], bf16_copy_of(*params_[i]), str("AdamW: parameter '", name, "'"));
   }
   ++step_;
   // In double, as PyTorch computes these Python scalars.
   const double bc1 = 1.0 - std::pow(static_cast<double>(options_.beta1), static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(static_cast<double>(options_.beta2), static_cast<double>(step_));
+  const ops::AdamWStep step{lr, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2};
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i]->value;
     Tensor g = p.grad();
     if (!g.defined()) continue;
     // The bf16 copy a mixed-precision layer reads (nn::bf16_weight_of), written in the same pass.
     nn::Parameter& param = *params_[i];
-    const bool copy = param.bf16_copy.defined() && param.bf16_copy.dtype() == DType::BF16 &&
-                      param.bf16_copy.shape() == p.shape() && param.bf16_copy.device() == p.device();
-    bf16* copy_ptr = copy ? param.bf16_copy.data<bf16>() : nullptr;
-    if (p.device().is_cuda()) {
-      cuda::adamw_update(cuda_context("AdamW", p.device()), p.data<float>(), g.data<float>(), m_[i].data<float>(),
-                         v_[i].data<float>(), p.numel(), lr, options_.beta1, options_.beta2, options_.eps,
-                         options_.weight_decay, bc1, bc2, copy_ptr);
-    } else {
-      cpu::adamw_update(p.data<float>(), g.data<float>(), m_[i].data<float>(), v_[i].data<float>(), p.numel(), lr,
-                        options_.beta1, options_.beta2, options_.eps, options_.weight_decay, bc1, bc2, copy_ptr);
-    }
-    param.bf16_copy_current = copy;
+    const Tensor copy = bf16_copy_of(param);
+    ops::adamw_update(p, g, m_[i], v_[i], step, copy);
+    param.bf16_copy_current = copy.defined();
   }
 }
 
@@ -78,43 +73,15 @@ void AdamW::zero_grad() {
   for (nn::Parameter* p : params_) p->value.set_grad(Tensor());
 }
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
-  double total = 0.0;
-  // CUDA gradients: their squares summed on the device in gradient order, read back once.
-  Tensor device_total;
-  for (const Tensor& g : grads) {
-    if (!g.defined()) continue;
-    const Device device = dispatch_device("global_grad_norm", {&g});
-    if (device.is_cuda()) {
-      if (!device_total.defined()) device_total = Tensor::zeros({2}, DType::F32, device);  // one double
-      LOOM_CHECK(device_total.device() == device, "global_grad_norm: gradients are on ", device_total.device(),
-                 " and ", device, "; one norm spans one device");
-      cuda::add_sum_of_squares(cuda_context("global_grad_norm", device), static_cast<double*>(device_total.raw_data()),
-                               g.data<float>(), g.numel());
-    } else {
-      total += cpu::sum_of_squares(g.data<float>(), g.numel());
-    }
-  }
-  if (device_total.defined()) {
-    const Tensor host = device_total.to(Device::cpu());
-    total += *static_cast<const double*>(host.raw_data());
-  }
-  return std::sqrt(total);
-}
+double global_grad_norm(const std::vector<Tensor>& grads) { return std::sqrt(ops::sum_of_squares(grads)); }
 
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   const double norm = global_grad_norm(grads);
   if (std::isfinite(norm) && norm > max_norm) {
     const float factor = static_cast<float>(max_norm / (norm + 1e-6));
-    for (const Tensor& g : grads) {
-      if (!g.defined()) continue;
-      if (g.device().is_cuda()) {
-        cuda::scale_forward(cuda_context("clip_grad_norm", g.device()), g.data<float>(), g.data<float>(), factor,
-                            g.numel());
-      } else {
-        cpu::scale_forward(g.data<float>(), g.data<float>(), factor, g.numel());
-      }
+    for (Tensor g : grads) {
+      if (g.defined()) ops::scale_(g, factor);
     }
   }
   return norm;

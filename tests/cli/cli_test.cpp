@@ -1,5 +1,5 @@
-// The thin CLI commands end to end: `loom flops`, `loom plot`, `loom corpus austen` (errors only; the
-// extraction itself is tested in corpus_test.cpp).
+// The thin CLI commands end to end: `loom flops`, `loom config`, `loom plot`, `loom corpus austen` (errors
+// only; the extraction itself is tested in corpus_test.cpp).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "support/cli.h"
+#include "train/config.h"
 #include "train/metrics.h"
 
 using Result = loom::test::CliRun;
@@ -29,6 +30,19 @@ TEST(Cli, FlopsPrintsJsonForAPresetWithOverrides) {
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("error: config: optimizer.lr must be a number, got \"abc\""), std::string::npos)
       << bad.output;
+}
+
+TEST(Cli, ConfigPrintsAPresetResolvedInFull) {
+  // Printed, a preset has every key, its bases' included (gpt2-medium states a dozen on gpt2-small).
+  Result r = run_cli("config --config gpt2-medium --set training.max_steps=3", /*with_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j, loom::train::TrainConfig::load("gpt2-medium", {"training.max_steps=3"}).to_json());
+  EXPECT_EQ(j["data"]["tokenizer"], "data/gpt2");
+  EXPECT_EQ(j["training"]["max_steps"], 3);
+  Result bad = run_cli("config --config no-such-preset");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("no preset named \"no-such-preset\""), std::string::npos) << bad.output;
 }
 
 TEST(Cli, PlotWritesSvgsAndFlopsReadsTheRunsThroughput) {

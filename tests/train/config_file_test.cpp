@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "train/config.h"
 #include "train/config_file.h"
+#include "train/presets.h"
 
 namespace fs = std::filesystem;
 using loom::test::CliResult;
@@ -50,20 +51,46 @@ TEST(ConfigFile, APartialFileTakesItsMissingValuesFromItsBasePreset) {
   EXPECT_EQ(back.to_json(), c.to_json());
 }
 
-TEST(ConfigFile, WithoutABaseThePresetIsDefault) {
+TEST(ConfigFile, ABaseThatHasABaseGivesTheWholeChain) {
+  TempDir dir("cfg_chain");
+  // gpt2-medium states its shape and optimizer on gpt2-small, which states the data and precision.
+  std::ofstream(dir.path / "mine.json") << R"({"base": "gpt2-medium", "training": {"max_steps": 3}})";
+  TrainConfig c = TrainConfig::load(dir / "mine.json");
+  nlohmann::json expected = TrainConfig::load("gpt2-medium").to_json();
+  expected["training"]["max_steps"] = 3;
+  EXPECT_EQ(c.to_json(), expected);
+  EXPECT_EQ(c.data.tokenizer, TrainConfig::load("gpt2-small").data.tokenizer);
+  EXPECT_EQ(c.model.json()["d_model"], 1024);
+}
+
+TEST(ConfigFile, WithoutABaseTheBuiltInDefaultsAreTheBaseAsForAPreset) {
   TempDir dir("cfg_default");
   std::ofstream(dir.path / "mine.json") << R"({"optimizer": {"lr": 0.5, "min_lr": 0}})";
   TrainConfig c = TrainConfig::load(dir / "mine.json");
-  nlohmann::json expected = TrainConfig::load("default").to_json();
+  nlohmann::json expected = TrainConfig::defaults_json("llama");
   expected["optimizer"]["lr"] = 0.5;
   expected["optimizer"]["min_lr"] = 0;
-  EXPECT_EQ(c.to_json(), expected);
+  EXPECT_EQ(c.to_json(), TrainConfig::from_json(expected).to_json());
+  // Another family without a base: that family's own model (GPT-2 small), with the file's changes.
+  std::ofstream(dir.path / "gpt2.json") << R"({"model": {"arch": "gpt2", "num_layers": 2}})";
+  TrainConfig g = TrainConfig::load(dir / "gpt2.json");
+  EXPECT_EQ(g.model.arch(), "gpt2");
+  EXPECT_EQ(g.model.json()["num_layers"], 2);
+  EXPECT_EQ(g.model.json()["d_model"], TrainConfig::defaults_json("gpt2")["model"]["d_model"]);
+}
+
+TEST(ConfigFile, EveryPresetLoadsTheSameByPathAsByName) {
+  for (const std::string& name : loom::train::preset_names()) {
+    const std::string path = std::string(LOOM_SOURCE_DIR) + "/configs/" + name + ".json";
+    EXPECT_EQ(TrainConfig::load(path).to_json(), TrainConfig::load(name).to_json()) << path;
+  }
 }
 
 TEST(ConfigFile, BaseErrorsNameTheFileAndThePresets) {
   TempDir dir("cfg_errors");
   std::ofstream(dir.path / "unknown.json") << R"({"base": "huge"})";
-  EXPECT_TRUE(has(load_error(dir / "unknown.json"), "huge")) << load_error(dir / "unknown.json");
+  EXPECT_TRUE(has(load_error(dir / "unknown.json"), dir / "unknown.json" + " names base \"huge\", which is not a preset"))
+      << load_error(dir / "unknown.json");
   EXPECT_TRUE(has(load_error(dir / "unknown.json"), "tiny")) << "lists the presets";
   std::ofstream(dir.path / "number.json") << R"({"base": 3})";
   EXPECT_TRUE(has(load_error(dir / "number.json"), "\"base\" must name a preset"));
@@ -72,11 +99,6 @@ TEST(ConfigFile, BaseErrorsNameTheFileAndThePresets) {
   const std::string family = load_error(dir / "family.json");
   EXPECT_TRUE(has(family, dir / "family.json")) << family;
   EXPECT_TRUE(has(family, "gpt2-small")) << family;
-  // No base and another family than the default preset's: the model section must be complete.
-  std::ofstream(dir.path / "partial_gpt2.json") << R"({"model": {"arch": "gpt2", "num_layers": 2}})";
-  const std::string partial = load_error(dir / "partial_gpt2.json");
-  EXPECT_TRUE(has(partial, "model.vocab_size")) << partial;
-  EXPECT_TRUE(has(partial, "\"base\"")) << partial;
   std::ofstream(dir.path / "gpt2.json") << R"({"base": "gpt2-small", "model": {"num_layers": 2}})";
   EXPECT_EQ(TrainConfig::load(dir / "gpt2.json").model.arch(), "gpt2");
   // A complete file of another family needs no base (a run's config.json).

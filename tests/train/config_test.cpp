@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -30,30 +29,6 @@ std::string load_error(const std::vector<std::string>& overrides, const std::str
 #define EXPECT_ERROR_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg)
 
 }  // namespace
-
-TEST(Config, PresetsAreCompiledInAndMatchTheFilesInConfigs) {
-  for (const auto& name : loom::train::preset_names()) {
-    std::ifstream in(fs::path(LOOM_SOURCE_DIR) / "configs" / (name + ".json"));
-    ASSERT_TRUE(in) << "configs/" << name << ".json is missing";
-    std::stringstream ss;
-    ss << in.rdbuf();
-    EXPECT_EQ(json::parse(ss.str()), json::parse(loom::train::preset_text(name)))
-        << "src/train/presets.cpp's copy of " << name << " differs from configs/" << name << ".json";
-    // Presets spell out every key, so each file documents the whole configuration.
-    TrainConfig c = TrainConfig::load(name);
-    EXPECT_EQ(json::parse(ss.str()), c.to_json()) << name << " does not list every key (or lists a default differently)";
-  }
-}
-
-TEST(Config, EveryFileInConfigsIsCompiledIn) {
-  auto names = loom::train::preset_names();
-  for (const auto& entry : fs::directory_iterator(fs::path(LOOM_SOURCE_DIR) / "configs")) {
-    if (entry.path().extension() != ".json") continue;
-    std::string name = entry.path().stem().string();
-    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end())
-        << "configs/" << name << ".json is not compiled in: run tools/embed_presets.sh";
-  }
-}
 
 TEST(Config, PresetsHaveTheDocumentedShapes) {
   TrainConfig ts = TrainConfig::load("cs336-tinystories");
@@ -186,7 +161,7 @@ TEST(Config, FilesLoadPartiallyAndTheResolvedConfigRoundTrips) {
   TrainConfig c = TrainConfig::load((dir / "mine.json").string(), {"training.batch_size=2"});
   EXPECT_EQ(c.training.max_steps, 3);
   EXPECT_EQ(c.training.batch_size, 2);
-  EXPECT_EQ(c.model.json()["d_model"], TrainConfig::load("default").model.json()["d_model"]);  // the rest comes from the "default" preset (no "base" key)
+  EXPECT_EQ(c.model.json()["d_model"], TrainConfig::defaults_json()["model"]["d_model"]);  // the rest: the built-in defaults (no "base" key)
 
   std::string written = c.write((dir / "run").string());
   EXPECT_EQ(written, (dir / "run" / "config.json").string());

@@ -1,8 +1,12 @@
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "backends/cpu/elementwise.h"
 #include "backends/cpu/optimizer.h"
 #include "core/autograd.h"
+#include "ops/elementwise.h"
+#include "ops/optimizer.h"
 #include "support/op_test.h"
 #include "train/optimizer.h"
 
@@ -190,4 +194,58 @@ TEST(AdamW, KeepsAMixedPrecisionLayersBf16CopyCurrent) {
     Tensor fresh = nn::bf16_weight_of(p);
     EXPECT_NE(fresh.raw_data(), p.bf16_copy.raw_data());
   }
+}
+
+// The ops train::AdamW, clipping and the mesh's gradient sums go through (ops/optimizer.h,
+// ops/elementwise.h): the kernels' bits, and arguments refused by value.
+TEST(OptimizerOps, AdamwUpdateIsTheKernelsBitsAndNamesBadArguments) {
+  const int64_t n = 3000;  // several of the kernel's 1024-element blocks, and a tail
+  const Tensor g = test::randn({n}, 2, 0.1f);
+  Tensor p = test::randn({n}, 1), m = test::randn({n}, 3, 0.01f), v = test::randn({n}, 4, 0.01f);
+  float* vd = v.data<float>();
+  for (int64_t i = 0; i < n; ++i) vd[i] = vd[i] * vd[i];  // second moments are >= 0
+  Tensor kp = p.clone(), km = m.clone(), kv = v.clone();
+  Tensor copy = Tensor::empty({n}, DType::BF16), kcopy = Tensor::empty({n}, DType::BF16);
+  const ops::AdamWStep step{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0 - 0.9 * 0.9, 1.0 - 0.95 * 0.95};
+  ops::adamw_update(p, g, m, v, step, copy);
+  cpu::adamw_update(kp.data<float>(), g.data<float>(), km.data<float>(), kv.data<float>(), n, step.lr, step.beta1,
+                    step.beta2, step.eps, step.weight_decay, step.bias_correction1, step.bias_correction2,
+                    kcopy.data<bf16>());
+  EXPECT_EQ(p.to_vector<float>(), kp.to_vector<float>());
+  EXPECT_EQ(m.to_vector<float>(), km.to_vector<float>());
+  EXPECT_EQ(v.to_vector<float>(), kv.to_vector<float>());
+  EXPECT_EQ(std::memcmp(copy.raw_data(), kcopy.raw_data(), copy.nbytes()), 0);
+
+  Tensor short_grad = Tensor::zeros({n - 1});
+  EXPECT_NE(test::error_of([&] { ops::adamw_update(p, short_grad, m, v, step); })
+                .find("adamw_update has shape [3000] but its gradient has [2999]"),
+            std::string::npos);
+  Tensor wide_copy = Tensor::empty({n + 1}, DType::BF16);
+  EXPECT_NE(test::error_of([&] { ops::adamw_update(p, g, m, v, step, wide_copy); })
+                .find("the bf16 copy bf16[3001] on cpu is not bf16 of the parameter's shape [3000]"),
+            std::string::npos);
+}
+
+TEST(OptimizerOps, SumOfSquaresScaleAndConvertAreTheKernels) {
+  const Tensor a = test::randn({1000}, 5), b = test::randn({77}, 6);
+  const double expected = 0.0 + cpu::sum_of_squares(a.data<float>(), a.numel()) + cpu::sum_of_squares(b.data<float>(), b.numel());
+  EXPECT_EQ(ops::sum_of_squares({a, Tensor(), b}), expected);  // undefined tensors skipped, order kept
+  EXPECT_EQ(ops::sum_of_squares(a), cpu::sum_of_squares(a.data<float>(), a.numel()));
+  EXPECT_NE(test::error_of([&] { ops::sum_of_squares({a, a.to(DType::BF16)}); })
+                .find("sum_of_squares: tensor 1 is bf16[1000] on cpu; expected f32"),
+            std::string::npos);
+
+  Tensor s = a.clone();
+  ops::scale_(s, 0.37f);
+  std::vector<float> want = a.to_vector<float>();
+  cpu::scale_forward(want.data(), want.data(), 0.37f, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(s.to_vector<float>(), want);
+
+  Tensor c = Tensor::empty({1000}, DType::BF16);
+  ops::convert_(c, a);
+  const Tensor to = a.to(DType::BF16);
+  EXPECT_EQ(std::memcmp(c.raw_data(), to.raw_data(), c.nbytes()), 0);
+  Tensor c2 = Tensor::empty({999}, DType::BF16);
+  EXPECT_NE(test::error_of([&] { ops::convert_(c2, a); }).find("convert_: dst has shape [999] but src has [1000]"),
+            std::string::npos);
 }

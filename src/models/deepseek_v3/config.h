@@ -49,7 +49,8 @@ struct Config {
 
   // Throws loom::Error naming the offending keys and values.
   void validate() const;
-  // The config's `model` section ("arch": "deepseek_v3" and every key above), and back (validated).
+  // The config's `model` section ("arch": "deepseek_v3" and every key above), and back: from_json takes the
+  // defaults above for missing keys, names unknown keys and wrong types, and validates.
   nlohmann::json to_json() const;
   static Config from_json(const nlohmann::json& model);
 

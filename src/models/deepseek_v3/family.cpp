@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/json_checked.h"
+#include "models/config_fields.h"
 #include "models/deepseek_v3/hf.h"
 #include "models/deepseek_v3/model.h"
 
@@ -64,52 +64,58 @@ models::ModelStats stats_of(const json& j) {
   return s;
 }
 
-models::Family make_family() {
-  models::Family f = models::family_of<Config, DeepSeekV3>(
+// Every key of the model section (a function's static, so no other static's constructor sees it unbuilt).
+const models::ConfigFields<Config>& fields() {
+  using models::Bound;
+  static const models::ConfigFields<Config> f = {
       "deepseek_v3",
-      "DeepSeek-V3: multi-head latent attention, routed MoE with aux-loss-free balancing, multi-token prediction");
-  f.stats = stats_of;
-  f.hf_model_type = "deepseek_v3";
-  f.export_hf = export_hf;
-  f.import_hf = import_hf;
-  f.presets = presets();
+      {
+          {"vocab_size", &Config::vocab_size, Bound::Positive},
+          {"context_length", &Config::context_length, Bound::Positive},
+          {"d_model", &Config::d_model},  // with num_layers, num_heads: positive, in validate()
+          {"num_layers", &Config::num_layers},
+          {"n_dense", &Config::n_dense},  // in [0, num_layers]: validate()
+          {"num_heads", &Config::num_heads},
+          {"q_rank", &Config::q_rank, Bound::Positive},
+          {"kv_rank", &Config::kv_rank, Bound::Positive, " (the latent the cache holds)"},
+          {"d_nope", &Config::d_nope, Bound::Positive},
+          {"d_rope", &Config::d_rope},  // positive and even: validate()
+          {"d_v", &Config::d_v, Bound::Positive},
+          {"d_ff", &Config::d_ff, Bound::NonNegative},  // positive with dense SwiGLUs: validate()
+          {"n_shared", &Config::n_shared, Bound::NonNegative},
+          {"n_routed", &Config::n_routed},  // >= 1: validate()
+          {"top_k", &Config::top_k},        // in [1, n_routed]: validate()
+          {"d_expert", &Config::d_expert, Bound::Positive},
+          {"route_scale", &Config::route_scale, Bound::Positive},
+          {"gamma", &Config::gamma, Bound::NonNegative},
+          {"alpha_seq", &Config::alpha_seq, Bound::NonNegative},
+          {"n_mtp", &Config::n_mtp, Bound::NonNegative},
+          {"mtp_lambda", &Config::mtp_lambda, Bound::NonNegative},
+          {"rope_theta", &Config::rope_theta, Bound::Positive},
+          {"init_std", &Config::init_std, Bound::Positive},
+          {"norm_eps", &Config::norm_eps, Bound::Positive},
+      }};
   return f;
 }
 
 }  // namespace
 
 void Config::validate() const {
-  LOOM_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
-  LOOM_CHECK(context_length > 0, "model.context_length must be positive, got ", context_length);
+  models::check_fields(fields(), *this);
   LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0, "model dimensions must be positive: d_model=", d_model,
              " num_heads=", num_heads, " num_layers=", num_layers);
   LOOM_CHECK(n_dense >= 0 && n_dense <= num_layers, "model.n_dense=", n_dense, " must be in [0, model.num_layers=",
              num_layers, "]");
-  LOOM_CHECK(q_rank > 0, "model.q_rank must be positive, got ", q_rank);
-  LOOM_CHECK(kv_rank > 0, "model.kv_rank must be positive (the latent the cache holds), got ", kv_rank);
-  LOOM_CHECK(d_nope > 0, "model.d_nope must be positive, got ", d_nope);
   LOOM_CHECK(d_rope > 0 && d_rope % 2 == 0, "model.d_rope must be positive and even (RoPE rotates pairs), got ",
              d_rope);
-  LOOM_CHECK(d_v > 0, "model.d_v must be positive, got ", d_v);
   // Dense SwiGLUs run in the first n_dense layers and in every MTP module's block.
   LOOM_CHECK(d_ff > 0 || (n_dense == 0 && n_mtp == 0), "model.d_ff must be positive (model.n_dense=", n_dense,
              ", model.n_mtp=", n_mtp, " use dense SwiGLUs), got ", d_ff);
-  LOOM_CHECK(d_ff >= 0, "model.d_ff must be >= 0, got ", d_ff);
-  LOOM_CHECK(n_shared >= 0, "model.n_shared must be >= 0, got ", n_shared);
   LOOM_CHECK(n_routed >= 1, "model.n_routed must be >= 1, got ", n_routed);
   LOOM_CHECK(top_k >= 1 && top_k <= n_routed, "model.top_k=", top_k, " must be in [1, model.n_routed=", n_routed,
              "]");
-  LOOM_CHECK(d_expert > 0, "model.d_expert must be positive, got ", d_expert);
-  LOOM_CHECK(std::isfinite(route_scale) && route_scale > 0, "model.route_scale must be positive, got ", route_scale);
-  LOOM_CHECK(std::isfinite(gamma) && gamma >= 0, "model.gamma must be >= 0, got ", gamma);
-  LOOM_CHECK(std::isfinite(alpha_seq) && alpha_seq >= 0, "model.alpha_seq must be >= 0, got ", alpha_seq);
-  LOOM_CHECK(n_mtp >= 0, "model.n_mtp must be >= 0, got ", n_mtp);
   LOOM_CHECK(n_mtp < context_length, "model.n_mtp=", n_mtp, " must be below model.context_length=", context_length,
              " (module k predicts k+1 tokens ahead)");
-  LOOM_CHECK(std::isfinite(mtp_lambda) && mtp_lambda >= 0, "model.mtp_lambda must be >= 0, got ", mtp_lambda);
-  LOOM_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "model.rope_theta must be positive, got ", rope_theta);
-  LOOM_CHECK(std::isfinite(init_std) && init_std > 0, "model.init_std must be positive, got ", init_std);
-  LOOM_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "model.norm_eps must be positive, got ", norm_eps);
 }
 
 int64_t Config::attention_params() const {
@@ -143,70 +149,20 @@ int64_t Config::active_params() const {
          num_moe_layers() * (n_routed - top_k) * routed_expert_params();
 }
 
-json Config::to_json() const {
-  return {{"arch", "deepseek_v3"},
-          {"vocab_size", vocab_size},
-          {"context_length", context_length},
-          {"d_model", d_model},
-          {"num_layers", num_layers},
-          {"n_dense", n_dense},
-          {"num_heads", num_heads},
-          {"q_rank", q_rank},
-          {"kv_rank", kv_rank},
-          {"d_nope", d_nope},
-          {"d_rope", d_rope},
-          {"d_v", d_v},
-          {"d_ff", d_ff},
-          {"n_shared", n_shared},
-          {"n_routed", n_routed},
-          {"top_k", top_k},
-          {"d_expert", d_expert},
-          {"route_scale", io::float_for_json(route_scale)},
-          {"gamma", io::float_for_json(gamma)},
-          {"alpha_seq", io::float_for_json(alpha_seq)},
-          {"n_mtp", n_mtp},
-          {"mtp_lambda", io::float_for_json(mtp_lambda)},
-          {"rope_theta", io::float_for_json(rope_theta)},
-          {"init_std", io::float_for_json(init_std)},
-          {"norm_eps", io::float_for_json(norm_eps)}};
-}
+json Config::to_json() const { return models::fields_to_json(fields(), *this); }
 
-Config Config::from_json(const json& j) {
-  Config c;
-  try {
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.context_length = j.at("context_length").get<int64_t>();
-    c.d_model = j.at("d_model").get<int64_t>();
-    c.num_layers = j.at("num_layers").get<int64_t>();
-    c.n_dense = j.at("n_dense").get<int64_t>();
-    c.num_heads = j.at("num_heads").get<int64_t>();
-    c.q_rank = j.at("q_rank").get<int64_t>();
-    c.kv_rank = j.at("kv_rank").get<int64_t>();
-    c.d_nope = j.at("d_nope").get<int64_t>();
-    c.d_rope = j.at("d_rope").get<int64_t>();
-    c.d_v = j.at("d_v").get<int64_t>();
-    c.d_ff = j.at("d_ff").get<int64_t>();
-    c.n_shared = j.at("n_shared").get<int64_t>();
-    c.n_routed = j.at("n_routed").get<int64_t>();
-    c.top_k = j.at("top_k").get<int64_t>();
-    c.d_expert = j.at("d_expert").get<int64_t>();
-    c.route_scale = j.at("route_scale").get<float>();
-    c.gamma = j.at("gamma").get<float>();
-    c.alpha_seq = j.at("alpha_seq").get<float>();
-    c.n_mtp = j.at("n_mtp").get<int64_t>();
-    c.mtp_lambda = j.at("mtp_lambda").get<float>();
-    c.rope_theta = j.at("rope_theta").get<float>();
-    c.init_std = j.at("init_std").get<float>();
-    c.norm_eps = j.at("norm_eps").get<float>();
-  } catch (const json::exception& e) {
-    LOOM_FAIL("malformed deepseek_v3 model config: ", e.what());
-  }
-  c.validate();
-  return c;
-}
+Config Config::from_json(const json& j) { return models::fields_from_json(fields(), j); }
 
 const models::Family& family() {
-  static const models::Family f = make_family();
+  static const models::Family f = models::family_of<Config, DeepSeekV3>({
+      .arch = "deepseek_v3",
+      .summary = "DeepSeek-V3: multi-head latent attention, routed MoE with aux-loss-free balancing, multi-token "
+                 "prediction",
+      .stats = stats_of,
+      .hf_model_type = "deepseek_v3",
+      .export_hf = export_hf,
+      .import_hf = import_hf,
+  });
   return f;
 }
 

@@ -1,33 +1,11 @@
 // Hugging Face DeepSeek-V3 directories: export a loom DeepSeek-V3 so that transformers loads it as
 // DeepseekV3ForCausalLM, and import such a directory back (bitwise after loom -> HF -> loom).
 //
-// Names (loom -> HF; Linear weights are [out, in] in both, nothing is transposed):
-//   token_embeddings.weight              model.embed_tokens.weight
-//   layers.N.attn_norm / ffn_norm        model.layers.N.input_layernorm / post_attention_layernorm
-//   layers.N.attn.wq_a / q_norm / wq_b   model.layers.N.self_attn.q_a_proj / q_a_layernorm / q_b_proj
-//   layers.N.attn.wkv_a / kv_norm        model.layers.N.self_attn.kv_a_proj_with_mqa / kv_a_layernorm
-//   layers.N.attn.wkv_b / wo             model.layers.N.self_attn.kv_b_proj / o_proj
-//   layers.N.mlp.w1 / w3 / w2            model.layers.N.mlp.gate_proj / up_proj / down_proj   (dense)
-//   layers.N.moe.router.weight           model.layers.N.mlp.gate.weight
-//   layers.N.moe.bias (state)            model.layers.N.mlp.gate.e_score_correction_bias
-//   layers.N.moe.shared.w1 / w3 / w2     model.layers.N.mlp.shared_experts.gate_proj / up_proj / down_proj
-//   layers.N.moe.experts.w1[e] / w3 / w2 model.layers.N.mlp.experts.e.gate_proj / up_proj / down_proj
-//   ln_final.weight / lm_head.weight     model.norm.weight / lm_head.weight
-// The MTP modules as DeepSeek's checkpoints carry them, as extra layers M = num_hidden_layers + k:
-//   mtp.k.norm_e / norm_h                model.layers.M.enorm / hnorm
-//   mtp.k.proj                           model.layers.M.eh_proj   (input halves swapped: DeepSeek
-//                                        concatenates [enorm(e) ; hnorm(h)], loom and the seed [h ; e])
-//   mtp.k.block.*                        model.layers.M.{input_layernorm, self_attn.*, ...} (a dense block)
-//   (copies) ln_final, lm_head, token_embeddings
-//                                        model.layers.M.shared_head.norm / shared_head.head / embed_tokens
-// transformers builds num_hidden_layers layers and ignores the extra one.
-//
-// RoPE: loom rotates the pairs (x[i], x[i + P/2]) of the d_rope part (rotate-half). DeepSeek's checkpoints,
-// and transformers with rope_interleave = true (its default), take that part as interleaved pairs
-// (x[2i], x[2i+1]) and reorder it to rotate-half before rotating. Export writes rope_interleave = true
-// with the rope rows of q_b_proj (each head's last P rows) and kv_a_proj_with_mqa (its last P rows)
-// reordered: HF row 2i <- loom row i, HF row 2i+1 <- loom row i + P/2. q.k is unchanged since q and k get
-// the same reordering. Import undoes it, or reads the rows as they are when rope_interleave is false.
+// Names: the family's table (names.cpp). The MTP modules are stored as DeepSeek's checkpoints carry
+// them, as extra layers num_hidden_layers + k (which transformers ignores), with copies of the
+// embedding, final norm and head; the rope rows of q_b_proj and kv_a_proj_with_mqa are interleaved, as
+// rope_interleave = true (transformers' default) says. Import undoes it, or reads the rows as they are
+// when rope_interleave is false.
 //
 // Supported on import: model_type deepseek_v3, hidden_act silu, q_lora_rank set, no attention bias,
 // no rope scaling, moe_layer_freq 1, scoring_func sigmoid, topk_method noaux_tc, norm_topk_prob true,

@@ -3,9 +3,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "io/json_checked.h"
-
 #include "core/error.h"
+#include "models/config_fields.h"
 #include "models/gpt2/gguf.h"
 #include "models/gpt2/hf.h"
 #include "models/gpt2/model.h"
@@ -37,30 +36,34 @@ models::ModelStats stats_of(const json& j) {
   return s;
 }
 
-models::Family make_family() {
-  models::Family f = models::family_of<Config, GPT2>(
-      "gpt2", "GPT-2: LayerNorm, GELU MLP, learned positions, biases, dropout, tied or untied head");
-  f.stats = stats_of;
-  f.hf_model_type = "gpt2";
-  f.export_hf = export_hf;
-  f.import_hf = import_hf;
-  f.gguf_arch = "gpt2";
-  f.import_gguf = import_gguf;
-  f.export_gguf = export_gguf;
-  f.presets = presets();
+// Every key of the model section (a function's static, so no other static's constructor sees it unbuilt).
+const models::ConfigFields<Config>& fields() {
+  using models::Bound;
+  static const models::ConfigFields<Config> f = {
+      "gpt2",
+      {
+          {"vocab_size", &Config::vocab_size, Bound::Positive},
+          {"context_length", &Config::context_length, Bound::Positive},
+          {"d_model", &Config::d_model},  // with num_layers, num_heads: positive, in validate()
+          {"num_layers", &Config::num_layers},
+          {"num_heads", &Config::num_heads},
+          {"d_ff", &Config::d_ff, Bound::NonNegative, " (0 means 4 * d_model)"},
+          {"norm_eps", &Config::norm_eps, Bound::Positive},
+          {"qkv_bias", &Config::qkv_bias},
+          {"output_proj_bias", &Config::output_proj_bias},
+          {"tie_embeddings", &Config::tie_embeddings},
+          {"dropout", &Config::dropout},  // in [0, 1): validate()
+      }};
   return f;
 }
 
 }  // namespace
 
 void Config::validate() const {
-  LOOM_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
-  LOOM_CHECK(context_length > 0, "model.context_length must be positive, got ", context_length);
+  models::check_fields(fields(), *this);
   LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0, "model dimensions must be positive: d_model=", d_model,
              " num_heads=", num_heads, " num_layers=", num_layers);
   LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=", num_heads);
-  LOOM_CHECK(d_ff >= 0, "model.d_ff must be >= 0 (0 means 4 * d_model), got ", d_ff);
-  LOOM_CHECK(norm_eps > 0, "model.norm_eps must be positive, got ", norm_eps);
   LOOM_CHECK(dropout >= 0 && dropout < 1, "model.dropout must be in [0, 1), got ", dropout);
 }
 
@@ -78,44 +81,22 @@ int64_t Config::total_params() const {
          (tie_embeddings ? 0 : vocab_size * d_model);
 }
 
-json Config::to_json() const {
-  return {{"arch", "gpt2"},
-          {"vocab_size", vocab_size},
-          {"context_length", context_length},
-          {"d_model", d_model},
-          {"num_layers", num_layers},
-          {"num_heads", num_heads},
-          {"d_ff", d_ff},
-          {"norm_eps", io::float_for_json(norm_eps)},
-          {"qkv_bias", qkv_bias},
-          {"output_proj_bias", output_proj_bias},
-          {"tie_embeddings", tie_embeddings},
-          {"dropout", io::float_for_json(dropout)}};
-}
+json Config::to_json() const { return models::fields_to_json(fields(), *this); }
 
-Config Config::from_json(const json& j) {
-  Config c;
-  try {
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.context_length = j.at("context_length").get<int64_t>();
-    c.d_model = j.at("d_model").get<int64_t>();
-    c.num_layers = j.at("num_layers").get<int64_t>();
-    c.num_heads = j.at("num_heads").get<int64_t>();
-    c.d_ff = j.at("d_ff").get<int64_t>();
-    c.norm_eps = j.at("norm_eps").get<float>();
-    c.qkv_bias = j.at("qkv_bias").get<bool>();
-    c.output_proj_bias = j.at("output_proj_bias").get<bool>();
-    c.tie_embeddings = j.at("tie_embeddings").get<bool>();
-    c.dropout = j.at("dropout").get<float>();
-  } catch (const json::exception& e) {
-    LOOM_FAIL("malformed gpt2 model config: ", e.what());
-  }
-  c.validate();
-  return c;
-}
+Config Config::from_json(const json& j) { return models::fields_from_json(fields(), j); }
 
 const models::Family& family() {
-  static const models::Family f = make_family();
+  static const models::Family f = models::family_of<Config, GPT2>({
+      .arch = "gpt2",
+      .summary = "GPT-2: LayerNorm, GELU MLP, learned positions, biases, dropout, tied or untied head",
+      .stats = stats_of,
+      .hf_model_type = "gpt2",
+      .export_hf = export_hf,
+      .import_hf = import_hf,
+      .gguf_arch = "gpt2",
+      .import_gguf = import_gguf,
+      .export_gguf = export_gguf,
+  });
   return f;
 }
 

@@ -1,10 +1,10 @@
 #include "models/gpt2/gguf.h"
 
 #include <cmath>
-#include <cstring>
-#include <set>
 
+#include "models/gguf.h"
 #include "models/gpt2/model.h"
+#include "models/gpt2/names.h"
 
 namespace loom::gpt2 {
 namespace {
@@ -13,25 +13,6 @@ int64_t positive_key(const gguf::Header& h, const std::string& key) {
   const uint64_t v = h.get_uint(key);
   LOOM_CHECK(v >= 1 && v <= (uint64_t{1} << 40), "metadata ", gguf::quoted(key), " is ", v, ", expected a positive size");
   return static_cast<int64_t>(v);
-}
-
-// Stacks f32 tensors along dim 0 (q, k, v -> qkv): [R_i, ...] -> [sum R_i, ...].
-Tensor stacked(const std::vector<Tensor>& parts) {
-  std::vector<int64_t> dims(parts[0].shape().begin(), parts[0].shape().end());
-  dims[0] = 0;
-  for (const Tensor& p : parts) dims[0] += p.size(0);
-  Tensor out = Tensor::empty(Shape(dims), DType::F32);
-  int64_t at = 0;
-  for (const Tensor& p : parts) {
-    const Tensor& c = p;
-    std::memcpy(out.data<float>() + at, c.data<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
-    at += c.numel();
-  }
-  return out;
-}
-
-Tensor bias_or_zeros(const nn::Linear& l) {
-  return l.bias ? l.bias->value.detach() : Tensor::zeros({l.weight.value.size(0)});
 }
 
 }  // namespace
@@ -81,53 +62,7 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, b
     nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
     model = std::make_unique<GPT2>(cfg, 0);
   }
-  const int64_t C = cfg.d_model;
-  std::set<std::string> loaded, used;
-  auto load = [&](const std::string& loom_name, const Tensor& v) {
-    const Shape want = model->parameter(loom_name).value.shape();
-    LOOM_CHECK(v.shape() == want, file.path(), ": ", loom_name, " would get shape ", v.shape(), " from the file but the "
-               "metadata implies ", want);
-    model->load_parameter(loom_name, v);
-    loaded.insert(loom_name);
-  };
-  auto get = [&](const std::string& gguf_name, const Shape& want) {
-    LOOM_CHECK(file.header().find_tensor(gguf_name) != nullptr, file.path(), ": no tensor ", gguf::quoted(gguf_name));
-    LOOM_CHECK(file.shape(gguf_name) == want, file.path(), ": tensor ", gguf::quoted(gguf_name), " has shape ",
-               file.shape(gguf_name), " (ne reversed) but the metadata implies ", want);
-    used.insert(gguf_name);
-    return file.dequantized(gguf_name);
-  };
-  auto direct = [&](const std::string& g, const std::string& l) {
-    load(l, get(g, model->parameter(l).value.shape()));
-  };
-  direct("token_embd.weight", "token_embeddings.weight");
-  direct("position_embd.weight", "position_embeddings.weight");
-  for (int64_t i = 0; i < cfg.num_layers; ++i) {
-    const std::string b = str("blk.", i, "."), l = str("layers.", i, ".");
-    for (const char* p : {"weight", "bias"}) {
-      direct(b + "attn_norm." + p, l + "ln1." + p);
-      direct(b + "ffn_norm." + p, l + "ln2." + p);
-      direct(b + "attn_output." + p, l + "attn.output_proj." + p);
-      direct(b + "ffn_up." + p, l + "mlp.fc." + p);
-      direct(b + "ffn_down." + p, l + "mlp.proj." + p);
-    }
-    // attn_qkv [3C, C] / [3C]: rows q, then k, then v.
-    const Tensor w = get(b + "attn_qkv.weight", Shape({3 * C, C}));
-    const Tensor bias = get(b + "attn_qkv.bias", Shape({3 * C}));
-    const char* names[] = {"q_proj", "k_proj", "v_proj"};
-    for (int j = 0; j < 3; ++j) {
-      load(l + "attn." + names[j] + ".weight", w.slice(j * C, C).clone());
-      load(l + "attn." + names[j] + ".bias", bias.slice(j * C, C).clone());
-    }
-  }
-  direct("output_norm.weight", "ln_final.weight");
-  direct("output_norm.bias", "ln_final.bias");
-  if (!cfg.tie_embeddings) direct("output.weight", "lm_head.weight");
-  for (const gguf::TensorInfo& t : file.header().tensors) {
-    LOOM_CHECK(used.count(t.name), file.path(), ": tensor ", gguf::quoted(t.name), " (", quant::quant_type_name(t.type),
-               ") is not part of loom's GPT-2");
-  }
-  for (nn::Parameter* p : model->parameters()) LOOM_CHECK(loaded.count(p->name), file.path(), ": nothing loaded into ", p->name);
+  models::gguf_load_tensors(*model, tensor_names(), file, notes);
   if (quantized) notes.push_back("gpt2: every matrix dequantized to f32 (loom's GPT-2 has no quantized kernels path)");
   return model;
 }
@@ -145,32 +80,7 @@ void export_gguf(const models::LanguageModel& base, std::vector<gguf::KeyValue>&
   kv.push_back({"gpt2.attention.head_count", u32(c.num_heads)});
   kv.push_back({"gpt2.attention.layer_norm_epsilon", gguf::Value{c.norm_eps}});
   kv.push_back({"gpt2.vocab_size", u32(c.vocab_size)});
-  // llama.cpp's order: embeddings, each block, the final norm, the head (only when untied).
-  auto add = [&](const std::string& name, const Tensor& v) {
-    tensors.push_back({name, v.detach(), v.shape().ndim() == 2});
-  };
-  add("token_embd.weight", gpt->token_embeddings.weight.value);
-  add("position_embd.weight", gpt->position_embeddings.weight.value);
-  for (size_t i = 0; i < gpt->layers.size(); ++i) {
-    const Block& b = *gpt->layers[i];
-    const std::string p = str("blk.", i, ".");
-    add(p + "attn_norm.weight", b.ln1.weight.value);
-    add(p + "attn_norm.bias", b.ln1.bias.value);
-    add(p + "attn_qkv.weight", stacked({b.attn.q_proj.weight.value.detach(), b.attn.k_proj.weight.value.detach(),
-                                        b.attn.v_proj.weight.value.detach()}));
-    add(p + "attn_qkv.bias", stacked({bias_or_zeros(b.attn.q_proj), bias_or_zeros(b.attn.k_proj), bias_or_zeros(b.attn.v_proj)}));
-    add(p + "attn_output.weight", b.attn.output_proj.weight.value);
-    add(p + "attn_output.bias", bias_or_zeros(b.attn.output_proj));
-    add(p + "ffn_norm.weight", b.ln2.weight.value);
-    add(p + "ffn_norm.bias", b.ln2.bias.value);
-    add(p + "ffn_up.weight", b.mlp.fc.weight.value);
-    add(p + "ffn_up.bias", b.mlp.fc.bias->value);
-    add(p + "ffn_down.weight", b.mlp.proj.weight.value);
-    add(p + "ffn_down.bias", b.mlp.proj.bias->value);
-  }
-  add("output_norm.weight", gpt->ln_final.weight.value);
-  add("output_norm.bias", gpt->ln_final.bias.value);
-  if (gpt->lm_head) add("output.weight", gpt->lm_head->weight.value);
+  models::gguf_tensors_of(base, tensor_names(), tensors);
 }
 
 }  // namespace loom::gpt2

@@ -1,16 +1,9 @@
 // Hugging Face GPT-2 directories (GPT2LMHeadModel, and OpenAI's released weights as in
 // openai-community/gpt2): export a loom GPT-2 that transformers loads, and import such directories.
 //
-// Names (loom -> HF, each with or without the "transformer." prefix on import):
-//   token_embeddings.weight / position_embeddings.weight   wte.weight / wpe.weight
-//   layers.N.ln1 / ln2 .{weight,bias}                      h.N.ln_1 / ln_2 .{weight,bias}
-//   layers.N.attn.{q,k,v}_proj.{weight,bias}               h.N.attn.c_attn.{weight,bias} (q, k, v packed)
-//   layers.N.attn.output_proj.{weight,bias}                h.N.attn.c_proj.{weight,bias}
-//   layers.N.mlp.fc / proj .{weight,bias}                  h.N.mlp.c_fc / c_proj .{weight,bias}
-//   ln_final.{weight,bias}                                 ln_f.{weight,bias}
-//   lm_head.weight (untied only)                           lm_head.weight
-// HF's Conv1D stores weights [in, out], so every matrix is transposed on the way; c_attn's out dimension
-// holds q, k and v one after another. HF always has the q/k/v and output-projection biases: a loom model
+// Names: the family's table (names.cpp), each HF name with or without "transformer." on import. HF's
+// Conv1D stores weights [in, out], so every matrix is transposed on the way; c_attn's out dimension holds
+// q, k and v one after another. HF always has the q/k/v and output-projection biases: a loom model
 // without them exports zero biases (same function) and imports back with them. The attn.bias and
 // attn.masked_bias buffers older files carry are ignored. A tied head is absent from the file (or, if
 // present, must equal wte). F32, F16 and BF16 weights, one file or shards.

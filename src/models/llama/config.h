@@ -27,23 +27,10 @@ struct Config {
   int64_t kv_heads() const { return num_kv_heads == 0 ? num_heads : num_kv_heads; }
 
   // Throws loom::Error naming the offending values.
-  void validate() const {
-    LOOM_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
-    LOOM_CHECK(context_length > 0, "model.context_length must be positive, got ", context_length);
-    LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0 && d_ff > 0,
-               "model dimensions must be positive: d_model=", d_model, " num_heads=", num_heads,
-               " num_layers=", num_layers, " d_ff=", d_ff);
-    LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=",
-               num_heads);
-    LOOM_CHECK(num_kv_heads >= 0 && (num_kv_heads == 0 || num_heads % num_kv_heads == 0),
-               "model.num_kv_heads=", num_kv_heads, " must divide model.num_heads=", num_heads,
-               " (0 means the same as num_heads)");
-    LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
-    LOOM_CHECK(rope_theta > 0, "model.rope_theta must be positive, got ", rope_theta);
-  }
+  void validate() const;
 
-  // The config's `model` section ("arch": "llama" and every key above), and back. from_json reads a
-  // complete section (ModelConfig merges defaults first) and validates it.
+  // The config's `model` section ("arch": "llama" and every key above), and back: from_json takes the
+  // defaults above for missing keys, names unknown keys and wrong types, and validates.
   nlohmann::json to_json() const;
   static Config from_json(const nlohmann::json& model);
 

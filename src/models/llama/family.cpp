@@ -2,8 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/json_checked.h"
-
+#include "models/config_fields.h"
 #include "models/llama/hf.h"
 #include "models/llama/gguf.h"
 #include "models/llama/model.h"
@@ -32,57 +31,54 @@ models::ModelStats stats_of(const json& j) {
   return s;
 }
 
-models::Family make_family() {
-  models::Family f = models::family_of<Config, TransformerLM>(
-      "llama", "Llama-style (CS336): RMSNorm, SwiGLU, RoPE, untied head, grouped-query attention");
-  f.stats = stats_of;
-  f.hf_model_type = "llama";
-  f.export_hf = export_hf;
-  f.import_hf = import_hf;
-  f.gguf_arch = "llama";
-  f.import_gguf = import_gguf;
-  f.export_gguf = export_gguf;
-  f.presets = presets();
+// Every key of the model section (a function's static, so no other static's constructor sees it unbuilt).
+const models::ConfigFields<Config>& fields() {
+  using models::Bound;
+  static const models::ConfigFields<Config> f = {
+      "llama",
+      {
+          {"vocab_size", &Config::vocab_size, Bound::Positive},
+          {"context_length", &Config::context_length, Bound::Positive},
+          {"d_model", &Config::d_model},  // with num_layers, num_heads, d_ff: positive, in validate()
+          {"num_layers", &Config::num_layers},
+          {"num_heads", &Config::num_heads},
+          // Absent in files saved before grouped-query attention: the default 0 = num_heads.
+          {"num_kv_heads", &Config::num_kv_heads, Bound::NonNegative, " (0 means the same as num_heads)"},
+          {"d_ff", &Config::d_ff},
+          {"rope_theta", &Config::rope_theta, Bound::Positive},
+          {"norm_eps", &Config::norm_eps, Bound::Positive},
+      }};
   return f;
 }
 
 }  // namespace
 
-json Config::to_json() const {
-  return {{"arch", "llama"},
-          {"vocab_size", vocab_size},
-          {"context_length", context_length},
-          {"d_model", d_model},
-          {"num_layers", num_layers},
-          {"num_heads", num_heads},
-          {"num_kv_heads", num_kv_heads},
-          {"d_ff", d_ff},
-          {"rope_theta", io::float_for_json(rope_theta)},
-          {"norm_eps", io::float_for_json(norm_eps)}};
+void Config::validate() const {
+  models::check_fields(fields(), *this);
+  LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0 && d_ff > 0, "model dimensions must be positive: d_model=",
+             d_model, " num_heads=", num_heads, " num_layers=", num_layers, " d_ff=", d_ff);
+  LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=", num_heads);
+  LOOM_CHECK(num_kv_heads == 0 || num_heads % num_kv_heads == 0, "model.num_kv_heads=", num_kv_heads,
+             " must divide model.num_heads=", num_heads, " (0 means the same as num_heads)");
+  LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
 }
 
-Config Config::from_json(const json& j) {
-  Config c;
-  try {
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.context_length = j.at("context_length").get<int64_t>();
-    c.d_model = j.at("d_model").get<int64_t>();
-    c.num_layers = j.at("num_layers").get<int64_t>();
-    c.num_heads = j.at("num_heads").get<int64_t>();
-    c.num_kv_heads = j.value("num_kv_heads", int64_t{0});  // absent in files saved before GQA: 0 = num_heads
-    c.d_ff = j.at("d_ff").get<int64_t>();
-    c.rope_theta = j.at("rope_theta").get<float>();
-    c.norm_eps = j.at("norm_eps").get<float>();
-  } catch (const json::exception& e) {
-    LOOM_FAIL("malformed llama model config: ", e.what());
-  }
-  c.validate();
-  LOOM_CHECK(c.norm_eps > 0, "model.norm_eps must be positive, got ", c.norm_eps);
-  return c;
-}
+json Config::to_json() const { return models::fields_to_json(fields(), *this); }
+
+Config Config::from_json(const json& j) { return models::fields_from_json(fields(), j); }
 
 const models::Family& family() {
-  static const models::Family f = make_family();
+  static const models::Family f = models::family_of<Config, TransformerLM>({
+      .arch = "llama",
+      .summary = "Llama-style (CS336): RMSNorm, SwiGLU, RoPE, untied head, grouped-query attention",
+      .stats = stats_of,
+      .hf_model_type = "llama",
+      .export_hf = export_hf,
+      .import_hf = import_hf,
+      .gguf_arch = "llama",
+      .import_gguf = import_gguf,
+      .export_gguf = export_gguf,
+  });
   return f;
 }
 

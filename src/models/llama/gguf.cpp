@@ -1,27 +1,13 @@
 #include "models/llama/gguf.h"
 
 #include <cmath>
-#include <cstring>
-#include <map>
-#include <regex>
-#include <set>
 
+#include "models/gguf.h"
+#include "models/llama/names.h"
 #include "quant/qmatmul.h"
 
 namespace loom::llama {
 namespace {
-
-
-
-const std::map<std::string, std::string>& block_names() {  // GGUF within blk.N -> loom within layers.N
-  static const std::map<std::string, std::string> m = {
-      {"attn_q.weight", "attn.q_proj.weight"},        {"attn_k.weight", "attn.k_proj.weight"},
-      {"attn_v.weight", "attn.v_proj.weight"},        {"attn_output.weight", "attn.output_proj.weight"},
-      {"ffn_gate.weight", "ffn.w1.weight"},           {"ffn_up.weight", "ffn.w3.weight"},
-      {"ffn_down.weight", "ffn.w2.weight"},           {"attn_norm.weight", "ln1.weight"},
-      {"ffn_norm.weight", "ln2.weight"}};
-  return m;
-}
 
 int64_t positive_key(const gguf::Header& h, const std::string& key) {
   const uint64_t v = h.get_uint(key);
@@ -32,30 +18,11 @@ int64_t positive_key(const gguf::Header& h, const std::string& key) {
 }  // namespace
 
 std::string gguf_tensor_name(const std::string& n) {
-  static const std::regex layer(R"(layers\.(\d+)\.(.+))");
-  if (n == "token_embeddings.weight") return "token_embd.weight";
-  if (n == "ln_final.weight") return "output_norm.weight";
-  if (n == "lm_head.weight") return "output.weight";
-  std::smatch m;
-  if (std::regex_match(n, m, layer)) {
-    for (const auto& [g, l] : block_names()) {
-      if (l == m[2].str()) return "blk." + m[1].str() + "." + g;
-    }
-  }
-  LOOM_FAIL("gguf_tensor_name: no GGUF name for loom parameter '", n, "'");
+  return models::stored_name(tensor_names(), models::TensorFormat::Gguf, n);
 }
 
 std::optional<std::string> loom_name_of_gguf(const std::string& n) {
-  static const std::regex block(R"(blk\.(\d+)\.(.+))");
-  if (n == "token_embd.weight") return "token_embeddings.weight";
-  if (n == "output_norm.weight") return "ln_final.weight";
-  if (n == "output.weight") return "lm_head.weight";
-  std::smatch m;
-  if (std::regex_match(n, m, block)) {
-    auto it = block_names().find(m[2].str());
-    if (it != block_names().end()) return "layers." + m[1].str() + "." + it->second;
-  }
-  return std::nullopt;
+  return models::loom_name(tensor_names(), models::TensorFormat::Gguf, n);
 }
 
 Config config_from_gguf(const gguf::Header& h) {
@@ -127,35 +94,14 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, b
     nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
     model = std::make_unique<TransformerLM>(cfg, 0);
   }
-  std::set<std::string> loaded;
-  for (const gguf::TensorInfo& t : file.header().tensors) {
-    auto name = loom_name_of_gguf(t.name);
-    LOOM_CHECK(name.has_value(), file.path(), ": tensor ", gguf::quoted(t.name), " (", quant::quant_type_name(t.type),
-               ") is not part of loom's Llama");
-    const Shape want = model->parameter(*name).value.shape();
-    LOOM_CHECK(file.shape(t.name) == want, file.path(), ": tensor ", gguf::quoted(t.name), " has shape ", file.shape(t.name),
-               " (ne reversed) but the metadata implies ", want);
-    model->load_parameter(*name, file.dequantized(t.name));
-    loaded.insert(*name);
-  }
-  if (!loaded.count("lm_head.weight") && loaded.count("token_embeddings.weight")) {
-    model->load_parameter("lm_head.weight", model->parameter("token_embeddings.weight").value.clone());
-    loaded.insert("lm_head.weight");
-    notes.push_back("no output.weight: the head is tied to token_embd.weight, copied into loom's untied lm_head");
-  }
-  for (nn::Parameter* p : model->parameters()) {
-    LOOM_CHECK(loaded.count(p->name), file.path(), ": no tensor ", gguf::quoted(gguf_tensor_name(p->name)));
-  }
+  models::gguf_load_tensors(*model, tensor_names(), file, notes);
   if (quantized) {
-    std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, "output.weight"}};
-    if (!file.header().find_tensor("output.weight")) linears[0].second = "token_embd.weight";  // tied
-    for (size_t i = 0; i < model->layers.size(); ++i) {
-      nn::TransformerBlock& b = *model->layers[i];
-      const std::string blk = str("blk.", i, ".");
-      for (auto [linear, g] : {std::pair{&b.attn.q_proj, "attn_q"}, {&b.attn.k_proj, "attn_k"}, {&b.attn.v_proj, "attn_v"},
-                               {&b.attn.output_proj, "attn_output"}, {&b.ffn.w1, "ffn_gate"}, {&b.ffn.w3, "ffn_up"},
-                               {&b.ffn.w2, "ffn_down"}}) {
-        linears.emplace_back(linear, blk + g + ".weight");
+    std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, gguf_tensor_name("lm_head.weight")}};
+    if (!file.header().find_tensor(linears[0].second)) linears[0].second = gguf_tensor_name("token_embeddings.weight");
+    for (const auto& b : model->layers) {
+      for (nn::Linear* linear : {&b->attn.q_proj, &b->attn.k_proj, &b->attn.v_proj, &b->attn.output_proj, &b->ffn.w1,
+                                 &b->ffn.w3, &b->ffn.w2}) {
+        linears.emplace_back(linear, gguf_tensor_name(linear->weight.name));
       }
     }
     size_t kept = 0;
@@ -187,23 +133,7 @@ void export_gguf(const models::LanguageModel& base, std::vector<gguf::KeyValue>&
   kv.push_back({"llama.attention.layer_norm_rms_epsilon", gguf::Value{c.norm_eps}});
   kv.push_back({"llama.vocab_size", u32(c.vocab_size)});
   kv.push_back({"llama.rope.dimension_count", u32(c.head_dim())});
-  // Tensors in llama.cpp's order: the embedding, each block, the final norm, the head. A head equal to
-  // the embedding bit for bit is left out (tied), as llama.cpp's converter does for tied models.
-  auto& m = const_cast<TransformerLM&>(*llama_model);
-  const Tensor& embed = m.parameter("token_embeddings.weight").value;
-  const Tensor& head = m.parameter("lm_head.weight").value;
-  const bool tied = std::memcmp(embed.data<float>(), head.data<float>(), embed.nbytes()) == 0;
-  tensors.push_back({"token_embd.weight", embed.detach(), true});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    for (const char* g : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                          "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}) {
-      const std::string gname = str("blk.", i, ".", g);
-      const Tensor& v = m.parameter(*loom_name_of_gguf(gname)).value;
-      tensors.push_back({gname, v.detach(), v.shape().ndim() == 2});
-    }
-  }
-  tensors.push_back({"output_norm.weight", m.parameter("ln_final.weight").value.detach(), false});
-  if (!tied) tensors.push_back({"output.weight", head.detach(), true});
+  models::gguf_tensors_of(base, tensor_names(), tensors);
 }
 
 }  // namespace loom::llama

@@ -12,13 +12,8 @@
 // head dim other than d_model / heads (llama.attention.key_length / value_length), experts
 // (llama.expert_count > 0: Mixtral-style files also say "llama").
 //
-// Tensors (GGUF -> loom), with GGUF's ne = [in, out] = loom's [out, in] (the same bytes):
-//   token_embd.weight                token_embeddings.weight
-//   blk.N.attn_q / attn_k / attn_v / attn_output .weight   layers.N.attn.q_proj / k_proj / v_proj / output_proj .weight
-//   blk.N.ffn_gate / ffn_up / ffn_down .weight            layers.N.ffn.w1 / w3 / w2 .weight
-//   blk.N.attn_norm / ffn_norm .weight                    layers.N.ln1 / ln2 .weight
-//   output_norm.weight               ln_final.weight
-//   output.weight                    lm_head.weight (absent: the head is tied, lm_head = a copy of the embedding)
+// Tensors: the family's table (names.cpp); GGUF's ne = [in, out] is loom's [out, in] (the same bytes).
+// No output.weight: the head is tied, lm_head = a copy of the embedding.
 // RoPE: llama.cpp's converter permutes HF's q/k rows (rotate-half pairs (i, i + D/2)) into interleaved
 // pairs (2i, 2i + 1) per head, and llama.cpp rotates adjacent pairs; loom's RoPE rotates the same adjacent
 // pairs, so q/k rows are taken as they are (tests/models/llama checks this against transformers' logits).

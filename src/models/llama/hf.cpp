@@ -1,50 +1,16 @@
 #include "models/llama/hf.h"
 
-#include <charconv>
-#include <cstring>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
-#include <set>
 
 #include "io/json.h"
-#include "io/safetensors.h"
 #include "models/hf.h"
+#include "models/llama/names.h"
 
 namespace loom::llama {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using models::hf_float;
-
-namespace {
-
-// Row permutation within each head of a [H*D, C] matrix: out row (h*D + to(j)) = in row (h*D + j).
-Tensor permute_head_rows(const Tensor& w, int64_t num_heads, bool to_rotate_half) {
-  LOOM_CHECK(w.dtype() == DType::F32 && w.shape().ndim() == 2, "RoPE row permutation: expected an f32 [H*D, C] matrix, got ",
-             dtype_name(w.dtype()), " ", w.shape());
-  const int64_t rows = w.shape()[0], C = w.shape()[1];
-  LOOM_CHECK(num_heads > 0 && rows % num_heads == 0 && (rows / num_heads) % 2 == 0, "RoPE row permutation: ", rows,
-             " rows do not split into ", num_heads, " heads of even size");
-  const int64_t D = rows / num_heads;
-  Tensor out = Tensor::empty(w.shape(), DType::F32);
-  const float* src = w.data<float>();
-  float* dst = out.data<float>();
-  for (int64_t h = 0; h < num_heads; ++h) {
-    for (int64_t i = 0; i < D / 2; ++i) {
-      for (int64_t half = 0; half < 2; ++half) {
-        const int64_t interleaved = h * D + 2 * i + half;      // loom: pair i is rows (2i, 2i+1)
-        const int64_t rotate_half = h * D + half * (D / 2) + i;  // HF: pair i is rows (i, i + D/2)
-        const int64_t from = to_rotate_half ? interleaved : rotate_half;
-        const int64_t to = to_rotate_half ? rotate_half : interleaved;
-        std::memcpy(dst + to * C, src + from * C, static_cast<size_t>(C) * sizeof(float));
-      }
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 Config config_from_hf(const json& c, const std::string& path) {
   auto unsupported = [&](const std::string& what) {
@@ -108,71 +74,34 @@ Config config_from_hf(const json& c, const std::string& path) {
   }
 }
 
-Tensor interleaved_to_rotate_half(const Tensor& w, int64_t num_heads) { return permute_head_rows(w, num_heads, true); }
-Tensor rotate_half_to_interleaved(const Tensor& w, int64_t num_heads) { return permute_head_rows(w, num_heads, false); }
+namespace {
+models::RopeRows heads_of(const Tensor& w, int64_t num_heads) {
+  LOOM_CHECK(num_heads > 0 && w.shape().ndim() == 2 && w.shape()[0] % num_heads == 0, "RoPE row permutation: ",
+             w.shape(), " does not split into ", num_heads, " heads");
+  return {num_heads, 0, w.shape()[0] / num_heads};
+}
+}  // namespace
+
+Tensor interleaved_to_rotate_half(const Tensor& w, int64_t num_heads) {
+  return models::reorder_rope_rows(w, heads_of(w, num_heads), /*to_interleaved=*/false);
+}
+Tensor rotate_half_to_interleaved(const Tensor& w, int64_t num_heads) {
+  return models::reorder_rope_rows(w, heads_of(w, num_heads), /*to_interleaved=*/true);
+}
 
 std::string hf_parameter_name(const std::string& n) {
-  static const std::regex layer(R"(layers\.(\d+)\.(.+))");
-  static const std::map<std::string, std::string> within = {
-      {"attn.q_proj.weight", "self_attn.q_proj.weight"},  {"attn.k_proj.weight", "self_attn.k_proj.weight"},
-      {"attn.v_proj.weight", "self_attn.v_proj.weight"},  {"attn.output_proj.weight", "self_attn.o_proj.weight"},
-      {"ffn.w1.weight", "mlp.gate_proj.weight"},          {"ffn.w3.weight", "mlp.up_proj.weight"},
-      {"ffn.w2.weight", "mlp.down_proj.weight"},          {"ln1.weight", "input_layernorm.weight"},
-      {"ln2.weight", "post_attention_layernorm.weight"}};
-  if (n == "token_embeddings.weight") return "model.embed_tokens.weight";
-  if (n == "ln_final.weight") return "model.norm.weight";
-  if (n == "lm_head.weight") return "lm_head.weight";
-  std::smatch m;
-  if (std::regex_match(n, m, layer)) {
-    auto it = within.find(m[2].str());
-    if (it != within.end()) return "model.layers." + m[1].str() + "." + it->second;
-  }
-  LOOM_FAIL("hf_parameter_name: no Hugging Face name for loom parameter '", n, "'");
+  return models::stored_name(tensor_names(), models::TensorFormat::Hf, n);
 }
 
 std::optional<std::string> loom_parameter_name(const std::string& n) {
-  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
-  static const std::map<std::string, std::string> within = {
-      {"self_attn.q_proj.weight", "attn.q_proj.weight"},  {"self_attn.k_proj.weight", "attn.k_proj.weight"},
-      {"self_attn.v_proj.weight", "attn.v_proj.weight"},  {"self_attn.o_proj.weight", "attn.output_proj.weight"},
-      {"mlp.gate_proj.weight", "ffn.w1.weight"},          {"mlp.up_proj.weight", "ffn.w3.weight"},
-      {"mlp.down_proj.weight", "ffn.w2.weight"},          {"input_layernorm.weight", "ln1.weight"},
-      {"post_attention_layernorm.weight", "ln2.weight"}};
-  if (n == "model.embed_tokens.weight") return "token_embeddings.weight";
-  if (n == "model.norm.weight") return "ln_final.weight";
-  if (n == "lm_head.weight") return "lm_head.weight";
-  std::smatch m;
-  if (std::regex_match(n, m, layer)) {
-    auto it = within.find(m[2].str());
-    if (it != within.end()) return "layers." + m[1].str() + "." + it->second;
-  }
-  return std::nullopt;
+  return models::loom_name(tensor_names(), models::TensorFormat::Hf, n);
 }
-
-namespace {
-bool is_qk(const std::string& loom_name) {
-  return loom_name.ends_with("attn.q_proj.weight") || loom_name.ends_with("attn.k_proj.weight");
-}
-// Heads in the rows of a q or k projection: k has the k/v heads (fewer with grouped-query attention).
-int64_t heads_in_rows(const std::string& loom_name, const Config& c) {
-  return loom_name.ends_with("attn.k_proj.weight") ? c.kv_heads() : c.num_heads;
-}
-}  // namespace
 
 void export_hf(const models::LanguageModel& base, const tokenizer::Tokenizer* tok, const std::string& out_dir) {
   const auto* llama_model = dynamic_cast<const TransformerLM*>(&base);
   LOOM_CHECK(llama_model != nullptr, "llama::export_hf: the model is a ", base.arch(), ", not a llama");
-  const TransformerLM& model = *llama_model;
-  const Config& c = model.config();
-  io::NamedTensors tensors;
-  for (nn::Parameter* p : const_cast<TransformerLM&>(model).parameters()) {
-    Tensor v = p->value.detach();
-    if (is_qk(p->name)) v = interleaved_to_rotate_half(v, heads_in_rows(p->name, c));
-    tensors.emplace_back(hf_parameter_name(p->name), v);
-  }
-  io::write_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-
-  std::optional<int64_t> eot = models::hf_end_of_text(tok);
+  const Config& c = llama_model->config();
+  models::hf_write_tensors(base, tensor_names(), out_dir);
   json config = {{"architectures", {"LlamaForCausalLM"}},
                  {"model_type", "llama"},
                  {"hidden_size", c.d_model},
@@ -195,51 +124,14 @@ void export_hf(const models::LanguageModel& base, const tokenizer::Tokenizer* to
                  {"pretraining_tp", 1},
                  {"use_cache", true},
                  {"torch_dtype", "float32"}};
-  json generation = {{"_from_model_config", true}, {"max_length", c.context_length}};
-  if (eot) {
-    config["bos_token_id"] = *eot;
-    config["eos_token_id"] = *eot;
-    generation["bos_token_id"] = *eot;
-    generation["eos_token_id"] = *eot;
-  }
-  models::hf_write_json(fs::path(out_dir) / "config.json", config);
-  models::hf_write_json(fs::path(out_dir) / "generation_config.json", generation);
-  if (tok) models::hf_write_tokenizer(*tok, out_dir, c.context_length, /*gpt2_files=*/false);
+  models::hf_write_configs(out_dir, config, {{"_from_model_config", true}, {"max_length", c.context_length}}, tok,
+                           c.context_length, /*gpt2_files=*/false);
 }
 
 models::HfImport import_hf(const std::string& dir, const json& hf_config) {
-  const fs::path root(dir);
-  const Config cfg = config_from_hf(hf_config, (root / "config.json").string());
-  models::HfImport out;
-  auto model = std::make_unique<TransformerLM>(cfg, 0);
-  std::set<std::string> loaded;
-  std::optional<Tensor> embed;
-  models::hf_for_each_tensor(dir, [&](const io::SafetensorsFile& file, const std::string& hf) {
-    if (hf.ends_with("rotary_emb.inv_freq")) return;  // a buffer older transformers saved, recomputed
-    auto name = loom_parameter_name(hf);
-    LOOM_CHECK(name.has_value(), file.path(), ": tensor '", hf,
-               "' is not part of loom's Llama (biases and other extra weights are not supported)");
-    Tensor v = models::hf_read_as_f32(file, hf);
-    LOOM_CHECK(v.shape() == model->parameter(*name).value.shape(), file.path(), ": '", hf, "' has shape ", v.shape(),
-               " but config.json implies ", model->parameter(*name).value.shape());
-    if (is_qk(*name)) v = rotate_half_to_interleaved(v, heads_in_rows(*name, cfg));
-    if (*name == "token_embeddings.weight") embed = v;
-    model->load_parameter(*name, v);
-    loaded.insert(*name);
-  });
-  if (!loaded.count("lm_head.weight") && embed) {
-    // Tied embeddings (tie_word_embeddings, or a checkpoint that omits lm_head): loom's head is untied, so
-    // it gets a copy, which computes the same logits.
-    model->load_parameter("lm_head.weight", *embed);
-    loaded.insert("lm_head.weight");
-    out.notes.push_back("lm_head.weight is tied to model.embed_tokens.weight: copied into loom's untied lm_head");
-  }
-  for (nn::Parameter* p : model->parameters()) {
-    LOOM_CHECK(loaded.count(p->name), "HF import: \"", dir, "\" has no tensor '", hf_parameter_name(p->name), "'");
-  }
-  out.model = std::move(model);
-  models::hf_read_tokenizer(dir, out);
-  return out;
+  const Config cfg = config_from_hf(hf_config, (fs::path(dir) / "config.json").string());
+  return models::hf_import_model(std::make_unique<TransformerLM>(cfg, 0), tensor_names(), dir,
+                                 {.unknown_hint = " (biases and other extra weights are not supported)"});
 }
 
 }  // namespace loom::llama

@@ -1,20 +1,7 @@
 // Hugging Face Llama directories: export a loom Llama so that transformers loads it as
 // LlamaForCausalLM, and import such a directory (loom's, or one loom did not write) back.
 //
-// Names (loom -> HF):
-//   token_embeddings.weight               model.embed_tokens.weight
-//   layers.N.attn.{q,k,v}_proj.weight     model.layers.N.self_attn.{q,k,v}_proj.weight  (q, k permuted)
-//   layers.N.attn.output_proj.weight      model.layers.N.self_attn.o_proj.weight
-//   layers.N.ffn.w1 / w3 / w2 .weight     model.layers.N.mlp.gate_proj / up_proj / down_proj .weight
-//   layers.N.ln1.weight / ln2.weight      model.layers.N.input_layernorm / post_attention_layernorm .weight
-//   ln_final.weight                       model.norm.weight
-//   lm_head.weight                        lm_head.weight
-// Both store Linear weights as [out, in], so nothing is transposed. RoPE differs: loom rotates the pairs
-// (x[2i], x[2i+1]) of each head, HF's rotate_half the pairs (x[i], x[i+D/2]). Reordering the rows of
-// W_q and W_k within each head (HF row i <- loom row 2i, HF row D/2+i <- loom row 2i+1) makes HF's
-// rotation of the permuted q equal the permuted loom rotation; q.k is unchanged because q and k get the
-// same permutation. This is the inverse of the permute() in transformers'
-// models/llama/convert_llama_weights_to_hf.py (Meta's interleaved checkpoints -> HF).
+// Names: the family's table (names.cpp), q and k rows reordered for HF's rotate-half RoPE.
 //
 // Supported on import: model_type "llama", hidden_act silu, no attention or MLP biases, no rope scaling,
 // grouped-query attention (num_key_value_heads dividing num_attention_heads), head_dim =

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/autograd.h"
-#include "models/llama/fused_decode.h"
+#include "ops/decode_step.h"
 #include "ops/loss.h"
 
 namespace loom::llama {
@@ -40,6 +40,22 @@ TransformerLM::TransformerLM(const Config& config, uint64_t seed)
   }
   positions_cache_ = Tensor::empty({config.context_length}, DType::I32);
   for (int64_t t = 0; t < config.context_length; ++t) positions_cache_.data<int32_t>()[t] = static_cast<int32_t>(t);
+  fused_ = plan_fused_decode(*this);  // f32 weights: unsupported until the Linear layers are quantized
+}
+
+void TransformerLM::on_layers_changed() { fused_ = plan_fused_decode(*this); }
+
+Tensor TransformerLM::fused_decode_step(int32_t token, nn::KVCache& cache) const {
+  LOOM_CHECK(fused_.step != nullptr, "TransformerLM::fused_decode_step: the fused step cannot run this model: ",
+             fused_.unsupported);
+  std::vector<Tensor> k, v;  // per layer [1, Hkv, capacity, D]
+  k.reserve(static_cast<size_t>(cache.num_layers()));
+  v.reserve(static_cast<size_t>(cache.num_layers()));
+  for (int64_t i = 0; i < cache.num_layers(); ++i) {
+    k.push_back(cache.layer(i).k);
+    v.push_back(cache.layer(i).v);
+  }
+  return ops::decode_step(*fused_.step, token, cache.length(), k, v);
 }
 
 Tensor TransformerLM::default_positions(int64_t T) const {
@@ -69,8 +85,8 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, nn::KVCache& cache, bool
   LOOM_CHECK(t >= 1 && start + t <= config_.context_length, "TransformerLM: ", start, " cached + ", t,
              " new tokens exceed context_length ", config_.context_length);
   autograd::NoGradGuard no_grad;
-  if (t == 1 && ids.size(0) == 1 && fused_decode && fused_decode_unsupported(*this).empty()) {
-    Tensor logits = fused_decode_step(*this, ids.data<int32_t>()[0], cache);
+  if (t == 1 && ids.size(0) == 1 && fused_decode && fused_.step) {
+    Tensor logits = fused_decode_step(ids.data<int32_t>()[0], cache);
     cache.advance(1);
     return logits;
   }

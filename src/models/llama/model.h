@@ -11,6 +11,7 @@
 
 #include "nn/kv_cache.h"
 #include "models/llama/config.h"
+#include "models/llama/fused_decode.h"
 #include "models/model.h"
 #include "nn/layers.h"
 
@@ -48,9 +49,19 @@ class TransformerLM : public models::LanguageModel {
   const Config& config() const { return config_; }
 
   // Single-token decoding (forward_cached with B = 1, t = 1) of a model whose Linear layers are all held
-  // quantized runs fused_decode_step (models/llama/fused_decode.h): one parallel region per token instead
-  // of one per op. false takes the op-by-op path, the reference the fused step is tested against.
+  // quantized runs fused_decode_step (ops/decode_step.h): one parallel region per token instead of one
+  // per op. false takes the op-by-op path, the reference the fused step is tested against.
   bool fused_decode = true;
+  // Whether the fused step can run this model: "" when it can, else why not (models/llama/fused_decode.h).
+  // Decided when the model is built and again whenever its layers change (a Linear quantized or not, the
+  // parameters sharded: nn::Module::layers_changed), not per token.
+  const std::string& fused_decode_unsupported() const { return fused_.unsupported; }
+  // The prepared step (null when unsupported): the same object from one change of the layers to the next.
+  const ops::DecodeStep* fused_decode_plan() const { return fused_.step.get(); }
+  // One token at position P = cache.length() (batch 1) by the fused step: returns its logits [1, 1, V]
+  // and writes its keys and values to the cache's row P of every layer; the caller advances the cache.
+  // Refuses a bad token, a full cache, or a model the step cannot run, naming the value or the reason.
+  Tensor fused_decode_step(int32_t token, nn::KVCache& cache) const;
 
   Config config_;
   nn::Embedding token_embeddings;
@@ -58,9 +69,13 @@ class TransformerLM : public models::LanguageModel {
   nn::RMSNorm ln_final;
   nn::Linear lm_head;
 
+ protected:
+  void on_layers_changed() override;
+
  private:
   Tensor default_positions(int64_t T) const;
   mutable Tensor positions_cache_;  // i32 [context_length] = 0..context_length-1
+  FusedDecodePlan fused_;           // plan_fused_decode's, rebuilt by on_layers_changed
 };
 
 }  // namespace loom::llama

@@ -18,6 +18,7 @@
 #include "ops/matmul.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
+#include "ops/optimizer.h"
 #include "ops/rope.h"
 #include "ops/softmax.h"
 #include "train/optimizer.h"
@@ -115,7 +116,11 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
            {"scaled_dot_product_attention", [&] { ops::scaled_dot_product_attention(x, x, x); }},
            {"causal_self_attention", [&] { ops::causal_self_attention(x3, x3, x3, 2); }},
            {"moe_experts", [&] { ops::moe_experts(x, idx2, x2, w13, w13, w2); }},
-           {"global_grad_norm", [&] { train::global_grad_norm({x}); }}}) {
+           // train::global_grad_norm and AdamW go through the optimizer ops, which name themselves.
+           {"sum_of_squares", [&] { train::global_grad_norm({x}); }},
+           {"adamw_update", [&] { ops::adamw_update(x, x, x, x, ops::AdamWStep{}); }},
+           {"scale_", [&] { ops::scale_(x, 2.0f); }},
+           {"convert_", [&] { Tensor dst = test::fake_cuda({4, 8}, DType::BF16); ops::convert_(dst, x); }}}) {
     const std::string m = message_of(f);
     EXPECT_TRUE(contains(m, op + ": ")) << op << ": " << m;
     EXPECT_TRUE(contains(m, "cuda:0")) << op << ": " << m;

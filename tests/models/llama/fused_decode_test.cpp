@@ -12,6 +12,7 @@
 #include "core/parallel.h"
 #include "models/llama/fused_decode.h"
 #include "models/llama/model.h"
+#include "ops/decode_step.h"
 #include "quant/qmatmul.h"
 
 using namespace loom;
@@ -107,7 +108,7 @@ TEST(FusedDecode, FirstTokenIsBitwiseTheOpByOpStep) {
   // give the op-by-op path's bits.
   llama::TransformerLM m(tiny_config(), 7);
   quantize(m);
-  ASSERT_EQ(llama::fused_decode_unsupported(m), "");
+  ASSERT_EQ(m.fused_decode_unsupported(), "");
   for (int threads : {1, 2, 3}) {
     ThreadCount tc(threads);
     for (int32_t token : {0, 5, 103}) {
@@ -171,10 +172,10 @@ TEST(FusedDecode, OneParallelRegionPerToken) {
 
 TEST(FusedDecode, ModelsItCannotRunTakeTheOpByOpPath) {
   llama::TransformerLM m(tiny_config(), 5);
-  EXPECT_EQ(llama::fused_decode_unsupported(m), "layers.0.attn.q_proj.weight is not held quantized");
+  EXPECT_EQ(m.fused_decode_unsupported(), "layers.0.attn.q_proj.weight is not held quantized");
   quantize(m);
   m.layers[1]->ffn.w2.set_quantized(nullptr);
-  EXPECT_EQ(llama::fused_decode_unsupported(m), "layers.1.ffn.w2.weight is not held quantized");
+  EXPECT_EQ(m.fused_decode_unsupported(), "layers.1.ffn.w2.weight is not held quantized");
   // Still decodes (op by op), and its logits are finite.
   ThreadCount tc(2);
   const DecodeRun r = decode(m, true, {1}, {2, 3});
@@ -186,7 +187,7 @@ TEST(FusedDecode, ModelsItCannotRunTakeTheOpByOpPath) {
   c.num_heads = 8;
   llama::TransformerLM odd(c, 5);
   quantize(odd);
-  EXPECT_EQ(llama::fused_decode_unsupported(odd), "head dim 12 is not a multiple of 8");
+  EXPECT_EQ(odd.fused_decode_unsupported(), "head dim 12 is not a multiple of 8");
 }
 
 TEST(FusedDecode, RefusesABadTokenAndAFullCacheByValue) {
@@ -194,7 +195,7 @@ TEST(FusedDecode, RefusesABadTokenAndAFullCacheByValue) {
   quantize(m);
   auto cache = m.make_cache(1);
   try {
-    llama::fused_decode_step(m, 104, cache);
+    m.fused_decode_step(104, cache);
     FAIL() << "token 104 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 104 is outside the vocabulary [0, 104)"), std::string::npos) << e.what();
@@ -202,10 +203,75 @@ TEST(FusedDecode, RefusesABadTokenAndAFullCacheByValue) {
   autograd::NoGradGuard no_grad;
   for (int i = 0; i < tiny_config().context_length; ++i) m.forward_cached(Tensor::from_vector<int32_t>({1, 1}, {1}), cache);
   try {
-    llama::fused_decode_step(m, 1, cache);
+    m.fused_decode_step(1, cache);
     FAIL() << "a step past the context accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("48 cached + 1 new token exceed context_length 48"), std::string::npos) << e.what();
   }
 }
 
+
+TEST(FusedDecode, DecidedWhenTheLayersChangeNotPerToken) {
+  llama::TransformerLM m(tiny_config(), 9);
+  EXPECT_EQ(m.fused_decode_plan(), nullptr);
+  EXPECT_EQ(m.fused_decode_unsupported(), "layers.0.attn.q_proj.weight is not held quantized");
+  quantize(m);
+  // Planned as the last Linear got its quantized weight, before any token.
+  const ops::DecodeStep* plan = m.fused_decode_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(m.fused_decode_unsupported(), "");
+  ThreadCount tc(2);
+  autograd::NoGradGuard no_grad;
+  auto cache = m.make_cache(1);
+  auto step = [&](int32_t token) {
+    const int64_t before = parallel_regions();
+    m.forward_cached(Tensor::from_vector<int32_t>({1, 1}, {token}), cache);
+    return parallel_regions() - before;
+  };
+  for (int32_t t : {3, 4, 5}) EXPECT_EQ(step(t), 1) << "token " << t;
+  EXPECT_EQ(m.fused_decode_plan(), plan);  // the same prepared step for every token
+  // Quantization changed after the first tokens: the next token sees it, without a per-token check.
+  m.layers[0]->ffn.w3.set_quantized(nullptr);
+  EXPECT_EQ(m.fused_decode_plan(), nullptr);
+  EXPECT_EQ(m.fused_decode_unsupported(), "layers.0.ffn.w3.weight is not held quantized");
+  EXPECT_GE(step(6), 7 * tiny_config().num_layers);  // op by op
+  quantize(m);
+  ASSERT_NE(m.fused_decode_plan(), nullptr);
+  EXPECT_EQ(step(7), 1);
+}
+
+TEST(FusedDecode, TheOpRefusesADescriptionOrCachesOfAnotherShapeByValue) {
+  llama::TransformerLM m(tiny_config(), 5);
+  quantize(m);
+  ASSERT_NE(m.fused_decode_plan(), nullptr);
+  ops::DecodeStepWeights w = m.fused_decode_plan()->weights();
+  w.layers[1].ffn_norm = Tensor::zeros({8});
+  try {
+    ops::DecodeStep bad(w);
+    FAIL() << "a [8] ffn_norm accepted for C=64";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.1.ffn_norm is f32[8] on cpu; expected f32 [64]"), std::string::npos)
+        << e.what();
+  }
+  auto batch2 = m.make_cache(2);  // [2, Hkv, 48, D]
+  std::vector<Tensor> k, v;
+  for (int64_t i = 0; i < batch2.num_layers(); ++i) {
+    k.push_back(batch2.layer(i).k);
+    v.push_back(batch2.layer(i).v);
+  }
+  try {
+    ops::decode_step(*m.fused_decode_plan(), 1, 0, k, v);
+    FAIL() << "a batch-2 cache accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0's cache is f32[2, 2, 48, 16] on cpu; expected a batch-1 cache f32 [1, 2, 48, 16]"),
+              std::string::npos)
+        << e.what();
+  }
+  k.pop_back();
+  try {
+    ops::decode_step(*m.fused_decode_plan(), 1, 0, k, v);
+    FAIL() << "one k cache too few accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 k and 2 v caches for 2 layers"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,145 @@
+// The fused decode step (decode_step.h): one team of threads, 5 barriers a layer.
+#include "backends/cpu/decode_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/activation.h"
+#include "backends/cpu/attention.h"
+#include "backends/cpu/norm.h"
+#include "backends/cpu/rope.h"
+#include "core/parallel.h"
+
+namespace loom::cpu {
+
+void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, float* const* k_cache,
+                 float* const* v_cache, float* logits) {
+  const int64_t C = m.C, H = m.H, Hkv = m.Hkv, D = m.D, F = m.F, V = m.V;
+  const int64_t L = static_cast<int64_t>(m.layers.size());
+  quant::best_kernel_path();  // resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw
+
+  const int threads = num_threads();
+  const int64_t group = H / Hkv, half = D / 2;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));  // scaled_dot_product_attention's default
+  // Shared between the team: x [C] the residual stream; q [H*D]; kbuf [Hkv*D]; y [C] the attention's
+  // output; o [C] a projection's output; g, u, h [F].
+  std::vector<float> shared(static_cast<size_t>(C + H * D + Hkv * D + C + C + 3 * F));
+  float* x = shared.data();
+  float* q = x + C;
+  float* kbuf = q + H * D;
+  float* y = kbuf + Hkv * D;
+  float* o = y + C;
+  float* g = o + C;
+  float* u = g + F;
+  float* h = u + F;
+  // Per thread: the normed row [C], its quantized blocks [max(C, F) / 32].
+  const int64_t act_blocks = std::max(C, F) / 32;
+  std::vector<float> xn(static_cast<size_t>(threads * C));
+  std::vector<quant::ActBlock> act(static_cast<size_t>(threads * act_blocks));
+  std::memcpy(x, m.token_embeddings + token * C, static_cast<size_t>(C) * sizeof(float));
+
+  parallel_team(threads, [&](Team& team) {
+    const int r = team.rank();
+    float* my_xn = xn.data() + r * C;
+    quant::ActBlock* my_act = act.data() + r * act_blocks;
+    // out[n] for n in [n0, n1): row n of the matrix times this thread's quantized activations.
+    auto rows = [&](const quant::QuantizedMatrix* w, int64_t n0, int64_t n1, float* out) {
+      quant::quantized_matmul_rows(my_act, 1, *w, n0, n1, out, 0);
+    };
+    // Before a barrier: the first bytes of this thread's next share start loading during the wait.
+    constexpr int64_t kPrefetchBytes = 4096;
+    auto prefetch = [&](const quant::QuantizedMatrix* w, int64_t n0, int64_t n1) {
+      quant::prefetch_matmul_rows(*w, n0, n1, kPrefetchBytes);
+    };
+    auto norm_and_quantize = [&](const float* gain, float eps, const float* in) {
+      rms_norm_forward(my_xn, nullptr, in, gain, 1, C, eps);
+      quant::quantize_activation_rows(my_xn, 1, C, my_act);
+    };
+    const auto [h0, h1] = team.share(H + 2 * Hkv);  // q, k, v heads
+    const auto [a0, a1] = team.share(H);            // attention: query heads
+    const auto [c0, c1] = team.share(C, 16);        // output_proj, w2 rows
+    const auto [f0, f1] = team.share(F, 16);        // w1, w3 rows
+    const auto [v0, v1] = team.share(V, 16);        // head rows
+    // The q/k/v rows of heads [h0, h1) of layer b, by matrix.
+    auto prefetch_qkv = [&](const DecodeLayer& b) {
+      prefetch(b.q_proj, std::min(h0, H) * D, std::min(h1, H) * D);
+      prefetch(b.k_proj, std::clamp(h0 - H, int64_t{0}, Hkv) * D, std::clamp(h1 - H, int64_t{0}, Hkv) * D);
+      prefetch(b.v_proj, std::clamp(h0 - H - Hkv, int64_t{0}, Hkv) * D, std::clamp(h1 - H - Hkv, int64_t{0}, Hkv) * D);
+    };
+    for (int64_t li = 0; li < L; ++li) {
+      const DecodeLayer& b = m.layers[static_cast<size_t>(li)];
+      const float* cos = b.rope_cos + P * half;
+      const float* sin = b.rope_sin + P * half;
+      float* kc = k_cache[li];  // [Hkv, cap, D]
+      float* vc = v_cache[li];
+
+      // 1. q/k/v: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of v_proj.
+      if (li == 0) prefetch_qkv(b);
+      norm_and_quantize(b.attn_norm, b.attn_norm_eps, x);
+      for (int64_t hd = h0; hd < h1; ++hd) {
+        if (hd < H) {
+          float* qh = q + hd * D;
+          rows(b.q_proj, hd * D, (hd + 1) * D, q);
+          rope_rotate_row(qh, qh, cos, sin, D, b.rope_interleaved, /*inverse=*/false);
+        } else if (hd < H + Hkv) {
+          const int64_t j = hd - H;
+          rows(b.k_proj, j * D, (j + 1) * D, kbuf);
+          rope_rotate_row(kc + (j * cap + P) * D, kbuf + j * D, cos, sin, D, b.rope_interleaved, false);
+        } else {
+          const int64_t j = hd - H - Hkv;
+          rows(b.v_proj, j * D, (j + 1) * D, vc + j * cap * D + P * D - j * D);
+        }
+      }
+      team.barrier();
+      // 2. attention of each query head over the cache's rows [0, P] (output_proj's rows load meanwhile).
+      prefetch(b.output_proj, c0, c1);
+      // The flash kernel the op-by-op path runs, on one query row, with the cache's rows read in place
+      // (no copy of the cache per step): bit for bit that path's attention (the 8-bit quantization of
+      // the activations after it turns any other summation order into visibly different logits).
+      for (int64_t hd = a0; hd < a1; ++hd) {
+        const int64_t j = hd / group;
+        AttentionProblem ap;
+        ap.tq = 1;
+        ap.tk = P + 1;
+        ap.d = ap.dv = D;
+        ap.scale = scale;
+        ap.causal = true;
+        ap.q = ap.out = {D, 0, D};
+        ap.k = ap.v = {cap * D, 0, D};
+        float lse;
+        flash_attention_forward(ap, q + hd * D, kc + j * cap * D, vc + j * cap * D, y + hd * D, &lse);
+      }
+      team.barrier();
+      // 3. x += output_proj(y).
+      quant::quantize_activation_rows(y, 1, C, my_act);
+      rows(b.output_proj, c0, c1, o);
+      for (int64_t n = c0; n < c1; ++n) x[n] = x[n] + o[n];
+      prefetch(b.w1, f0, f1);
+      prefetch(b.w3, f0, f1);
+      team.barrier();
+      // 4. h = swiglu(w1 x_n, w3 x_n).
+      norm_and_quantize(b.ffn_norm, b.ffn_norm_eps, x);
+      rows(b.w1, f0, f1, g);
+      rows(b.w3, f0, f1, u);
+      swiglu_forward(h + f0, g + f0, u + f0, f1 - f0);
+      prefetch(b.w2, c0, c1);
+      team.barrier();
+      // 5. x += w2 h.
+      quant::quantize_activation_rows(h, 1, F, my_act);
+      rows(b.w2, c0, c1, o);
+      for (int64_t n = c0; n < c1; ++n) x[n] = x[n] + o[n];
+      if (li + 1 < L) {
+        prefetch_qkv(m.layers[static_cast<size_t>(li + 1)]);
+      } else {
+        prefetch(m.head, v0, v1);
+      }
+      team.barrier();
+    }
+    norm_and_quantize(m.final_norm, m.final_norm_eps, x);
+    rows(m.head, v0, v1, logits);
+  });
+}
+
+}  // namespace loom::cpu

@@ -113,11 +113,10 @@ TrainOutcome run_training(TrainConfig& cfg, const TrainRunOptions& options, cons
     auto step = trainer.resume([&](const std::string& path, const std::string& why) {
       note(str("skipping checkpoint ", path, ": ", why));
     });
-    if (!writer) {
-    } else if (step) {
+    if (step) {
       note(str("resuming from step ", *step, " (",
                (fs::path(runs::checkpoints_dir(out)) / runs::checkpoint_name(*step)).string(), ")"));
-    } else {
+    } else if (writer) {
       run_dir->check_nothing_to_resume();  // only a new or empty directory may start from step 0
       note(str("no checkpoint in ", out, " (a new run): starting from step 0"));
     }

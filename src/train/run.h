@@ -65,7 +65,8 @@ struct TrainOutcome {
   std::string weights_path;        // run_dir/model.safetensors
   bool writer = true;              // this rank wrote the run's files (rank 0, or the only rank)
   // A stop was asked for: before the last step (summary.stopped_early: the run is "interrupted" and
-  // resumes from its last checkpoint), or after it (the training is complete; the samples were skipped).
+  // resumes from its last checkpoint), or, on rank 0, after it (the training is complete and "finished";
+  // the samples were skipped). The command that ran it ends as interrupted either way.
   bool stopped = false;
   int signal = 0;                  // the signal that asked (SIGINT, SIGTERM); 0 when none did
 };

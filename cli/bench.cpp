@@ -1,8 +1,6 @@
 // `loom bench peak`, `train`, `bandwidth` and `qmatmul`: one JSON line each, for the README's performance
 // table and docs/quant.md. `loom bench roofline`: a per-op-family table and roofline.svg (docs/roofline.md).
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/peak.h"
@@ -36,9 +34,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)");
   bw->callback([] {
     const int threads = loom::threads_or_default(bw_threads, "bench bandwidth: --threads");
-    auto r = loom::bench::measure_read_bandwidth(threads, bw_mib << 20);
-    nlohmann::json j = {{"read_gb_per_s", r.gb_per_s}, {"bytes", r.bytes}, {"threads", r.threads}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", loom::bench::measure_read_bandwidth(threads, bw_mib << 20).to_json().c_str());
   });
 
   auto* qm = cmd.add_subcommand("qmatmul", "Time y = x W^T with quantized (or f32) weights read from DRAM");
@@ -61,10 +57,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
     if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2 or avx512-vnni");
     const int threads = loom::threads_or_default(qm_threads, "bench qmatmul: --threads");
     auto r = loom::bench::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
-    nlohmann::json j = {{"type", r.type}, {"path", r.path}, {"M", r.M}, {"N", r.N}, {"K", r.K},
-                        {"us_per_call", r.seconds * 1e6}, {"weight_gb_per_s", r.weight_gb_per_s},
-                        {"gflops", r.gflops}, {"threads", r.threads}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", r.to_json().c_str());
   });
 
   auto* dec = cmd.add_subcommand("decode",
@@ -126,15 +119,9 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
     loom::runs::check_memory(loom::runs::training_step_memory(model, roof_options.batch_size, roof_options.bf16, "--batch"),
                               loom::runs::MemoryBudget::from_setting(""), "bench roofline");
     auto r = loom::bench::bench_roofline(model, roof_options);
-    std::filesystem::create_directories(roof_out);
-    const std::string svg_path = (std::filesystem::path(roof_out) / "roofline.svg").string();
-    std::ofstream svg(svg_path);
-    LOOM_CHECK(svg.good(), "bench roofline: cannot write ", svg_path);
-    svg << r.svg();
-    const std::string json_path = (std::filesystem::path(roof_out) / "roofline.json").string();
-    std::ofstream(json_path) << r.json() << "\n";
+    const auto paths = r.write(roof_out);
     std::printf("%s", r.table().c_str());
-    std::printf("wrote %s and %s\n", svg_path.c_str(), json_path.c_str());
+    std::printf("wrote %s and %s\n", paths[0].c_str(), paths[1].c_str());
   });
 });
 

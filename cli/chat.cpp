@@ -8,11 +8,11 @@
 #include <iterator>
 
 #include "cli/command.h"
+#include "core/error.h"
 #include "generate/chat.h"
-#include "models/gguf.h"
-#include "tokenizer/pretokenizer.h"
-#include "runs/memory.h"
 #include "runs/load.h"
+#include "runs/memory.h"
+#include "tokenizer/text_stream.h"
 
 namespace {
 
@@ -64,44 +64,32 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
     }
     const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
-    auto loaded = a.run.empty() ? loom::runs::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
-                                : loom::runs::load_run(a.run, budget, job);
-    loom::runs::check_memory(job(loaded.model->model_config()), budget, "chat");
+    auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "chat", /*quantized_gguf=*/!a.f32);
     LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
-    std::string jinja = loaded.chat_template;
-    std::optional<loom::tokenizer::TokenId> eos = loaded.eos;
-    if (jinja.empty() && !a.run.empty()) {  // an imported run keeps them in tokenizer_config.json
-      loom::models::GgufExportOptions o;
-      loom::models::read_tokenizer_config(a.run, tok, o);
-      jinja = o.chat_template;
-      if (!eos) eos = o.eos;
-    }
-    auto tmpl = loom::generate::ChatTemplate::from_jinja(jinja);
+    const loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
+    auto tmpl = loom::generate::ChatTemplate::from_jinja(settings.chat_template);
     loom::generate::GenerateOptions g;
     g.max_new_tokens = a.max_new_tokens;
     g.sampling = {a.temperature, a.top_k, a.top_p};
     g.seed = a.seed;
     loom::generate::ChatSession chat(*loaded.model, tok, tmpl,
-                                     a.has_system ? std::optional<std::string>(a.system) : std::nullopt, g, eos);
+                                     a.has_system ? std::optional<std::string>(a.system) : std::nullopt, g,
+                                     settings.eos);
 
     // One turn: stream the reply's complete UTF-8 characters as they come, holding back a character
-    // whose bytes are split across tokens.
+    // whose bytes are split across tokens (tokenizer/text_stream.h).
     auto reply_to = [&](const std::string& user) {
-      std::string bytes;
-      size_t printed = 0;
+      loom::tokenizer::TokenTextStream text(tok);
       g_interrupted.store(false);
       catch_sigint(true);
       loom::generate::ChatSession::Reply r;
       try {
         r = chat.turn(user, [&](int32_t id) {
-          bytes += tok.token_bytes(static_cast<loom::tokenizer::TokenId>(id));
-          size_t complete = printed + loom::tokenizer::valid_utf8_prefix(std::string_view(bytes).substr(printed));
-          if (complete > printed) {
-            std::fwrite(bytes.data() + printed, 1, complete - printed, stdout);
-            std::fflush(stdout);
-            printed = complete;
-          }
+          const std::string complete = text.push(static_cast<loom::tokenizer::TokenId>(id));
+          if (complete.empty()) return;
+          std::fwrite(complete.data(), 1, complete.size(), stdout);
+          std::fflush(stdout);
         }, &g_interrupted);
       } catch (...) {
         catch_sigint(false);
@@ -113,8 +101,7 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
         for (int32_t id : chat.last_prefill()) std::fprintf(stderr, " %d", id);
         std::fprintf(stderr, "\n");
       }
-      std::string rest = loom::tokenizer::replace_invalid_utf8(std::string_view(bytes).substr(printed));
-      std::printf("%s\n", rest.c_str());
+      std::printf("%s\n", text.finish().c_str());
       std::fflush(stdout);
       if (a.stats) {
         const double n = static_cast<double>(chat.last_prefill().size()), d = static_cast<double>(r.tokens.size());

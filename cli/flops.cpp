@@ -1,19 +1,16 @@
 // `loom flops --config C`: parameters, training FLOPs per token (PaLM's 6N + attention and Chinchilla's
 // appendix F), the Chinchilla-optimal token count, and time estimates at a measured throughput.
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "backends/cpu/peak.h"
 #include "cli/command.h"
-#include "core/parallel.h"
 #include "core/error.h"
-#include "train/config.h"
 #include "report/flops.h"
-#include "train/metrics.h"
+#include "train/config.h"
 
 namespace {
 struct Options {
@@ -44,21 +41,14 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
     std::optional<double> tps;
     if (o->tokens_per_s > 0) tps = o->tokens_per_s;
     if (!o->run.empty()) {
-      namespace fs = std::filesystem;
-      if (config_opt->count() == 0 && fs::exists(fs::path(o->run) / "config.json")) {
-        config = (fs::path(o->run) / "config.json").string();
+      if (const std::string saved = loom::report::run_config_file(o->run); config_opt->count() == 0 && !saved.empty()) {
+        config = saved;
       }
-      if (!tps) {
-        tps = loom::train::median_tokens_per_s(loom::train::read_metrics((fs::path(o->run) / "metrics.jsonl").string()));
-        LOOM_CHECK(tps.has_value(), "flops: ", o->run, "/metrics.jsonl has no train events with tokens_per_s");
-      }
+      if (!tps) tps = loom::report::run_tokens_per_s(o->run);
     }
     auto cfg = loom::train::TrainConfig::load(config, o->overrides);
     std::optional<double> peak;
-    if (o->measure_peak) {
-      int threads = cfg.training.threads > 0 ? static_cast<int>(cfg.training.threads) : loom::num_threads();
-      peak = loom::cpu::measure_fma_peak(threads).gflops * 1e9;
-    }
+    if (o->measure_peak) peak = loom::report::measured_peak_flops(cfg);
     LOOM_CHECK(o->tokens >= 0, "flops: --tokens must be >= 0, got ", o->tokens);
     auto report = loom::report::flops_report(cfg, tps, peak, o->tokens > 0 ? std::optional<int64_t>(o->tokens) : std::nullopt);
     if (o->json) {

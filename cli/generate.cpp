@@ -3,10 +3,12 @@
 
 #include "backends/backend.h"
 #include "cli/command.h"
+#include "core/error.h"
 #include "generate/generate.h"
-#include "tokenizer/pretokenizer.h"
-#include "runs/memory.h"
+#include "generate/text.h"
 #include "runs/load.h"
+#include "runs/memory.h"
+#include "tokenizer/text_stream.h"
 
 namespace {
 
@@ -51,40 +53,27 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     // The KV cache of the whole context, checked from the model's config before the model is built.
     const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
-    auto loaded = a.run.empty() ? loom::runs::load_weights(a.weights, budget, job, /*quantized_gguf=*/!a.f32)
-                                : loom::runs::load_run(a.run, budget, job);
-    loom::runs::check_memory(job(loaded.model->model_config()), budget, "generate");  // an HF import's model
+    auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "generate", /*quantized_gguf=*/!a.f32);
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
     const auto& tok = *loaded.tokenizer;
     loom::generate::GenerateOptions o;
     o.max_new_tokens = a.max_new_tokens;
     o.sampling = {a.temperature, a.top_k, a.top_p};
     o.seed = a.seed;
-    if (loaded.eos) {
-      o.stop_token = static_cast<int32_t>(*loaded.eos);  // a GGUF file's end-of-sequence token
-    } else if (auto eot = tok.special_token_id("<|endoftext|>")) {
-      o.stop_token = static_cast<int32_t>(*eot);
-    }
-    std::vector<int32_t> prompt;
-    for (auto id : tok.encode(a.prompt)) prompt.push_back(static_cast<int32_t>(id));
+    o.stop_token = loom::generate::default_stop_token(tok, loaded.eos);  // a GGUF file's eos, else <|endoftext|>
+    const std::vector<int32_t> prompt = loom::generate::prompt_ids(tok, a.prompt);
     LOOM_CHECK(!prompt.empty(), "generate: --prompt is empty (give at least one character to continue)");
     std::printf("%s", a.prompt.c_str());
     std::fflush(stdout);
-    // Stream the text as it comes: print the bytes that form complete UTF-8 characters, hold back a
-    // character whose bytes are split across tokens.
-    std::string bytes;
-    size_t printed = 0;
+    // Stream the text as it comes (a character whose bytes are split across tokens waits for its end).
+    loom::tokenizer::TokenTextStream text(tok);
     loom::generate::generate(*loaded.model, prompt, o, [&](int32_t id) {
-      bytes += tok.token_bytes(static_cast<loom::tokenizer::TokenId>(id));
-      size_t complete = printed + loom::tokenizer::valid_utf8_prefix(std::string_view(bytes).substr(printed));
-      if (complete > printed) {
-        std::fwrite(bytes.data() + printed, 1, complete - printed, stdout);
-        std::fflush(stdout);
-        printed = complete;
-      }
+      const std::string complete = text.push(static_cast<loom::tokenizer::TokenId>(id));
+      if (complete.empty()) return;
+      std::fwrite(complete.data(), 1, complete.size(), stdout);
+      std::fflush(stdout);
     });
-    std::string rest = loom::tokenizer::replace_invalid_utf8(std::string_view(bytes).substr(printed));
-    std::printf("%s\n", rest.c_str());
+    std::printf("%s\n", text.finish().c_str());
   });
 });
 

@@ -2,18 +2,14 @@
 // (model.safetensors under loom's names, tokenizer.json), for generate/eval/export.
 // `loom import --gguf FILE --out RUNDIR`: the same from a GGUF file (models/gguf.h): weights dequantized
 // to f32, the tokenizer from its metadata as tokenizer.json, bos/eos and the chat template in
-// tokenizer_config.json.
+// tokenizer_config.json. Both are runs/import_export.h's.
 #include <cstdio>
-#include <filesystem>
+#include <string>
 
 #include "cli/command.h"
-#include "tokenizer/formats.h"
-#include "models/gguf.h"
-#include "models/hf.h"
-#include "data/provenance.h"
+#include "core/error.h"
+#include "runs/import_export.h"
 #include "runs/memory.h"
-#include "runs/load.h"
-#include "runs/run_dir.h"
 
 namespace {
 
@@ -33,49 +29,17 @@ loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {
     LOOM_CHECK(!a.hf.empty() || !a.gguf.empty(), "import: give --hf DIR or --gguf FILE");
-    // A new or empty directory, or (with --overwrite) one of loom's runs; locked until the end (runs/run_dir.h).
-    auto run_dir = loom::runs::RunDir::claim(a.out, loom::runs::RunKind::Import,
-                                              a.overwrite ? loom::runs::ExistingRun::Overwrite
-                                                          : loom::runs::ExistingRun::Refuse);
+    const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
+    const auto note = [](const std::string& n) { std::fprintf(stderr, "note: %s\n", n.c_str()); };
     if (!a.gguf.empty()) {
-      auto g = loom::models::import_gguf(a.gguf);
-      loom::runs::check_memory(loom::runs::model_memory(g.model->model_config()),
-                                loom::runs::MemoryBudget::from_setting(a.max_memory), "import " + a.gguf);
-      run_dir.start();
-      for (const auto& note : g.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
-      std::filesystem::create_directories(a.out);
-      const auto weights = std::filesystem::path(a.out) / "model.safetensors";
-      loom::runs::save_model_weights(*g.model, weights.string());
-      if (g.tokenizer) {
-        loom::tokenizer::save_hf_json(*g.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
-        loom::models::write_tokenizer_config(a.out, *g.tokenizer, g.bos, g.eos, g.chat_template,
-                                             g.model->model_config().json().value("context_length", int64_t{0}));
-      }
-      run_dir.finish(loom::runs::RunState::Finished);
-      std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
-                   static_cast<long long>(g.model->num_parameters()),
-                   g.tokenizer ? ", tokenizer.json and tokenizer_config.json" : "");
+      const auto r = loom::runs::import_gguf_run(a.gguf, a.out, a.overwrite, budget, note);
+      std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", r.weights_path.c_str(), static_cast<long long>(r.parameters),
+                   r.tokenizer ? ", tokenizer.json and tokenizer_config.json" : "");
       return;
     }
-    // Before anything is built: the model config.json describes must fit (sizes from the headers).
-    loom::runs::check_memory(loom::runs::hf_import_memory(a.hf), loom::runs::MemoryBudget::from_setting(a.max_memory),
-                              "import " + a.hf);
-    auto hf = loom::models::import_hf(a.hf);
-    if (hf.tokenizer) {  // its ids must be rows of the model's embedding table
-      loom::data::TokenizerIdentity tok;
-      tok.path = a.hf + " (tokenizer)";
-      tok.vocab_size = static_cast<int64_t>(hf.tokenizer->vocab_size());
-      loom::data::check_tokenizer_fits_model(tok, hf.model->vocab_size(), a.hf + "/config.json");
-    }
-    run_dir.start();
-    for (const auto& note : hf.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
-    std::filesystem::create_directories(a.out);
-    const auto weights = std::filesystem::path(a.out) / "model.safetensors";
-    loom::runs::save_model_weights(*hf.model, weights.string());
-    if (hf.tokenizer) loom::tokenizer::save_hf_json(*hf.tokenizer, (std::filesystem::path(a.out) / "tokenizer.json").string());
-    run_dir.finish(loom::runs::RunState::Finished);
-    std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", weights.c_str(),
-                 static_cast<long long>(hf.model->num_parameters()), hf.tokenizer ? " and tokenizer.json" : "");
+    const auto r = loom::runs::import_hf_run(a.hf, a.out, a.overwrite, budget, note);
+    std::fprintf(stderr, "wrote %s (%lld parameters)%s\n", r.weights_path.c_str(), static_cast<long long>(r.parameters),
+                 r.tokenizer ? " and tokenizer.json" : "");
   });
 });
 

@@ -130,11 +130,7 @@ void run_train(const TrainArgs& a) {
   }
   options.progress = a.progress || total > (uint64_t{32} << 20);
   Tokenizer tok = train_bpe(a.inputs, options);
-  if (a.out.ends_with(".json")) {
-    save_hf_json(tok, a.out);
-  } else {
-    save_gpt2_files(tok, a.out);
-  }
+  save_tokenizer(tok, a.out);
   std::fprintf(stderr, "train: %zu tokens (%zu merges) -> %s\n", tok.vocab_size(), tok.merges().size(), a.out.c_str());
 }
 

@@ -10,7 +10,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,10 +24,8 @@
 #include "io/safetensors.h"
 #include "train/config.h"
 #include "train/optimizer.h"
-#include "runs/load.h"
 #include "runs/run_dir.h"
-#include "train/stop_signal.h"
-#include "train/run_data.h"
+#include "train/run.h"
 #include "train/trainer.h"
 
 namespace loom::python {
@@ -365,25 +362,18 @@ void bind_train(nb::module_& m) {
                                      : train::TrainConfig::load(source, overrides);
     return cfg.to_json().dump();
   });
-  // What `loom train` does: data, training, DIR/model.safetensors, DIR/tokenizer.json, under the same
-  // run-directory rules (runs/run_dir.h: a new or empty directory, or one of loom's runs with overwrite;
-  // locked while training). Ctrl-C stops cleanly after the current step (the weights are still saved).
+  // What `loom train` does (train::run_training, the same function): data, training,
+  // DIR/model.safetensors, DIR/tokenizer.json, under the same run-directory rules (runs/run_dir.h: a new or
+  // empty directory, or one of loom's runs with overwrite; locked while training), without the console
+  // notes and the samples. Ctrl-C stops cleanly after the current step (the weights are still saved).
   m.def("train", [](const std::string& config_json, const std::string& out, bool overwrite) {
     auto cfg = train::TrainConfig::from_json(io::parse_json(config_json, "config"));
-    train::TrainSummary summary = without_gil([&] {
-      runs::RunDir run_dir = runs::RunDir::claim(
-          out, runs::RunKind::Train, overwrite ? runs::ExistingRun::Overwrite : runs::ExistingRun::Refuse);
-      train::ensure_training_data(cfg, cfg.logging.progress != "none");
-      train::Trainer trainer(cfg, out);
-      run_dir.start();
-      train::StopSignal stop;
-      train::TrainSummary s = trainer.run(&stop);
-      namespace fs = std::filesystem;
-      runs::save_model_weights(trainer.model(), (fs::path(out) / "model.safetensors").string());
-      train::save_run_tokenizer(cfg, out);
-      run_dir.finish(s.stopped_early ? runs::RunState::Interrupted : runs::RunState::Finished, s.steps_completed);
-      return s;
-    });
+    train::TrainRunOptions options;
+    options.out = out;
+    options.existing = overwrite ? runs::ExistingRun::Overwrite : runs::ExistingRun::Refuse;
+    options.data_progress = cfg.logging.progress != "none";
+    options.samples = false;
+    train::TrainSummary summary = without_gil([&] { return train::run_training(cfg, options).summary; });
     return summary_dict(summary);
   }, nb::arg("config_json"), nb::arg("out"), nb::arg("overwrite") = false);
 }

@@ -161,6 +161,17 @@ void quantize_linear(nn::Linear& l, quant::QuantType type) {
 
 }  // namespace
 
+std::string BandwidthResult::to_json() const {
+  return nlohmann::json{{"read_gb_per_s", gb_per_s}, {"bytes", bytes}, {"threads", threads}}.dump();
+}
+
+std::string QuantMatmulBenchResult::to_json() const {
+  nlohmann::json j = {{"type", type}, {"path", path}, {"M", M}, {"N", N}, {"K", K},
+                      {"us_per_call", seconds * 1e6}, {"weight_gb_per_s", weight_gb_per_s},
+                      {"gflops", gflops}, {"threads", threads}};
+  return j.dump();
+}
+
 std::string DecodeBenchResult::to_json() const {
   nlohmann::json j = {{"prefill_tok_per_s", prefill_tok_per_s}, {"decode_tok_per_s", decode_tok_per_s},
                       {"weight_bytes", weight_bytes}, {"decode_weight_gb_per_s", decode_weight_gb_per_s},

@@ -13,6 +13,7 @@ struct BandwidthResult {
   double gb_per_s = 0;  // 1 GB = 1e9 bytes
   int64_t bytes = 0;    // buffer size
   int threads = 0;
+  std::string to_json() const;  // `loom bench bandwidth`'s line
 };
 
 // Sums a `bytes`-sized f32 buffer (much larger than the caches) on `threads` threads, each reading its
@@ -26,6 +27,7 @@ struct QuantMatmulBenchResult {
   double weight_gb_per_s = 0;   // weight bytes / seconds
   double gflops = 0;            // 2*M*N*K / seconds
   int threads = 0;
+  std::string to_json() const;  // `loom bench qmatmul`'s line
 };
 
 // Times quantized_matmul on random weights of `type` ("f32" times the oneDNN f32 GEMM instead, the

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -366,6 +368,17 @@ std::string RooflineReport::json() const {
                              {"memory_bound", r.memory_bound}, {"fraction_of_bound", r.fraction_of_bound}});
   }
   return j.dump(1);
+}
+
+std::vector<std::string> RooflineReport::write(const std::string& out_dir) const {
+  std::filesystem::create_directories(out_dir);
+  const std::string svg_path = (std::filesystem::path(out_dir) / "roofline.svg").string();
+  std::ofstream svg_file(svg_path);
+  LOOM_CHECK(svg_file.good(), "bench roofline: cannot write ", svg_path);
+  svg_file << svg();
+  const std::string json_path = (std::filesystem::path(out_dir) / "roofline.json").string();
+  std::ofstream(json_path) << json() << "\n";
+  return {svg_path, json_path};
 }
 
 std::string RooflineReport::svg() const {

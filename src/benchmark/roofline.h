@@ -74,6 +74,8 @@ struct RooflineReport {
   std::string table() const;  // Markdown
   std::string svg() const;    // log-log roofline, op families as labelled points
   std::string json() const;
+  // Writes out_dir/roofline.svg and out_dir/roofline.json (creating out_dir); returns their paths.
+  std::vector<std::string> write(const std::string& out_dir) const;
 };
 
 // Aggregates a profile of `steps` steps into per-family rows (no roofs yet: bound fields stay 0).

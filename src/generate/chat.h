@@ -1,13 +1,5 @@
-// Chat: a model's chat template, recognised as ChatML, and a conversation kept in the KV cache.
-//
-// The template (GGUF's tokenizer.chat_template, Hugging Face's tokenizer_config.json "chat_template") is
-// Jinja. loom has no Jinja engine: it interprets the small subset ChatML templates are written in (a for
-// loop over messages, if/elif/else, string concatenation, message['role'|'content'], loop.first/last,
-// messages[i], add_generation_prompt, ==, !=, and/or/not), renders probe conversations with it and
-// accepts the template only when every probe is ChatML:
-//   [default system block]<|im_start|>ROLE\nCONTENT<|im_end|>\n ... <|im_start|>assistant\n
-// The default system block is what SmolLM2's template inserts when the conversation has no system
-// message. Anything else (another format, a construct outside the subset) is refused, naming it.
+// Chat: a conversation with a model, kept in the KV cache, in the ChatML format its chat template was
+// recognised as (chat_template.h).
 //
 // Tokens: the control tokens <|im_start|>/<|im_end|> are added as ids; the text between them (role and
 // content, the newline after <|im_end|>) is encoded with no special-token matching, so a user who types
@@ -22,28 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "generate/chat_template.h"
 #include "generate/generate.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::generate {
-
-struct ChatMessage {
-  std::string role, content;
-};
-
-// Renders `messages` with the Jinja subset described above; throws loom::Error naming a construct
-// outside it. Exposed for tests.
-std::string render_chat_template(const std::string& jinja, const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt);
-
-struct ChatTemplate {
-  // The system message the template adds when the conversation has none (SmolLM2's "You are a helpful
-  // AI assistant named SmolLM, ..."); nullopt when it adds none.
-  std::optional<std::string> default_system;
-  // Recognises `jinja` as ChatML by rendering probes; throws loom::Error naming the template otherwise.
-  static ChatTemplate from_jinja(const std::string& jinja);
-};
 
 // One conversation: each turn prefills only the tokens not yet in the cache (the previous reply's
 // end-of-turn token and newline, the user's block, the assistant prefix), then samples the reply.

@@ -1,12 +1,17 @@
 #include "report/flops.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "backends/cpu/peak.h"
+#include "core/error.h"
+#include "core/parallel.h"
 #include "train/config.h"
+#include "train/metrics.h"
 #include "train/progress.h"
 
 namespace loom::report {
@@ -130,6 +135,22 @@ nlohmann::json to_json(const FlopsReport& r) {
   }
   j["peak_flops"] = r.peak_flops;
   return j;
+}
+
+std::string run_config_file(const std::string& run_dir) {
+  const std::filesystem::path p = std::filesystem::path(run_dir) / "config.json";
+  return std::filesystem::exists(p) ? p.string() : "";
+}
+
+double run_tokens_per_s(const std::string& run_dir) {
+  const auto tps = train::median_tokens_per_s(train::read_metrics((std::filesystem::path(run_dir) / "metrics.jsonl").string()));
+  LOOM_CHECK(tps.has_value(), "flops: ", run_dir, "/metrics.jsonl has no train events with tokens_per_s");
+  return *tps;
+}
+
+double measured_peak_flops(const train::TrainConfig& config) {
+  const int threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : num_threads();
+  return cpu::measure_fma_peak(threads).gflops * 1e9;
 }
 
 }  // namespace loom::report

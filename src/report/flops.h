@@ -39,6 +39,15 @@ FlopsReport flops_report(const train::TrainConfig& config, std::optional<double>
 std::string format_flops_report(const FlopsReport& r);
 nlohmann::json to_json(const FlopsReport& r);
 
+// What `loom flops --run DIR` takes from a run directory: its config file (DIR/config.json; "" when
+// it has none), and the median training throughput of DIR/metrics.jsonl (loom::Error naming the file
+// when it has no train events with tokens_per_s).
+std::string run_config_file(const std::string& run_dir);
+double run_tokens_per_s(const std::string& run_dir);
+// The CPU's measured f32 FMA peak, in FLOP/s, on the threads the config trains with (training.threads,
+// else all): the MFU denominator of `loom flops --measure-peak` (0.5 s of measuring).
+double measured_peak_flops(const train::TrainConfig& config);
+
 // 1234567 -> "1,234,567".
 std::string with_commas(const std::string& digits);
 

@@ -105,4 +105,23 @@ LoadedRun load_run(const std::string& dir, const MemoryBudget& memory, const Mod
   return run;
 }
 
+LoadedRun load_for_job(const std::string& run, const std::string& weights, const MemoryBudget& memory,
+                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf) {
+  LoadedRun loaded = run.empty() ? load_weights(weights, memory, job, quantized_gguf) : load_run(run, memory, job);
+  check_memory(job(loaded.model->model_config()), memory, job_name);  // an HF import's model
+  return loaded;
+}
+
+ChatSettings chat_settings(const LoadedRun& loaded, const std::string& run_dir) {
+  ChatSettings s{loaded.chat_template, loaded.eos};
+  if (s.chat_template.empty() && !run_dir.empty()) {  // an imported run keeps them in tokenizer_config.json
+    LOOM_CHECK(loaded.tokenizer.has_value(), "chat: ", run_dir, " has no tokenizer");
+    models::GgufExportOptions o;
+    models::read_tokenizer_config(run_dir, *loaded.tokenizer, o);
+    s.chat_template = o.chat_template;
+    if (!s.eos) s.eos = o.eos;
+  }
+  return s;
+}
+
 }  // namespace loom::runs

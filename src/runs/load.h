@@ -53,4 +53,22 @@ LoadedRun load_run(const std::string& dir, const MemoryBudget& memory = MemoryBu
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = MemoryBudget::of_machine(),
                        const ModelJobMemory& job = model_memory, bool quantized_gguf = false);
 
+// A model for `job`: the run directory `run` when it is given, else `weights` (load_weights; with
+// quantized_gguf a GGUF stays quantized). `job` estimates what the caller will do with the model
+// (generation_memory for generate and chat): it is held to `memory` before the model is built, from the
+// config the files describe, and again after, from the model built (a Hugging Face directory is checked
+// before as its import). `job_name` names the job in that error ("generate", "chat").
+LoadedRun load_for_job(const std::string& run, const std::string& weights, const MemoryBudget& memory,
+                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf = false);
+
+// What a conversation with a model needs beside the weights: its chat template and end-of-sequence token.
+struct ChatSettings {
+  std::string chat_template;                // "" when there is none
+  std::optional<tokenizer::TokenId> eos;
+};
+// A GGUF file's own; for a run directory (`run_dir`, "" for a weights file) without a chat template, the
+// chat template of its tokenizer_config.json (written by `loom import --gguf` and `loom train --weights
+// X.gguf`), and its eos when the weights name none. Needs loaded.tokenizer for that file.
+ChatSettings chat_settings(const LoadedRun& loaded, const std::string& run_dir);
+
 }  // namespace loom::runs

@@ -432,4 +432,12 @@ void save_gpt2_files(const Tokenizer& tok, const std::string& dir) {
   write_file((fs::path(dir) / "merges.txt").string(), to_gpt2_merges_txt(tok));
 }
 
+void save_tokenizer(const Tokenizer& tok, const std::string& path) {
+  if (path.ends_with(".json")) {
+    save_hf_json(tok, path);
+  } else {
+    save_gpt2_files(tok, path);
+  }
+}
+
 }  // namespace loom::tokenizer

@@ -28,6 +28,9 @@ std::string to_gpt2_vocab_json(const Tokenizer& tok);
 std::string to_gpt2_merges_txt(const Tokenizer& tok);
 // Writes dir/vocab.json and dir/merges.txt (creating dir).
 void save_gpt2_files(const Tokenizer& tok, const std::string& dir);
+// The counterpart of load_tokenizer: a path ending in .json gets a Hugging Face tokenizer.json
+// (save_hf_json), anything else is a directory for vocab.json + merges.txt (save_gpt2_files).
+void save_tokenizer(const Tokenizer& tok, const std::string& path);
 
 // sha256 of what load_tokenizer reads at `path`: the file's bytes, or vocab.json's then merges.txt's.
 std::string tokenizer_hash(const std::string& path);

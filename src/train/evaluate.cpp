@@ -4,7 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
+#include "io/safetensors.h"
 #include "ops/loss.h"
+#include "runs/consistency.h"
+#include "runs/load.h"
 
 namespace loom::train {
 
@@ -47,6 +50,37 @@ EvalResult evaluate(const models::LanguageModel& model, const data::TokenFile& t
              ": the model's outputs are not finite (its weights may hold NaN or Inf), so there is no loss to report");
   r.perplexity = std::exp(r.loss);
   return r;
+}
+
+EvalResult evaluate_run(const EvalRunOptions& o, const std::function<void(const std::string&)>& note) {
+  const std::string source = o.run.empty() ? o.weights : o.run;
+  // The whole job's memory, checked from the model's config before the model is built.
+  const bool logits = !o.logits_out.empty();
+  const int64_t context_length = o.context_length;
+  const auto job = [logits, context_length](const models::ModelConfig& m) {
+    return runs::inference_memory(m, 8, context_length, logits ? m.context_length() : 0);
+  };
+  auto loaded = o.run.empty() ? runs::load_weights(o.weights, o.budget, job) : runs::load_run(o.run, o.budget, job);
+  auto tokens = data::TokenFile::open(o.data);
+  // Before any compute: the data was made by the run's tokenizer.
+  const std::string data_note = runs::check_eval_data(loaded, source, o.data);
+  if (!data_note.empty() && note) note(data_note);
+  runs::check_memory(job(loaded.model->model_config()), o.budget, "eval");  // an HF import's model
+  EvalResult r = evaluate(*loaded.model, tokens, o.context_length, o.max_windows);
+  if (logits) write_first_window_logits(*loaded.model, tokens, o.context_length, o.logits_out);
+  return r;
+}
+
+void write_first_window_logits(const models::LanguageModel& model, const data::TokenFile& tokens,
+                               int64_t context_length, const std::string& path) {
+  const int64_t T = context_length > 0 ? context_length : model.context_length();
+  LOOM_CHECK(tokens.size() > T, "eval: --logits-out needs at least ", T + 1, " tokens, the file has ", tokens.size());
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(tokens[i]);
+  Tensor x = Tensor::from_vector<int32_t>({1, T}, ids);
+  autograd::NoGradGuard no_grad;
+  Tensor logits = model.logits(x).detach();
+  io::write_safetensors(path, io::NamedTensors{{"ids", x.view({T})}, {"logits", logits.view({T, logits.shape()[2]})}});
 }
 
 }  // namespace loom::train

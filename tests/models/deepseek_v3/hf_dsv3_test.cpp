@@ -40,30 +40,11 @@ void copy_dir(const fs::path& from, const fs::path& to) {
 
 // A dsv3-tiny-like model with every parameter and routing bias drawn at random (seeded).
 std::unique_ptr<deepseek_v3::DeepSeekV3> random_model() {
-  deepseek_v3::Config c;
-  c.vocab_size = 64;
-  c.context_length = 16;
-  c.d_model = 16;
-  c.num_layers = 3;
-  c.n_dense = 1;
-  c.num_heads = 2;
-  c.q_rank = 8;
-  c.kv_rank = 6;
-  c.d_nope = 4;
-  c.d_rope = 4;
-  c.d_v = 6;
-  c.d_ff = 24;
-  c.n_shared = 1;
-  c.n_routed = 5;
-  c.top_k = 2;
-  c.d_expert = 8;
-  c.route_scale = 1.5f;
-  c.n_mtp = 2;
-  c.gamma = 0.002f;
-  c.alpha_seq = 0.01f;
-  c.mtp_lambda = 0.25f;
-  c.rope_theta = 777.0f;
-  c.norm_eps = 1e-5f;
+  const deepseek_v3::Config c{.vocab_size = 64, .context_length = 16, .d_model = 16, .num_layers = 3, .n_dense = 1,
+                              .num_heads = 2, .q_rank = 8, .kv_rank = 6, .d_nope = 4, .d_rope = 4, .d_v = 6, .d_ff = 24,
+                              .n_shared = 1, .n_routed = 5, .top_k = 2, .d_expert = 8, .route_scale = 1.5f,
+                              .gamma = 0.002f, .alpha_seq = 0.01f, .n_mtp = 2, .mtp_lambda = 0.25f,
+                              .rope_theta = 777.0f, .norm_eps = 1e-5f};
   auto m = std::make_unique<deepseek_v3::DeepSeekV3>(c, 7);
   uint32_t s = 12345;
   auto next = [&] {

@@ -26,17 +26,8 @@ using loom::test::error_of;
 namespace {
 
 gpt2::Config small_config(bool tied, bool biases) {
-  gpt2::Config c;
-  c.vocab_size = 67;
-  c.context_length = 24;
-  c.d_model = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 96;
-  c.norm_eps = 1e-4f;
-  c.qkv_bias = c.output_proj_bias = biases;
-  c.tie_embeddings = tied;
-  return c;
+  return {.vocab_size = 67, .context_length = 24, .d_model = 64, .num_layers = 2, .num_heads = 4, .d_ff = 96,
+      .norm_eps = 1e-4f, .qkv_bias = biases, .output_proj_bias = biases, .tie_embeddings = tied};
 }
 
 // A GPT-2 whose every parameter is distinct random values (so a swapped q/k/v or bias shows).

@@ -108,14 +108,8 @@ TEST(Gpt2Hf, OpenAiLayoutIgnoresTheMaskBuffersAndTiesTheHead) {
 // the biases loom lacks as zeros, and importing gives the same logits.
 TEST(Gpt2Hf, LoomModelRoundTripsWithItsTokenizer) {
   TempDir tmp;
-  gpt2::Config c;
-  c.vocab_size = 300;
-  c.context_length = 16;
-  c.d_model = 16;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.qkv_bias = false;
-  c.tie_embeddings = false;
+  const gpt2::Config c{.vocab_size = 300, .context_length = 16, .d_model = 16, .num_layers = 2, .num_heads = 2,
+                       .qkv_bias = false, .tie_embeddings = false};
   gpt2::GPT2 model(c, 5);
   tokenizer::Tokenizer tok = tokenizer::load_tokenizer(LOOM_SOURCE_DIR "/tests/tokenizer/hf_tokenizer.json");
   models::export_hf(model, &tok, (tmp.path / "hf").string());

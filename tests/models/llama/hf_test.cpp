@@ -34,16 +34,8 @@ const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 nlohmann::json reference() { return test::read_json(kFixtures / "hf_reference.json"); }
 
 llama::Config small_config() {
-  llama::Config c;
-  c.vocab_size = 50;
-  c.context_length = 24;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 48;
-  c.rope_theta = 1000.0f;
-  c.norm_eps = 1e-5f;
-  return c;
+  return {.vocab_size = 50, .context_length = 24, .d_model = 32, .num_layers = 2, .num_heads = 4, .d_ff = 48,
+      .rope_theta = 1000.0f, .norm_eps = 1e-5f};
 }
 
 void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {

@@ -17,27 +17,16 @@
 #include "core/allocator.h"
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "fixture_check.h"
 #include "support/op_test.h"
 
 using namespace loom;
+using test::expect_all_close;
+using test::run_with_grads;
 
 namespace {
 
 const RngKey kKey = RngKey::from_seed(7).fold_in("attn_dropout");
-
-// Output and input gradients of f at (q, k, v) for upstream gradient dy.
-TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv, const Tensor& dy) {
-  TensorList in;
-  for (const Tensor& t : qkv) in.push_back(test::param(t));
-  Tensor y = f(in);
-  autograd::backward(y, dy);
-  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
-}
-
-void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol, const std::string& what) {
-  const char* names[] = {"y", "dq", "dk", "dv"};
-  for (size_t i = 0; i < got.size(); ++i) test::expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
-}
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>(),

@@ -9,6 +9,8 @@
 #include "ops/elementwise.h"
 
 using namespace loom;
+using test::expect_all_close;
+using test::run_with_grads;
 
 namespace {
 
@@ -33,21 +35,6 @@ bool all_finite(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(t.data<float>()[i])) return false;
   return true;
-}
-
-// Output and input gradients of f at (q, k, v) for upstream gradient dy.
-TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv,
-                          const Tensor& dy) {
-  TensorList in;
-  for (const Tensor& t : qkv) in.push_back(test::param(t));
-  Tensor y = f(in);
-  autograd::backward(y, dy);
-  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
-}
-
-void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol, const std::string& what) {
-  const char* names[] = {"y", "dq", "dk", "dv"};
-  for (size_t i = 0; i < got.size(); ++i) test::expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
 }
 
 }  // namespace

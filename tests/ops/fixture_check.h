@@ -1,5 +1,6 @@
 // Shared by the attention-area tests: run an op on fixture inputs, backpropagate the fixture's
-// upstream gradient, and compare output and input gradients with the PyTorch values.
+// upstream gradient, and compare output and input gradients with the PyTorch values; and the same
+// comparison between two attention implementations at (q, k, v).
 #pragma once
 
 #include <functional>
@@ -27,6 +28,23 @@ inline void check_against_fixture(const Fixture& f, const std::string& prefix,
   autograd::backward(y, f.get(prefix + "dy"));
   for (size_t i = 0; i < inputs.size(); ++i)
     expect_close(inputs[i].grad(), f.get(prefix + grad_names[i]), atol, rtol, prefix + grad_names[i]);
+}
+
+// Output and input gradients of f at (q, k, v) for upstream gradient dy.
+inline TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv,
+                                 const Tensor& dy) {
+  TensorList in;
+  for (const Tensor& t : qkv) in.push_back(param(t));
+  Tensor y = f(in);
+  autograd::backward(y, dy);
+  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
+}
+
+// run_with_grads' four results against another run's.
+inline void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol,
+                             const std::string& what) {
+  const char* names[] = {"y", "dq", "dk", "dv"};
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
 }
 
 }  // namespace loom::test

@@ -13,8 +13,10 @@
 #include "nn/sharded.h"
 #include "models/gpt2/model.h"
 #include "models/llama/model.h"
+#include "support/errors.h"
 
 using namespace loom;
+using loom::test::error_of;
 using dist::Mesh;
 using dist::ParallelMode;
 
@@ -119,16 +121,6 @@ void check_layout(const std::vector<dist::ParamInfo>& params, const Mesh& mesh, 
     for (const auto& [offset, count] : blocks) EXPECT_EQ(count, rep);
     for (int c : cover) ASSERT_EQ(c, rep);
   }
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 #include "io/file.h"
 #include "runs/checkpoint.h"
 #include "runs/run_dir.h"
+#include "support/errors.h"
 
 using namespace loom;
+using loom::test::error_of;
 using runs::ExistingRun;
 using runs::RunDir;
 using runs::RunKind;
@@ -49,17 +51,6 @@ void write_loom_checkpoint(const fs::path& run, int64_t step) {
   runs::write_checkpoint(run.string(), step, {{"trainer_state.json", [](const std::string& path) {
                                                   io::write_file_atomically(path, [](io::FileWriter& w) { w.write("{}", 2); });
                                                 }}});
-}
-
-// The error message of `f`, or "" when it does not throw loom::Error.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 nlohmann::json marker_json(const fs::path& run) { return nlohmann::json::parse(read(run / "run.json")); }

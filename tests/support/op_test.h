@@ -3,7 +3,8 @@
 //   * PyTorch reference fixtures: JSON files written by the committed scripts next to them
 //     (tests/<area>/fixtures/make_*.py), loaded with Fixture;
 //   * expect_close with absolute + relative tolerance that reports the worst element;
-//   * gradcheck: analytic gradients from backward() against central finite differences.
+//   * gradcheck: analytic gradients from backward() against central finite differences;
+//   * error_of and EXPECT_HAS (errors.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "support/errors.h"
 
 namespace loom::test {
 
@@ -144,27 +146,6 @@ inline void gradcheck(const std::function<Tensor(const TensorList&)>& f, const T
       EXPECT_NEAR(got, numeric, atol + rtol * std::fabs(numeric))
           << "input " << k << " element " << i << " of " << x.shape();
     }
-  }
-}
-
-// The message of the loom::Error `fn` throws, or "" when it throws none.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Asserts that `fn` throws loom::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 

@@ -14,7 +14,6 @@
 #include <sstream>
 #include <string>
 
-#include "core/allocator.h"
 #include "core/parallel.h"
 #include "ops/attention.h"
 #include "fixture_check.h"
@@ -227,20 +226,9 @@ TEST(AttentionDropout, ZeroPIsBitwiseTheOpWithoutDropout) {
 TEST(AttentionDropout, MemoryStaysLinearInT) {
   // One head, T=4096, forward and backward with dropout: a [T, T] mask or probability matrix alone would
   // be 64 MiB; the kernels' scratch (from the CPU allocator) must stay at a few [T, D] buffers.
-  const int64_t t = 4096, d = 32;
-  TensorList qkv = {test::randn({1, t, d}, 100), test::randn({1, t, d}, 101), test::randn({1, t, d}, 102)};
-  Tensor dy = test::randn({1, t, d}, 103);
-  Allocator& alloc = allocator_for(Device::cpu());
-  const AllocatorStats before = alloc.stats();
-  {
-    auto r = run_with_grads([](const TensorList& in) {
-      return ops::causal_self_attention(in[0], in[1], in[2], 1, std::nullopt, 0, ops::AttentionDropout{0.1f, kKey});
-    }, qkv, dy);
-  }
-  const AllocatorStats after = alloc.stats();
-  const int64_t budget = 32 * t * d * 4;  // 16 MiB: T*T*4 / 4
-  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
-      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
+  test::expect_memory_linear_in_t([](const TensorList& in) {
+    return ops::causal_self_attention(in[0], in[1], in[2], 1, std::nullopt, 0, ops::AttentionDropout{0.1f, kKey});
+  }, 100);
 }
 
 TEST(AttentionDropout, BadPIsAnErrorNamingIt) {

@@ -2,7 +2,6 @@
 #include <cmath>
 
 #include "backends/cpu/attention.h"
-#include "core/allocator.h"
 #include "core/parallel.h"
 #include "fixture_check.h"
 #include "ops/attention.h"
@@ -282,21 +281,9 @@ TEST(Attention, CausalSelfAttentionInvalidInputsNameTheValues) {
 TEST(Attention, CausalMemoryIsLinearInT) {
   // One head, T=4096: a materialised score matrix alone would be T*T*4 = 64 MiB. The flash path's
   // scratch comes from the CPU allocator, so its peak shows in the allocator statistics.
-  const int64_t t = 4096, d = 32;
-  TensorList qkv = {test::randn({1, t, d}, 70), test::randn({1, t, d}, 71), test::randn({1, t, d}, 72)};
-  Tensor dy = test::randn({1, t, d}, 73);
-  Allocator& alloc = allocator_for(Device::cpu());
-  const AllocatorStats before = alloc.stats();
-  {
-    auto r = run_with_grads([](const TensorList& in) {
-      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true);
-    }, qkv, dy);
-  }
-  const AllocatorStats after = alloc.stats();
-  const int64_t budget = 32 * t * d * 4;  // a few dozen [T, D] buffers (16 MiB): T*T*4 / 4
-  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
-      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
-  RecordProperty("peak_growth_bytes", static_cast<int>(after.peak_bytes_in_use - before.bytes_in_use));
+  const int64_t growth = test::expect_memory_linear_in_t(
+      [](const TensorList& in) { return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true); }, 70);
+  RecordProperty("peak_growth_bytes", static_cast<int>(growth));
 }
 
 // ---- grouped-query attention ----------------------------------------------------------------------

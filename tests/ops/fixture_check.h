@@ -1,12 +1,13 @@
 // Shared by the attention-area tests: run an op on fixture inputs, backpropagate the fixture's
 // upstream gradient, and compare output and input gradients with the PyTorch values; and the same
-// comparison between two attention implementations at (q, k, v).
+// comparison between two attention implementations at (q, k, v), and their memory at long T.
 #pragma once
 
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "support/op_test.h"
 
 namespace loom::test {
@@ -45,6 +46,23 @@ inline void expect_all_close(const TensorList& got, const TensorList& want, floa
                              const std::string& what) {
   const char* names[] = {"y", "dq", "dk", "dv"};
   for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
+}
+
+// Runs f (attention over one head) forward and backward at T=4096, D=32, inputs drawn from seeds
+// seed..seed+3, and checks that the CPU allocator's peak grew by at most 32 [T, D] buffers (16 MiB, a
+// quarter of one [T, T] f32 matrix). Returns the growth.
+inline int64_t expect_memory_linear_in_t(const std::function<Tensor(const TensorList&)>& f, uint64_t seed) {
+  const int64_t t = 4096, d = 32;
+  TensorList qkv = {randn({1, t, d}, seed), randn({1, t, d}, seed + 1), randn({1, t, d}, seed + 2)};
+  Tensor dy = randn({1, t, d}, seed + 3);
+  Allocator& alloc = allocator_for(Device::cpu());
+  const AllocatorStats before = alloc.stats();
+  run_with_grads(f, qkv, dy);
+  const AllocatorStats after = alloc.stats();
+  const int64_t budget = 32 * t * d * 4;
+  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
+      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
+  return after.peak_bytes_in_use - before.bytes_in_use;
 }
 
 }  // namespace loom::test

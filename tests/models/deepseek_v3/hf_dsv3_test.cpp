@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -36,6 +38,16 @@ constexpr auto dsv3_of = &test::model_as<deepseek_v3::DeepSeekV3>;
 void copy_dir(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
   for (const auto& e : fs::directory_iterator(from)) fs::copy_file(e.path(), to / e.path().filename());
+}
+
+// Rewrites DIR/model.safetensors with `edit` applied to (copies of) its tensors.
+using Weights = std::map<std::string, Tensor>;
+void edit_weights(const fs::path& dir, const std::function<void(Weights&)>& edit) {
+  Weights tensors;
+  for (auto& [name, t] : io::load_safetensors((dir / "model.safetensors").string())) tensors.emplace(name, t.clone());
+  edit(tensors);
+  io::write_safetensors((dir / "model.safetensors").string(), io::NamedTensors(tensors.begin(), tensors.end()),
+                        {{"format", "pt"}});
 }
 
 // A dsv3-tiny-like model with every parameter and routing bias drawn at random (seeded).
@@ -164,15 +176,9 @@ TEST(Dsv3Hf, RefusesMtpHeadThatIsNotShared) {
   TempDir tmp;
   const fs::path dir = tmp.path / "hf";
   models::export_hf(*m, nullptr, dir.string());
-  auto tensors = io::load_safetensors((dir / "model.safetensors").string());
-  io::NamedTensors out;
-  for (auto& [name, t] : tensors) {
-    Tensor v = t.clone();
-    if (name == "model.layers.3.shared_head.head.weight") v.data<float>()[0] += 1.0f;
-    out.emplace_back(name, v);
-  }
-  io::write_safetensors((dir / "model.safetensors").string(), out, {{"format", "pt"}});
-  EXPECT_NE(hf_import_error(dir).find("model.layers.3.shared_head.head.weight"), std::string::npos) << hf_import_error(dir);
+  edit_weights(dir, [](Weights& w) { w.at("model.layers.3.shared_head.head.weight").data<float>()[0] += 1; });
+  const std::string err = hf_import_error(dir);
+  EXPECT_NE(err.find("model.layers.3.shared_head.head.weight"), std::string::npos) << err;
 }
 
 // DeepSeek's own V3 checkpoint has an MoE block in its MTP layer: the layer is left out with a note, the
@@ -182,11 +188,7 @@ TEST(Dsv3Hf, LeavesOutAnMtpLayerWithAnMoeBlock) {
   TempDir tmp;
   const fs::path dir = tmp.path / "hf";
   models::export_hf(*m, nullptr, dir.string());
-  auto tensors = io::load_safetensors((dir / "model.safetensors").string());
-  io::NamedTensors out;
-  for (auto& [name, t] : tensors) out.emplace_back(name, t);
-  out.emplace_back("model.layers.3.mlp.gate.weight", tensors.at("model.layers.2.mlp.gate.weight"));
-  io::write_safetensors((dir / "model.safetensors").string(), out, {{"format", "pt"}});
+  edit_weights(dir, [](Weights& w) { w["model.layers.3.mlp.gate.weight"] = w.at("model.layers.2.mlp.gate.weight"); });
   models::HfImport hf = models::import_hf(dir.string());
   EXPECT_EQ(dsv3_of(*hf.model).config().n_mtp, 0);
   bool note = false;

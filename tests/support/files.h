@@ -1,4 +1,5 @@
-// Files in tests: a fresh temp folder per test, and fixtures read whole (JSON, raw bytes).
+// Files in tests: a fresh temp folder per test, fixtures read whole (JSON, raw bytes, text), and small
+// files written whole.
 #pragma once
 
 #include <unistd.h>
@@ -39,6 +40,17 @@ inline nlohmann::json read_json(const std::filesystem::path& p) {
 inline std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Writes `text` to `p`, creating its folder first.
+inline void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
 }
 
 }  // namespace loom::test

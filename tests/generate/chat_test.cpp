@@ -9,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "support/cli.h"
 #include "support/files.h"
+#include "support/gguf_files.h"
 #include "runs/load.h"
 
 namespace fs = std::filesystem;
@@ -28,18 +29,11 @@ const std::string kSmolTemplate =
 
 // The tiny GGUF with another chat template.
 std::string with_template(const TempDir& dir, const std::string& name, const std::string& jinja) {
-  gguf::GgufFile f = gguf::GgufFile::open(kTiny);
-  std::vector<gguf::KeyValue> kv = f.header().metadata;
-  std::vector<gguf::TensorEntry> tensors;
-  for (const auto& t : f.header().tensors) {
-    auto b = f.bytes(t.name);
-    tensors.push_back({t.name, t.ne, t.type, b.data(), b.size()});
-  }
-  for (auto& e : kv) {
-    if (e.key == "tokenizer.chat_template") e.value = gguf::Value{jinja};
-  }
-  gguf::write_gguf_file(dir / name, kv, tensors);
-  return dir / name;
+  return test::rewrite_gguf(kTiny, dir / name, [&](std::vector<gguf::KeyValue>& kv, auto&) {
+    for (auto& e : kv) {
+      if (e.key == "tokenizer.chat_template") e.value = gguf::Value{jinja};
+    }
+  });
 }
 
 std::string refusal(const std::string& jinja) {

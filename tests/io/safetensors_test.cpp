@@ -19,10 +19,7 @@ using loom::DType;
 using loom::Shape;
 using loom::Tensor;
 using namespace loom::io;
-using loom::test::TempDir;
-using loom::test::error_of;
-using loom::test::read_json;
-using loom::test::read_bytes;
+using namespace loom::test;
 
 namespace {
 

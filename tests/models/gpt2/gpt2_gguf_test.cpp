@@ -20,8 +20,7 @@
 namespace fs = std::filesystem;
 using namespace loom;
 using loom::quant::QuantType;
-using loom::test::TempDir;
-using loom::test::error_of;
+using namespace loom::test;
 
 namespace {
 

@@ -19,6 +19,7 @@
 #include "models/llama/gguf.h"
 #include "support/cli.h"
 #include "support/files.h"
+#include "support/gguf_files.h"
 #include "support/op_test.h"
 #include "tokenizer/formats.h"
 #include "runs/load.h"
@@ -26,9 +27,7 @@
 namespace fs = std::filesystem;
 using namespace loom;
 using loom::quant::QuantType;
-using loom::test::TempDir;
-using loom::test::error_of;
-using loom::test::read_json;
+using namespace loom::test;
 
 namespace {
 
@@ -40,21 +39,6 @@ Tensor ids_tensor(const std::vector<int32_t>& ids) {
 }
 
 std::vector<tokenizer::TokenId> as_ids(const nlohmann::json& j) { return j.get<std::vector<tokenizer::TokenId>>(); }
-
-// The tiny file with its metadata changed: `edit` gets the key-value list and the tensors.
-std::string rewritten(const TempDir& dir, const std::string& name,
-                      const std::function<void(std::vector<gguf::KeyValue>&, std::vector<gguf::TensorEntry>&)>& edit) {
-  gguf::GgufFile f = gguf::GgufFile::open(kTiny);
-  std::vector<gguf::KeyValue> kv = f.header().metadata;
-  std::vector<gguf::TensorEntry> tensors;
-  for (const auto& t : f.header().tensors) {
-    auto b = f.bytes(t.name);
-    tensors.push_back({t.name, t.ne, t.type, b.data(), b.size()});
-  }
-  edit(kv, tensors);
-  gguf::write_gguf_file(dir / name, kv, tensors);
-  return dir / name;
-}
 
 void set_key(std::vector<gguf::KeyValue>& kv, const std::string& key, gguf::Value v) {
   for (auto& e : kv) {
@@ -201,7 +185,7 @@ TEST(LlamaGguf, QuantizedExportStoresWhatQuantizeGives) {
 TEST(LlamaGguf, RefusesWhatLoomCannotRunNamingIt) {
   TempDir dir;
   auto import_error = [&](const std::string& name, auto edit) {
-    return error_of([&] { models::import_gguf(rewritten(dir, name, edit)); });
+    return error_of([&] { models::import_gguf(test::rewrite_gguf(kTiny, dir / name, edit)); });
   };
   using KV = std::vector<gguf::KeyValue>;
   using TS = std::vector<gguf::TensorEntry>;

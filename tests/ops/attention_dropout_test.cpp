@@ -192,13 +192,7 @@ TEST(AttentionDropout, DeterministicAcrossThreadCounts) {
       return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(c.h), rope, static_cast<int>(c.kv),
                                         ops::AttentionDropout{0.2f, kKey});
     };
-    const int saved = num_threads();
-    TensorList runs[3];
-    for (int n = 1; n <= 3; ++n) {
-      set_num_threads(n);
-      runs[n - 1] = run_with_grads(f, qkv, dy);
-    }
-    set_num_threads(saved);
+    const auto runs = test::run_on_1_2_3_threads(f, qkv, dy);
     for (size_t i = 0; i < runs[0].size(); ++i) {
       EXPECT_TRUE(bitwise_equal(runs[0][i], runs[1][i])) << i;
       EXPECT_TRUE(bitwise_equal(runs[0][i], runs[2][i])) << i;

@@ -235,14 +235,7 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
   auto f = [&](const TensorList& in) {
     return ops::causal_self_attention(in[0], in[1], in[2], 4, ops::RopeOptions{pos, 10000.0f, ops::RopeStyle::Interleaved, {}});
   };
-  const int saved = num_threads();
-  set_num_threads(1);
-  auto one = run_with_grads(f, qkv, dy);
-  set_num_threads(2);
-  auto two = run_with_grads(f, qkv, dy);
-  set_num_threads(3);
-  auto three = run_with_grads(f, qkv, dy);
-  set_num_threads(saved);
+  const auto [one, two, three] = test::run_on_1_2_3_threads(f, qkv, dy);
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(max_abs_diff(one[i], two[i]), 0.0f) << i;
     EXPECT_EQ(max_abs_diff(one[i], three[i]), 0.0f) << i;
@@ -388,13 +381,7 @@ TEST(Attention, GroupedQueryGradcheckAndDeterminism) {
   TensorList qkv = {test::randn({2, 100, 256}, 110), test::randn({2, 100, 64}, 111), test::randn({2, 100, 64}, 112)};
   Tensor dy = test::randn({2, 100, 256}, 113);
   auto f = [&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 8, std::nullopt, 2); };
-  const int saved = num_threads();
-  TensorList runs[3];
-  for (int n = 1; n <= 3; ++n) {
-    set_num_threads(n);
-    runs[n - 1] = run_with_grads(f, qkv, dy);
-  }
-  set_num_threads(saved);
+  const auto runs = test::run_on_1_2_3_threads(f, qkv, dy);
   for (size_t i = 0; i < runs[0].size(); ++i) {
     EXPECT_EQ(max_abs_diff(runs[0][i], runs[1][i]), 0.0f) << i;
     EXPECT_EQ(max_abs_diff(runs[0][i], runs[2][i]), 0.0f) << i;

@@ -3,11 +3,13 @@
 // comparison between two attention implementations at (q, k, v), and their memory at long T.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/parallel.h"
 #include "support/op_test.h"
 
 namespace loom::test {
@@ -39,6 +41,20 @@ inline TensorList run_with_grads(const std::function<Tensor(const TensorList&)>&
   Tensor y = f(in);
   autograd::backward(y, dy);
   return {y, in[0].grad(), in[1].grad(), in[2].grad()};
+}
+
+// run_with_grads on 1, 2 and 3 threads (the thread count restored afterwards), for the checks that
+// results do not depend on it.
+inline std::array<TensorList, 3> run_on_1_2_3_threads(const std::function<Tensor(const TensorList&)>& f,
+                                                      const TensorList& qkv, const Tensor& dy) {
+  const int saved = num_threads();
+  std::array<TensorList, 3> runs;
+  for (int n = 1; n <= 3; ++n) {
+    set_num_threads(n);
+    runs[static_cast<size_t>(n - 1)] = run_with_grads(f, qkv, dy);
+  }
+  set_num_threads(saved);
+  return runs;
 }
 
 // run_with_grads' four results against another run's.

@@ -20,17 +20,13 @@
 #include "support/op_test.h"
 
 using namespace loom;
+using test::bitwise_equal;
 using test::expect_all_close;
 using test::run_with_grads;
 
 namespace {
 
 const RngKey kKey = RngKey::from_seed(7).fold_in("attn_dropout");
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>(),
-                                              [](float x, float y) { return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y); });
-}
 
 Tensor positions(int64_t b, int64_t t, bool per_batch) {
   Tensor pos = Tensor::empty(per_batch ? Shape{b, t} : Shape{t}, DType::I32);

@@ -2,7 +2,8 @@
 //   * random inputs from the counter RNG (randn);
 //   * PyTorch reference fixtures: JSON files written by the committed scripts next to them
 //     (tests/<area>/fixtures/make_*.py), loaded with Fixture;
-//   * expect_close with absolute + relative tolerance that reports the worst element;
+//   * expect_close with absolute + relative tolerance that reports the worst element, and bitwise
+//     equality;
 //   * gradcheck: analytic gradients from backward() against central finite differences;
 //   * error_of and EXPECT_HAS (errors.h).
 #pragma once
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -92,6 +94,17 @@ inline void expect_close(const Tensor& actual, const Tensor& expected, float ato
   EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? pa[worst] : 0)
                       << ", expected " << (worst >= 0 ? pe[worst] : 0) << " (atol " << atol << ", rtol "
                       << rtol << ")";
+}
+
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+inline void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined() && b.defined()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << what << " differs bitwise";
 }
 
 // max |actual - expected| / max |expected|: one error figure per tensor, comparable across tensors of any

@@ -21,6 +21,7 @@
 #include "runs/load.h"
 
 using namespace loom;
+using test::expect_bitwise;
 namespace fs = std::filesystem;
 
 namespace {
@@ -36,12 +37,6 @@ nlohmann::json reference() { return test::read_json(kFixtures / "hf_reference.js
 llama::Config small_config() {
   return {.vocab_size = 50, .context_length = 24, .d_model = 32, .num_layers = 2, .num_heads = 4, .d_ff = 48,
       .rope_theta = 1000.0f, .norm_eps = 1e-5f};
-}
-
-void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << what << " differs";
 }
 
 std::string run_command(const std::string& cmd) {

@@ -47,14 +47,7 @@ double cpu_seconds() {
 }
 
 llama::Config tiny() {
-  llama::Config c;
-  c.vocab_size = 512;
-  c.context_length = 64;
-  c.d_model = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 192;
-  return c;
+  return {.vocab_size = 512, .context_length = 64, .d_model = 64, .num_layers = 2, .num_heads = 4, .d_ff = 192};
 }
 int64_t kBatch = 16;  // --batch
 int64_t kSeq = 64, kVocab = 512;

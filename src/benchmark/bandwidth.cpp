@@ -195,15 +195,9 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
                                  [](const models::ModelConfig& m) { return runs::generation_memory(m); },
                                  /*quantized_gguf=*/true).model;
   } else {
-    llama::Config c;
-    c.vocab_size = o.vocab_size;
-    c.d_model = o.d_model;
-    c.num_layers = o.num_layers;
-    c.num_heads = o.num_heads;
-    c.num_kv_heads = o.num_kv_heads;
-    c.d_ff = o.d_ff;
-    c.rope_theta = 100000.0f;
-    c.context_length = o.prompt_tokens + o.new_tokens;
+    const llama::Config c{.vocab_size = o.vocab_size, .context_length = o.prompt_tokens + o.new_tokens,
+                          .d_model = o.d_model, .num_layers = o.num_layers, .num_heads = o.num_heads,
+                          .num_kv_heads = o.num_kv_heads, .d_ff = o.d_ff, .rope_theta = 100000.0f};
     c.validate();
     synthetic = std::make_unique<llama::TransformerLM>(c, 1);
     const bool quantized = o.weights != "f32";

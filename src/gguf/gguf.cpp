@@ -6,33 +6,18 @@
 
 namespace loom::gguf {
 
-GgufFile GgufFile::open(const std::string& path) {
-  std::shared_ptr<io::MappedFile> mapped = io::MappedFile::open(path);
-  GgufFile file;
-  file.path_ = path;
-  try {
-    file.header_ = parse_gguf(mapped->data(), mapped->size());
-  } catch (const IoError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(str(path, ": ", e.what()));
-  }
-  file.base_ = mapped->data();
-  file.owner_ = std::move(mapped);
-  return file;
-}
+GgufFile GgufFile::open(const std::string& path) { return over(io::FileBytes::mapped(path), path); }
 
 GgufFile GgufFile::from_memory(const uint8_t* data, size_t size, std::string label) {
+  return over(io::FileBytes::copied(data, size), std::move(label));
+}
+
+GgufFile GgufFile::over(io::FileBytes bytes, std::string path) {
   GgufFile file;
-  file.path_ = std::move(label);
-  try {
-    file.header_ = parse_gguf(data, size);
-  } catch (const Error& e) {
-    throw Error(str(file.path_, ": ", e.what()));
-  }
-  auto copy = std::make_shared<std::vector<uint8_t>>(data, data + size);
-  file.base_ = copy->data();
-  file.owner_ = std::move(copy);
+  file.header_ = io::with_file_label(path, [&] { return parse_gguf(bytes.data, bytes.size); });
+  file.path_ = std::move(path);
+  file.base_ = bytes.data;
+  file.owner_ = std::move(bytes.owner);
   return file;
 }
 
@@ -65,13 +50,8 @@ Tensor GgufFile::dequantized(const std::string& name) const {
 void write_gguf_file(const std::string& path, const std::vector<KeyValue>& metadata,
                      const std::vector<TensorEntry>& tensors) {
   io::write_file_atomically(path, [&](io::FileWriter& out) {
-    try {
-      write_gguf([&](const void* p, size_t n) { out.write(p, n); }, metadata, tensors);
-    } catch (const IoError&) {
-      throw;
-    } catch (const Error& e) {
-      throw Error(str(path, ": ", e.what()));
-    }
+    auto write = [&](const void* p, size_t n) { out.write(p, n); };
+    io::with_file_label(path, [&] { write_gguf(write, metadata, tensors); });
   });
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "gguf/format.h"
+#include "io/file.h"
 
 namespace loom::gguf {
 
@@ -41,6 +42,7 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  static GgufFile over(io::FileBytes bytes, std::string path);  // parses; `path` names it in errors
   std::string path_;
   std::shared_ptr<void> owner_;  // keeps the bytes alive: a MappedFile, or a copy of the buffer
   const uint8_t* base_ = nullptr;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "core/error.h"
 
@@ -47,6 +48,18 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+FileBytes FileBytes::mapped(const std::string& path) {
+  std::shared_ptr<MappedFile> file = MappedFile::open(path);
+  FileBytes bytes{nullptr, file->data(), file->size()};
+  bytes.owner = std::move(file);
+  return bytes;
+}
+
+FileBytes FileBytes::copied(const uint8_t* data, size_t size) {
+  auto copy = std::make_shared<std::vector<uint8_t>>(data, data + size);
+  return {copy, copy->data(), copy->size()};
 }
 
 void FileWriter::write(const void* data, size_t bytes) {

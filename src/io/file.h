@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
+
 namespace loom::io {
 
 // A whole file mapped into memory, copy-on-write (MAP_PRIVATE, PROT_READ|PROT_WRITE): tensors that
@@ -32,6 +34,29 @@ class MappedFile {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// A file's bytes for a reader that works in place (safetensors, GGUF): the file mapped, or a private
+// copy of a caller's buffer (which then need not outlive the reader). `owner` keeps them alive.
+struct FileBytes {
+  std::shared_ptr<void> owner;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  static FileBytes mapped(const std::string& path);  // MappedFile::open: an IoError names the path
+  static FileBytes copied(const uint8_t* data, size_t size);
+};
+
+// fn(), with a format error prefixed "LABEL: " (the file's path); an IoError, which names its file
+// already, passes unchanged.
+template <typename Fn>
+auto with_file_label(const std::string& label, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(str(label, ": ", e.what()));
+  }
+}
 
 // Sequential writes to an open file; every error throws loom::IoError naming the path.
 class FileWriter {

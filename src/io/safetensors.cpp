@@ -35,34 +35,21 @@ std::optional<DType> to_loom_dtype(SafetensorsDtype dtype) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  std::shared_ptr<MappedFile> mapped = MappedFile::open(path);
-  SafetensorsFile file;
-  file.path_ = path;
-  try {
-    file.header_ = parse_safetensors_header(mapped->data(), mapped->size());
-  } catch (const IoError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(str(path, ": ", e.what()));
-  }
-  file.base_ = mapped->data();
+  SafetensorsFile file = over(FileBytes::mapped(path), path);
   file.zero_copy_ = true;
-  file.owner_ = std::move(mapped);
   return file;
 }
 
 SafetensorsFile SafetensorsFile::from_memory(const uint8_t* data, size_t size, std::string label) {
+  return over(FileBytes::copied(data, size), std::move(label));
+}
+
+SafetensorsFile SafetensorsFile::over(FileBytes bytes, std::string path) {
   SafetensorsFile file;
-  file.path_ = std::move(label);
-  try {
-    file.header_ = parse_safetensors_header(data, size);
-  } catch (const Error& e) {
-    throw Error(str(file.path_, ": ", e.what()));
-  }
-  // A private copy: the caller's buffer need not outlive this object.
-  auto copy = std::make_shared<std::vector<uint8_t>>(data, data + size);
-  file.base_ = copy->data();
-  file.owner_ = std::move(copy);
+  file.header_ = with_file_label(path, [&] { return parse_safetensors_header(bytes.data, bytes.size); });
+  file.path_ = std::move(path);
+  file.base_ = bytes.data;
+  file.owner_ = std::move(bytes.owner);
   return file;
 }
 

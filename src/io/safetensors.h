@@ -23,7 +23,7 @@
 
 namespace loom::io {
 
-class MappedFile;
+struct FileBytes;
 
 // The safetensors dtype of a loom dtype, and back (nullopt where loom has no such dtype).
 SafetensorsDtype to_safetensors_dtype(DType dtype);
@@ -56,6 +56,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  static SafetensorsFile over(FileBytes bytes, std::string path);  // parses; `path` names it in errors
   std::string path_;
   std::shared_ptr<void> owner_;  // keeps the bytes alive: a MappedFile, or a copy of the buffer
   uint8_t* base_ = nullptr;      // the start of the file's bytes

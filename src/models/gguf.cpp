@@ -145,6 +145,20 @@ void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const ggu
   in.finish(file.path(), notes);
 }
 
+int64_t gguf_positive_key(const gguf::Header& h, const std::string& key) {
+  const uint64_t v = h.get_uint(key);
+  LOOM_CHECK(v >= 1 && v <= (uint64_t{1} << 40), "metadata ", gguf::quoted(key), " is ", v, ", expected a positive size");
+  return static_cast<int64_t>(v);
+}
+
+int64_t gguf_vocab_size(const gguf::Header& h, const std::string& arch) {
+  const std::string key = arch + ".vocab_size";
+  if (h.find(key)) return gguf_positive_key(h, key);
+  const gguf::TensorInfo* e = h.find_tensor("token_embd.weight");
+  LOOM_CHECK(e != nullptr && e->ne.size() == 2, "no ", key, " and no 2-D token_embd.weight to take it from");
+  return static_cast<int64_t>(e->ne[1]);
+}
+
 void write_tokenizer_config(const std::string& dir, const tokenizer::Tokenizer& tok, std::optional<tokenizer::TokenId> bos,
                             std::optional<tokenizer::TokenId> eos, const std::string& chat_template,
                             int64_t model_max_length) {

@@ -11,6 +11,7 @@
 #include "gguf/tokenizer.h"
 #include "models/family.h"
 #include "models/tensor_names.h"
+#include "nn/parameter.h"
 #include "quant/quant.h"
 
 namespace loom::models {
@@ -53,6 +54,31 @@ void gguf_tensors_of(const LanguageModel& model, const TensorTable& table, std::
 // model has no place for, one of the wrong shape, or one it lacks is an error naming it.
 void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const gguf::GgufFile& file,
                        std::vector<std::string>& notes);
+
+// A family's size key: an unsigned integer in [1, 2^40], or an error naming the key and its value.
+int64_t gguf_positive_key(const gguf::Header& h, const std::string& key);
+// The vocabulary of architecture `arch`: ARCH.vocab_size, else the rows of token_embd.weight.
+int64_t gguf_vocab_size(const gguf::Header& h, const std::string& arch);
+
+// A family's model read from `file`: its config (read_config(header); an error names the file), the
+// model built without initializing its parameters, and every tensor loaded through the family's table.
+template <class Model, class ReadConfig>
+std::unique_ptr<Model> gguf_build_model(const gguf::GgufFile& file, ReadConfig read_config, const TensorTable& table,
+                                        std::vector<std::string>& notes) {
+  decltype(read_config(file.header())) cfg;
+  try {
+    cfg = read_config(file.header());
+  } catch (const Error& e) {
+    LOOM_FAIL(file.path(), ": ", e.what());
+  }
+  std::unique_ptr<Model> model;
+  {
+    nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
+    model = std::make_unique<Model>(cfg, 0);
+  }
+  gguf_load_tensors(*model, table, file, notes);
+  return model;
+}
 
 // bos/eos/chat template kept beside an imported tokenizer: DIR/tokenizer_config.json in Hugging Face's
 // form (bos_token, eos_token, chat_template). Written by `loom import --gguf`, read by the GGUF export.

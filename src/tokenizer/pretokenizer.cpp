@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <istream>
 
 #include "core/error.h"
 
@@ -231,6 +232,24 @@ size_t find_split_point(std::string_view buffer, const SpecialTokenMatcher& spec
 }  // namespace loom::tokenizer
 
 namespace loom::tokenizer {
+
+ReadFn read_from(std::string_view text) {
+  auto at = std::make_shared<size_t>(0);
+  return [text, at](char* dst, size_t n) {
+    const size_t k = std::min(n, text.size() - *at);
+    std::memcpy(dst, text.data() + *at, k);
+    *at += k;
+    return k;
+  };
+}
+
+ReadFn read_from(std::istream& in, std::string error) {
+  return [&in, error = std::move(error)](char* dst, size_t n) -> size_t {
+    in.read(dst, static_cast<std::streamsize>(n));
+    if (in.bad()) throw IoError(error);
+    return static_cast<size_t>(in.gcount());
+  };
+}
 
 TextChunker::TextChunker(ReadFn read, const SpecialTokenMatcher& specials, const PreTokenizer& pre, size_t chunk_bytes)
     : read_(std::move(read)), specials_(specials), pre_(pre), match_(pre), chunk_bytes_(chunk_bytes) {

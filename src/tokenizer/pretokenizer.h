@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
@@ -125,6 +126,10 @@ namespace loom::tokenizer {
 
 // Reads up to `n` bytes into `dst`, returns how many (0 at the end).
 using ReadFn = std::function<size_t(char* dst, size_t n)>;
+// The bytes of `text`, which must outlive the reader.
+ReadFn read_from(std::string_view text);
+// The bytes of `in`, which must outlive the reader; a read error throws IoError(`error`).
+ReadFn read_from(std::istream& in, std::string error);
 
 // Cuts a stream into chunks of about `chunk_bytes` at places find_split_point accepts, so that each
 // chunk can be pre-tokenized on its own. A chunk grows past chunk_bytes only while no such place has

@@ -336,16 +336,9 @@ std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
-  size_t at = 0;
-  ReadFn read = [&](char* dst, size_t n) {
-    const size_t k = std::min(n, text.size() - at);
-    std::memcpy(dst, text.data() + at, k);
-    at += k;
-    return k;
-  };
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 16);
-  encode_stream(read, [&](std::span<const TokenId> ids) { out.insert(out.end(), ids.begin(), ids.end()); },
+  encode_stream(read_from(text), [&](std::span<const TokenId> ids) { out.insert(out.end(), ids.begin(), ids.end()); },
                 options);
   return out;
 }
@@ -370,12 +363,7 @@ void Tokenizer::encode_stream(const ReadFn& read, const TokenSink& sink, const E
 }
 
 void Tokenizer::encode_stream(std::istream& in, const TokenSink& sink, const EncodeOptions& options) const {
-  ReadFn read = [&](char* dst, size_t n) -> size_t {
-    in.read(dst, static_cast<std::streamsize>(n));
-    if (in.bad()) throw IoError("encode: error reading the input stream");
-    return static_cast<size_t>(in.gcount());
-  };
-  encode_stream(read, sink, options);
+  encode_stream(read_from(in, "encode: error reading the input stream"), sink, options);
 }
 
 // ---- decoding --------------------------------------------------------------------------------------

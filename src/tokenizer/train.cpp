@@ -235,11 +235,7 @@ Tokenizer train_bpe(const std::vector<std::string>& files, const TrainOptions& o
   for (const std::string& path : files) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(str("train: cannot open ", path, ": ", std::strerror(errno)));
-    ReadFn read = [&](char* dst, size_t n) -> size_t {
-      in.read(dst, static_cast<std::streamsize>(n));
-      if (in.bad()) throw IoError(str("train: error reading ", path));
-      return static_cast<size_t>(in.gcount());
-    };
+    const ReadFn read = read_from(in, str("train: error reading ", path));
     PreTokenCounts c = count_pretokens(read, options.special_tokens, options.threads, options.chunk_bytes, options.progress);
     if (counts.empty()) {
       counts = std::move(c);
@@ -252,15 +248,8 @@ Tokenizer train_bpe(const std::vector<std::string>& files, const TrainOptions& o
 
 Tokenizer train_bpe_on_text(std::string_view text, const TrainOptions& options) {
   validate(options);
-  size_t at = 0;
-  ReadFn read = [&](char* dst, size_t n) {
-    const size_t k = std::min(n, text.size() - at);
-    std::memcpy(dst, text.data() + at, k);
-    at += k;
-    return k;
-  };
   return train_bpe_from_counts(
-      count_pretokens(read, options.special_tokens, options.threads, options.chunk_bytes, options.progress), options);
+      count_pretokens(read_from(text), options.special_tokens, options.threads, options.chunk_bytes, options.progress), options);
 }
 
 }  // namespace loom::tokenizer

@@ -146,13 +146,7 @@ TEST(Plot, LogAxesPlaceDecadesEvenlyAndLeaveOutNonPositivePoints) {
 
 // One small profiled step: enough to exercise every family without timing anything carefully.
 static bench::RooflineOptions quick_options() {
-  bench::RooflineOptions o;
-  o.batch_size = 2;
-  o.steps = 1;
-  o.warmup_steps = 0;
-  o.bandwidth_mib = 8;
-  o.peak_seconds = 0.02;
-  return o;
+  return {.batch_size = 2, .steps = 1, .warmup_steps = 0, .bandwidth_mib = 8, .peak_seconds = 0.02};
 }
 
 TEST(Roofline, TinyPresetFamiliesAddUpToTheModelsFlops) {

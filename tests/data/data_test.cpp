@@ -13,9 +13,11 @@
 #include "core/error.h"
 #include "data/batch.h"
 #include "data/token_file.h"
+#include "support/errors.h"
 
 namespace fs = std::filesystem;
 using loom::RngKey;
+using loom::test::error_of;
 using loom::data::BatchLoader;
 using loom::data::Sampling;
 using loom::data::TokenDType;
@@ -37,16 +39,6 @@ void write_tokens(const fs::path& p, const std::vector<T>& v) {
 }
 
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A file whose token i is i % 60000 (uint16), so every window's content identifies its start.
 struct DataDir {

@@ -1,20 +1,20 @@
 // loom chat: the ChatML template recognised by rendering probes (others refused), the rendered prompt's
 // tokens, the conversation kept in the KV cache, the end-of-turn stop, and the CLI driven through stdin.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
-#include <random>
 
 #include "generate/chat.h"
 #include "gguf/gguf.h"
 #include "support/cli.h"
+#include "support/files.h"
+#include "support/gguf_files.h"
 #include "runs/load.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
+using loom::test::TempDir;
 
 namespace {
 
@@ -27,31 +27,13 @@ const std::string kSmolTemplate =
     "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("loom_chat_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 // The tiny GGUF with another chat template.
 std::string with_template(const TempDir& dir, const std::string& name, const std::string& jinja) {
-  gguf::GgufFile f = gguf::GgufFile::open(kTiny);
-  std::vector<gguf::KeyValue> kv = f.header().metadata;
-  std::vector<gguf::TensorEntry> tensors;
-  for (const auto& t : f.header().tensors) {
-    auto b = f.bytes(t.name);
-    tensors.push_back({t.name, t.ne, t.type, b.data(), b.size()});
-  }
-  for (auto& e : kv) {
-    if (e.key == "tokenizer.chat_template") e.value = gguf::Value{jinja};
-  }
-  gguf::write_gguf_file(dir.file(name), kv, tensors);
-  return dir.file(name);
+  return test::rewrite_gguf(kTiny, dir / name, [&](std::vector<gguf::KeyValue>& kv, auto&) {
+    for (auto& e : kv) {
+      if (e.key == "tokenizer.chat_template") e.value = gguf::Value{jinja};
+    }
+  });
 }
 
 std::string refusal(const std::string& jinja) {
@@ -185,8 +167,8 @@ TEST(Chat, RefusesATurnThatDoesNotFitTheContext) {
 TEST(Chat, CliReadsStdinPrintsOnlyTheReplyAndRefusesUnknownTemplates) {
   TempDir dir;
   const std::string gguf = with_template(dir, "smol.gguf", kSmolTemplate);
-  { std::ofstream(dir.file("in.txt")) << "hello there\n"; }
-  const std::string args = " --temperature 0 --max-new-tokens 5 < " + dir.file("in.txt");
+  { std::ofstream(dir / "in.txt") << "hello there\n"; }
+  const std::string args = " --temperature 0 --max-new-tokens 5 < " + dir / "in.txt";
   auto r = test::run_cli("chat --weights " + gguf + args, /*with_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.output;
   // The reply is the session's greedy reply, decoded.

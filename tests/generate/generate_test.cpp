@@ -8,14 +8,7 @@ using namespace loom;
 
 namespace {
 llama::Config small_config() {
-  llama::Config c;
-  c.vocab_size = 41;
-  c.context_length = 12;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 48;
-  return c;
+  return {.vocab_size = 41, .context_length = 12, .d_model = 32, .num_layers = 2, .num_heads = 4, .d_ff = 48};
 }
 }  // namespace
 

@@ -2,55 +2,26 @@
 // and a corpus of malformed files. Both come from make_fixtures.py beside this file.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "gguf/gguf.h"
+#include "support/files.h"
+#include "support/gguf_files.h"
+#include "support/op_test.h"
 
 namespace fs = std::filesystem;
 using namespace loom::gguf;
 using loom::quant::QuantType;
+using namespace loom::test;
 
 namespace {
 
 const fs::path kCorpus = fs::path(LOOM_TEST_DIR) / "corpus";
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-
-std::vector<uint8_t> read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("loom_gguf_test_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // gguf's Python reader names types "UINT32", "ARRAY", ...
 std::string python_type_name(ValueType t) {
@@ -191,14 +162,7 @@ TEST(GgufFormat, WriterRoundTripsTheGgufPackagesFilesByteForByte) {
   for (const auto& entry : fs::directory_iterator(kCorpus / "valid")) {
     SCOPED_TRACE(entry.path().filename().string());
     const std::vector<uint8_t> bytes = read_bytes(entry.path());
-    GgufFile f = GgufFile::open(entry.path().string());
-    std::vector<TensorEntry> tensors;
-    for (const TensorInfo& t : f.header().tensors) {
-      auto b = f.bytes(t.name);
-      tensors.push_back({t.name, t.ne, t.type, b.data(), b.size()});
-    }
-    const std::string out = dir.file("out.gguf");
-    write_gguf_file(out, f.header().metadata, tensors);
+    const std::string out = rewrite_gguf(entry.path().string(), dir / "out.gguf");
     // Same layout as gguf.GGUFWriter: metadata and tensors in order, each tensor aligned and padded.
     EXPECT_EQ(read_bytes(out), bytes);
   }
@@ -223,15 +187,15 @@ TEST(GgufFormat, WrittenFilesAreAtomicAndHonourTheAlignment) {
   const float x[3] = {1.5f, -2.0f, 0.25f};
   std::vector<KeyValue> kv = {{"general.alignment", Value{uint32_t{128}}}, {"s", Value{std::string("x")}},
                               {"list", string_array({"a", "bc"})}};
-  write_gguf_file(dir.file("a.gguf"), kv, {{"t1", {3}, QuantType::F32, x, 12}, {"t2", {1, 3}, QuantType::F32, x, 12}});
-  GgufFile f = GgufFile::open(dir.file("a.gguf"));
+  write_gguf_file(dir / "a.gguf", kv, {{"t1", {3}, QuantType::F32, x, 12}, {"t2", {1, 3}, QuantType::F32, x, 12}});
+  GgufFile f = GgufFile::open(dir / "a.gguf");
   EXPECT_EQ(f.header().alignment, 128u);
   EXPECT_EQ(f.header().data_start % 128, 0u);
   EXPECT_EQ(f.info("t2").offset, 128u);
   EXPECT_EQ(f.dequantized("t2").data<float>()[2], 0.25f);
   EXPECT_EQ(f.header().get_array("list").string(1), "bc");
   // A refused write leaves the old file and no temporary behind.
-  EXPECT_NE(error_of([&] { write_gguf_file(dir.file("a.gguf"), kv, {{"t", {3}, QuantType::F32, x, 4}}); }), "(no error)");
-  EXPECT_EQ(GgufFile::open(dir.file("a.gguf")).header().tensors.size(), 2u);
+  EXPECT_NE(error_of([&] { write_gguf_file(dir / "a.gguf", kv, {{"t", {3}, QuantType::F32, x, 4}}); }), "");
+  EXPECT_EQ(GgufFile::open(dir / "a.gguf").header().tensors.size(), 2u);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1);
 }

@@ -26,8 +26,6 @@ std::string nested(size_t depth, char open = '[', char close = ']') {
   return std::string(depth, open) + std::string(depth, close);
 }
 
-#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg)
-
 }  // namespace
 
 TEST(JsonLimits, DepthUpToTheLimitParses) {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/safetensors_format.h"
+#include "support/errors.h"
 
 using namespace loom::io;
 
@@ -32,8 +33,6 @@ std::string error_of(const std::vector<uint8_t>& file) {
   }
   return "(no error)";
 }
-
-#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
 
 const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
 

@@ -2,8 +2,6 @@
 // corpus of malformed files. Both come from make_corpus.py beside this file.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,49 +11,20 @@
 
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "support/files.h"
+#include "support/op_test.h"
 
 namespace fs = std::filesystem;
 using loom::DType;
 using loom::Shape;
 using loom::Tensor;
 using namespace loom::io;
+using namespace loom::test;
 
 namespace {
 
 const fs::path kCorpus = fs::path(LOOM_TEST_DIR) / "corpus";
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-
-std::vector<uint8_t> read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("loom_safetensors_test_" + std::to_string(getpid()) + "_" +
-                                        std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 template <typename T>
 std::vector<T> bytes_as(std::span<const uint8_t> bytes) {
@@ -222,8 +191,8 @@ NamedTensors reference_loom_tensors() {
 TEST(SafetensorsReference, WriterReproducesTheReferenceFileByteForByte) {
   TempDir dir;
   // Given in the fixture's (name) order: the writer must find the reference's layout on its own.
-  write_safetensors(dir.file("out.safetensors"), reference_loom_tensors());
-  EXPECT_EQ(read_bytes(dir.file("out.safetensors")),
+  write_safetensors(dir / "out.safetensors", reference_loom_tensors());
+  EXPECT_EQ(read_bytes(dir / "out.safetensors"),
             read_bytes(kCorpus / "valid" / "reference_loom_dtypes.safetensors"));
 }
 
@@ -267,7 +236,7 @@ TEST(SafetensorsWriter, RoundTripIsBitwiseIdentical) {
       {"名前 \"quoted\"", random_tensor({2}, DType::F32)},
   };
   const std::map<std::string, std::string> meta = {{"step", "100"}, {"note", "café ✓ \"q\" \n"}};
-  const std::string path = dir.file("model.safetensors");
+  const std::string path = dir / "model.safetensors";
   write_safetensors(path, tensors, meta);
 
   const SafetensorsFile file = SafetensorsFile::open(path);
@@ -287,13 +256,13 @@ TEST(SafetensorsWriter, RoundTripIsBitwiseIdentical) {
   }
   // Deterministic: the same tensors given in another order give the same bytes.
   NamedTensors reversed(tensors.rbegin(), tensors.rend());
-  write_safetensors(dir.file("again.safetensors"), reversed, meta);
-  EXPECT_EQ(read_bytes(path), read_bytes(dir.file("again.safetensors")));
+  write_safetensors(dir / "again.safetensors", reversed, meta);
+  EXPECT_EQ(read_bytes(path), read_bytes(dir / "again.safetensors"));
 }
 
 TEST(SafetensorsWriter, MappedTensorsAreCopyOnWriteAndOutliveTheFileObject) {
   TempDir dir;
-  const std::string path = dir.file("w.safetensors");
+  const std::string path = dir / "w.safetensors";
   write_safetensors(path, std::map<std::string, Tensor>{
                               {"w", Tensor::from_vector<float>({4}, {1.0f, 2.0f, 3.0f, 4.0f})}});
   Tensor w;
@@ -318,8 +287,8 @@ TEST(SafetensorsWriter, KeepsAFormatTheCallerSetsAndWritesRawEntries) {
   const std::vector<int64_t> step = {42, -7};
   const std::vector<SafetensorsEntry> entries = {
       {"step", SafetensorsDtype::I64, {2}, step.data(), 16}, {"none", SafetensorsDtype::F16, {0}, nullptr, 0}};
-  write_safetensors(dir.file("raw.safetensors"), entries, {{"format", "mlx"}});
-  const SafetensorsFile file = SafetensorsFile::open(dir.file("raw.safetensors"));
+  write_safetensors(dir / "raw.safetensors", entries, {{"format", "mlx"}});
+  const SafetensorsFile file = SafetensorsFile::open(dir / "raw.safetensors");
   EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"format", "mlx"}}));
   EXPECT_EQ(bytes_as<int64_t>(file.bytes("step")), step);
   EXPECT_EQ(file.info("none").nbytes(), 0u);
@@ -327,7 +296,7 @@ TEST(SafetensorsWriter, KeepsAFormatTheCallerSetsAndWritesRawEntries) {
 
 TEST(SafetensorsWriter, RefusesWhatCannotBeWritten) {
   TempDir dir;
-  const std::string path = dir.file("bad.safetensors");
+  const std::string path = dir / "bad.safetensors";
   const Tensor t = Tensor::zeros({2});
   EXPECT_NE(error_of([&] { write_safetensors(path, NamedTensors{{"a", t}, {"a", t}}); })
                 .find("two tensors are named 'a'"),
@@ -350,7 +319,7 @@ TEST(SafetensorsWriter, RefusesWhatCannotBeWritten) {
 
 TEST(AtomicWrite, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   TempDir dir;
-  const std::string path = dir.file("f.bin");
+  const std::string path = dir / "f.bin";
   write_file_atomically(path, [](FileWriter& w) { w.write("old", 3); });
   EXPECT_THROW(write_file_atomically(path,
                                      [](FileWriter& w) {
@@ -360,8 +329,8 @@ TEST(AtomicWrite, AFailedWriteLeavesTheOldFileAndNoTemporary) {
                loom::IoError);
   EXPECT_EQ(read_bytes(path), (std::vector<uint8_t>{'o', 'l', 'd'}));
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1);
-  EXPECT_THROW(write_file_atomically(dir.file("missing/f.bin"), [](FileWriter&) {}), loom::IoError);
-  EXPECT_THROW(MappedFile::open(dir.file("nope")), loom::IoError);
+  EXPECT_THROW(write_file_atomically(dir / "missing/f.bin", [](FileWriter&) {}), loom::IoError);
+  EXPECT_THROW(MappedFile::open(dir / "nope"), loom::IoError);
 }
 
 }  // namespace

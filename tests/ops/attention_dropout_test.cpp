@@ -14,35 +14,19 @@
 #include <sstream>
 #include <string>
 
-#include "core/allocator.h"
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "fixture_check.h"
 #include "support/op_test.h"
 
 using namespace loom;
+using test::bitwise_equal;
+using test::expect_all_close;
+using test::run_with_grads;
 
 namespace {
 
 const RngKey kKey = RngKey::from_seed(7).fold_in("attn_dropout");
-
-// Output and input gradients of f at (q, k, v) for upstream gradient dy.
-TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv, const Tensor& dy) {
-  TensorList in;
-  for (const Tensor& t : qkv) in.push_back(test::param(t));
-  Tensor y = f(in);
-  autograd::backward(y, dy);
-  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
-}
-
-void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol, const std::string& what) {
-  const char* names[] = {"y", "dq", "dk", "dv"};
-  for (size_t i = 0; i < got.size(); ++i) test::expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>(),
-                                              [](float x, float y) { return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y); });
-}
 
 Tensor positions(int64_t b, int64_t t, bool per_batch) {
   Tensor pos = Tensor::empty(per_batch ? Shape{b, t} : Shape{t}, DType::I32);
@@ -204,13 +188,7 @@ TEST(AttentionDropout, DeterministicAcrossThreadCounts) {
       return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(c.h), rope, static_cast<int>(c.kv),
                                         ops::AttentionDropout{0.2f, kKey});
     };
-    const int saved = num_threads();
-    TensorList runs[3];
-    for (int n = 1; n <= 3; ++n) {
-      set_num_threads(n);
-      runs[n - 1] = run_with_grads(f, qkv, dy);
-    }
-    set_num_threads(saved);
+    const auto runs = test::run_on_1_2_3_threads(f, qkv, dy);
     for (size_t i = 0; i < runs[0].size(); ++i) {
       EXPECT_TRUE(bitwise_equal(runs[0][i], runs[1][i])) << i;
       EXPECT_TRUE(bitwise_equal(runs[0][i], runs[2][i])) << i;
@@ -238,20 +216,9 @@ TEST(AttentionDropout, ZeroPIsBitwiseTheOpWithoutDropout) {
 TEST(AttentionDropout, MemoryStaysLinearInT) {
   // One head, T=4096, forward and backward with dropout: a [T, T] mask or probability matrix alone would
   // be 64 MiB; the kernels' scratch (from the CPU allocator) must stay at a few [T, D] buffers.
-  const int64_t t = 4096, d = 32;
-  TensorList qkv = {test::randn({1, t, d}, 100), test::randn({1, t, d}, 101), test::randn({1, t, d}, 102)};
-  Tensor dy = test::randn({1, t, d}, 103);
-  Allocator& alloc = allocator_for(Device::cpu());
-  const AllocatorStats before = alloc.stats();
-  {
-    auto r = run_with_grads([](const TensorList& in) {
-      return ops::causal_self_attention(in[0], in[1], in[2], 1, std::nullopt, 0, ops::AttentionDropout{0.1f, kKey});
-    }, qkv, dy);
-  }
-  const AllocatorStats after = alloc.stats();
-  const int64_t budget = 32 * t * d * 4;  // 16 MiB: T*T*4 / 4
-  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
-      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
+  test::expect_memory_linear_in_t([](const TensorList& in) {
+    return ops::causal_self_attention(in[0], in[1], in[2], 1, std::nullopt, 0, ops::AttentionDropout{0.1f, kKey});
+  }, 100);
 }
 
 TEST(AttentionDropout, BadPIsAnErrorNamingIt) {

@@ -2,13 +2,14 @@
 #include <cmath>
 
 #include "backends/cpu/attention.h"
-#include "core/allocator.h"
 #include "core/parallel.h"
 #include "fixture_check.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 
 using namespace loom;
+using test::expect_all_close;
+using test::run_with_grads;
 
 namespace {
 
@@ -33,21 +34,6 @@ bool all_finite(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(t.data<float>()[i])) return false;
   return true;
-}
-
-// Output and input gradients of f at (q, k, v) for upstream gradient dy.
-TensorList run_with_grads(const std::function<Tensor(const TensorList&)>& f, const TensorList& qkv,
-                          const Tensor& dy) {
-  TensorList in;
-  for (const Tensor& t : qkv) in.push_back(test::param(t));
-  Tensor y = f(in);
-  autograd::backward(y, dy);
-  return {y, in[0].grad(), in[1].grad(), in[2].grad()};
-}
-
-void expect_all_close(const TensorList& got, const TensorList& want, float atol, float rtol, const std::string& what) {
-  const char* names[] = {"y", "dq", "dk", "dv"};
-  for (size_t i = 0; i < got.size(); ++i) test::expect_close(got[i], want[i], atol, rtol, what + " " + names[i]);
 }
 
 }  // namespace
@@ -249,14 +235,7 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
   auto f = [&](const TensorList& in) {
     return ops::causal_self_attention(in[0], in[1], in[2], 4, ops::RopeOptions{pos, 10000.0f, ops::RopeStyle::Interleaved, {}});
   };
-  const int saved = num_threads();
-  set_num_threads(1);
-  auto one = run_with_grads(f, qkv, dy);
-  set_num_threads(2);
-  auto two = run_with_grads(f, qkv, dy);
-  set_num_threads(3);
-  auto three = run_with_grads(f, qkv, dy);
-  set_num_threads(saved);
+  const auto [one, two, three] = test::run_on_1_2_3_threads(f, qkv, dy);
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(max_abs_diff(one[i], two[i]), 0.0f) << i;
     EXPECT_EQ(max_abs_diff(one[i], three[i]), 0.0f) << i;
@@ -295,21 +274,9 @@ TEST(Attention, CausalSelfAttentionInvalidInputsNameTheValues) {
 TEST(Attention, CausalMemoryIsLinearInT) {
   // One head, T=4096: a materialised score matrix alone would be T*T*4 = 64 MiB. The flash path's
   // scratch comes from the CPU allocator, so its peak shows in the allocator statistics.
-  const int64_t t = 4096, d = 32;
-  TensorList qkv = {test::randn({1, t, d}, 70), test::randn({1, t, d}, 71), test::randn({1, t, d}, 72)};
-  Tensor dy = test::randn({1, t, d}, 73);
-  Allocator& alloc = allocator_for(Device::cpu());
-  const AllocatorStats before = alloc.stats();
-  {
-    auto r = run_with_grads([](const TensorList& in) {
-      return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true);
-    }, qkv, dy);
-  }
-  const AllocatorStats after = alloc.stats();
-  const int64_t budget = 32 * t * d * 4;  // a few dozen [T, D] buffers (16 MiB): T*T*4 / 4
-  EXPECT_LE(after.peak_bytes_in_use, std::max(before.peak_bytes_in_use, before.bytes_in_use + budget))
-      << "peak grew by " << (after.peak_bytes_in_use - before.bytes_in_use) << " bytes";
-  RecordProperty("peak_growth_bytes", static_cast<int>(after.peak_bytes_in_use - before.bytes_in_use));
+  const int64_t growth = test::expect_memory_linear_in_t(
+      [](const TensorList& in) { return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true); }, 70);
+  RecordProperty("peak_growth_bytes", static_cast<int>(growth));
 }
 
 // ---- grouped-query attention ----------------------------------------------------------------------
@@ -414,13 +381,7 @@ TEST(Attention, GroupedQueryGradcheckAndDeterminism) {
   TensorList qkv = {test::randn({2, 100, 256}, 110), test::randn({2, 100, 64}, 111), test::randn({2, 100, 64}, 112)};
   Tensor dy = test::randn({2, 100, 256}, 113);
   auto f = [&](const TensorList& in) { return ops::causal_self_attention(in[0], in[1], in[2], 8, std::nullopt, 2); };
-  const int saved = num_threads();
-  TensorList runs[3];
-  for (int n = 1; n <= 3; ++n) {
-    set_num_threads(n);
-    runs[n - 1] = run_with_grads(f, qkv, dy);
-  }
-  set_num_threads(saved);
+  const auto runs = test::run_on_1_2_3_threads(f, qkv, dy);
   for (size_t i = 0; i < runs[0].size(); ++i) {
     EXPECT_EQ(max_abs_diff(runs[0][i], runs[1][i]), 0.0f) << i;
     EXPECT_EQ(max_abs_diff(runs[0][i], runs[2][i]), 0.0f) << i;

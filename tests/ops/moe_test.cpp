@@ -17,6 +17,7 @@
 #include "support/op_test.h"
 
 using namespace loom;
+using test::expect_bitwise;
 
 namespace {
 
@@ -29,13 +30,6 @@ void expect_equal_ints(const Tensor& actual, const Tensor& expected, const std::
   ASSERT_EQ(actual.dtype(), DType::I32) << what;
   ASSERT_EQ(actual.shape(), expected.shape()) << what;
   EXPECT_EQ(actual.to_vector<int32_t>(), expected.to_vector<int32_t>()) << what;
-}
-
-void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_TRUE(a.defined() && b.defined()) << what;
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << what << " differs bitwise";
 }
 
 Tensor ints(const Shape& shape, const std::vector<int32_t>& v) { return Tensor::from_vector<int32_t>(shape, v); }

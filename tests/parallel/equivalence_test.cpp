@@ -12,6 +12,7 @@
 #include "models/llama/model.h"
 #include "ops/elementwise.h"
 #include "train/optimizer.h"
+#include "support/equivalence.h"
 #include "support/synthetic_batch.h"
 
 using namespace loom;
@@ -26,26 +27,15 @@ constexpr double kClip = 0.5;
 
 std::unique_ptr<models::LanguageModel> build(const std::string& arch, bool bf16 = false) {
   if (arch == "llama") {
-    llama::Config c;
-    c.vocab_size = kVocab;
-    c.context_length = 16;
-    c.d_model = 32;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.d_ff = 64;
+    const llama::Config c{.vocab_size = kVocab, .context_length = 16, .d_model = 32, .num_layers = 2, .num_heads = 8,
+                          .num_kv_heads = 4, .d_ff = 64};
     auto model = std::make_unique<llama::TransformerLM>(c, 7);
     if (bf16) model->set_matmul_precision(ops::MatmulPrecision::BF16);
     return model;
   }
-  gpt2::Config c;
-  c.vocab_size = kVocab;
-  c.context_length = 16;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.dropout = 0;
-  c.tie_embeddings = arch == "gpt2";  // "gpt2_untied" has its own lm_head
+  const gpt2::Config c{.vocab_size = kVocab, .context_length = 16, .d_model = 32, .num_layers = 2, .num_heads = 8,
+                       .tie_embeddings = arch == "gpt2",  // "gpt2_untied" has its own lm_head
+                       .dropout = 0};
   return std::make_unique<gpt2::GPT2>(c, 7);
 }
 
@@ -59,7 +49,7 @@ train::AdamWOptions adamw() { return {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}; }
 
 struct TrainRun {
   std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> params;  // whole tensors after the last step
+  test::WholeParameters params;  // whole tensors after the last step
   int64_t started = 0;                               // collectives rank 0 started in the background
 };
 
@@ -119,10 +109,7 @@ TrainRun train_sharded(const std::string& arch, const Mesh& mesh, ParallelMode m
       }
     }
     if (rank == 0) run.started = comm.stats.started;
-    for (nn::Parameter* p : params) {
-      Tensor whole = dist::gather_whole(p->value, *p, *ctx);
-      if (rank == 0) run.params[p->name] = whole.to_vector<float>();
-    }
+    test::gather_parameters(params, *ctx, run.params);
   });
   return run;
 }
@@ -130,18 +117,9 @@ TrainRun train_sharded(const std::string& arch, const Mesh& mesh, ParallelMode m
 void expect_equivalent(const TrainRun& ref, const TrainRun& got) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;
-    EXPECT_NEAR(got.norms[s], ref.norms[s], 1e-4 * ref.norms[s]) << "grad norm at step " << s + 1;
+    test::expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
   }
-  ASSERT_EQ(got.params.size(), ref.params.size());
-  for (const auto& [name, values] : ref.params) {
-    const auto it = got.params.find(name);
-    ASSERT_NE(it, got.params.end()) << name;
-    ASSERT_EQ(it->second.size(), values.size()) << name;
-    float worst = 0;
-    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(it->second[i] - values[i]));
-    EXPECT_LE(worst, 1e-5f) << name;
-  }
+  test::expect_parameters_near(ref.params, got.params);
 }
 
 class Equivalence : public ::testing::TestWithParam<std::string> {

@@ -19,11 +19,14 @@
 #include "ops/collective.h"
 #include "ops/elementwise.h"
 #include "train/optimizer.h"
+#include "support/equivalence.h"
+#include "support/op_test.h"
 #include "support/synthetic_batch.h"
 
 using namespace loom;
 using dist::Mesh;
 using dist::ParallelMode;
+using test::error_of;
 
 namespace {
 
@@ -34,27 +37,9 @@ constexpr double kClip = 0.5;
 // configs/dsv3-tiny.json's model: 2 layers (1 dense + 1 MoE of 4 routed experts, top 2, 1 shared), MLA
 // with 2 heads, one MTP module.
 deepseek_v3::Config tiny() {
-  deepseek_v3::Config c;
-  c.vocab_size = kVocab;
-  c.context_length = 32;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.n_dense = 1;
-  c.num_heads = 2;
-  c.q_rank = 16;
-  c.kv_rank = 8;
-  c.d_nope = 8;
-  c.d_rope = 4;
-  c.d_v = 8;
-  c.d_ff = 64;
-  c.n_shared = 1;
-  c.n_routed = 4;
-  c.top_k = 2;
-  c.d_expert = 16;
-  c.gamma = 1e-3f;
-  c.alpha_seq = 1e-4f;
-  c.n_mtp = 1;
-  return c;
+  return {.vocab_size = kVocab, .context_length = 32, .d_model = 32, .num_layers = 2, .n_dense = 1, .num_heads = 2,
+      .q_rank = 16, .kv_rank = 8, .d_nope = 8, .d_rope = 4, .d_v = 8, .d_ff = 64, .n_shared = 1, .n_routed = 4,
+      .top_k = 2, .d_expert = 16, .gamma = 1e-3f, .alpha_seq = 1e-4f, .n_mtp = 1};
 }
 
 std::pair<Tensor, Tensor> batch_of(int step) { return loom::test::synthetic_batch(step, kBatch, kSeq, kVocab); }
@@ -68,7 +53,7 @@ struct TrainRun {
   std::vector<double> losses, norms;
   std::vector<std::vector<float>> biases;        // after every step, the MoE layer's routing bias
   std::vector<double> load_min, load_max;        // per step: the least and most loaded expert's share
-  std::map<std::string, std::vector<float>> params;
+  test::WholeParameters params;
   int64_t all_to_all_bytes = 0, started = 0;  // rank 0's: bytes it sent by all-to-all, collectives it started
 };
 
@@ -143,10 +128,7 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, bool over
       }
     }
     rank_biases[static_cast<size_t>(rank)] = mine.biases;
-    for (nn::Parameter* p : model->parameters()) {
-      Tensor whole = dist::gather_whole(p->value, *p, *ctx);
-      if (rank == 0) run.params[p->name] = whole.to_vector<float>();
-    }
+    test::gather_parameters(model->parameters(), *ctx, run.params);
     if (rank == 0) {
       run.losses = mine.losses;
       run.norms = mine.norms;
@@ -165,30 +147,12 @@ TrainRun train_sharded(const Mesh& mesh, ParallelMode mode, bool skew, bool over
 void expect_equivalent(const TrainRun& ref, const TrainRun& got) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;
-    EXPECT_NEAR(got.norms[s], ref.norms[s], 1e-4 * ref.norms[s]) << "grad norm at step " << s + 1;
+    test::expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
     EXPECT_EQ(got.biases[s], ref.biases[s]) << "routing bias after step " << s + 1;
     EXPECT_EQ(got.load_min[s], ref.load_min[s]) << "least expert load at step " << s + 1;
     EXPECT_EQ(got.load_max[s], ref.load_max[s]) << "most expert load at step " << s + 1;
   }
-  ASSERT_EQ(got.params.size(), ref.params.size());
-  for (const auto& [name, values] : ref.params) {
-    const auto it = got.params.find(name);
-    ASSERT_NE(it, got.params.end()) << name;
-    ASSERT_EQ(it->second.size(), values.size()) << name;
-    float worst = 0;
-    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(it->second[i] - values[i]));
-    EXPECT_LE(worst, 1e-5f) << name;
-  }
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  test::expect_parameters_near(ref.params, got.params);
 }
 
 class DeepSeekOnMesh : public ::testing::Test {

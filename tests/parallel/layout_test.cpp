@@ -13,34 +13,22 @@
 #include "nn/sharded.h"
 #include "models/gpt2/model.h"
 #include "models/llama/model.h"
+#include "support/errors.h"
 
 using namespace loom;
+using loom::test::error_of;
 using dist::Mesh;
 using dist::ParallelMode;
 
 namespace {
 
 llama::Config tiny_llama() {
-  llama::Config c;
-  c.vocab_size = 64;
-  c.context_length = 16;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.d_ff = 64;
-  return c;
+  return {.vocab_size = 64, .context_length = 16, .d_model = 32, .num_layers = 2, .num_heads = 8, .num_kv_heads = 4,
+      .d_ff = 64};
 }
 
 gpt2::Config tiny_gpt2(bool tied) {
-  gpt2::Config c;
-  c.vocab_size = 64;
-  c.context_length = 16;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.tie_embeddings = tied;
-  return c;
+  return {.vocab_size = 64, .context_length = 16, .d_model = 32, .num_layers = 2, .num_heads = 8, .tie_embeddings = tied};
 }
 
 const std::vector<std::pair<int64_t, int64_t>> kMeshes = {{8, 1}, {1, 4}, {4, 2}, {2, 2}, {2, 1}, {1, 2}};
@@ -133,16 +121,6 @@ void check_layout(const std::vector<dist::ParamInfo>& params, const Mesh& mesh, 
     for (const auto& [offset, count] : blocks) EXPECT_EQ(count, rep);
     for (int c : cover) ASSERT_EQ(c, rep);
   }
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -16,14 +16,7 @@ using namespace loom;
 namespace {
 
 llama::Config wide() {  // parameters dominate the activations of a [2, 4] batch
-  llama::Config c;
-  c.vocab_size = 256;
-  c.context_length = 8;
-  c.d_model = 128;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.d_ff = 512;
-  return c;
+  return {.vocab_size = 256, .context_length = 8, .d_model = 128, .num_layers = 4, .num_heads = 4, .d_ff = 512};
 }
 
 struct Measured {

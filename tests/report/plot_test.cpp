@@ -13,19 +13,14 @@
 #include "core/error.h"
 #include "train/metrics.h"
 #include "report/plot.h"
+#include "support/files.h"
 
 namespace fs = std::filesystem;
+using loom::test::read_file;
 using namespace loom::train;
 using namespace loom::report;
 
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The polylines' points, one vector of (x, y) per <polyline>.
 std::vector<std::vector<std::pair<double, double>>> polylines(const std::string& svg) {
@@ -77,7 +72,7 @@ TEST(Plot, RunChartsHaveOnePointPerEventInsideThePlotArea) {
   }
   auto paths = plot_run(dir.string());
   ASSERT_EQ(paths.size(), 2u);
-  std::string loss = read_text(dir / "loss.svg"), lr = read_text(dir / "lr.svg");
+  std::string loss = read_file(dir / "loss.svg"), lr = read_file(dir / "lr.svg");
   ASSERT_EQ(loss.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
   EXPECT_NE(loss.find("</svg>"), std::string::npos);
   EXPECT_NE(loss.find(">train loss</text>"), std::string::npos);  // legend
@@ -149,7 +144,7 @@ TEST(Plot, CompareDrawsEveryRunAndTheGapToTheFirst) {
   }
   auto paths = plot_compare({(root / "a").string(), (root / "b").string()}, (root / "out").string());
   ASSERT_EQ(paths.size(), 2u);
-  const std::string loss = read_text(root / "out" / "compare_loss.svg"), gap = read_text(root / "out" / "compare_loss_gap.svg");
+  const std::string loss = read_file(root / "out" / "compare_loss.svg"), gap = read_file(root / "out" / "compare_loss_gap.svg");
   for (const char* label : {">a train</text>", ">a val</text>", ">b train</text>", ">b val</text>"}) {
     EXPECT_NE(loss.find(label), std::string::npos) << label;
   }

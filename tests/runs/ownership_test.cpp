@@ -10,9 +10,12 @@
 #include "runs/checkpoint.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
+#include "support/files.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
+using loom::test::read_file;
+using loom::test::write_file;
 
 namespace {
 
@@ -37,27 +40,17 @@ std::vector<int64_t> steps_of(const fs::path& run) {
   return steps;
 }
 
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
 }  // namespace
 
 TEST(CheckpointOwnership, RetentionLeavesAFolderLoomDidNotWriteAlone) {
   Corpus corpus;
   const fs::path run = corpus.dir / "run";
   // The user keeps something of theirs under a name that looks like a checkpoint.
-  write(run / "checkpoints" / "step_00000001" / "notes.txt", "my notes");
+  write_file(run / "checkpoints" / "step_00000001" / "notes.txt", "my notes");
   train::Trainer t(corpus.config(30, {"checkpoint.keep_last=1"}), run.string());
   ASSERT_EQ(t.resume(), std::nullopt);  // the foreign folder is no checkpoint (and is skipped)
   t.run();
-  EXPECT_EQ(read(run / "checkpoints" / "step_00000001" / "notes.txt"), "my notes");
+  EXPECT_EQ(read_file(run / "checkpoints" / "step_00000001" / "notes.txt"), "my notes");
   EXPECT_EQ(steps_of(run), (std::vector<int64_t>{1, 30})) << "keep_last=1 counts only loom's checkpoints";
 
   // A loom checkpoint into which the user put a file is no longer only loom's: it is not deleted either.
@@ -68,22 +61,22 @@ TEST(CheckpointOwnership, RetentionLeavesAFolderLoomDidNotWriteAlone) {
     m["step"] = 20;
     std::ofstream(run / "checkpoints" / "step_00000020" / "manifest.json") << m.dump();
   }
-  write(run / "checkpoints" / "step_00000020" / "my_eval.txt", "mine");
+  write_file(run / "checkpoints" / "step_00000020" / "my_eval.txt", "mine");
   EXPECT_FALSE(runs::checkpoint_written_by_loom((run / "checkpoints" / "step_00000020").string()));
   EXPECT_TRUE(runs::checkpoint_written_by_loom((run / "checkpoints" / "step_00000030").string()));
   EXPECT_TRUE(runs::apply_retention(run.string(), 1).empty());
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000020" / "my_eval.txt"));
 
   // Leftover-looking folders holding unknown files are not removed either; loom's own leftovers are.
-  write(run / "checkpoints" / ".tmp-step_00000040-1" / "precious.bin", "x");
-  write(run / "checkpoints" / ".tmp-step_00000050-2" / "model.safetensors", "partial");
-  write(run / "checkpoints" / ".tmp-step_00000050-2" / ".trainer_state.json.tmp.123", "partial");
+  write_file(run / "checkpoints" / ".tmp-step_00000040-1" / "precious.bin", "x");
+  write_file(run / "checkpoints" / ".tmp-step_00000050-2" / "model.safetensors", "partial");
+  write_file(run / "checkpoints" / ".tmp-step_00000050-2" / ".trainer_state.json.tmp.123", "partial");
   runs::apply_retention(run.string(), 1);
   EXPECT_TRUE(fs::exists(run / "checkpoints" / ".tmp-step_00000040-1" / "precious.bin"));
   EXPECT_FALSE(fs::exists(run / "checkpoints" / ".tmp-step_00000050-2"));
 
   // Saving a step whose folder is the user's is an error, not a replacement.
-  write(run / "checkpoints" / "step_00000040" / "notes.txt", "mine");
+  write_file(run / "checkpoints" / "step_00000040" / "notes.txt", "mine");
   train::Trainer more(corpus.config(40, {"checkpoint.keep_last=1"}), run.string());
   ASSERT_EQ(more.resume(), std::optional<int64_t>(30));
   try {
@@ -92,7 +85,7 @@ TEST(CheckpointOwnership, RetentionLeavesAFolderLoomDidNotWriteAlone) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("was not written by loom"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(read(run / "checkpoints" / "step_00000040" / "notes.txt"), "mine");
+  EXPECT_EQ(read_file(run / "checkpoints" / "step_00000040" / "notes.txt"), "mine");
 }
 
 TEST(CheckpointOwnership, RetentionNeverDeletesTheLastValidCheckpoint) {
@@ -153,8 +146,8 @@ TEST(CheckpointOwnership, AStopDuringValidationIsRedoneOnResumeExactly) {
     return out;
   };
   EXPECT_EQ(strip_speed(a), strip_speed(b));
-  EXPECT_EQ(read(a / "checkpoints" / "step_00000030" / "model.safetensors"),
-            read(b / "checkpoints" / "step_00000030" / "model.safetensors"));
+  EXPECT_EQ(read_file(a / "checkpoints" / "step_00000030" / "model.safetensors"),
+            read_file(b / "checkpoints" / "step_00000030" / "model.safetensors"));
 }
 
 TEST(CheckpointOwnership, ANonFiniteValidationLossIsAnError) {

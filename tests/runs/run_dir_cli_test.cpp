@@ -21,21 +21,14 @@
 #include "support/synthetic_corpus.h"
 #include "runs/checkpoint.h"
 #include "train/metrics.h"
+#include "support/files.h"
 
 namespace fs = std::filesystem;
+using loom::test::read_file;
+using loom::test::write_file;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
 
 struct Result {
   int status;          // the exit status; -1 when killed by a signal
@@ -65,11 +58,11 @@ struct Process {
   bool wait_for_output(const std::string& text, std::chrono::milliseconds limit) {
     const auto deadline = Clock::now() + limit;
     while (Clock::now() < deadline) {
-      if (read(log).find(text) != std::string::npos) return true;
+      if (read_file(log).find(text) != std::string::npos) return true;
       int st = 0;
       if (::waitpid(pid, &st, WNOHANG) == pid) {
         pid = -1;
-        return read(log).find(text) != std::string::npos;
+        return read_file(log).find(text) != std::string::npos;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -133,7 +126,7 @@ struct Fixture : loom::test::SyntheticCorpusDir {
     for (const std::string& a : args) cmd += " '" + a + "'";
     cmd += " >" + out.string() + " 2>" + log.string();
     const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, read(out) + read(log), read(out)};
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, read_file(out) + read_file(log), read_file(out)};
   }
 
   fs::path log(const std::string& name) const { return dir / (name + ".log"); }
@@ -141,7 +134,9 @@ struct Fixture : loom::test::SyntheticCorpusDir {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-std::string state_of(const fs::path& run) { return nlohmann::json::parse(read(run / "run.json")).value("state", ""); }
+std::string state_of(const fs::path& run) {
+  return nlohmann::json::parse(read_file(run / "run.json")).value("state", "");
+}
 
 // The metrics without the timing fields, which differ from run to run.
 std::vector<nlohmann::json> curve(const fs::path& run) {
@@ -163,34 +158,34 @@ TEST(RunDirCli, TrainNeverOverwritesARunOrAUsersFiles) {
   Result first = f.run(f.train_args(run, 3, {"--set", "checkpoint.interval=0"}));
   ASSERT_EQ(first.status, 0) << first.output;
   EXPECT_EQ(state_of(run), "finished");
-  const std::string model = read(run / "model.safetensors"), metrics = read(run / "metrics.jsonl");
+  const std::string model = read_file(run / "model.safetensors"), metrics = read_file(run / "metrics.jsonl");
 
   Result again = f.run(f.train_args(run, 5, {"--set", "checkpoint.interval=0", "--set", "training.seed=7"}));
   EXPECT_EQ(again.status, 1) << again.output;
   EXPECT_TRUE(contains(again.output, "already holds a finished loom training run (step 3")) << again.output;
   EXPECT_TRUE(contains(again.output, "--resume") && contains(again.output, "--overwrite")) << again.output;
-  EXPECT_EQ(read(run / "model.safetensors"), model);
-  EXPECT_EQ(read(run / "metrics.jsonl"), metrics);
+  EXPECT_EQ(read_file(run / "model.safetensors"), model);
+  EXPECT_EQ(read_file(run / "metrics.jsonl"), metrics);
 
   // Directories of the user's, each holding one file loom also writes.
   for (const char* name : {"model.safetensors", "metrics.jsonl", "config.json"}) {
     const fs::path mine = f.dir / (std::string("mine_") + name);
-    write(mine / name, "the user's");
+    write_file(mine / name, "the user's");
     Result r = f.run(f.train_args(mine, 2));
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_TRUE(contains(r.output, "is not empty and is not a loom run")) << r.output;
     EXPECT_TRUE(contains(r.output, name)) << "the message names what is there: " << r.output;
-    EXPECT_EQ(read(mine / name), "the user's");
+    EXPECT_EQ(read_file(mine / name), "the user's");
     EXPECT_FALSE(fs::exists(mine / ".lock"));
   }
 
   // --overwrite replaces loom's run and leaves the user's file beside it.
-  write(run / "notes.txt", "mine");
+  write_file(run / "notes.txt", "mine");
   Result over = f.run(f.train_args(run, 2, {"--overwrite"}));
   ASSERT_EQ(over.status, 0) << over.output;
   EXPECT_TRUE(contains(over.output, "--overwrite: deleted")) << over.output;
-  EXPECT_EQ(read(run / "notes.txt"), "mine");
-  EXPECT_NE(read(run / "metrics.jsonl"), metrics);
+  EXPECT_EQ(read_file(run / "notes.txt"), "mine");
+  EXPECT_NE(read_file(run / "metrics.jsonl"), metrics);
   EXPECT_EQ(state_of(run), "finished");
 
   Result both = f.run(f.train_args(run, 2, {"--overwrite", "--resume"}));
@@ -201,7 +196,7 @@ TEST(RunDirCli, ResumeWithoutAValidCheckpointChangesNothing) {
   Fixture f;
   const fs::path run = f.dir / "run";
   ASSERT_EQ(f.run(f.train_args(run, 4)).status, 0);
-  const std::string model = read(run / "model.safetensors"), metrics = read(run / "metrics.jsonl");
+  const std::string model = read_file(run / "model.safetensors"), metrics = read_file(run / "metrics.jsonl");
   auto refs = loom::runs::list_checkpoints(run.string());
   ASSERT_EQ(refs.size(), 2u);  // 2 and 4
   for (const auto& c : refs) {  // damage every checkpoint
@@ -214,8 +209,8 @@ TEST(RunDirCli, ResumeWithoutAValidCheckpointChangesNothing) {
   EXPECT_TRUE(contains(r.output, "skipping checkpoint")) << r.output;
   EXPECT_TRUE(contains(r.output, "has no valid checkpoint to resume from")) << r.output;
   EXPECT_FALSE(contains(r.output, "starting from step 0")) << r.output;
-  EXPECT_EQ(read(run / "model.safetensors"), model);
-  EXPECT_EQ(read(run / "metrics.jsonl"), metrics);
+  EXPECT_EQ(read_file(run / "model.safetensors"), model);
+  EXPECT_EQ(read_file(run / "metrics.jsonl"), metrics);
   EXPECT_EQ(loom::runs::list_checkpoints(run.string()).size(), 2u) << "the damaged checkpoints are still there";
   EXPECT_EQ(state_of(run), "finished");
 
@@ -229,10 +224,10 @@ TEST(RunDirCli, RetentionLeavesAUsersCheckpointFolderAlone) {
   Fixture f;
   const fs::path run = f.dir / "run";
   ASSERT_EQ(f.run(f.train_args(run, 4, {"--set", "checkpoint.keep_last=1"})).status, 0);
-  write(run / "checkpoints" / "step_00000001" / "notes.txt", "mine");
+  write_file(run / "checkpoints" / "step_00000001" / "notes.txt", "mine");
   Result r = f.run(f.train_args(run, 8, {"--resume", "--set", "checkpoint.keep_last=1"}));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(read(run / "checkpoints" / "step_00000001" / "notes.txt"), "mine");
+  EXPECT_EQ(read_file(run / "checkpoints" / "step_00000001" / "notes.txt"), "mine");
   std::vector<int64_t> steps;
   for (const auto& c : loom::runs::list_checkpoints(run.string())) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 8}));
@@ -244,38 +239,38 @@ TEST(RunDirCli, ImportAndExportFollowTheSameRule) {
   const fs::path imported = f.dir / "imported";
   Result first = f.run({"import", "--hf", hf, "--out", imported.string()});
   ASSERT_EQ(first.status, 0) << first.output;
-  EXPECT_EQ(nlohmann::json::parse(read(imported / "run.json"))["kind"], "import");
-  const std::string model = read(imported / "model.safetensors");
+  EXPECT_EQ(nlohmann::json::parse(read_file(imported / "run.json"))["kind"], "import");
+  const std::string model = read_file(imported / "model.safetensors");
   Result again = f.run({"import", "--hf", hf, "--out", imported.string()});
   EXPECT_EQ(again.status, 1) << again.output;
   EXPECT_TRUE(contains(again.output, "already holds a finished loom import")) << again.output;
   Result over = f.run({"import", "--hf", hf, "--out", imported.string(), "--overwrite"});
   EXPECT_EQ(over.status, 0) << over.output;
-  EXPECT_EQ(read(imported / "model.safetensors"), model);
+  EXPECT_EQ(read_file(imported / "model.safetensors"), model);
 
   // Into a training run, and into a directory of the user's: refused, untouched.
   const fs::path run = f.dir / "run";
   ASSERT_EQ(f.run(f.train_args(run, 2)).status, 0);
-  const std::string run_model = read(run / "model.safetensors");
+  const std::string run_model = read_file(run / "model.safetensors");
   Result into_run = f.run({"import", "--hf", hf, "--out", run.string()});
   EXPECT_EQ(into_run.status, 1) << into_run.output;
-  EXPECT_EQ(read(run / "model.safetensors"), run_model);
+  EXPECT_EQ(read_file(run / "model.safetensors"), run_model);
   const fs::path mine = f.dir / "mine";
-  write(mine / "config.json", "{\"mine\": true}");
+  write_file(mine / "config.json", "{\"mine\": true}");
   Result into_mine = f.run({"import", "--hf", hf, "--out", mine.string(), "--overwrite"});
   EXPECT_EQ(into_mine.status, 1) << into_mine.output;
-  EXPECT_EQ(read(mine / "config.json"), "{\"mine\": true}");
+  EXPECT_EQ(read_file(mine / "config.json"), "{\"mine\": true}");
 
   const fs::path exported = f.dir / "exported";
   Result ex = f.run({"export", "--run", run.string(), "--out", exported.string()});
   ASSERT_EQ(ex.status, 0) << ex.output;
-  EXPECT_EQ(nlohmann::json::parse(read(exported / "run.json"))["kind"], "export");
+  EXPECT_EQ(nlohmann::json::parse(read_file(exported / "run.json"))["kind"], "export");
   Result ex_again = f.run({"export", "--run", run.string(), "--out", exported.string()});
   EXPECT_EQ(ex_again.status, 1) << ex_again.output;
   EXPECT_TRUE(contains(ex_again.output, "--overwrite")) << ex_again.output;
   Result ex_mine = f.run({"export", "--run", run.string(), "--out", mine.string()});
   EXPECT_EQ(ex_mine.status, 1) << ex_mine.output;
-  EXPECT_EQ(read(mine / "config.json"), "{\"mine\": true}");
+  EXPECT_EQ(read_file(mine / "config.json"), "{\"mine\": true}");
   EXPECT_TRUE(f.run({"export", "--run", run.string(), "--out", exported.string(), "--overwrite"}).status == 0);
 }
 
@@ -285,9 +280,9 @@ TEST(RunDirCli, OneWriterPerRunAndKillNineLeavesNoStaleLock) {
   Process first = spawn(f.train_args(run, 1000000, {"--set", "checkpoint.interval=3"}), f.log("first"));
   const auto give_up = Clock::now() + std::chrono::seconds(120);
   while (loom::runs::list_checkpoints(run.string()).empty() && Clock::now() < give_up) {
-    ASSERT_FALSE(first.wait_for(std::chrono::milliseconds(20))) << read(first.log);
+    ASSERT_FALSE(first.wait_for(std::chrono::milliseconds(20))) << read_file(first.log);
   }
-  ASSERT_FALSE(loom::runs::list_checkpoints(run.string()).empty()) << read(first.log);
+  ASSERT_FALSE(loom::runs::list_checkpoints(run.string()).empty()) << read_file(first.log);
 
   for (const std::vector<std::string>& extra : {std::vector<std::string>{"--resume"}, std::vector<std::string>{},
                                                 std::vector<std::string>{"--overwrite"}}) {
@@ -323,13 +318,13 @@ TEST(RunDirCli, CtrlCDuringAHugeStepStopsAtOnceAndSaysSo) {
     // One step is a million micro-batches: without the checks between them it would take hours.
     Process p = spawn(f.train_args(run, 5, {"--set", "training.grad_accum_steps=1000000", "--set", "logging.progress=lines"}),
                       f.log(run.filename()));
-    ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+    ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read_file(p.log);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // into step 1
     ::kill(p.pid, sig);
     const auto t0 = Clock::now();
     std::optional<int> status = p.wait_for(std::chrono::seconds(30));
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    const std::string log = read(p.log);
+    const std::string log = read_file(p.log);
     ASSERT_TRUE(status) << "still running 30 s after the signal: " << log;
     EXPECT_EQ(*status, sig == SIGINT ? 130 : 143) << log;
     EXPECT_LT(seconds, 10.0) << log;
@@ -348,17 +343,17 @@ TEST(RunDirCli, ASecondCtrlCAbortsAtOnce) {
   // Every checkpoint file waits 3 s (the crash test's hook), so a clean stop takes at least 12 s.
   Process p = spawn(f.train_args(run, 1000, {"--set", "checkpoint.interval=1"}), f.log("run"),
                     {{"LOOM_TEST_CHECKPOINT_PAUSE_MS", "3000"}});
-  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read_file(p.log);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ::kill(p.pid, SIGINT);
-  ASSERT_TRUE(p.wait_for_output("press Ctrl-C again to abort", std::chrono::seconds(10))) << read(p.log);
+  ASSERT_TRUE(p.wait_for_output("press Ctrl-C again to abort", std::chrono::seconds(10))) << read_file(p.log);
   ::kill(p.pid, SIGINT);
   const auto t0 = Clock::now();
   std::optional<int> status = p.wait_for(std::chrono::seconds(30));
-  ASSERT_TRUE(status) << read(p.log);
-  EXPECT_EQ(*status, 130) << read(p.log);
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0) << read(p.log);
-  EXPECT_TRUE(contains(read(p.log), "aborting")) << read(p.log);
+  ASSERT_TRUE(status) << read_file(p.log);
+  EXPECT_EQ(*status, 130) << read_file(p.log);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0) << read_file(p.log);
+  EXPECT_TRUE(contains(read_file(p.log), "aborting")) << read_file(p.log);
   // The lock went with the process (the run, killed inside its first checkpoint, has none to resume).
   Result after = f.run(f.train_args(run, 2, {"--overwrite"}));
   EXPECT_EQ(after.status, 0) << after.output;
@@ -373,21 +368,21 @@ TEST(RunDirCli, AStopInTheMiddleOfAnAccumulationResumesExactly) {
   ASSERT_EQ(whole.status, 0) << whole.output;
 
   Process p = spawn(f.train_args(run, 6, extra), f.log("stopped"));
-  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read(p.log);
+  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read_file(p.log);
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   ::kill(p.pid, SIGINT);
   std::optional<int> status = p.wait_for(std::chrono::seconds(60));
-  ASSERT_TRUE(status) << read(p.log);
-  if (*status == 0 && contains(read(p.log), "done: 6 steps")) GTEST_SKIP() << "the run finished before the signal";
-  ASSERT_EQ(*status, 130) << read(p.log);
-  if (!contains(read(p.log), "abandoned")) std::printf("[ note     ] the signal landed between steps\n");
+  ASSERT_TRUE(status) << read_file(p.log);
+  if (*status == 0 && contains(read_file(p.log), "done: 6 steps")) GTEST_SKIP() << "the run finished before the signal";
+  ASSERT_EQ(*status, 130) << read_file(p.log);
+  if (!contains(read_file(p.log), "abandoned")) std::printf("[ note     ] the signal landed between steps\n");
 
   std::vector<std::string> resume = extra;
   resume.push_back("--resume");
   Result resumed = f.run(f.train_args(run, 6, resume));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_EQ(curve(ref), curve(run));
-  EXPECT_EQ(read(ref / "model.safetensors"), read(run / "model.safetensors"));
+  EXPECT_EQ(read_file(ref / "model.safetensors"), read_file(run / "model.safetensors"));
 }
 
 TEST(RunDirCli, ExitStatusesAndMessages) {
@@ -405,7 +400,7 @@ TEST(RunDirCli, ExitStatusesAndMessages) {
   EXPECT_TRUE(contains(version.output, "loom 0.")) << version.output;
 
   // A run directory that cannot be created: a message naming the path, not a raw filesystem error.
-  write(f.dir / "a_file", "x");
+  write_file(f.dir / "a_file", "x");
   Result fs_error = f.run(f.train_args(f.dir / "a_file" / "run", 2));
   EXPECT_EQ(fs_error.status, 1) << fs_error.output;
   EXPECT_TRUE(contains(fs_error.output, (f.dir / "a_file" / "run").string())) << fs_error.output;
@@ -438,7 +433,7 @@ TEST(RunDirCli, EvalOfNonFiniteWeightsIsAnError) {
 TEST(RunDirCli, GenerateChecksItsOptionsBeforePrinting) {
   Fixture f;
   // A tokenizer whose ids fit a 300-token model, and a run trained with it.
-  write(f.dir / "text.txt", "the quick brown fox jumps over the lazy dog. the dog sleeps.\n");
+  write_file(f.dir / "text.txt", "the quick brown fox jumps over the lazy dog. the dog sleeps.\n");
   ASSERT_EQ(f.run({"tokenizer", "train", "--input", (f.dir / "text.txt").string(), "--vocab-size", "270", "--out",
                    (f.dir / "tok.json").string()})
                 .status,

@@ -13,36 +13,21 @@
 #include "io/file.h"
 #include "runs/checkpoint.h"
 #include "runs/run_dir.h"
+#include "support/errors.h"
+#include "support/files.h"
 
 using namespace loom;
+using loom::test::error_of;
 using runs::ExistingRun;
 using runs::RunDir;
 using runs::RunKind;
 using runs::RunState;
 namespace fs = std::filesystem;
+using loom::test::read_file;
+using loom::test::TempDir;
+using loom::test::write_file;
 
 namespace {
-
-struct Tmp {
-  fs::path dir;
-  Tmp() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("loom_run_dir_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Tmp() { fs::remove_all(dir); }
-};
-
-void write(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path) << text;
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // A checkpoint as loom writes it (manifest with sizes and hashes), holding one small file.
 void write_loom_checkpoint(const fs::path& run, int64_t step) {
@@ -51,24 +36,13 @@ void write_loom_checkpoint(const fs::path& run, int64_t step) {
                                                 }}});
 }
 
-// The error message of `f`, or "" when it does not throw loom::Error.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-nlohmann::json marker_json(const fs::path& run) { return nlohmann::json::parse(read(run / "run.json")); }
+nlohmann::json marker_json(const fs::path& run) { return nlohmann::json::parse(read_file(run / "run.json")); }
 
 }  // namespace
 
 TEST(RunDir, ANewDirectoryIsCreatedMarkedAndLocked) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "a" / "run";
+  TempDir tmp;
+  const fs::path run = tmp.path / "a" / "run";
   {
     RunDir d = RunDir::claim(run.string(), RunKind::Train);
     EXPECT_TRUE(d.was_empty());
@@ -94,8 +68,8 @@ TEST(RunDir, ANewDirectoryIsCreatedMarkedAndLocked) {
 }
 
 TEST(RunDir, AClaimThatIsNotStartedLeavesNoTrace) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "new";
+  TempDir tmp;
+  const fs::path run = tmp.path / "new";
   { RunDir d = RunDir::claim(run.string(), RunKind::Import); }
   EXPECT_FALSE(fs::exists(run)) << "a command that failed before writing must not leave its directory behind";
   // An existing empty directory stays (it was the user's), holding only the lock file.
@@ -105,8 +79,8 @@ TEST(RunDir, AClaimThatIsNotStartedLeavesNoTrace) {
 }
 
 TEST(RunDir, AnExceptionAfterStartMarksTheRunFailed) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "run";
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
   try {
     RunDir d = RunDir::claim(run.string(), RunKind::Train);
     d.start();
@@ -117,10 +91,10 @@ TEST(RunDir, AnExceptionAfterStartMarksTheRunFailed) {
 }
 
 TEST(RunDir, ADirectoryThatIsNotLoomsIsNeverWrittenTo) {
-  Tmp tmp;
-  const fs::path mine = tmp.dir / "mine";
-  write(mine / "notes.txt", "my notes");
-  write(mine / "model.safetensors", "not loom's");
+  TempDir tmp;
+  const fs::path mine = tmp.path / "mine";
+  write_file(mine / "notes.txt", "my notes");
+  write_file(mine / "model.safetensors", "not loom's");
   for (ExistingRun mode : {ExistingRun::Refuse, ExistingRun::Resume, ExistingRun::Overwrite}) {
     const std::string why = error_of([&] { RunDir::claim(mine.string(), RunKind::Train, mode); });
     EXPECT_NE(why.find("is not a loom run"), std::string::npos) << why;
@@ -128,14 +102,14 @@ TEST(RunDir, ADirectoryThatIsNotLoomsIsNeverWrittenTo) {
     EXPECT_NE(why.find("choose another --out"), std::string::npos) << "says what to do: " << why;
   }
   EXPECT_FALSE(fs::exists(mine / ".lock")) << "a refusal leaves nothing in the user's directory";
-  EXPECT_EQ(read(mine / "notes.txt"), "my notes");
+  EXPECT_EQ(read_file(mine / "notes.txt"), "my notes");
 
   // A file of the user's that happens to be called run.json is not a marker, and is not overwritten.
-  const fs::path other = tmp.dir / "other";
-  write(other / "run.json", "{\"my\": \"data\"}");
+  const fs::path other = tmp.path / "other";
+  write_file(other / "run.json", "{\"my\": \"data\"}");
   const std::string why = error_of([&] { RunDir::claim(other.string(), RunKind::Export, ExistingRun::Overwrite); });
   EXPECT_NE(why.find("not loom's run marker"), std::string::npos) << why;
-  EXPECT_EQ(read(other / "run.json"), "{\"my\": \"data\"}");
+  EXPECT_EQ(read_file(other / "run.json"), "{\"my\": \"data\"}");
 
   // A path that is a file.
   const std::string file_why = error_of([&] { RunDir::claim((mine / "notes.txt").string(), RunKind::Train); });
@@ -143,14 +117,14 @@ TEST(RunDir, ADirectoryThatIsNotLoomsIsNeverWrittenTo) {
 }
 
 TEST(RunDir, LoomsOwnRunNeedsResumeOrOverwrite) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "run";
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
   {
     RunDir d = RunDir::claim(run.string(), RunKind::Train);
     d.start();
-    write(run / "config.json", "{}");
-    write(run / "metrics.jsonl", "{}\n");
-    write(run / "model.safetensors", "weights");
+    write_file(run / "config.json", "{}");
+    write_file(run / "metrics.jsonl", "{}\n");
+    write_file(run / "model.safetensors", "weights");
     write_loom_checkpoint(run, 10);
     d.finish(RunState::Finished, 10);
   }
@@ -163,7 +137,7 @@ TEST(RunDir, LoomsOwnRunNeedsResumeOrOverwrite) {
   const std::string import_why = error_of([&] { RunDir::claim(run.string(), RunKind::Import); });
   EXPECT_NE(import_why.find("--overwrite"), std::string::npos) << import_why;
   EXPECT_EQ(import_why.find("--resume"), std::string::npos) << import_why;
-  EXPECT_EQ(read(run / "model.safetensors"), "weights");
+  EXPECT_EQ(read_file(run / "model.safetensors"), "weights");
 
   // --resume keeps everything and the run's creation time.
   const std::string created = marker_json(run)["created"];
@@ -183,8 +157,8 @@ TEST(RunDir, LoomsOwnRunNeedsResumeOrOverwrite) {
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000010"));
 
   // --overwrite deletes what loom wrote and nothing else.
-  write(run / "notes.txt", "mine");
-  write(run / "checkpoints" / "step_00000001" / "my_file.bin", "mine too");
+  write_file(run / "notes.txt", "mine");
+  write_file(run / "checkpoints" / "step_00000001" / "my_file.bin", "mine too");
   {
     RunDir d = RunDir::claim(run.string(), RunKind::Train, ExistingRun::Overwrite);
     std::vector<std::string> removed = d.start();
@@ -192,19 +166,19 @@ TEST(RunDir, LoomsOwnRunNeedsResumeOrOverwrite) {
                                                  "model.safetensors"}));
     d.finish(RunState::Finished);
   }
-  EXPECT_EQ(read(run / "notes.txt"), "mine");
-  EXPECT_EQ(read(run / "checkpoints" / "step_00000001" / "my_file.bin"), "mine too");
+  EXPECT_EQ(read_file(run / "notes.txt"), "mine");
+  EXPECT_EQ(read_file(run / "checkpoints" / "step_00000001" / "my_file.bin"), "mine too");
   EXPECT_FALSE(fs::exists(run / "checkpoints" / "step_00000010"));
   EXPECT_FALSE(fs::exists(run / "model.safetensors"));
 }
 
 TEST(RunDir, ResumeIsForTrainingRunsOnly) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "imported";
+  TempDir tmp;
+  const fs::path run = tmp.path / "imported";
   {
     RunDir d = RunDir::claim(run.string(), RunKind::Import);
     d.start();
-    write(run / "model.safetensors", "weights");
+    write_file(run / "model.safetensors", "weights");
     d.finish(RunState::Finished);
   }
   const std::string why = error_of([&] { RunDir::claim(run.string(), RunKind::Train, ExistingRun::Resume); });
@@ -212,9 +186,9 @@ TEST(RunDir, ResumeIsForTrainingRunsOnly) {
 }
 
 TEST(RunDir, ATrainingRunFromBeforeRunJsonCanBeResumed) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "legacy";
-  write(run / "config.json", "{}");
+  TempDir tmp;
+  const fs::path run = tmp.path / "legacy";
+  write_file(run / "config.json", "{}");
   write_loom_checkpoint(run, 5);
   const std::string why = error_of([&] { RunDir::claim(run.string(), RunKind::Train); });
   EXPECT_NE(why.find("already holds a loom training run"), std::string::npos) << why;
@@ -225,8 +199,8 @@ TEST(RunDir, ATrainingRunFromBeforeRunJsonCanBeResumed) {
 }
 
 TEST(RunDir, ASecondWriterIsRefusedAtOnceNamingTheFirst) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "run";
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
   std::optional<RunDir> first(RunDir::claim(run.string(), RunKind::Train));
   first->start();
   // flock(2) locks belong to an open file description, so a second claim in this process conflicts too.
@@ -243,10 +217,10 @@ TEST(RunDir, ASecondWriterIsRefusedAtOnceNamingTheFirst) {
 }
 
 TEST(RunDir, AMarkerLeftRunningByADeadProcessIsReported) {
-  Tmp tmp;
-  const fs::path run = tmp.dir / "run";
-  write(run / "metrics.jsonl", "{}\n");
-  write(run / "run.json", nlohmann::json{{"format", "loom-run"}, {"version", 1}, {"kind", "train"}, {"state", "running"},
+  TempDir tmp;
+  const fs::path run = tmp.path / "run";
+  write_file(run / "metrics.jsonl", "{}\n");
+  write_file(run / "run.json", nlohmann::json{{"format", "loom-run"}, {"version", 1}, {"kind", "train"}, {"state", "running"},
                                          {"created", "2024-01-01T00:00:00Z"}, {"updated", "2024-01-01T00:00:00Z"},
                                          {"loom_version", "0.1.0"}, {"pid", 999999}, {"host", "elsewhere"}}
                                   .dump());

@@ -1,7 +1,7 @@
 // Helpers for the CLI tests of the checks made before work starts (a tokenizer's provenance in tests/data,
 // memory budgets in tests/runs, config files in tests/train): the built `loom` (LOOM_CLI) run as a child
-// with its exit status, output, wall time and peak RSS (from wait4), a temp folder per test, and small
-// text corpora to train tokenizers on.
+// with its exit status, output, wall time and peak RSS (from wait4), a temp folder per test (files.h), and
+// small text corpora to train tokenizers on.
 #pragma once
 
 #include <fcntl.h>
@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "support/files.h"
 
 namespace loom::test {
 
@@ -67,22 +69,6 @@ inline CliResult run_loom(const std::vector<std::string>& args, const std::files
   std::filesystem::remove(out_path);
   return r;
 }
-
-// A fresh temp folder, removed afterwards.
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& name) {
-    static int counter = 0;
-    path = std::filesystem::temp_directory_path() /
-           ("loom_checks_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 // Deterministic English-like text of `words` words drawn from a vocabulary that depends on `seed`, so
 // tokenizers trained on two seeds learn different merges.

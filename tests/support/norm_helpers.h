@@ -29,22 +29,6 @@ inline void expect_close_scaled(const Tensor& actual, const Tensor& expected, fl
   expect_close(actual, expected, rel * std::max(max_abs(expected), floor), rel, what);
 }
 
-inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
-// Runs fn, expecting a loom::Error whose message contains every one of `needles`.
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a loom::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const char* n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
-
 // Restores the thread count when a test changes it.
 class ThreadCountGuard {
  public:

@@ -2,14 +2,17 @@
 //   * random inputs from the counter RNG (randn);
 //   * PyTorch reference fixtures: JSON files written by the committed scripts next to them
 //     (tests/<area>/fixtures/make_*.py), loaded with Fixture;
-//   * expect_close with absolute + relative tolerance that reports the worst element;
-//   * gradcheck: analytic gradients from backward() against central finite differences.
+//   * expect_close with absolute + relative tolerance that reports the worst element, and bitwise
+//     equality;
+//   * gradcheck: analytic gradients from backward() against central finite differences;
+//   * error_of and EXPECT_HAS (errors.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -18,6 +21,7 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "support/errors.h"
 
 namespace loom::test {
 
@@ -92,6 +96,17 @@ inline void expect_close(const Tensor& actual, const Tensor& expected, float ato
                       << rtol << ")";
 }
 
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+inline void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined() && b.defined()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << what << " differs bitwise";
+}
+
 // max |actual - expected| / max |expected|: one error figure per tensor, comparable across tensors of any
 // scale (the bf16 tests compare it with the error of rounding the inputs alone).
 inline float max_error_relative_to_max(const Tensor& actual, const Tensor& expected) {
@@ -144,27 +159,6 @@ inline void gradcheck(const std::function<Tensor(const TensorList&)>& f, const T
       EXPECT_NEAR(got, numeric, atol + rtol * std::fabs(numeric))
           << "input " << k << " element " << i << " of " << x.shape();
     }
-  }
-}
-
-// The message of the loom::Error `fn` throws, or "" when it throws none.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Asserts that `fn` throws loom::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error_mentions(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 

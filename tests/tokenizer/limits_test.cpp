@@ -5,24 +5,14 @@
 
 #include "core/error.h"
 #include "test_util.h"
+#include "support/errors.h"
 
 using namespace loom;
+using loom::test::error_of;
 using namespace loom::tokenizer;
 using namespace loom::tokenizer::testing;
 
 namespace {
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
 
 const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
 

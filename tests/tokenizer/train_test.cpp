@@ -5,8 +5,10 @@
 #include "core/error.h"
 #include "test_util.h"
 #include "tokenizer/sha256.h"
+#include "support/errors.h"
 
 using namespace loom;
+using loom::test::error_of;
 using namespace loom::tokenizer;
 using namespace loom::tokenizer::testing;
 
@@ -20,15 +22,6 @@ std::vector<std::pair<std::string, std::string>> merge_bytes(const Tokenizer& to
   std::vector<std::pair<std::string, std::string>> out;
   for (auto [a, b] : tok.merges()) out.emplace_back(tok.token_bytes(a), tok.token_bytes(b));
   return out;
-}
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 }  // namespace
 

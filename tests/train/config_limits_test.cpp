@@ -22,8 +22,6 @@ namespace {
 
 using loom::test::error_of;
 
-#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg).substr(0, 1000)
-
 const std::string kDeep = std::string(70000, '[') + std::string(70000, ']');
 
 class ConfigFileLimits : public ::testing::Test {

@@ -24,14 +24,7 @@ struct TokenDir {
 };
 
 llama::Config small() {
-  llama::Config c;
-  c.vocab_size = 16;
-  c.context_length = 8;
-  c.d_model = 16;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.d_ff = 24;
-  return c;
+  return {.vocab_size = 16, .context_length = 8, .d_model = 16, .num_layers = 1, .num_heads = 2, .d_ff = 24};
 }
 
 }  // namespace

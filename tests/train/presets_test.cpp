@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "train/config.h"
 #include "train/presets.h"
+#include "support/errors.h"
 
 namespace fs = std::filesystem;
 using loom::train::Preset;
@@ -28,8 +29,6 @@ std::string resolve_error(const std::string& name, const std::vector<Preset>& ta
   }
   return "";
 }
-
-#define EXPECT_HAS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << "message: " << (msg)
 
 // Each leaf of `layer` that has the same value in `base`, as "section.key".
 void restated_keys(const json& layer, const json& base, const std::string& prefix, std::vector<std::string>& out) {

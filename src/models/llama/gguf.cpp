@@ -7,15 +7,7 @@
 #include "quant/qmatmul.h"
 
 namespace loom::llama {
-namespace {
-
-int64_t positive_key(const gguf::Header& h, const std::string& key) {
-  const uint64_t v = h.get_uint(key);
-  LOOM_CHECK(v >= 1 && v <= (uint64_t{1} << 40), "metadata ", gguf::quoted(key), " is ", v, ", expected a positive size");
-  return static_cast<int64_t>(v);
-}
-
-}  // namespace
+using models::gguf_positive_key;
 
 std::string gguf_tensor_name(const std::string& n) {
   return models::stored_name(tensor_names(), models::TensorFormat::Gguf, n);
@@ -33,26 +25,21 @@ Config config_from_gguf(const gguf::Header& h) {
               "no experts, head dim = embedding_length / head_count)");
   };
   Config c;
-  c.num_layers = positive_key(h, "llama.block_count");
-  c.d_model = positive_key(h, "llama.embedding_length");
-  c.d_ff = positive_key(h, "llama.feed_forward_length");
-  c.num_heads = positive_key(h, "llama.attention.head_count");
-  const int64_t kv = h.find("llama.attention.head_count_kv") ? positive_key(h, "llama.attention.head_count_kv") : c.num_heads;
+  c.num_layers = gguf_positive_key(h, "llama.block_count");
+  c.d_model = gguf_positive_key(h, "llama.embedding_length");
+  c.d_ff = gguf_positive_key(h, "llama.feed_forward_length");
+  c.num_heads = gguf_positive_key(h, "llama.attention.head_count");
+  const int64_t kv =
+      h.find("llama.attention.head_count_kv") ? gguf_positive_key(h, "llama.attention.head_count_kv") : c.num_heads;
   LOOM_CHECK(c.num_heads % kv == 0, "llama.attention.head_count_kv = ", kv, " does not divide llama.attention.head_count = ",
              c.num_heads);
   c.num_kv_heads = kv == c.num_heads ? 0 : kv;
-  c.context_length = h.find("llama.context_length") ? positive_key(h, "llama.context_length") : 2048;
+  c.context_length = h.find("llama.context_length") ? gguf_positive_key(h, "llama.context_length") : 2048;
   if (h.find("llama.rope.freq_base")) c.rope_theta = static_cast<float>(h.get_number("llama.rope.freq_base"));
   c.norm_eps = static_cast<float>(h.get_number("llama.attention.layer_norm_rms_epsilon"));
   LOOM_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "llama.attention.layer_norm_rms_epsilon is ", c.norm_eps,
              ", expected a positive number");
-  if (h.find("llama.vocab_size")) {
-    c.vocab_size = positive_key(h, "llama.vocab_size");
-  } else {
-    const gguf::TensorInfo* e = h.find_tensor("token_embd.weight");
-    LOOM_CHECK(e != nullptr && e->ne.size() == 2, "no llama.vocab_size and no 2-D token_embd.weight to take it from");
-    c.vocab_size = static_cast<int64_t>(e->ne[1]);
-  }
+  c.vocab_size = models::gguf_vocab_size(h, "llama");
   LOOM_CHECK(c.d_model % c.num_heads == 0, "llama.embedding_length = ", c.d_model,
              " is not divisible by llama.attention.head_count = ", c.num_heads);
   const int64_t head_dim = c.d_model / c.num_heads;
@@ -83,18 +70,7 @@ Config config_from_gguf(const gguf::Header& h) {
 
 std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
                                                    std::vector<std::string>& notes) {
-  Config cfg;
-  try {
-    cfg = config_from_gguf(file.header());
-  } catch (const Error& e) {
-    LOOM_FAIL(file.path(), ": ", e.what());
-  }
-  std::unique_ptr<TransformerLM> model;
-  {
-    nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
-    model = std::make_unique<TransformerLM>(cfg, 0);
-  }
-  models::gguf_load_tensors(*model, tensor_names(), file, notes);
+  auto model = models::gguf_build_model<TransformerLM>(file, config_from_gguf, tensor_names(), notes);
   if (quantized) {
     std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, gguf_tensor_name("lm_head.weight")}};
     if (!file.header().find_tensor(linears[0].second)) linears[0].second = gguf_tensor_name("token_embeddings.weight");

@@ -20,6 +20,9 @@
 
 namespace loom::test {
 
+// The device the suite runs on.
+inline const Device kGpu = Device::cuda(0);
+
 inline Tensor random_cpu(const Shape& shape, uint64_t seed, float std = 1.0f) {
   Tensor t = Tensor::empty(shape);
   fill_normal(t.data<float>(), t.numel(), RngKey::from_seed(seed), 0, 0.0f, std);

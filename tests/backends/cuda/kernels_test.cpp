@@ -16,13 +16,7 @@
 #include "support/op_test.h"
 
 using namespace loom;
-using test::host_values;
-using test::random_cpu;
-using test::relative_error;
-
-namespace {
-const Device kGpu = Device::cuda(0);
-}
+using namespace loom::test;
 
 TEST(CudaTensor, RoundTripsAreExactForEveryDtype) {
   LOOM_REQUIRE_GPU();

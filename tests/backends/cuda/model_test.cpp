@@ -11,12 +11,9 @@
 #include "train/optimizer.h"
 
 using namespace loom;
-using test::host_values;
-using test::relative_error;
+using namespace loom::test;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
 
 std::unique_ptr<models::LanguageModel> tiny(const std::string& arch) {
   nlohmann::json j = {{"arch", arch}, {"vocab_size", 96}, {"context_length", 32}, {"d_model", 64},

@@ -25,13 +25,9 @@
 #include "train/optimizer.h"
 
 using namespace loom;
-using test::host_values;
-using test::random_cpu;
-using test::relative_error;
+using namespace loom::test;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
 
 Tensor random_ids(const Shape& shape, int32_t V, uint64_t seed) {
   Tensor t = Tensor::empty(shape, DType::I32);
@@ -44,15 +40,6 @@ Tensor random_ids(const Shape& shape, int32_t V, uint64_t seed) {
 // A CPU leaf and its GPU twin, both requiring grad.
 std::pair<Tensor, Tensor> leaf_pair(const Tensor& cpu_value) {
   return {test::param(cpu_value), test::param(cpu_value.to(kGpu))};
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
@@ -135,7 +122,7 @@ TEST(CudaEmbedding, ABadIdIsNamedWithItsPosition) {
   Tensor ids = random_ids({2, 8}, 10, 5);
   ids.data<int32_t>()[11] = 10;
   ids.data<int32_t>()[13] = -1;
-  const std::string m = message_of([&] { ops::embedding(ids.to(kGpu), random_cpu({10, 4}, 6).to(kGpu)); });
+  const std::string m = error_of([&] { ops::embedding(ids.to(kGpu), random_cpu({10, 4}, 6).to(kGpu)); });
   EXPECT_NE(m.find("id 10 at flat position 11"), std::string::npos) << m;
 }
 
@@ -282,7 +269,7 @@ TEST(CudaCrossEntropy, ABadTargetIsNamed) {
   LOOM_REQUIRE_GPU();
   Tensor targets = random_ids({8}, 5, 43);
   targets.data<int32_t>()[6] = 5;
-  const std::string m = message_of([&] { ops::cross_entropy(random_cpu({8, 5}, 44).to(kGpu), targets.to(kGpu)); });
+  const std::string m = error_of([&] { ops::cross_entropy(random_cpu({8, 5}, 44).to(kGpu), targets.to(kGpu)); });
   EXPECT_NE(m.find("target 5 at flat position 6"), std::string::npos) << m;
 }
 

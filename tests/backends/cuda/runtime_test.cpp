@@ -10,6 +10,7 @@
 #include "mesh/nccl/nccl_communicator.h"
 #include "core/step_capture.h"
 #include "gpu_test.h"
+#include "support/errors.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -24,16 +25,9 @@
 #include "train/optimizer.h"
 
 using namespace loom;
+using test::error_of;
 
 namespace {
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
 
@@ -51,12 +45,12 @@ TEST(CudaRuntime, DeviceQueriesAnswerWithoutCrashing) {
 TEST(CudaRuntime, WithoutAGpuDeviceMemoryIsRefusedWithTheReason) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is present";
   const std::string reason = cuda::unavailable_reason();
-  const std::string m = message_of([] { Tensor::empty({4}, DType::F32, Device::cuda(0)); });
+  const std::string m = error_of([] { Tensor::empty({4}, DType::F32, Device::cuda(0)); });
   EXPECT_TRUE(contains(m, "cuda:0")) << m;
   EXPECT_TRUE(contains(m, reason)) << m << " lacks " << reason;
-  const std::string m2 = message_of([] { Tensor::from_vector<float>({2}, {1, 2}).to(Device::cuda(1)); });
+  const std::string m2 = error_of([] { Tensor::from_vector<float>({2}, {1, 2}).to(Device::cuda(1)); });
   EXPECT_TRUE(contains(m2, "cuda:1")) << m2;
-  EXPECT_TRUE(contains(message_of([] { cuda::synchronize(Device::cuda(0), "sync"); }), "sync")) ;
+  EXPECT_TRUE(contains(error_of([] { cuda::synchronize(Device::cuda(0), "sync"); }), "sync")) ;
 }
 
 TEST(CudaRuntime, ToTheSameDeviceIsTheSameTensor) {
@@ -66,7 +60,7 @@ TEST(CudaRuntime, ToTheSameDeviceIsTheSameTensor) {
 
 TEST(CudaDispatch, AnOpWithoutACudaKernelNamesTheOpAndDevice) {
   Tensor x = test::fake_cuda({2, 3});
-  const std::string m = message_of([&] { ops::sub(x, x); });
+  const std::string m = error_of([&] { ops::sub(x, x); });
   EXPECT_TRUE(contains(m, "sub")) << m;
   EXPECT_TRUE(contains(m, "cuda:0")) << m;
   if (cuda::built()) {
@@ -79,7 +73,7 @@ TEST(CudaDispatch, AnOpWithoutACudaKernelNamesTheOpAndDevice) {
 TEST(CudaDispatch, MixedDevicesAreRefusedNamingBoth) {
   Tensor a = Tensor::zeros({2, 3});
   Tensor b = test::fake_cuda({2, 3});
-  const std::string m = message_of([&] { ops::add(a, b); });
+  const std::string m = error_of([&] { ops::add(a, b); });
   EXPECT_TRUE(contains(m, "add")) << m;
   EXPECT_TRUE(contains(m, "cpu")) << m;
   EXPECT_TRUE(contains(m, "cuda:0")) << m;
@@ -121,12 +115,12 @@ TEST(CudaDispatch, AnOpWithACudaKernelNamesTheOpWhenNoGpuIsThere) {
            {"adamw_update", [&] { ops::adamw_update(x, x, x, x, ops::AdamWStep{}); }},
            {"scale_", [&] { ops::scale_(x, 2.0f); }},
            {"convert_", [&] { Tensor dst = test::fake_cuda({4, 8}, DType::BF16); ops::convert_(dst, x); }}}) {
-    const std::string m = message_of(f);
+    const std::string m = error_of(f);
     EXPECT_TRUE(contains(m, op + ": ")) << op << ": " << m;
     EXPECT_TRUE(contains(m, "cuda:0")) << op << ": " << m;
     EXPECT_TRUE(contains(m, cuda::unavailable_reason())) << op << ": " << m;
   }
-  EXPECT_TRUE(contains(message_of([] { dist::make_nccl_communicator(nullptr, 0); }), "nccl"));
+  EXPECT_TRUE(contains(error_of([] { dist::make_nccl_communicator(nullptr, 0); }), "nccl"));
 }
 
 // `loom train/generate --device`: without a usable GPU, one clear error naming the device and the

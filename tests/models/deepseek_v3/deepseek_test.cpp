@@ -11,6 +11,7 @@
 #include "models/stats.h"
 #include "ops/shape.h"
 #include "report/flops.h"
+#include "support/model_fixture.h"
 #include "support/op_test.h"
 #include "train/config.h"
 
@@ -24,14 +25,12 @@ const test::Fixture& fixture() {
 }
 
 deepseek_v3::Config config_of(const std::string& variant) {
-  nlohmann::json j = fixture().raw(variant + ".config_json");
-  j["arch"] = "deepseek_v3";
-  return deepseek_v3::Config::from_json(models::ModelConfig::from_json(j).json());
+  return test::family_config_from_fixture<deepseek_v3::Config>(fixture(), variant, "deepseek_v3");
 }
 
 std::unique_ptr<deepseek_v3::DeepSeekV3> fixture_model(const std::string& variant) {
-  auto model = std::make_unique<deepseek_v3::DeepSeekV3>(config_of(variant), 0);
-  for (nn::Parameter* p : model->parameters()) model->load_parameter(p->name, fixture().get(variant + ".init." + p->name));
+  auto model = test::load_fixture_parameters(std::make_unique<deepseek_v3::DeepSeekV3>(config_of(variant), 0), fixture(),
+                                             variant);
   for (deepseek_v3::MoE* m : model->moe_layers()) m->bias.copy_from(fixture().get(variant + ".state." + m->bias_name));
   return model;
 }
@@ -45,16 +44,7 @@ class Dsv3Fixture : public ::testing::TestWithParam<std::string> {};
 TEST_P(Dsv3Fixture, ParametersAreTheFixturesNamesAndShapes) {
   const std::string v = GetParam();
   deepseek_v3::DeepSeekV3 model(config_of(v), 0);
-  size_t fixture_params = 0;
-  for (const auto& [key, value] : fixture().raw_all().items()) {
-    if (key.rfind(v + ".init.", 0) == 0) ++fixture_params;
-  }
-  EXPECT_EQ(model.parameters().size(), fixture_params);
-  int64_t total = 0;
-  for (nn::Parameter* p : model.parameters()) {
-    EXPECT_EQ(p->value.shape(), fixture().get(v + ".init." + p->name).shape()) << p->name;
-    total += p->value.numel();
-  }
+  const int64_t total = test::expect_fixture_parameters(model, fixture(), v);
   EXPECT_EQ(total, model.config().total_params());
   // The routing bias is state: never a parameter, so no gradient and no optimizer state.
   for (deepseek_v3::MoE* m : model.moe_layers()) {

@@ -7,12 +7,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "models/deepseek_v3/hf.h"
 #include "models/deepseek_v3/model.h"
 #include "models/hf.h"
+#include "support/files.h"
+#include "support/hf_checks.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -22,85 +26,37 @@ namespace {
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 
 const nlohmann::json& reference() {
-  static const nlohmann::json ref = [] {
-    std::ifstream in(kFixtures / "hf_dsv3_reference.json");
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json ref = test::read_json(kFixtures / "hf_dsv3_reference.json");
   return ref;
 }
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("loom_hf_dsv3_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() { fs::remove_all(dir); }
-};
-
-const deepseek_v3::DeepSeekV3& dsv3_of(const models::LanguageModel& m) {
-  auto* d = dynamic_cast<const deepseek_v3::DeepSeekV3*>(&m);
-  if (d == nullptr) throw std::runtime_error("expected a deepseek_v3, got " + m.arch());
-  return *d;
-}
-
-void expect_same_model(models::LanguageModel& a, models::LanguageModel& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    ASSERT_EQ(pa[i]->name, pb[i]->name);
-    EXPECT_EQ(pa[i]->value.to_vector<float>(), pb[i]->value.to_vector<float>()) << pa[i]->name;
-  }
-  auto sa = a.state_tensors(), sb = b.state_tensors();
-  ASSERT_EQ(sa.size(), sb.size());
-  for (size_t i = 0; i < sa.size(); ++i) {
-    ASSERT_EQ(sa[i].first, sb[i].first);
-    EXPECT_EQ(sa[i].second.to_vector<float>(), sb[i].second.to_vector<float>()) << sa[i].first;
-  }
-}
+using test::expect_same_model;
+using test::hf_import_error;
+using test::TempDir;
+constexpr auto dsv3_of = &test::model_as<deepseek_v3::DeepSeekV3>;
 
 void copy_dir(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
   for (const auto& e : fs::directory_iterator(from)) fs::copy_file(e.path(), to / e.path().filename());
 }
 
-std::string import_error(const fs::path& dir) {
-  try {
-    models::import_hf(dir.string());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+// Rewrites DIR/model.safetensors with `edit` applied to (copies of) its tensors.
+using Weights = std::map<std::string, Tensor>;
+void edit_weights(const fs::path& dir, const std::function<void(Weights&)>& edit) {
+  Weights tensors;
+  for (auto& [name, t] : io::load_safetensors((dir / "model.safetensors").string())) tensors.emplace(name, t.clone());
+  edit(tensors);
+  io::write_safetensors((dir / "model.safetensors").string(), io::NamedTensors(tensors.begin(), tensors.end()),
+                        {{"format", "pt"}});
 }
 
 // A dsv3-tiny-like model with every parameter and routing bias drawn at random (seeded).
 std::unique_ptr<deepseek_v3::DeepSeekV3> random_model() {
-  deepseek_v3::Config c;
-  c.vocab_size = 64;
-  c.context_length = 16;
-  c.d_model = 16;
-  c.num_layers = 3;
-  c.n_dense = 1;
-  c.num_heads = 2;
-  c.q_rank = 8;
-  c.kv_rank = 6;
-  c.d_nope = 4;
-  c.d_rope = 4;
-  c.d_v = 6;
-  c.d_ff = 24;
-  c.n_shared = 1;
-  c.n_routed = 5;
-  c.top_k = 2;
-  c.d_expert = 8;
-  c.route_scale = 1.5f;
-  c.n_mtp = 2;
-  c.gamma = 0.002f;
-  c.alpha_seq = 0.01f;
-  c.mtp_lambda = 0.25f;
-  c.rope_theta = 777.0f;
-  c.norm_eps = 1e-5f;
+  const deepseek_v3::Config c{.vocab_size = 64, .context_length = 16, .d_model = 16, .num_layers = 3, .n_dense = 1,
+                              .num_heads = 2, .q_rank = 8, .kv_rank = 6, .d_nope = 4, .d_rope = 4, .d_v = 6, .d_ff = 24,
+                              .n_shared = 1, .n_routed = 5, .top_k = 2, .d_expert = 8, .route_scale = 1.5f,
+                              .gamma = 0.002f, .alpha_seq = 0.01f, .n_mtp = 2, .mtp_lambda = 0.25f,
+                              .rope_theta = 777.0f, .norm_eps = 1e-5f};
   auto m = std::make_unique<deepseek_v3::DeepSeekV3>(c, 7);
   uint32_t s = 12345;
   auto next = [&] {
@@ -159,8 +115,8 @@ TEST_P(Dsv3HfFixture, ImportsWithTransformersLogitsAndLoss) {
 
   // import -> export -> import: the same parameters and routing biases, bit for bit.
   TempDir tmp;
-  models::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
-  models::HfImport again = models::import_hf((tmp.dir / "again").string());
+  models::export_hf(*hf.model, nullptr, (tmp.path / "again").string());
+  models::HfImport again = models::import_hf((tmp.path / "again").string());
   expect_same_model(*hf.model, *again.model);
 }
 
@@ -171,8 +127,8 @@ INSTANTIATE_TEST_SUITE_P(TransformersWrote, Dsv3HfFixture, ::testing::Values("hf
 TEST(Dsv3Hf, RoundTripIsBitwiseWithBiasesAndMtp) {
   auto m = random_model();
   TempDir tmp;
-  models::export_hf(*m, nullptr, (tmp.dir / "hf").string());
-  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
+  models::export_hf(*m, nullptr, (tmp.path / "hf").string());
+  models::HfImport back = models::import_hf((tmp.path / "hf").string());
   expect_same_model(*m, *back.model);
   EXPECT_EQ(dsv3_of(*back.model).config().to_json(), m->config().to_json());
   // norm_eps 1e-5: transformers would use 1e-6 in q_a_layernorm / kv_a_layernorm, and the import says so.
@@ -183,7 +139,7 @@ TEST(Dsv3Hf, RoundTripIsBitwiseWithBiasesAndMtp) {
   EXPECT_EQ(m->logits(ids).to_vector<float>(), back.model->logits(ids).to_vector<float>());
 
   // The MTP modules are layers num_hidden_layers + k, as DeepSeek's checkpoints carry them.
-  auto tensors = io::load_safetensors((tmp.dir / "hf" / "model.safetensors").string());
+  auto tensors = io::load_safetensors((tmp.path / "hf" / "model.safetensors").string());
   for (const char* name : {"model.layers.3.enorm.weight", "model.layers.3.hnorm.weight", "model.layers.3.eh_proj.weight",
                            "model.layers.3.shared_head.norm.weight", "model.layers.3.shared_head.head.weight",
                            "model.layers.4.self_attn.kv_a_proj_with_mqa.weight", "model.layers.4.mlp.gate_proj.weight",
@@ -205,7 +161,7 @@ TEST(Dsv3Hf, RoundTripIsBitwiseWithBiasesAndMtp) {
       EXPECT_EQ(kva.data<float>()[(R + 2 * i + half) * C], wkv_a.data<float>()[(R + half * 2 + i) * C]);
     }
   }
-  std::ifstream in(tmp.dir / "hf" / "config.json");
+  std::ifstream in(tmp.path / "hf" / "config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   EXPECT_EQ(config["architectures"][0], "DeepseekV3ForCausalLM");
   EXPECT_EQ(config["num_nextn_predict_layers"], 2);
@@ -218,17 +174,11 @@ TEST(Dsv3Hf, RoundTripIsBitwiseWithBiasesAndMtp) {
 TEST(Dsv3Hf, RefusesMtpHeadThatIsNotShared) {
   auto m = random_model();
   TempDir tmp;
-  const fs::path dir = tmp.dir / "hf";
+  const fs::path dir = tmp.path / "hf";
   models::export_hf(*m, nullptr, dir.string());
-  auto tensors = io::load_safetensors((dir / "model.safetensors").string());
-  io::NamedTensors out;
-  for (auto& [name, t] : tensors) {
-    Tensor v = t.clone();
-    if (name == "model.layers.3.shared_head.head.weight") v.data<float>()[0] += 1.0f;
-    out.emplace_back(name, v);
-  }
-  io::write_safetensors((dir / "model.safetensors").string(), out, {{"format", "pt"}});
-  EXPECT_NE(import_error(dir).find("model.layers.3.shared_head.head.weight"), std::string::npos) << import_error(dir);
+  edit_weights(dir, [](Weights& w) { w.at("model.layers.3.shared_head.head.weight").data<float>()[0] += 1; });
+  const std::string err = hf_import_error(dir);
+  EXPECT_NE(err.find("model.layers.3.shared_head.head.weight"), std::string::npos) << err;
 }
 
 // DeepSeek's own V3 checkpoint has an MoE block in its MTP layer: the layer is left out with a note, the
@@ -236,13 +186,9 @@ TEST(Dsv3Hf, RefusesMtpHeadThatIsNotShared) {
 TEST(Dsv3Hf, LeavesOutAnMtpLayerWithAnMoeBlock) {
   auto m = random_model();
   TempDir tmp;
-  const fs::path dir = tmp.dir / "hf";
+  const fs::path dir = tmp.path / "hf";
   models::export_hf(*m, nullptr, dir.string());
-  auto tensors = io::load_safetensors((dir / "model.safetensors").string());
-  io::NamedTensors out;
-  for (auto& [name, t] : tensors) out.emplace_back(name, t);
-  out.emplace_back("model.layers.3.mlp.gate.weight", tensors.at("model.layers.2.mlp.gate.weight"));
-  io::write_safetensors((dir / "model.safetensors").string(), out, {{"format", "pt"}});
+  edit_weights(dir, [](Weights& w) { w["model.layers.3.mlp.gate.weight"] = w.at("model.layers.2.mlp.gate.weight"); });
   models::HfImport hf = models::import_hf(dir.string());
   EXPECT_EQ(dsv3_of(*hf.model).config().n_mtp, 0);
   bool note = false;
@@ -276,7 +222,7 @@ TEST(Dsv3Hf, RefusesWhatLoomCannotComputeNamingTheKey) {
   int i = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);
-    const fs::path dir = tmp.dir / ("case" + std::to_string(i++));
+    const fs::path dir = tmp.path / ("case" + std::to_string(i++));
     copy_dir(kFixtures / "hf_dsv3_tiny", dir);
     nlohmann::json config;
     {
@@ -286,7 +232,7 @@ TEST(Dsv3Hf, RefusesWhatLoomCannotComputeNamingTheKey) {
     config[c.key] = c.value;
     if (std::string(c.key) == "n_group") config["topk_group"] = 1;
     std::ofstream(dir / "config.json") << config.dump();
-    const std::string err = import_error(dir);
+    const std::string err = hf_import_error(dir);
     EXPECT_NE(err.find(c.expect), std::string::npos) << err;
   }
 }

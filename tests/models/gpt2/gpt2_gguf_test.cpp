@@ -4,8 +4,6 @@
 // tools/llamacpp_check.py checks the same files against llama.cpp itself (docs/gguf.md).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -16,45 +14,19 @@
 #include "models/gguf.h"
 #include "models/gpt2/gguf.h"
 #include "models/gpt2/model.h"
+#include "support/files.h"
+#include "support/op_test.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
 using loom::quant::QuantType;
+using namespace loom::test;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("loom_gguf_gpt2_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 gpt2::Config small_config(bool tied, bool biases) {
-  gpt2::Config c;
-  c.vocab_size = 67;
-  c.context_length = 24;
-  c.d_model = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 96;
-  c.norm_eps = 1e-4f;
-  c.qkv_bias = c.output_proj_bias = biases;
-  c.tie_embeddings = tied;
-  return c;
+  return {.vocab_size = 67, .context_length = 24, .d_model = 64, .num_layers = 2, .num_heads = 4, .d_ff = 96,
+      .norm_eps = 1e-4f, .qkv_bias = biases, .output_proj_bias = biases, .tie_embeddings = tied};
 }
 
 // A GPT-2 whose every parameter is distinct random values (so a swapped q/k/v or bias shows).
@@ -121,8 +93,8 @@ TEST(Gpt2Gguf, ExportWritesLlamaCppNamesShapesMetadataAndValues) {
       auto model = random_model(c);
       models::GgufExportOptions o;
       o.type = QuantType::F32;
-      models::export_gguf(*model, nullptr, dir.file("m.gguf"), o);
-      gguf::GgufFile f = gguf::GgufFile::open(dir.file("m.gguf"));
+      models::export_gguf(*model, nullptr, dir / "m.gguf", o);
+      gguf::GgufFile f = gguf::GgufFile::open(dir / "m.gguf");
       const gguf::Header& h = f.header();
       EXPECT_EQ(h.get_string("general.architecture"), "gpt2");
       EXPECT_EQ(h.get_uint("gpt2.block_count"), 2u);
@@ -185,8 +157,8 @@ TEST(Gpt2Gguf, F32RoundTripIsBitwiseAndComputesTheSameLogits) {
     auto model = random_model(small_config(tied, true));
     models::GgufExportOptions o;
     o.type = QuantType::F32;
-    models::export_gguf(*model, nullptr, dir.file("m.gguf"), o);
-    models::GgufImport back = models::import_gguf(dir.file("m.gguf"));
+    models::export_gguf(*model, nullptr, dir / "m.gguf", o);
+    models::GgufImport back = models::import_gguf(dir / "m.gguf");
     EXPECT_EQ(back.model->model_config().json(), model->model_config().json());
     for (nn::Parameter* p : model->parameters()) {
       const Tensor& b = back.model->parameter(p->name).value;
@@ -207,20 +179,20 @@ TEST(Gpt2Gguf, QuantizedExportKeepsNormsAndBiasesF32) {
     SCOPED_TRACE(quant::quant_type_name(type));
     models::GgufExportOptions o;
     o.type = type;
-    models::export_gguf(*model, nullptr, dir.file("q.gguf"), o);
-    gguf::GgufFile f = gguf::GgufFile::open(dir.file("q.gguf"));
+    models::export_gguf(*model, nullptr, dir / "q.gguf", o);
+    gguf::GgufFile f = gguf::GgufFile::open(dir / "q.gguf");
     for (const gguf::TensorInfo& t : f.header().tensors) {
       EXPECT_EQ(t.type, t.ne.size() == 2 ? type : QuantType::F32) << t.name;
     }
     // And it reads back (dequantized) into a model of the same config.
-    EXPECT_EQ(models::import_gguf(dir.file("q.gguf")).model->model_config().json(), model->model_config().json());
+    EXPECT_EQ(models::import_gguf(dir / "q.gguf").model->model_config().json(), model->model_config().json());
   }
 }
 
 TEST(Gpt2Gguf, ImportRefusesWhatLoomsGpt2CannotHold) {
   TempDir dir;
   auto model = random_model(small_config(true, true));
-  const std::string path = dir.file("bad.gguf");
+  const std::string path = dir / "bad.gguf";
   auto expect_refused = [&](const std::string& needle) {
     const std::string e = error_of([&] { models::import_gguf(path); });
     EXPECT_NE(e.find(needle), std::string::npos) << e;

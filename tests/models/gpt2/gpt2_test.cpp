@@ -10,6 +10,7 @@
 #include "generate/generate.h"
 #include "models/gpt2/model.h"
 #include "models/model_config.h"
+#include "support/model_fixture.h"
 #include "support/op_test.h"
 #include "train/optimizer.h"
 
@@ -23,15 +24,11 @@ const test::Fixture& fixture() {
 }
 
 gpt2::Config config_of(const std::string& variant) {
-  nlohmann::json j = fixture().raw(variant + ".config_json");
-  j["arch"] = "gpt2";
-  return gpt2::Config::from_json(models::ModelConfig::from_json(j).json());
+  return test::family_config_from_fixture<gpt2::Config>(fixture(), variant, "gpt2");
 }
 
 std::unique_ptr<gpt2::GPT2> fixture_model(const std::string& variant) {
-  auto model = std::make_unique<gpt2::GPT2>(config_of(variant), 0);
-  for (nn::Parameter* p : model->parameters()) model->load_parameter(p->name, fixture().get(variant + ".init." + p->name));
-  return model;
+  return test::load_fixture_parameters(std::make_unique<gpt2::GPT2>(config_of(variant), 0), fixture(), variant);
 }
 
 class Gpt2Fixture : public ::testing::TestWithParam<std::string> {};
@@ -41,16 +38,7 @@ class Gpt2Fixture : public ::testing::TestWithParam<std::string> {};
 TEST_P(Gpt2Fixture, ParametersAreTheFixturesNamesAndShapes) {
   const std::string v = GetParam();
   gpt2::GPT2 model(config_of(v), 0);
-  size_t fixture_params = 0;
-  for (const auto& [key, value] : fixture().raw_all().items()) {
-    if (key.rfind(v + ".init.", 0) == 0) ++fixture_params;
-  }
-  EXPECT_EQ(model.parameters().size(), fixture_params);
-  int64_t total = 0;
-  for (nn::Parameter* p : model.parameters()) {
-    EXPECT_EQ(p->value.shape(), fixture().get(v + ".init." + p->name).shape()) << p->name;
-    total += p->value.numel();
-  }
+  const int64_t total = test::expect_fixture_parameters(model, fixture(), v);
   EXPECT_EQ(total, model.config().total_params());
   EXPECT_EQ(total, models::ModelConfig::from_json(model.config().to_json()).stats().total_params);
   EXPECT_EQ(model.parameter("position_embeddings.weight").group, nn::ParamGroup::Position);
@@ -114,15 +102,8 @@ INSTANTIATE_TEST_SUITE_P(TiedAndUntied, Gpt2Fixture, ::testing::Values("tied", "
 
 namespace {
 gpt2::Config tiny(float dropout = 0.0f) {
-  gpt2::Config c;
-  c.vocab_size = 23;
-  c.context_length = 10;
-  c.d_model = 8;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.d_ff = 12;
-  c.dropout = dropout;
-  return c;
+  return {.vocab_size = 23, .context_length = 10, .d_model = 8, .num_layers = 2, .num_heads = 2, .d_ff = 12,
+      .dropout = dropout};
 }
 }  // namespace
 

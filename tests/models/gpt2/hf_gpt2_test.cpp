@@ -13,6 +13,8 @@
 #include "io/safetensors.h"
 #include "models/gpt2/model.h"
 #include "models/hf.h"
+#include "support/files.h"
+#include "support/hf_checks.h"
 #include "support/op_test.h"
 #include "tokenizer/formats.h"
 #include "train/evaluate.h"
@@ -25,47 +27,14 @@ namespace {
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 
 const nlohmann::json& reference() {
-  static const nlohmann::json ref = [] {
-    std::ifstream in(kFixtures / "hf_gpt2_reference.json");
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json ref = test::read_json(kFixtures / "hf_gpt2_reference.json");
   return ref;
 }
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("loom_hf_gpt2_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() { fs::remove_all(dir); }
-};
-
-const gpt2::GPT2& gpt2_of(const models::LanguageModel& m) {
-  auto* g = dynamic_cast<const gpt2::GPT2*>(&m);
-  if (g == nullptr) throw std::runtime_error("expected a gpt2, got " + m.arch());
-  return *g;
-}
-
-void expect_same_parameters(models::LanguageModel& a, models::LanguageModel& b) {
-  auto pa = a.parameters(), pb = b.parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    ASSERT_EQ(pa[i]->name, pb[i]->name);
-    EXPECT_EQ(pa[i]->value.to_vector<float>(), pb[i]->value.to_vector<float>()) << pa[i]->name;
-  }
-}
-
-std::string import_error(const fs::path& dir) {
-  try {
-    models::import_hf(dir.string());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::expect_same_model;
+using test::hf_import_error;
+using test::TempDir;
+constexpr auto gpt2_of = &test::model_as<gpt2::GPT2>;
 
 class Gpt2HfFixture : public ::testing::TestWithParam<std::string> {};
 
@@ -93,9 +62,9 @@ TEST_P(Gpt2HfFixture, ImportsWithTransformersLogitsAndLoss) {
 
   // import -> export -> import: the same parameters, bit for bit.
   TempDir tmp;
-  models::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
-  models::HfImport again = models::import_hf((tmp.dir / "again").string());
-  expect_same_parameters(*hf.model, *again.model);
+  models::export_hf(*hf.model, nullptr, (tmp.path / "again").string());
+  models::HfImport again = models::import_hf((tmp.path / "again").string());
+  expect_same_model(*hf.model, *again.model);
   EXPECT_EQ(gpt2_of(*again.model).config().to_json(), gpt2_of(*hf.model).config().to_json());
 }
 
@@ -110,16 +79,16 @@ TEST(Gpt2Hf, ExportWritesTransformersOwnTensors) {
     SCOPED_TRACE(dir);
     TempDir tmp;
     models::HfImport hf = models::import_hf((kFixtures / dir).string());
-    models::export_hf(*hf.model, nullptr, (tmp.dir / "out").string());
+    models::export_hf(*hf.model, nullptr, (tmp.path / "out").string());
     auto original = io::load_safetensors((kFixtures / dir / "model.safetensors").string());
-    auto exported = io::load_safetensors((tmp.dir / "out" / "model.safetensors").string());
+    auto exported = io::load_safetensors((tmp.path / "out" / "model.safetensors").string());
     EXPECT_EQ(original.size(), exported.size());
     for (const auto& [name, t] : original) {
       ASSERT_TRUE(exported.count(name)) << name;
       EXPECT_EQ(t.shape(), exported.at(name).shape()) << name;
       EXPECT_EQ(t.to_vector<float>(), exported.at(name).to_vector<float>()) << name;
     }
-    std::ifstream in(tmp.dir / "out" / "config.json");
+    std::ifstream in(tmp.path / "out" / "config.json");
     nlohmann::json config = nlohmann::json::parse(in);
     EXPECT_EQ(config["model_type"], "gpt2");
     EXPECT_EQ(config["activation_function"], "gelu_new");
@@ -139,24 +108,18 @@ TEST(Gpt2Hf, OpenAiLayoutIgnoresTheMaskBuffersAndTiesTheHead) {
 // the biases loom lacks as zeros, and importing gives the same logits.
 TEST(Gpt2Hf, LoomModelRoundTripsWithItsTokenizer) {
   TempDir tmp;
-  gpt2::Config c;
-  c.vocab_size = 300;
-  c.context_length = 16;
-  c.d_model = 16;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.qkv_bias = false;
-  c.tie_embeddings = false;
+  const gpt2::Config c{.vocab_size = 300, .context_length = 16, .d_model = 16, .num_layers = 2, .num_heads = 2,
+                       .qkv_bias = false, .tie_embeddings = false};
   gpt2::GPT2 model(c, 5);
   tokenizer::Tokenizer tok = tokenizer::load_tokenizer(LOOM_SOURCE_DIR "/tests/tokenizer/hf_tokenizer.json");
-  models::export_hf(model, &tok, (tmp.dir / "hf").string());
+  models::export_hf(model, &tok, (tmp.path / "hf").string());
   for (const char* f : {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "vocab.json", "merges.txt"}) {
-    EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
+    EXPECT_TRUE(fs::exists(tmp.path / "hf" / f)) << f;
   }
-  auto file = io::SafetensorsFile::open((tmp.dir / "hf" / "model.safetensors").string());
+  auto file = io::SafetensorsFile::open((tmp.path / "hf" / "model.safetensors").string());
   EXPECT_EQ(file.tensor("transformer.h.0.attn.c_attn.bias").to_vector<float>(), std::vector<float>(48, 0.0f));
-  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
+  models::HfImport back = models::import_hf((tmp.path / "hf").string());
   ASSERT_TRUE(back.tokenizer.has_value());
   EXPECT_EQ(back.tokenizer->vocab_size(), tok.vocab_size());
   Tensor ids = Tensor::from_vector<int32_t>({1, 5}, {1, 50, 299, 7, 0});
@@ -167,7 +130,7 @@ TEST(Gpt2Hf, MissingOrMisshapedTensorsAndUnsupportedOptionsAreRefused) {
   TempDir tmp;
   auto all = io::load_safetensors((kFixtures / "hf_gpt2_tiny" / "model.safetensors").string());
   auto write_variant = [&](const std::string& name, std::map<std::string, Tensor> tensors, const nlohmann::json& config_patch) {
-    fs::path d = tmp.dir / name;
+    fs::path d = tmp.path / name;
     fs::create_directories(d);
     io::NamedTensors list(tensors.begin(), tensors.end());
     io::write_safetensors((d / "model.safetensors").string(), list);
@@ -179,23 +142,23 @@ TEST(Gpt2Hf, MissingOrMisshapedTensorsAndUnsupportedOptionsAreRefused) {
   };
   auto missing = all;
   missing.erase("transformer.h.1.mlp.c_fc.bias");
-  EXPECT_NE(import_error(write_variant("missing", missing, {})).find("layers.1.mlp.fc.bias"), std::string::npos);
+  EXPECT_NE(hf_import_error(write_variant("missing", missing, {})).find("layers.1.mlp.fc.bias"), std::string::npos);
   auto misshaped = all;
   misshaped.at("transformer.h.0.mlp.c_proj.weight") = Tensor::zeros({3, 32});
-  EXPECT_NE(import_error(write_variant("misshaped", misshaped, {})).find("transformer.h.0.mlp.c_proj.weight"),
+  EXPECT_NE(hf_import_error(write_variant("misshaped", misshaped, {})).find("transformer.h.0.mlp.c_proj.weight"),
             std::string::npos);
   auto extra = all;
   extra.emplace("transformer.h.0.attn.rotary.weight", Tensor::zeros({2}));
-  EXPECT_NE(import_error(write_variant("extra", extra, {})).find("transformer.h.0.attn.rotary.weight"),
+  EXPECT_NE(hf_import_error(write_variant("extra", extra, {})).find("transformer.h.0.attn.rotary.weight"),
             std::string::npos);
-  EXPECT_NE(import_error(write_variant("relu", all, {{"activation_function", "relu"}})).find("activation_function \"relu\""),
+  EXPECT_NE(hf_import_error(write_variant("relu", all, {{"activation_function", "relu"}})).find("activation_function \"relu\""),
             std::string::npos);
-  EXPECT_NE(import_error(write_variant("layer_idx", all, {{"scale_attn_by_inverse_layer_idx", true}}))
+  EXPECT_NE(hf_import_error(write_variant("layer_idx", all, {{"scale_attn_by_inverse_layer_idx", true}}))
                 .find("scale_attn_by_inverse_layer_idx"),
             std::string::npos);
-  EXPECT_NE(import_error(write_variant("untied_no_head", all, {{"tie_word_embeddings", false}})).find("no lm_head.weight"),
+  EXPECT_NE(hf_import_error(write_variant("untied_no_head", all, {{"tie_word_embeddings", false}})).find("no lm_head.weight"),
             std::string::npos);
-  EXPECT_NE(import_error(write_variant("heads", all, {{"n_head", 5}})).find("num_heads=5"), std::string::npos);
-  EXPECT_NE(import_error(write_variant("mamba", all, {{"model_type", "mamba"}})).find("model_type \"mamba\""),
+  EXPECT_NE(hf_import_error(write_variant("heads", all, {{"n_head", 5}})).find("num_heads=5"), std::string::npos);
+  EXPECT_NE(hf_import_error(write_variant("mamba", all, {{"model_type", "mamba"}})).find("model_type \"mamba\""),
             std::string::npos);
 }

@@ -14,6 +14,7 @@
 #include "models/llama/model.h"
 #include "ops/decode_step.h"
 #include "quant/qmatmul.h"
+#include "support/model_fixture.h"
 
 using namespace loom;
 using namespace loom::quant;
@@ -24,32 +25,13 @@ namespace {
 // the thread shares end inside a 16-row block and the head has a tail of rows past its 8-row groups
 // only when the vocabulary asks (104 = 13 groups of 8).
 llama::Config tiny_config() {
-  llama::Config c;
-  c.vocab_size = 104;
-  c.context_length = 48;
-  c.d_model = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.d_ff = 96;
-  return c;
-}
-
-std::vector<nn::Linear*> linears(llama::TransformerLM& m) {
-  std::vector<nn::Linear*> out;
-  for (auto& layer : m.layers) {
-    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
-                          &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
-      out.push_back(l);
-    }
-  }
-  out.push_back(&m.lm_head);
-  return out;
+  return {.vocab_size = 104, .context_length = 48, .d_model = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2,
+      .d_ff = 96};
 }
 
 // Q4_1 layers and a Q8_0 head, as SmolLM2's GGUF has them.
 void quantize(llama::TransformerLM& m) {
-  for (nn::Linear* l : linears(m)) {
+  for (nn::Linear* l : test::llama_linears(m)) {
     const Tensor& w = l->weight.value;
     const QuantType type = l == &m.lm_head ? QuantType::Q8_0 : QuantType::Q4_1;
     l->set_quantized(std::make_shared<QuantizedMatrix>(QuantizedMatrix::quantize(type, w.data<float>(), w.size(0), w.size(1))));
@@ -77,12 +59,6 @@ DecodeRun decode(llama::TransformerLM& m, bool fused, const std::vector<int32_t>
   }
   m.fused_decode = true;
   return r;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 float max_abs(const std::vector<float>& a) {

@@ -11,6 +11,8 @@
 
 #include "io/safetensors.h"
 #include "ops/rope.h"
+#include "support/files.h"
+#include "support/hf_checks.h"
 #include "support/op_test.h"
 #include "train/evaluate.h"
 #include "models/hf.h"
@@ -19,52 +21,22 @@
 #include "runs/load.h"
 
 using namespace loom;
+using test::expect_bitwise;
 namespace fs = std::filesystem;
 
 namespace {
 
+using test::TempDir;
 // The Llama an import built (these fixtures are all Llamas).
-const llama::TransformerLM& llama_of(const models::LanguageModel& m) {
-  auto* l = dynamic_cast<const llama::TransformerLM*>(&m);
-  if (l == nullptr) throw std::runtime_error("expected a llama, got " + m.arch());
-  return *l;
-}
+constexpr auto llama_of = &test::model_as<llama::TransformerLM>;
 
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 
-nlohmann::json reference() {
-  std::ifstream in(kFixtures / "hf_reference.json");
-  return nlohmann::json::parse(in);
-}
-
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("loom_hf_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() { fs::remove_all(dir); }
-};
+nlohmann::json reference() { return test::read_json(kFixtures / "hf_reference.json"); }
 
 llama::Config small_config() {
-  llama::Config c;
-  c.vocab_size = 50;
-  c.context_length = 24;
-  c.d_model = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.d_ff = 48;
-  c.rope_theta = 1000.0f;
-  c.norm_eps = 1e-5f;
-  return c;
-}
-
-void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << what << " differs";
+  return {.vocab_size = 50, .context_length = 24, .d_model = 32, .num_layers = 2, .num_heads = 4, .d_ff = 48,
+      .rope_theta = 1000.0f, .norm_eps = 1e-5f};
 }
 
 std::string run_command(const std::string& cmd) {
@@ -133,11 +105,11 @@ TEST(Hf, ExportThenImportIsBitwiseIdentical) {
   TempDir tmp;
   const llama::Config c = small_config();
   llama::TransformerLM model(c, 7);
-  models::export_hf(model, nullptr, (tmp.dir / "hf").string());
+  models::export_hf(model, nullptr, (tmp.path / "hf").string());
   for (const char* f : {"config.json", "model.safetensors", "generation_config.json"}) {
-    EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
+    EXPECT_TRUE(fs::exists(tmp.path / "hf" / f)) << f;
   }
-  std::ifstream in(tmp.dir / "hf" / "config.json");
+  std::ifstream in(tmp.path / "hf" / "config.json");
   auto cfg = nlohmann::json::parse(in);
   EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
   EXPECT_EQ(cfg["hidden_size"], 32);
@@ -148,7 +120,7 @@ TEST(Hf, ExportThenImportIsBitwiseIdentical) {
   EXPECT_EQ(cfg["rms_norm_eps"].get<double>(), 1e-5);
 
   // The exported q rows are loom's rows reordered per head: HF row h*D+i <- loom row h*D+2i.
-  auto file = io::SafetensorsFile::open((tmp.dir / "hf" / "model.safetensors").string());
+  auto file = io::SafetensorsFile::open((tmp.path / "hf" / "model.safetensors").string());
   Tensor q_hf = file.tensor("model.layers.1.self_attn.q_proj.weight");
   const Tensor& q = model.parameter("layers.1.attn.q_proj.weight").value;
   const int64_t D = c.head_dim(), C = c.d_model;
@@ -159,7 +131,7 @@ TEST(Hf, ExportThenImportIsBitwiseIdentical) {
   expect_bitwise(file.tensor("model.layers.0.mlp.gate_proj.weight"), model.parameter("layers.0.ffn.w1.weight").value,
                  "gate_proj = w1");
 
-  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
+  models::HfImport back = models::import_hf((tmp.path / "hf").string());
   EXPECT_EQ(llama_of(*back.model).config().d_model, c.d_model);
   EXPECT_EQ(llama_of(*back.model).config().rope_theta, c.rope_theta);
   EXPECT_EQ(llama_of(*back.model).config().norm_eps, c.norm_eps);
@@ -196,15 +168,15 @@ nlohmann::json expect_matches_reference(const std::string& dir, const nlohmann::
   EXPECT_NEAR(r.loss, ref["loss"].get<double>(), 2e-5);
 
   TempDir tmp;
-  models::export_hf(*hf.model, nullptr, (tmp.dir / "again").string());
+  models::export_hf(*hf.model, nullptr, (tmp.path / "again").string());
   auto original = io::load_safetensors((kFixtures / dir / "model.safetensors").string());
-  auto again = io::load_safetensors((tmp.dir / "again" / "model.safetensors").string());
+  auto again = io::load_safetensors((tmp.path / "again" / "model.safetensors").string());
   EXPECT_EQ(original.size(), again.size());
   for (const auto& [name, t] : original) {
     EXPECT_TRUE(again.count(name)) << name;
     if (again.count(name)) expect_bitwise(t, again.at(name), name);
   }
-  std::ifstream config(tmp.dir / "again" / "config.json");
+  std::ifstream config(tmp.path / "again" / "config.json");
   return nlohmann::json::parse(config);
 }
 
@@ -237,16 +209,16 @@ TEST(Hf, LoomEvalOnTheHfDirectoryGivesThePyTorchLoss) {
                                                   " --context-length " + T + " 2>&1"));
   EXPECT_NEAR(direct["loss"].get<double>(), ref["loss"].get<double>(), 2e-5);
   run_command(std::string(LOOM_CLI) + " import --hf " + (kFixtures / "hf_tiny").string() + " --out " +
-              (tmp.dir / "run").string() + " 2>&1");
-  auto imported = nlohmann::json::parse(run_command(std::string(LOOM_CLI) + " eval --run " + (tmp.dir / "run").string() +
+              (tmp.path / "run").string() + " 2>&1");
+  auto imported = nlohmann::json::parse(run_command(std::string(LOOM_CLI) + " eval --run " + (tmp.path / "run").string() +
                                                     " --data " + data + " --context-length " + T + " 2>&1"));
   EXPECT_EQ(imported["loss"].get<double>(), direct["loss"].get<double>());
 
   // And `loom export` of the imported run writes the fixture's tensors back, bit for bit.
-  run_command(std::string(LOOM_CLI) + " export --run " + (tmp.dir / "run").string() + " --format hf --out " +
-              (tmp.dir / "hf").string() + " 2>&1");
+  run_command(std::string(LOOM_CLI) + " export --run " + (tmp.path / "run").string() + " --format hf --out " +
+              (tmp.path / "hf").string() + " 2>&1");
   auto original = io::load_safetensors((kFixtures / "hf_tiny" / "model.safetensors").string());
-  auto exported = io::load_safetensors((tmp.dir / "hf" / "model.safetensors").string());
+  auto exported = io::load_safetensors((tmp.path / "hf" / "model.safetensors").string());
   ASSERT_EQ(original.size(), exported.size());
   for (const auto& [name, t] : original) {
     ASSERT_TRUE(exported.count(name)) << name;
@@ -257,7 +229,7 @@ TEST(Hf, LoomEvalOnTheHfDirectoryGivesThePyTorchLoss) {
 TEST(Hf, UnsupportedOptionsAreNamed) {
   TempDir tmp;
   auto variant = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-    fs::path d = tmp.dir / name;
+    fs::path d = tmp.path / name;
     fs::create_directories(d);
     fs::copy_file(kFixtures / "hf_tiny" / "model.safetensors", d / "model.safetensors");
     std::ifstream in(kFixtures / "hf_tiny" / "config.json");
@@ -289,7 +261,7 @@ TEST(Hf, UnsupportedOptionsAreNamed) {
               ::testing::HasSubstr("has shape"));
 
   // Tied embeddings without an lm_head tensor: the head becomes a copy of the embedding.
-  fs::path tied = tmp.dir / "tied";
+  fs::path tied = tmp.path / "tied";
   fs::create_directories(tied);
   auto all = io::load_safetensors((kFixtures / "hf_tiny" / "model.safetensors").string());
   all.erase("lm_head.weight");
@@ -314,26 +286,26 @@ TEST(Hf, ExportWritesTheTokenizerFilesAndImportReadsThemBack) {
   llama::Config c = small_config();
   c.vocab_size = static_cast<int64_t>(tok.vocab_size());
   llama::TransformerLM model(c, 3);
-  models::export_hf(model, &tok, (tmp.dir / "hf").string());
+  models::export_hf(model, &tok, (tmp.path / "hf").string());
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
-    EXPECT_TRUE(fs::exists(tmp.dir / "hf" / f)) << f;
+    EXPECT_TRUE(fs::exists(tmp.path / "hf" / f)) << f;
   }
-  std::ifstream tj_in(tmp.dir / "hf" / "tokenizer.json");
+  std::ifstream tj_in(tmp.path / "hf" / "tokenizer.json");
   auto tj = nlohmann::json::parse(tj_in);
   ASSERT_FALSE(tj["model"]["merges"].empty());
   EXPECT_TRUE(tj["model"]["merges"][0].is_string()) << "merges as \"a b\" strings, readable by every tokenizers version";
-  std::ifstream cfg_in(tmp.dir / "hf" / "config.json");
+  std::ifstream cfg_in(tmp.path / "hf" / "config.json");
   auto cfg = nlohmann::json::parse(cfg_in);
   EXPECT_EQ(cfg["eos_token_id"].get<int64_t>(), static_cast<int64_t>(*tok.special_token_id("<|endoftext|>")));
 
-  models::HfImport back = models::import_hf((tmp.dir / "hf").string());
+  models::HfImport back = models::import_hf((tmp.path / "hf").string());
   ASSERT_TRUE(back.tokenizer.has_value());
   const std::string probe = "a single man, naïve <|endoftext|> café";
   EXPECT_EQ(back.tokenizer->encode(probe), tok.encode(probe));
   EXPECT_EQ(back.tokenizer->vocab_size(), tok.vocab_size());
 
   // `loom generate --weights HFDIR` runs on the directory, with its tokenizer.
-  std::string out = run_command(std::string(LOOM_CLI) + " generate --weights " + (tmp.dir / "hf").string() +
+  std::string out = run_command(std::string(LOOM_CLI) + " generate --weights " + (tmp.path / "hf").string() +
                                 " --prompt 'a single man' --max-new-tokens 8 --temperature 0");
   EXPECT_EQ(out.rfind("a single man", 0), 0u) << out;
   EXPECT_GT(out.size(), std::string("a single man\n").size()) << out;
@@ -345,25 +317,25 @@ TEST(Hf, ImportsBf16AndShardedDirectories) {
   models::HfImport ref = models::import_hf((kFixtures / "hf_tiny").string());
 
   // BF16 weights are widened to F32: the result equals the F32 fixture rounded to BF16 and back.
-  fs::create_directories(tmp.dir / "bf16");
+  fs::create_directories(tmp.path / "bf16");
   std::map<std::string, Tensor> bf16, rounded;
   for (const auto& [name, t] : all) {
     bf16[name] = t.to(DType::BF16);
     rounded[name] = bf16[name].to(DType::F32);
   }
-  io::write_safetensors((tmp.dir / "bf16" / "model.safetensors").string(), bf16);
-  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "bf16" / "config.json");
-  models::HfImport b = models::import_hf((tmp.dir / "bf16").string());
-  fs::create_directories(tmp.dir / "rounded");
-  io::write_safetensors((tmp.dir / "rounded" / "model.safetensors").string(), rounded);
-  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "rounded" / "config.json");
-  models::HfImport r = models::import_hf((tmp.dir / "rounded").string());
+  io::write_safetensors((tmp.path / "bf16" / "model.safetensors").string(), bf16);
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.path / "bf16" / "config.json");
+  models::HfImport b = models::import_hf((tmp.path / "bf16").string());
+  fs::create_directories(tmp.path / "rounded");
+  io::write_safetensors((tmp.path / "rounded" / "model.safetensors").string(), rounded);
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.path / "rounded" / "config.json");
+  models::HfImport r = models::import_hf((tmp.path / "rounded").string());
   for (nn::Parameter* p : b.model->parameters()) {
     expect_bitwise(p->value, r.model->parameter(p->name).value, "bf16 " + p->name);
   }
 
   // Shards named by model.safetensors.index.json.
-  fs::create_directories(tmp.dir / "sharded");
+  fs::create_directories(tmp.path / "sharded");
   std::map<std::string, Tensor> first, second;
   nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
   for (const auto& [name, t] : all) {
@@ -371,11 +343,11 @@ TEST(Hf, ImportsBf16AndShardedDirectories) {
     (in_first ? first : second)[name] = t;
     index["weight_map"][name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
-  io::write_safetensors((tmp.dir / "sharded" / "model-00001-of-00002.safetensors").string(), first);
-  io::write_safetensors((tmp.dir / "sharded" / "model-00002-of-00002.safetensors").string(), second);
-  std::ofstream(tmp.dir / "sharded" / "model.safetensors.index.json") << index.dump();
-  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.dir / "sharded" / "config.json");
-  models::HfImport s = models::import_hf((tmp.dir / "sharded").string());
+  io::write_safetensors((tmp.path / "sharded" / "model-00001-of-00002.safetensors").string(), first);
+  io::write_safetensors((tmp.path / "sharded" / "model-00002-of-00002.safetensors").string(), second);
+  std::ofstream(tmp.path / "sharded" / "model.safetensors.index.json") << index.dump();
+  fs::copy_file(kFixtures / "hf_tiny" / "config.json", tmp.path / "sharded" / "config.json");
+  models::HfImport s = models::import_hf((tmp.path / "sharded").string());
   for (nn::Parameter* p : ref.model->parameters()) {
     expect_bitwise(p->value, s.model->parameter(p->name).value, "sharded " + p->name);
   }
@@ -391,7 +363,7 @@ TEST(HfImport, ReadsTransformers5RopeParameters) {
   const float theta = config["rope_theta"].get<float>();
   ASSERT_NE(theta, 10000.0f);
   auto variant = [&](const std::string& name, const nlohmann::json& c) {
-    fs::path d = tmp.dir / name;
+    fs::path d = tmp.path / name;
     fs::create_directories(d);
     fs::copy_file(kFixtures / "hf_tiny" / "model.safetensors", d / "model.safetensors");
     std::ofstream(d / "config.json") << c.dump();

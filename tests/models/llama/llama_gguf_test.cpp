@@ -4,15 +4,12 @@
 // bytes).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "core/autograd.h"
 #include "core/tensor.h"
@@ -21,63 +18,27 @@
 #include "models/gguf.h"
 #include "models/llama/gguf.h"
 #include "support/cli.h"
+#include "support/files.h"
+#include "support/gguf_files.h"
+#include "support/op_test.h"
 #include "tokenizer/formats.h"
 #include "runs/load.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
 using loom::quant::QuantType;
+using namespace loom::test;
 
 namespace {
 
 const fs::path kFixtures = fs::path(LOOM_TEST_DIR) / "fixtures";
 const std::string kTiny = (kFixtures / "tiny_llama.gguf").string();
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("loom_gguf_llama_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 Tensor ids_tensor(const std::vector<int32_t>& ids) {
   return Tensor::from_vector(Shape({1, static_cast<int64_t>(ids.size())}), ids);
 }
 
 std::vector<tokenizer::TokenId> as_ids(const nlohmann::json& j) { return j.get<std::vector<tokenizer::TokenId>>(); }
-
-// The tiny file with its metadata changed: `edit` gets the key-value list and the tensors.
-std::string rewritten(const TempDir& dir, const std::string& name,
-                      const std::function<void(std::vector<gguf::KeyValue>&, std::vector<gguf::TensorEntry>&)>& edit) {
-  gguf::GgufFile f = gguf::GgufFile::open(kTiny);
-  std::vector<gguf::KeyValue> kv = f.header().metadata;
-  std::vector<gguf::TensorEntry> tensors;
-  for (const auto& t : f.header().tensors) {
-    auto b = f.bytes(t.name);
-    tensors.push_back({t.name, t.ne, t.type, b.data(), b.size()});
-  }
-  edit(kv, tensors);
-  gguf::write_gguf_file(dir.file(name), kv, tensors);
-  return dir.file(name);
-}
 
 void set_key(std::vector<gguf::KeyValue>& kv, const std::string& key, gguf::Value v) {
   for (auto& e : kv) {
@@ -166,11 +127,11 @@ TEST(LlamaGguf, F32ExportRoundTripsBitForBit) {
   o.bos = g.bos;
   o.eos = g.eos;
   o.chat_template = g.chat_template;
-  models::export_gguf(*g.model, &*g.tokenizer, dir.file("out.gguf"), o);
-  gguf::GgufFile f = gguf::GgufFile::open(dir.file("out.gguf"));
+  models::export_gguf(*g.model, &*g.tokenizer, dir / "out.gguf", o);
+  gguf::GgufFile f = gguf::GgufFile::open(dir / "out.gguf");
   EXPECT_EQ(f.header().find_tensor("output.weight"), nullptr);  // tied head left out
   EXPECT_EQ(f.header().get_string("general.architecture"), "llama");
-  models::GgufImport back = models::import_gguf(dir.file("out.gguf"));
+  models::GgufImport back = models::import_gguf(dir / "out.gguf");
   for (nn::Parameter* p : g.model->parameters()) {
     const Tensor& a = p->value;
     const Tensor& b = back.model->parameter(p->name).value;
@@ -198,8 +159,8 @@ TEST(LlamaGguf, QuantizedExportStoresWhatQuantizeGives) {
     SCOPED_TRACE(quant::quant_type_name(type));
     models::GgufExportOptions o;
     o.type = type;
-    models::export_gguf(*g.model, nullptr, dir.file("q.gguf"), o);
-    gguf::GgufFile f = gguf::GgufFile::open(dir.file("q.gguf"));
+    models::export_gguf(*g.model, nullptr, dir / "q.gguf", o);
+    gguf::GgufFile f = gguf::GgufFile::open(dir / "q.gguf");
     EXPECT_FALSE(gguf::has_tokenizer(f.header()));
     // llama.cpp's llama_ftype, not the ggml type id (Q8_0 is ftype 7 but type 8).
     EXPECT_EQ(f.header().get_uint("general.file_type"), type == QuantType::F16 ? 1u : type == QuantType::Q8_0 ? 7u : 3u);
@@ -224,7 +185,7 @@ TEST(LlamaGguf, QuantizedExportStoresWhatQuantizeGives) {
 TEST(LlamaGguf, RefusesWhatLoomCannotRunNamingIt) {
   TempDir dir;
   auto import_error = [&](const std::string& name, auto edit) {
-    return error_of([&] { models::import_gguf(rewritten(dir, name, edit)); });
+    return error_of([&] { models::import_gguf(test::rewrite_gguf(kTiny, dir / name, edit)); });
   };
   using KV = std::vector<gguf::KeyValue>;
   using TS = std::vector<gguf::TensorEntry>;
@@ -265,35 +226,35 @@ TEST(LlamaGguf, RefusesWhatLoomCannotRunNamingIt) {
 
 TEST(LlamaGguf, CliImportGenerateAndExport) {
   TempDir dir;
-  auto r = test::run_cli("import --gguf " + kTiny + " --out " + dir.file("run"));
+  auto r = test::run_cli("import --gguf " + kTiny + " --out " + dir / "run");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(fs::exists(dir.file("run/tokenizer.json")));
-  EXPECT_TRUE(fs::exists(dir.file("run/tokenizer_config.json")));
+  EXPECT_TRUE(fs::exists(dir / "run/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dir / "run/tokenizer_config.json"));
   // The tokenizer.json loom wrote encodes as the metadata's tokenizer does.
   const nlohmann::json want = read_json(kFixtures / "tiny_llama.json");
-  tokenizer::Tokenizer tok = tokenizer::load_tokenizer(dir.file("run/tokenizer.json"));
+  tokenizer::Tokenizer tok = tokenizer::load_tokenizer(dir / "run/tokenizer.json");
   for (const auto& c : want["tokenizer"]) EXPECT_EQ(tok.encode(c["text"].get<std::string>()), as_ids(c["ids"]));
 
   // generate from the GGUF (dequantized) and from the imported run: the same greedy text.
   const std::string args = " --prompt 'the thing' --temperature 0 --max-new-tokens 8";
   auto a = test::run_cli("generate --weights " + kTiny + args + " --f32", false);
-  auto b = test::run_cli("generate --run " + dir.file("run") + args, false);
+  auto b = test::run_cli("generate --run " + dir / "run" + args, false);
   ASSERT_EQ(a.status, 0) << a.output;
   ASSERT_EQ(b.status, 0) << b.output;
   EXPECT_EQ(a.output, b.output);
   EXPECT_EQ(a.output.rfind("the thing", 0), 0u);
 
-  auto e = test::run_cli("export --run " + dir.file("run") + " --format gguf --gguf-type q8_0 --out " + dir.file("x.gguf"));
+  auto e = test::run_cli("export --run " + dir / "run" + " --format gguf --gguf-type q8_0 --out " + dir / "x.gguf");
   ASSERT_EQ(e.status, 0) << e.output;
-  models::GgufImport back = models::import_gguf(dir.file("x.gguf"));
+  models::GgufImport back = models::import_gguf(dir / "x.gguf");
   EXPECT_EQ(back.eos, 2u);  // from tokenizer_config.json
   EXPECT_NE(back.chat_template.find("<|im_start|>"), std::string::npos);
-  auto again = test::run_cli("export --run " + dir.file("run") + " --format gguf --out " + dir.file("x.gguf"));
+  auto again = test::run_cli("export --run " + dir / "run" + " --format gguf --out " + dir / "x.gguf");
   EXPECT_NE(again.status, 0);
   EXPECT_NE(again.output.find("exists (give --overwrite to replace it)"), std::string::npos) << again.output;
-  auto bad = test::run_cli("export --run " + dir.file("run") + " --format gguf --gguf-type q5_k --out " + dir.file("y.gguf"));
+  auto bad = test::run_cli("export --run " + dir / "run" + " --format gguf --gguf-type q5_k --out " + dir / "y.gguf");
   EXPECT_NE(bad.output.find("GGUF export type \"q5_k\" is not supported"), std::string::npos) << bad.output;
-  auto missing = test::run_cli("import --out " + dir.file("z"));
+  auto missing = test::run_cli("import --out " + dir / "z");
   EXPECT_NE(missing.output.find("give --hf DIR or --gguf FILE"), std::string::npos) << missing.output;
 }
 
@@ -301,16 +262,16 @@ TEST(LlamaGguf, TrainContinuesFromGgufWeightsWithTheirTokenizer) {
   TempDir dir;
   // lr 0: one step changes nothing, so the run's weights must be the GGUF's, bit for bit.
   const std::string data = " --set data.corpus=" + (fs::path(LOOM_SOURCE_DIR) / "tests/gguf/make_fixtures.py").string() +
-                           " --set data.tokenizer=" + dir.file("d/tokenizer.json") + " --set data.train=" +
-                           dir.file("d/train.bin") + " --set data.val=" + dir.file("d/val.bin");
+                           " --set data.tokenizer=" + dir / "d/tokenizer.json" + " --set data.train=" +
+                           dir / "d/train.bin" + " --set data.val=" + dir / "d/val.bin";
   auto r = test::run_cli("train --config tiny --weights " + kTiny + data +
                          " --set training.max_steps=1 --set optimizer.lr=0 --set optimizer.min_lr=0 --set "
                          "model.context_length=32 --set training.batch_size=2 --set sample.num_samples=0 --set "
-                         "logging.progress=none --out " + dir.file("run"));
+                         "logging.progress=none --out " + dir / "run");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("starting from the weights of"), std::string::npos) << r.output;
   models::GgufImport g = models::import_gguf(kTiny);
-  auto run = runs::load_run(dir.file("run"));
+  auto run = runs::load_run(dir / "run");
   EXPECT_EQ(run.model->model_config().json()["context_length"], 32);
   for (nn::Parameter* p : g.model->parameters()) {
     const Tensor& a = p->value;
@@ -323,9 +284,9 @@ TEST(LlamaGguf, TrainContinuesFromGgufWeightsWithTheirTokenizer) {
   // The run's tokenizer is the GGUF's, and its eos and chat template are kept for a GGUF export.
   ASSERT_TRUE(run.tokenizer.has_value());
   EXPECT_EQ(run.tokenizer->vocab(), g.tokenizer->vocab());
-  EXPECT_TRUE(fs::exists(dir.file("run/tokenizer_config.json")));
+  EXPECT_TRUE(fs::exists(dir / "run/tokenizer_config.json"));
   auto bad = test::run_cli("train --config tiny --weights " + kTiny + data + " --set model.num_layers=3 --out " +
-                           dir.file("run2"));
+                           dir / "run2");
   EXPECT_NE(bad.output.find("--set model.num_layers would change the model the weights describe"), std::string::npos)
       << bad.output;
 }

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "models/llama/model.h"
 #include "quant/qmatmul.h"
+#include "support/model_fixture.h"
 
 using namespace loom;
 using namespace loom::quant;
@@ -18,34 +19,15 @@ using namespace loom::quant;
 namespace {
 
 llama::Config tiny_config() {
-  llama::Config c;
-  c.vocab_size = 96;
-  c.context_length = 16;
-  c.d_model = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.d_ff = 96;
-  return c;
-}
-
-std::vector<nn::Linear*> linears(llama::TransformerLM& m) {
-  std::vector<nn::Linear*> out;
-  for (auto& layer : m.layers) {
-    for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,
-                          &layer->ffn.w1, &layer->ffn.w2, &layer->ffn.w3}) {
-      out.push_back(l);
-    }
-  }
-  out.push_back(&m.lm_head);
-  return out;
+  return {.vocab_size = 96, .context_length = 16, .d_model = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2,
+      .d_ff = 96};
 }
 
 // Quantizes every Linear of `q` (Q4_1, the head Q8_0, as SmolLM2's GGUF has them), gives `f` the
 // dequantized values in f32, then poisons q's f32 weights with NaN: if the quantized model read them,
 // its logits would be NaN.
 void quantize_model(llama::TransformerLM& q, llama::TransformerLM& f) {
-  std::vector<nn::Linear*> lq = linears(q), lf = linears(f);
+  std::vector<nn::Linear*> lq = test::llama_linears(q), lf = test::llama_linears(f);
   for (size_t i = 0; i < lq.size(); ++i) {
     Tensor& w = lq[i]->weight.value;
     const QuantType type = lq[i] == &q.lm_head ? QuantType::Q8_0 : QuantType::Q4_1;

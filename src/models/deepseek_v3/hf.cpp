@@ -12,13 +12,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using models::hf_float;
 
-Tensor rope_rows_to_interleaved(const Tensor& w, int64_t heads, int64_t nope, int64_t rope) {
-  return models::reorder_rope_rows(w, {heads, nope, rope}, /*to_interleaved=*/true);
-}
-Tensor rope_rows_from_interleaved(const Tensor& w, int64_t heads, int64_t nope, int64_t rope) {
-  return models::reorder_rope_rows(w, {heads, nope, rope}, /*to_interleaved=*/false);
-}
-
 namespace {
 Config read_config(const json& c, const std::string& path) {
   auto unsupported = [&](const std::string& what) {

@@ -24,11 +24,6 @@ namespace loom::deepseek_v3 {
 // The loom config of an HF config.json (`path` names it in errors); n_mtp is num_nextn_predict_layers.
 Config config_from_hf(const nlohmann::json& hf_config, const std::string& path);
 
-// w: [H*(N+P), C] (heads of N rows then P rope rows) or [R+P, C] (heads = 1, N = R): the rope rows from
-// loom's rotate-half order to interleaved pairs, and back.
-Tensor rope_rows_to_interleaved(const Tensor& w, int64_t heads, int64_t nope, int64_t rope);
-Tensor rope_rows_from_interleaved(const Tensor& w, int64_t heads, int64_t nope, int64_t rope);
-
 // Writes config.json, model.safetensors (F32, HF names), generation_config.json and the tokenizer files.
 void export_hf(const models::LanguageModel& model, const tokenizer::Tokenizer* tok, const std::string& out_dir);
 models::HfImport import_hf(const std::string& dir, const nlohmann::json& hf_config);

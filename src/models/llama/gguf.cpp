@@ -13,10 +13,6 @@ std::string gguf_tensor_name(const std::string& n) {
   return models::stored_name(tensor_names(), models::TensorFormat::Gguf, n);
 }
 
-std::optional<std::string> loom_name_of_gguf(const std::string& n) {
-  return models::loom_name(tensor_names(), models::TensorFormat::Gguf, n);
-}
-
 Config config_from_gguf(const gguf::Header& h) {
   const std::string& arch = h.get_string("general.architecture");
   LOOM_CHECK(arch == "llama", "general.architecture is ", gguf::quoted(arch), ", not \"llama\"");

@@ -30,9 +30,8 @@
 
 namespace loom::llama {
 
-// The GGUF name of a loom parameter, and back (nullopt for a name outside the mapping).
+// The GGUF name of a loom parameter.
 std::string gguf_tensor_name(const std::string& loom_name);
-std::optional<std::string> loom_name_of_gguf(const std::string& gguf_name);
 
 Config config_from_gguf(const gguf::Header& h);
 // With `quantized`, every projection and the head whose tensor is Q8_0, Q4_0, Q4_1, Q4_K or Q6_K also

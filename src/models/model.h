@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,12 +29,29 @@ namespace loom::models {
 // What one forward pass is for. Dropout is on only when training; its masks are drawn from
 // dropout_key, which the trainer derives from (seed, step, micro-batch), and each site folds in its
 // layer and name, so masks do not depend on threads and repeat exactly after a resume.
+// Activation recomputation (training.recompute): what a training forward keeps of each block for the
+// backward. None: everything its ops save. Full: the block's input only; the backward runs the block
+// again. Selective: the GEMMs' outputs (and the block's input); the backward runs again only the cheap
+// ops between them: norms, activations, the attention core, residual adds (Korthikanti et al. 2022 keep
+// the GEMM outputs and recompute attention's core). Same bits in every mode (autograd::checkpoint).
+enum class Recompute { None, Full, Selective };
+const char* recompute_name(Recompute r);
+// "none", "full", "selective"; anything else throws naming the value.
+Recompute recompute_from_name(const std::string& name);
+
 struct ForwardContext {
   bool training = false;
   RngKey dropout_key;
+  Recompute recompute = Recompute::None;
 
-  static ForwardContext train(RngKey key) { return {true, key}; }
+  static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute}; }
 };
+
+// One transformer block of a training forward under ctx.recompute: fn(inputs) directly (None, or no
+// gradient wanted), else through autograd::checkpoint. The families call it for each layer.
+TensorList recompute_block(const ForwardContext& ctx, const TensorList& inputs,
+                           std::function<TensorList(const TensorList&)> fn);
+Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function<Tensor(const Tensor&)> fn);
 
 class LanguageModel : public nn::Module {
  public:

@@ -27,7 +27,7 @@ class TransformerLM : public models::LanguageModel {
   Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
   // The final hidden states ln_final(...) [B, T, C]: forward() without the lm_head. bf16 under
   // MatmulPrecision::BF16 (ln_final rounds its output for the head's bf16 GEMM), else f32.
-  Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor()) const;
+  Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor(), const models::ForwardContext& ctx = {}) const;
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
   // last_only: the head over the last position only ([B, 1, V]).

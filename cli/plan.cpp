@@ -5,6 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/command.h"
@@ -95,6 +96,17 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
     r.seq = o->seq;
     r.devices = o->devices;
     r.device = loom::plan::device_named(o->device, o->threads);
+    if (o->device == "cpu") {
+      // Ranks on this machine share its cores: more rank threads than cores divide each one's peak.
+      const double cores = std::max(1u, std::thread::hardware_concurrency());
+      const double wanted = static_cast<double>(o->devices) * (o->threads > 0 ? o->threads : cores);
+      if (wanted > cores) {
+        r.device.f32_flops *= cores / wanted;
+        r.device.bf16_flops *= cores / wanted;
+        r.device.description += loom::str(" (", o->devices, " ranks oversubscribe ", cores, " cores: peak scaled by ",
+                                          cores / wanted, ")");
+      }
+    }
     if (o->intra_bw > 0) r.device.intra_node_bandwidth = o->intra_bw * 1e9;
     if (o->inter_bw > 0) r.device.inter_node_bandwidth = o->inter_bw * 1e9;
     if (o->intra_latency >= 0) r.device.intra_node_latency = o->intra_latency;

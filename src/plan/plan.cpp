@@ -236,7 +236,9 @@ Collective collective(std::string name, std::string kind, std::string axis, int6
   else c.wire_bytes = bytes;
   c.link_bandwidth = link.bandwidth;
   c.inter_node = link.inter;
-  const double steps = kind == "all_reduce" ? 2 * (g - 1) : kind == "send_recv" ? 1 : g - 1;
+  // Latency: a tree's depth (NCCL's trees, MPI's recursive doubling), twice for an all-reduce.
+  const double depth = std::ceil(std::log2(std::max(g, 2.0)));
+  const double steps = kind == "all_reduce" ? 2 * depth : kind == "send_recv" ? 1 : depth;
   c.seconds = group > 1 || kind == "send_recv" ? c.wire_bytes / link.bandwidth + calls * steps * link.latency : 0;
   c.overlapped = overlapped;
   return c;
@@ -331,12 +333,26 @@ Estimate estimate(const Request& r, const Layout& l) {
   // One layer's recomputed values while its backward runs, and the loss's head chunk (512 rows of logits
   // and their gradient), and FSDP's gathered weights (the one computing, the prefetched one, and the
   // whole-size gradient being reduce-scattered).
-  e.transient = mb_tokens * act_bytes * am.recompute + (last_stage ? 512 * V / static_cast<double>(l.tensor) * 2 * 4 : 0) +
-                (l.shard == "fsdp" ? 3 * 4 * largest_weight : 0);
-  // loom's data-axis gradient buckets hold a copy of the gradients they all-reduce (dp: all of them).
-  if (l.shard == "none" && l.data * l.expert > 1 && r.overlap) e.transient += e.grads;
   // Pipeline buffers: the activation a stage receives and the gradient it sends back, per micro-batch in flight.
   if (l.pipe > 1) e.pipeline_buffers = 2 * in_flight * mb_tokens * C * act_bytes;
+  // The step's peak comes in the loss's forward (its chunk of logits and their gradient) or in the
+  // backward (the gradients, one layer's recomputed values, FSDP's gathered weights: the one computing,
+  // the prefetched one and the whole-size gradient being reduce-scattered; and loom's data-axis gradient
+  // buckets, which hold a copy of the gradients they all-reduce: dp, all of them). The gradients exist
+  // in the loss's forward only when micro-batches accumulate into them (runs::step_peak_bytes's rule).
+  const double loss_forward = last_stage ? runs::loss_forward_bytes(m, mb_tokens, l.tensor) : 0;
+  const double gathered = l.shard == "fsdp" ? 3 * 4 * largest_weight : 0;
+  const double buckets = l.shard == "none" && l.data * l.expert > 1 && r.overlap ? e.grads : 0;
+  const double resident = e.params + e.optimizer + e.bf16_copies + e.pipeline_buffers;
+  const double accumulated = l.micro_batches > 1 ? e.grads : 0;  // gradients alive through the forward
+  // The three phases: the loss's forward (everything kept, the logits' chunk); the backward's start
+  // (everything kept, the gradients, one layer's recomputed values, FSDP's gathers); the backward's end
+  // (the activations gone; the gradients and their bucket copies).
+  const double phase_loss = resident + accumulated + e.activations + loss_forward;
+  const double phase_backward = resident + e.grads + e.activations + mb_tokens * act_bytes * am.recompute + gathered;
+  const double phase_end = resident + e.grads + buckets + gathered;
+  e.peak = std::max({phase_loss, phase_backward, phase_end});
+  e.transient = e.peak - (resident + e.grads + e.activations);
   e.memory_limit = r.memory_per_device > 0 ? r.memory_per_device : r.device.memory_bytes;
 
   // ---- FLOPs ----
@@ -371,7 +387,7 @@ Estimate estimate(const Request& r, const Layout& l) {
     // outputs, not the sums.
     double n = tp_all_reduces_per_layer(m) + (l.recompute != models::Recompute::None ? 2 : 0);
     e.collectives.push_back(collective("tensor-parallel activation all-reduces", "all_reduce", "tensor", l.tensor,
-                                       4 * n * layers_here * mb_tokens * C * micro, tensor_link, false,
+                                       act_bytes * n * layers_here * mb_tokens * C * micro, tensor_link, false,
                                        n * layers_here * micro));
     const double tables = (tied ? 1 : 2) * V * C / static_cast<double>(l.tensor);
     e.collectives.push_back(collective("embedding/head table gathers", "all_gather", "tensor", l.tensor, 4 * tables * micro,
@@ -440,7 +456,7 @@ Estimate estimate(const Request& r, const Layout& l) {
     const double passes = 4 + (l.recompute != models::Recompute::None ? 2 : 0);
     const double g = static_cast<double>(l.expert);
     e.collectives.push_back(collective("expert all-to-alls (balanced routing)", "all_to_all", "expert", l.expert,
-                                       4 * passes * moe_layers_here * mb_tokens * topk * C * (g - 1) / g * micro,
+                                       act_bytes * passes * moe_layers_here * mb_tokens * topk * C * (g - 1) / g * micro,
                                        expert_link, false, passes * moe_layers_here * micro));
   }
   if (l.pipe > 1) {
@@ -476,6 +492,7 @@ Estimate estimate(const Request& r, const Layout& l) {
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
+  e.hfu = e.hardware_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
   return e;
 }
 
@@ -540,7 +557,7 @@ Plan make_plan(const Request& r) {
       const double worst = std::max({dc, dx, db, dopt});
       char buf[160];
       const double pct = 100 * (e.step_s / best.step_s - 1);
-      if (worst <= 0) std::snprintf(buf, sizeof buf, "as fast within rounding (+%.1f%%), more memory", pct);
+      if (worst <= 0) std::snprintf(buf, sizeof buf, "ties (+%.1f%%); ranked after it by micro-batches, then memory", pct);
       else if (worst == dx) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more exposed communication", pct, dx);
       else if (worst == db) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more pipeline bubble", pct, db);
       else if (worst == dc) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more compute (recomputation)", pct, dc);
@@ -585,6 +602,7 @@ json to_json(const Estimate& e) {
             {"bubble_s", e.bubble_s}, {"optimizer_s", e.optimizer_s}, {"step_s", e.step_s}}},
           {"tokens_per_s", e.tokens_per_s},
           {"mfu", e.mfu},
+          {"hfu", e.hfu},
           {"verdict", e.verdict}};
 }
 
@@ -611,6 +629,12 @@ json to_json(const Plan& p, int rows) {
           {"evaluated", p.evaluated},
           {"fitting_count", p.fitting.size()},
           {"best", p.fitting.empty() ? json(nullptr) : to_json(p.fitting.front())},
+          {"best_in_loom", [&] {
+             for (const Estimate& e : p.fitting) {
+               if (!e.layout.loom_mode().empty()) return to_json(e);
+             }
+             return json(nullptr);
+           }()},
           {"fitting", fitting},
           {"rejected", rejected}};
 }
@@ -649,6 +673,15 @@ std::string format_plan(const Plan& p, int rows) {
     const Estimate& b = p.fitting.front();
     o << "\nbest: " << b.layout.str() << (b.layout.loom_mode().empty() ? " (not runnable in loom yet)" : " (loom mode " + b.layout.loom_mode() + ")")
       << "\n";
+    for (const Estimate& e : p.fitting) {
+      if (e.layout.loom_mode().empty()) continue;
+      if (&e != &b) {
+        std::snprintf(buf, sizeof buf, "best that loom runs today: %s (loom mode %s), %.4g s/step, %.3g tokens/s, MFU %.1f%%\n",
+                      e.layout.str().c_str(), e.layout.loom_mode().c_str(), e.step_s, e.tokens_per_s, 100 * e.mfu);
+        o << buf;
+      }
+      break;
+    }
     for (const Collective& c : b.collectives) {
       std::snprintf(buf, sizeof buf, "  %-42s %-14s over %-13s (%lld ranks, %s): %.4g B/step payload, %.4g B on the wire, %.3g s%s\n",
                     c.name.c_str(), c.kind.c_str(), c.axis.c_str(), static_cast<long long>(c.group),

@@ -83,8 +83,10 @@ struct Estimate {
   std::string invalid;   // why the layout cannot run this model at all ("" when it can)
   // Memory per device (the most loaded rank: a pipeline's first or last stage), bytes.
   double params = 0, grads = 0, optimizer = 0, bf16_copies = 0, activations = 0, pipeline_buffers = 0,
-         transient = 0;
-  double memory() const { return params + grads + optimizer + bf16_copies + activations + pipeline_buffers + transient; }
+         transient = 0;  // the peak phase's buffers beyond the terms before it
+  // The peak over the step's phases (plan.cpp): the loss's forward, the backward, the end of the backward.
+  double peak = 0;
+  double memory() const { return peak; }
   double memory_limit = 0;
   bool fits() const { return invalid.empty() && memory() <= memory_limit; }
   double model_flops = 0;     // per step, all devices (PaLM's count)
@@ -92,6 +94,7 @@ struct Estimate {
   std::vector<Collective> collectives;
   double compute_s = 0, exposed_comm_s = 0, comm_s = 0, bubble_s = 0, optimizer_s = 0, step_s = 0;
   double tokens_per_s = 0, mfu = 0;
+  double hfu = 0;  // hardware FLOPs (recomputation included) over the peak: what Megatron-LM's papers report
   std::string verdict;        // why it wins, or why it loses to the best
 };
 

@@ -291,7 +291,7 @@ ActivationModel activation_model(const models::ModelConfig& model, models::Recom
   const std::string& arch = model.arch();
   if (arch == "gpt2") {
     const double F = model_int(j, "d_ff") > 0 ? model_int(j, "d_ff") : 4 * C;
-    none = 4 * C + 4 + (4 * C + H + 2 * F) / t;
+    none = 4 * C + 4 + (4 * C + H + 2 * F) / t + (t > 1 ? 2 * C : 0);
     head_extra = 1;  // LayerNorm keeps a mean beside the rstd
     selective = 3 * C + (3 * C + F) / t;
     terms = "x, ln1 (mean, rstd, out), q, k, v, attention out and lse, h, ln2, fc out, gelu out";
@@ -308,13 +308,13 @@ ActivationModel activation_model(const models::ModelConfig& model, models::Recom
     // MoE: router logits and scores, the K slots' rows and w1 x, w3 x, swiglu out, the shared experts.
     const double moe_ffn = 2 * E + K * (C + 3 * De) + 3 * S * De / t, moe_kept = E + 2 * S * De / t + (S > 0 ? C : 0);
     const double moe_layers = L - dense;
-    none = mla + (dense * dense_ffn + moe_layers * moe_ffn) / std::max(L, 1.0);
+    none = mla + (dense * dense_ffn + moe_layers * moe_ffn) / std::max(L, 1.0) + (t > 1 ? Q + R + P + 2 * C : 0);
     selective = mla_kept + (dense * dense_kept + moe_layers * moe_kept) / std::max(L, 1.0);
     terms = "MLA's norms, latents, per-head q, k, v and attention out; the dense SwiGLU's or the MoE's slots (the layers' mean)";
   } else {  // llama
     const double kv = model_int(j, "num_kv_heads") > 0 ? model_int(j, "num_kv_heads") : H;
     const double K = H > 0 ? kv * C / H : C, F = model_int(j, "d_ff");
-    none = 4 * C + 3 + (2 * C + 2 * K + H + 3 * F) / t;
+    none = 4 * C + 3 + (2 * C + 2 * K + H + 3 * F) / t + (t > 1 ? 3 * C : 0);
     selective = 3 * C + (C + 2 * K + 2 * F) / t;
     terms = "x, ln1 (rstd, out), q, k, v, attention out and lse, h, ln2, w1 x, w3 x, swiglu out";
   }
@@ -345,10 +345,14 @@ double kept_activation_bytes(const ActivationModel& a, double tokens, int64_t la
   return tokens * (static_cast<double>(layers) * a.per_layer + a.head) * kF32;
 }
 
+double loss_forward_bytes(const models::ModelConfig& model, double tokens, int64_t tensor) {
+  (void)tensor;  // the head's table is gathered whole before the loss: its chunk is V wide on every rank
+  return std::min(tokens, kLossChunkRows) * static_cast<double>(model.vocab_size()) * 2 * kF32 + tokens * width(model) * kF32;
+}
+
 double step_peak_bytes(const ActivationModel& a, const models::ModelConfig& model, double tokens, int64_t layers,
                        double grad_bytes) {
-  const double C = width(model);
-  const double loss = std::min(tokens, kLossChunkRows) * static_cast<double>(model.vocab_size()) * 2 * kF32 + tokens * C * kF32;
+  const double loss = loss_forward_bytes(model, tokens);
   const double backward = grad_bytes + tokens * a.recompute * kF32;
   return kept_activation_bytes(a, tokens, layers) + std::max(loss, backward);
 }

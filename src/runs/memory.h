@@ -92,6 +92,9 @@ MemoryEstimate hf_import_memory(const std::string& dir);
 //              = 4C + 3 + (2C + 2K + H + 3F)/t (one value more per token than these terms, measured)
 //   selective  x and the GEMMs' outputs: q, k, v, output_proj, w1, w3, w2 = 3C + (C + 2K + 2F)/t
 //   full       x = C
+// Under tensor parallelism (t > 1) Megatron's f (ops::copy_to_group) gives each column-parallel Linear its
+//   own copy of its input, and the Linear keeps that copy: ln1's output three times (q, k, v) and ln2's
+//   twice (w1, w3) in Llama, +3C; +2C in GPT-2 (q, k, v); in DeepSeek-V3 the latents' and the MoE's.
 // GPT-2 (LayerNorm keeps mean and rstd; F = the MLP's width): none = 4C + 4 + (2C + 2C + H + 2F)/t;
 //   selective = 2C + (3C + F)/t; full = C.
 // DeepSeek-V3 (MLA with q_rank Q, kv_rank R, RoPE width P, H heads of d_nope N and d_v Dv; dense SwiGLU
@@ -110,6 +113,8 @@ double kept_activation_bytes(const ActivationModel& a, double tokens, int64_t la
 // with no gradients yet: the kept activations plus the larger of the loss's forward (512 rows of logits and
 // their gradient, beside the head's input gradient) and the backward's (every parameter's gradient,
 // `grad_bytes`, and one layer's recomputed values).
+// The loss's forward alone: 512 rows of logits and their gradient, and the head's input gradient.
+double loss_forward_bytes(const models::ModelConfig& model, double tokens, int64_t tensor = 1);
 double step_peak_bytes(const ActivationModel& a, const models::ModelConfig& model, double tokens, int64_t layers,
                        double grad_bytes);
 

@@ -65,7 +65,9 @@ loom::plan::Layout parse_layout(const Options& o) {
 loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it fastest: memory, FLOPs, bytes and time per step",
                         [](CLI::App& cmd) {
   auto o = std::make_shared<Options>();
-  cmd.add_option("--config", o->config, "preset name or config file")->capture_default_str();
+  loom::cli::in_file(cmd.add_option("--config", o->config, "preset name or config file"), "config")
+      ->type_name("PRESET|FILE")
+      ->capture_default_str();
   cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
   cmd.add_option("--devices", o->devices, "devices to plan for")->capture_default_str();
   cmd.add_option("--device", o->device, "h100, h200, a100, tpu-v5p, h800, or cpu (measured here)")->capture_default_str();

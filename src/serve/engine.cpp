@@ -139,8 +139,13 @@ Engine::Engine(const models::LanguageModel& model, const tokenizer::Tokenizer& t
                              : "per-sequence (batching turned off)";
   }
   int64_t blocks = options_.kv_blocks;
-  if (blocks == 0) blocks = static_cast<int64_t>(std::min(options_.kv_memory_bytes / std::max(block_bytes, 1.0), 1e9));
   const int64_t context_blocks = (ctx + S - 1) / S;
+  if (blocks == 0) {
+    // What the budget holds, but no more than every running sequence at a full context twice over (the
+    // rest would only ever hold cached prefixes): a small model does not take the whole budget.
+    const double fit = std::floor(options_.kv_memory_bytes / std::max(block_bytes, 1.0));
+    blocks = static_cast<int64_t>(std::min(fit, 2.0 * static_cast<double>(options_.max_running * context_blocks)));
+  }
   LOOM_CHECK(blocks >= context_blocks, "serve: the KV cache holds ", blocks, " blocks of ", S, " positions (",
              runs::format_bytes(static_cast<double>(blocks) * block_bytes), "), fewer than the ", context_blocks,
              " one full context of ", ctx, " tokens needs (", runs::format_bytes(static_cast<double>(context_blocks) * block_bytes),

@@ -118,7 +118,8 @@ class RequestHandle {
 
 struct EngineOptions {
   int64_t block_size = 16;         // positions per KV block
-  int64_t kv_blocks = 0;           // blocks in the pool; 0: as many as kv_memory_bytes holds
+  int64_t kv_blocks = 0;           // blocks in the pool; 0: as many as kv_memory_bytes holds, at most
+                                   // 2 * max_running full contexts
   double kv_memory_bytes = 1024.0 * 1024 * 1024;  // the KV cache's budget when kv_blocks is 0
   int64_t max_running = 64;        // sequences in the running batch
   int64_t max_queued = 256;        // requests waiting for room; more are refused (EngineBusy)

@@ -289,6 +289,7 @@ void Engine::run() {
         waiting_.push_back(std::move(incoming_.front()));
         incoming_.pop_front();
       }
+      stats_.queued = static_cast<int64_t>(waiting_.size());  // submit() bounds incoming + queued
     }
     try {
       step();

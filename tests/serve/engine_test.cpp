@@ -13,6 +13,8 @@
 
 #include "generate/generate.h"
 #include "models/gguf.h"
+#include "models/deepseek_v3/model.h"
+#include "models/gpt2/model.h"
 #include "models/llama/model.h"
 #include "serve/block_pool.h"
 #include "serve/engine.h"
@@ -409,4 +411,60 @@ TEST_F(EngineTest, DrainFinishesWhatRunsAndRefusesNewRequests) {
   EXPECT_EQ(r.finish, FinishReason::Length);
   EXPECT_EQ(r.tokens.size(), 30u);
   EXPECT_THROW(engine.submit(greedy({1}, 2)), EngineClosed);
+}
+
+// GPT-2 and DeepSeek-V3 have no batched decoder: each sequence runs through the model's own decode path,
+// with its prompt cut at fixed positions. Greedy output still equals generate()'s, and a seeded request's
+// tokens and logprobs are the same alone or beside others.
+TEST(EnginePerSequence, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
+  tokenizer::Tokenizer tok = byte_tokenizer();
+  std::vector<std::unique_ptr<models::LanguageModel>> models_;
+  models_.push_back(std::make_unique<gpt2::GPT2>(
+      gpt2::Config{.vocab_size = 260, .context_length = 64, .d_model = 32, .num_layers = 2, .num_heads = 4}, 3));
+  deepseek_v3::Config d;
+  d.vocab_size = 260;
+  d.context_length = 64;
+  d.d_model = 32;
+  d.num_layers = 2;
+  d.num_heads = 2;
+  d.q_rank = 16;
+  d.kv_rank = 16;
+  d.d_nope = 8;
+  d.d_rope = 8;
+  d.d_v = 8;
+  d.d_ff = 48;
+  d.n_routed = 4;
+  d.top_k = 2;
+  d.d_expert = 16;
+  models_.push_back(std::make_unique<deepseek_v3::DeepSeekV3>(d, 4));
+  for (const auto& m : models_) {
+    SCOPED_TRACE(m->arch());
+    EngineOptions o;
+    o.prefill_chunk = 8;
+    o.block_size = 8;
+    o.kv_blocks = 40;
+    std::vector<RequestSpec> specs;
+    for (int i = 0; i < 5; ++i) specs.push_back(seeded(prompt(300 + i, 3 + 6 * i), 10, 50 + i));
+    std::vector<Result> alone;
+    {
+      Engine engine(*m, tok, o);
+      EXPECT_FALSE(engine.batched());
+      EXPECT_HAS(engine.mode(), "per-sequence");
+      for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
+      generate::GenerateOptions g;
+      g.max_new_tokens = 12;
+      g.sampling.temperature = 0;
+      EXPECT_EQ(collect(*engine.submit(greedy(prompt(7, 5), 12))).tokens, generate::generate(*m, prompt(7, 5), g));
+    }
+    Engine engine(*m, tok, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 4; i >= 0; --i) hs.push_back(engine.submit(specs[static_cast<size_t>(i)]));
+    for (int i = 4; i >= 0; --i) {
+      Result r = collect(*hs[static_cast<size_t>(4 - i)]);
+      EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
+      EXPECT_EQ(r.logprobs, alone[static_cast<size_t>(i)].logprobs) << "request " << i;
+    }
+    settle(engine);
+    EXPECT_EQ(engine.stats().kv_blocks_free, 40);
+  }
 }

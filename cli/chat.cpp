@@ -38,8 +38,8 @@ void catch_sigint(bool catching) {
 
 loom::cli::Register reg("chat", "Chat with a model through its ChatML chat template (GGUF or imported run)", [](CLI::App& cmd) {
   static ChatArgs a;
-  auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json, tokenizer_config.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "GGUF file (or weights file / Hugging Face directory)");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json, tokenizer_config.json)"), "run");
+  auto* weights = loom::cli::in_path(cmd.add_option("--weights", a.weights, "GGUF file (or weights file / Hugging Face directory)"), "weights");
   run->excludes(weights);
   auto* sys = cmd.add_option("--system", a.system, "system message (default: the template's own, if it has one)");
   cmd.add_flag("--stdin", a.from_stdin, "read one user message from stdin and print only the reply (the default when stdin is not a terminal)");

@@ -32,14 +32,17 @@ struct ServeArgs {
 
 loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous batching, a chat page at /)", [](CLI::App& cmd) {
   static ServeArgs a;
-  auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "GGUF file, weights file (a tokenizer.json beside it) or Hugging Face directory");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)"), "run");
+  auto* weights = loom::cli::in_path(
+      cmd.add_option("--weights", a.weights, "GGUF file, weights file (a tokenizer.json beside it) or Hugging Face directory"),
+      "weights");
   run->excludes(weights);
   cmd.add_option("--host", a.server.host, "address to listen on (default 127.0.0.1: this machine only)");
   cmd.add_option("--port", a.server.port, "port (default 8080; 0: any free port, printed)");
   cmd.add_option("--api-key", a.api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: the LOOM_API_KEY variable, else none)");
-  cmd.add_option("--chat-template", a.chat_template, "a file holding the chat template (Jinja, ChatML) to use instead of the model's")
-      ->check(CLI::ExistingFile);
+  loom::cli::in_file(
+      cmd.add_option("--chat-template", a.chat_template, "a file holding the chat template (Jinja, ChatML) to use instead of the model's"),
+      "chat template");
   cmd.add_option("--model-name", a.model_name, "the model's id in the API (default: the file or directory name)");
   cmd.add_option("--kv-memory", a.kv_memory, "memory for the KV cache's blocks, e.g. 512M (default 1G)");
   cmd.add_option("--kv-blocks", a.engine.kv_blocks, "blocks in the KV cache (overrides --kv-memory)");
@@ -87,6 +90,8 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
     const auto& tok = *loaded.tokenizer;
     loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
     if (!a.chat_template.empty()) {
+      LOOM_CHECK(std::filesystem::is_regular_file(a.chat_template), "serve: --chat-template ", a.chat_template,
+                 std::filesystem::exists(a.chat_template) ? " is not a file" : " does not exist");
       std::ifstream in(a.chat_template);
       settings.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
       LOOM_CHECK(in.good() || in.eof(), "serve: cannot read --chat-template ", a.chat_template);

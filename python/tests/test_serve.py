@@ -252,6 +252,8 @@ def test_errors_name_the_field(server):
     post = server.post
     expect_error(post("/v1/completions", None, raw=b"{not json"), 400)
     expect_error(post("/v1/completions", [1, 2]), 400)
+    expect_error(post("/v1/completions", None, raw=b"[" * 400_000 + b"]" * 400_000), 400)  # nested past 64 levels
+    expect_error(post("/v1/completions", None, raw=b'{"prompt": "x", "stop": ' + b"[" * 100 + b"]" * 100 + b"}"), 400)
     expect_error(post("/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404, "model", "model_not_found")
     expect_error(post("/v1/completions", {}), 400, "prompt")
     expect_error(post("/v1/completions", {"prompt": 5}), 400, "prompt")

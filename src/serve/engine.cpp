@@ -63,7 +63,7 @@ void EngineOptions::validate() const {
   LOOM_CHECK(kv_blocks > 0 || (std::isfinite(kv_memory_bytes) && kv_memory_bytes > 0),
              "serve: the KV cache's memory must be positive, got ", kv_memory_bytes, " bytes");
   LOOM_CHECK(max_running >= 1 && max_running <= 4096, "serve: max_running must be in [1, 4096], got ", max_running);
-  LOOM_CHECK(max_queued >= 0 && max_queued <= 1'000'000, "serve: max_queued must be in [0, 1000000], got ", max_queued);
+  LOOM_CHECK(max_queued >= 1 && max_queued <= 1'000'000, "serve: max_queued must be in [1, 1000000], got ", max_queued);
   LOOM_CHECK(max_step_tokens >= max_running && max_step_tokens <= 1'000'000, "serve: max_step_tokens (",
              max_step_tokens, ") must be at least max_running (", max_running, ": one decode row each) and at most 1000000");
   LOOM_CHECK(prefill_chunk >= 1 && prefill_chunk <= max_step_tokens, "serve: prefill_chunk must be in [1, max_step_tokens = ",

@@ -16,6 +16,7 @@
 
 #include "generate/chat.h"
 #include "generate/text.h"
+#include "io/json.h"
 #include "serve/chat_page.h"
 #include "tokenizer/sha256.h"
 
@@ -111,13 +112,13 @@ bool has(const json& body, const char* key) { return body.contains(key) && !body
 int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
   if (!has(body, key)) return fallback;
   const json& v = body.at(key);
-  if (!v.is_number_integer()) throw bad_request(key, std::string(key) + " must be an integer, got " + dump(v));
+  if (!v.is_number_integer()) throw bad_request(key, std::string(key) + " must be an integer, got " + io::brief_json(v));
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    throw bad_request(key, std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + dump(v));
+    throw bad_request(key, std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + io::brief_json(v));
   }
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi) {
-    throw bad_request(key, std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + dump(v));
+    throw bad_request(key, std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + io::brief_json(v));
   }
   return x;
 }
@@ -125,11 +126,11 @@ int64_t get_int(const json& body, const char* key, int64_t fallback, int64_t lo,
 double get_number(const json& body, const char* key, double fallback, double lo, double hi) {
   if (!has(body, key)) return fallback;
   const json& v = body.at(key);
-  if (!v.is_number()) throw bad_request(key, std::string(key) + " must be a number, got " + dump(v));
+  if (!v.is_number()) throw bad_request(key, std::string(key) + " must be a number, got " + io::brief_json(v));
   const double x = v.get<double>();
   if (!(x >= lo && x <= hi)) {
     std::ostringstream m;
-    m << key << " must be in [" << lo << ", " << hi << "], got " << dump(v);
+    m << key << " must be in [" << lo << ", " << hi << "], got " << io::brief_json(v);
     throw bad_request(key, m.str());
   }
   return x;
@@ -137,7 +138,7 @@ double get_number(const json& body, const char* key, double fallback, double lo,
 
 bool get_bool(const json& body, const char* key, bool fallback) {
   if (!has(body, key)) return fallback;
-  if (!body.at(key).is_boolean()) throw bad_request(key, std::string(key) + " must be true or false, got " + dump(body.at(key)));
+  if (!body.at(key).is_boolean()) throw bad_request(key, std::string(key) + " must be true or false, got " + io::brief_json(body.at(key)));
   return body.at(key).get<bool>();
 }
 
@@ -150,11 +151,11 @@ std::vector<std::string> get_stop(const json& body) {
     out.push_back(v.get<std::string>());
   } else if (v.is_array() && v.size() <= 4) {
     for (const json& s : v) {
-      if (!s.is_string()) throw bad_request("stop", "stop must be a string or an array of up to 4 strings, got " + dump(v));
+      if (!s.is_string()) throw bad_request("stop", "stop must be a string or an array of up to 4 strings, got " + io::brief_json(v));
       out.push_back(s.get<std::string>());
     }
   } else {
-    throw bad_request("stop", "stop must be a string or an array of up to 4 strings, got " + dump(v).substr(0, 200));
+    throw bad_request("stop", "stop must be a string or an array of up to 4 strings, got " + io::brief_json(v));
   }
   for (const std::string& s : out) {
     if (s.empty()) throw bad_request("stop", "a stop string is empty");
@@ -174,13 +175,13 @@ std::string message_content(const json& m, size_t i) {
     for (const json& part : c) {
       if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part.at("text").is_string()) {
         throw bad_request("messages", where + ": only text parts ({\"type\": \"text\", \"text\": ...}) are supported, got " +
-                                          dump(part).substr(0, 200));
+                                          io::brief_json(part));
       }
       out += part.at("text").get<std::string>();
     }
     return out;
   }
-  throw bad_request("messages", where + " must be a string or an array of text parts, got " + dump(c).substr(0, 200));
+  throw bad_request("messages", where + " must be a string or an array of text parts, got " + io::brief_json(c));
 }
 
 // ---- a request in flight -------------------------------------------------------------------------------
@@ -365,16 +366,18 @@ struct HttpServer::Impl {
   Job start(const httplib::Request& req, bool chat_endpoint) {
     json body;
     try {
-      body = json::parse(req.body);
-    } catch (const json::exception& e) {
-      throw bad_request("", std::string("the body is not valid JSON: ") + e.what());
+      // Depth-checked before parsing: copying, comparing and dumping a value recurse once per level, so a
+      // body nested 400,000 deep would overflow the stack (io/json.h).
+      body = io::parse_json(req.body, "the request body", io::JsonLimits{64, options.max_body_bytes});
+    } catch (const Error& e) {
+      throw bad_request("", e.what());
     }
-    if (!body.is_object()) throw bad_request("", "the body must be a JSON object, got " + dump(body).substr(0, 200));
+    if (!body.is_object()) throw bad_request("", "the body must be a JSON object, got " + io::brief_json(body));
     Job job;
     job.chat = chat_endpoint;
     job.model = options.model_name;
     if (has(body, "model")) {
-      if (!body.at("model").is_string()) throw bad_request("model", "model must be a string, got " + dump(body.at("model")));
+      if (!body.at("model").is_string()) throw bad_request("model", "model must be a string, got " + io::brief_json(body.at("model")));
       const std::string m = body.at("model").get<std::string>();
       if (m != options.model_name) {
         throw HttpError{404, "the model '" + m + "' does not exist: this server serves '" + options.model_name + "'",
@@ -475,7 +478,7 @@ struct HttpServer::Impl {
     const int64_t n = get_int(body, "n", 1, 1, 16);
     if (has(body, "seed")) {
       const json& s = body.at("seed");
-      if (!s.is_number_integer()) throw bad_request("seed", "seed must be an integer, got " + dump(s));
+      if (!s.is_number_integer()) throw bad_request("seed", "seed must be an integer, got " + io::brief_json(s));
       spec.seed = s.is_number_unsigned() ? s.get<uint64_t>() : static_cast<uint64_t>(s.get<int64_t>());
     } else {
       static std::mutex m;

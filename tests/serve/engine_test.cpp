@@ -305,20 +305,25 @@ TEST_F(EngineTest, SamplesOfOneRequestDifferAndEachIsReproducible) {
 }
 
 TEST_F(EngineTest, CancelAndTimeoutEndARequestAndFreeItsBlocks) {
+  // A context of 1024, so that the cancelled request (1000 tokens to go) cannot finish before it is
+  // cancelled however the threads are scheduled.
+  llama::Config c = tiny_config();
+  c.context_length = 1024;
+  llama::TransformerLM long_model(c, 17);
   EngineOptions o;
-  o.kv_blocks = 20;
+  o.kv_blocks = 260;
   o.block_size = 4;
-  Engine engine(model, tok, o);
-  auto h = engine.submit(greedy(prompt(1, 10), 50));
+  Engine engine(long_model, tok, o);
+  auto h = engine.submit(greedy(prompt(1, 10), 1000));
   h->wait(std::chrono::milliseconds(2000));  // its first token
   h->cancel();
   EXPECT_EQ(collect(*h).finish, FinishReason::Cancelled);
-  RequestSpec late = greedy(prompt(2, 10), 50);
+  RequestSpec late = greedy(prompt(2, 10), 1000);
   late.deadline = Clock::now();
   Result r = collect(*engine.submit(late));
   EXPECT_EQ(r.finish, FinishReason::Timeout);
   settle(engine);
-  EXPECT_EQ(engine.stats().kv_blocks_free, 20);
+  EXPECT_EQ(engine.stats().kv_blocks_free, 260);
   EXPECT_EQ(engine.stats().finished_by_reason[static_cast<int>(FinishReason::Cancelled)], 1);
 }
 

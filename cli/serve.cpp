@@ -15,6 +15,7 @@
 #include "core/parallel.h"
 #include "core/thread_count.h"
 #include "generate/text.h"
+#include "quant/qmatmul.h"
 #include "runs/load.h"
 #include "runs/memory.h"
 #include "serve/engine.h"
@@ -23,7 +24,7 @@
 namespace {
 
 struct ServeArgs {
-  std::string run, weights, max_memory, kv_memory = "1G", model_name, api_key, chat_template;
+  std::string run, weights, max_memory, kv_memory = "1G", model_name, api_key, chat_template, activations;
   loom::serve::ServerOptions server;
   loom::serve::EngineOptions engine;
   int64_t threads = 0;
@@ -56,6 +57,9 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
   cmd.add_option("--http-threads", a.server.http_threads, "HTTP worker threads (default max-running + max-queued + 4)");
   cmd.add_option("--threads", a.threads, "compute threads (default: every core)");
   cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
+  cmd.add_option("--activations", a.activations,
+                 "with weights kept quantized, how activations are rounded: int8x2 (the default) or int8 (llama.cpp's); "
+                 "docs/quant.md");
   cmd.add_flag("--no-batching", a.no_batching, "run each sequence on its own (the per-sequence path every family has)");
   cmd.add_flag("--no-prefix-cache", a.no_prefix_cache, "do not reuse the KV blocks of shared prompt prefixes");
   cmd.add_option("--max-memory", a.max_memory, "memory the model may use, e.g. 8G (default: MemAvailable)");
@@ -71,6 +75,10 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
     sigaddset(&blocked, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not the end of the process
+    if (!a.activations.empty()) {
+      loom::quant::set_default_activation_rounding(
+          loom::quant::activation_rounding_from_name(a.activations, "serve: --activations"));
+    }
     if (a.threads > 0) loom::set_num_threads(loom::resolve_thread_count(a.threads, "serve: --threads"));
     if (a.api_key.empty()) {
       if (const char* k = std::getenv("LOOM_API_KEY")) a.api_key = k;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "nn/decode_cache.h"
+#include "nn/paged_decoder.h"
 #include "models/model_config.h"
 #include "models/stats.h"
 #include "nn/parameter.h"
@@ -76,6 +78,12 @@ class LanguageModel : public nn::Module {
   // others, and the LM head over every position is a large part of it (SmolLM2: 28M of the ~120M
   // multiply-adds per token). The default slices decode()'s; a family may skip the other rows' head.
   virtual Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const;
+
+  // The model as a plain pre-norm RoPE/SwiGLU decoder (nn/paged_decoder.h), for batched serving with a
+  // paged KV cache; nullopt when it is not one (GPT-2, DeepSeek-V3) or cannot be described as one now
+  // (a parameter sharded over a mesh, a bias, a weight type without kernels). The description shares the
+  // model's tensors: it stays valid while the model lives and its layers do not change.
+  virtual std::optional<nn::DecoderWeights> decoder_weights() const { return std::nullopt; }
 
   // The arithmetic of the model's GEMMs (f32, or bf16 operands with f32 accumulation and weights).
   virtual void set_matmul_precision(ops::MatmulPrecision precision) = 0;

@@ -45,6 +45,8 @@ TransformerLM::TransformerLM(const Config& config, uint64_t seed)
 
 void TransformerLM::on_layers_changed() { fused_ = plan_fused_decode(*this); }
 
+std::optional<nn::DecoderWeights> TransformerLM::decoder_weights() const { return decoder_weights_of(*this); }
+
 Tensor TransformerLM::fused_decode_step(int32_t token, nn::KVCache& cache) const {
   LOOM_CHECK(fused_.step != nullptr, "TransformerLM::fused_decode_step: the fused step cannot run this model: ",
              fused_.unsupported);

@@ -46,9 +46,9 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
   cmd.add_flag("--print-prompt", a.print_prompt, "print each turn's prefilled token ids to stderr");
   cmd.add_flag("--stats", a.stats, "print each turn's prefill and decode tokens/s to stderr");
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "most tokens in one reply");
-  cmd.add_option("--temperature", a.temperature, "0 = greedy");
+  loom::cli::in_range(cmd.add_option("--temperature", a.temperature, "0 = greedy"), 0, 1e6);
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
-  cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
+  loom::cli::in_range(cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)"), 0, 1);
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
   cmd.add_option("--max-memory", a.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable)");

@@ -29,9 +29,9 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   run->excludes(weights);
   cmd.add_option("--prompt", a.prompt, "text to continue")->required();
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate");
-  cmd.add_option("--temperature", a.temperature, "0 = greedy");
+  loom::cli::in_range(cmd.add_option("--temperature", a.temperature, "0 = greedy"), 0, 1e6);
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
-  cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
+  loom::cli::in_range(cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)"), 0, 1);
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.add_flag("--f32", a.f32,
                "with a GGUF file: multiply in f32 by the dequantized weights (default: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "

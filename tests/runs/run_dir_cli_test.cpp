@@ -428,6 +428,12 @@ TEST(RunDirCli, EvalOfNonFiniteWeightsIsAnError) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "not finite")) << r.output;
   EXPECT_FALSE(contains(r.output, "\"loss\"")) << r.output;
+  // Found when the weights are loaded, naming a tensor, before any window is read; and generate refuses
+  // them rather than printing the same token over and over (issue 32).
+  EXPECT_TRUE(contains(r.output, "tensor '")) << r.output;
+  Result g = f.run({"generate", "--run", run.string(), "--prompt", "It is", "--max-new-tokens", "4"});
+  EXPECT_EQ(g.status, 1) << g.output;
+  EXPECT_TRUE(contains(g.output, "tensor '") && contains(g.output, "not finite")) << g.output;
 }
 
 TEST(RunDirCli, GenerateChecksItsOptionsBeforePrinting) {

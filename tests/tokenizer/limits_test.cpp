@@ -114,7 +114,7 @@ TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {
   EXPECT_HAS(msg, "are the same bytes \"wwww");
   EXPECT_LT(msg.size(), 300u);
   msg = error_of([&] { Tokenizer(tok.vocab(), tok.merges(), {std::string(1 << 20, 's')}); });
-  EXPECT_HAS(msg, "tokenizer: special token \"ssss");
+  EXPECT_HAS(msg, "tokenizer: special token (--special-token) \"ssss");
   EXPECT_LT(msg.size(), 300u);
 }
 

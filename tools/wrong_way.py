@@ -41,6 +41,7 @@ import resource
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,11 @@ WRONG_ARTIFACT = {
     "config": "data/austen_bpe512/tokenizer.json",
     "rdata": "runs/t",
 }
+
+# Weights that hold NaN (runs/nan, a copy of runs/t poisoned in make_scratch), for an input holding this,
+# and the commands whose output is computed from the weights (the rest may read them: export, plot).
+NAN_INPUT = {"run": "runs/nan", "weights": "runs/nan/model.safetensors"}
+COMPUTES = {"generate", "chat", "eval", "train"}
 
 # The outputs in the scratch directory that a writer's --overwrite may replace: its own kind.
 OWN_KIND = {("train", "run-dir"): True, ("export", "hf-export"): True, ("export", "gguf-export"): True}
@@ -269,6 +275,8 @@ def generate_cases(desc, config_keys, have):
                               ("other-output", WRONG_ARTIFACT.get(holds, "user/notes.txt"), holds != "text")]
                 if role != "in-path":
                     cls_values.append(("wrong-kind", wrong_kind, True))
+                if holds in NAN_INPUT:  # weights holding NaN: refused where the command computes with them
+                    cls_values.append(("nan-weights", NAN_INPUT[holds], path in COMPUTES))
                 for cls, v, must in cls_values:
                     cases.append(Case(path, name, "in:" + cls, put(v), v, must, names))
             elif role and role.startswith("out-"):
@@ -375,6 +383,10 @@ def make_scratch(loom, root, log):
     with open(os.path.join(root, "runs/t/tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML}, f)
     run(["plot", "runs/t"])
+    # A run whose weights went bad (NaN everywhere, as a diverged run's): every command that computes with
+    # them must refuse, naming a tensor, not print the same token over and over.
+    shutil.copytree(os.path.join(root, "runs/t"), os.path.join(root, "runs/nan"), ignore=shutil.ignore_patterns(".lock"))
+    poison_safetensors(os.path.join(root, "runs/nan/model.safetensors"))
     os.makedirs(os.path.join(root, "exports"))
     run(["export", "--run", "runs/t", "--format", "gguf", "--out", "exports/t.gguf"])
     run(["export", "--run", "runs/t", "--format", "hf", "--out", "exports/hf"])
@@ -399,6 +411,19 @@ def make_scratch(loom, root, log):
         have["rdata"] = True
     os.makedirs(os.path.join(root, "new"))
     return have
+
+
+def poison_safetensors(path):
+    """Sets every F32 element of a safetensors file to NaN, in place."""
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        for name, t in header.items():
+            if name == "__metadata__" or t["dtype"] != "F32":
+                continue
+            begin, end = t["data_offsets"]
+            f.seek(8 + n + begin)
+            f.write(struct.pack("<f", float("nan")) * ((end - begin) // 4))
 
 
 def child_env():

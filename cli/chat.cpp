@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "cli/command.h"
+#include "cli/status.h"
 #include "core/error.h"
 #include "generate/chat.h"
 #include "runs/load.h"
@@ -72,7 +73,19 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
     }
     const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
-    auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "chat", /*quantized_gguf=*/!a.f32);
+    // One message from stdin is read before the model is loaded: an empty stdin is an error at once, not
+    // after seconds of loading (issue 32).
+    const bool from_stdin = a.from_stdin || !isatty(STDIN_FILENO);
+    std::string stdin_user;
+    if (from_stdin) {
+      stdin_user.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      while (!stdin_user.empty() && (stdin_user.back() == '\n' || stdin_user.back() == '\r')) stdin_user.pop_back();
+      LOOM_CHECK(!stdin_user.empty(), "chat: stdin held no message");
+    }
+    auto loaded = [&] {
+      loom::cli::Status status("chat: loading " + (a.run.empty() ? a.weights : a.run));
+      return loom::runs::load_for_job(a.run, a.weights, budget, job, "chat", /*quantized_gguf=*/!a.f32);
+    }();
     LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
     const loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
@@ -128,11 +141,8 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
       return r.stop;
     };
 
-    if (a.from_stdin || !isatty(STDIN_FILENO)) {
-      std::string user((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-      while (!user.empty() && (user.back() == '\n' || user.back() == '\r')) user.pop_back();
-      LOOM_CHECK(!user.empty(), "chat: stdin held no message");
-      reply_to(user);
+    if (from_stdin) {
+      reply_to(stdin_user);
       return;
     }
     std::fprintf(stderr, "loom chat: %lld-token context. /exit or Ctrl-D ends the chat; Ctrl-C stops a reply.\n",

@@ -6,6 +6,7 @@
 #include "cli/exit_codes.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/thread_count.h"
 #include "core/version.h"
 #include "io/json.h"
 #include "io/outputs.h"
@@ -182,11 +183,14 @@ CLI::Validator number_check(const std::string& command, const std::string& optio
 // runs: an input exists and is a file or a directory as the option reads; an output is not empty and is
 // not a directory where a file is written (or a file where a directory is). The error is loom's (exit 1),
 // naming the option and the path. What the file holds is the command's to check.
-CLI::Validator path_check(std::string command, std::string option, PathTag tag) {
+CLI::Validator path_check(std::string command, std::string option, PathTag tag, std::string description) {
   // "eval: --data x: ...", or for a positional argument "inspect: x: ...".
   const std::string lead = command + ": " + (option.empty() ? "" : option + " ");
+  // A missing input is said with what the option expects (its --help text: "run directory holding
+  // metrics.jsonl", "... (tools/get_corpus.sh extracts it)").
+  const std::string expects = description.empty() ? "" : " (expected: " + description + ")";
   return CLI::Validator(
-      [lead, tag](std::string& value) -> std::string {
+      [lead, tag, expects](std::string& value) -> std::string {
         namespace fs = std::filesystem;
         const std::string shown = io::brief_text(value, 200);
         if (value.empty()) throw Error(str(lead, "\"\": the path is empty"));
@@ -208,7 +212,7 @@ CLI::Validator path_check(std::string command, std::string option, PathTag tag) 
           if (!exists && tag.holds == "config" && value.find('/') == std::string::npos && !value.ends_with(".json")) return {};
           if (!exists) {
             const std::string why = ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file or directory";
-            throw IoError(str(lead, shown, ": ", why));
+            throw IoError(str(lead, shown, ": ", why, expects));
           }
           if (role == PathRole::InFile && is_dir) throw IoError(str(lead, shown, ": is a directory; expected a file"));
           if (role == PathRole::InDir && !is_dir) throw IoError(str(lead, shown, ": is a file; expected a directory"));
@@ -283,13 +287,16 @@ void check_outputs(const CLI::App& root) {
 void check_values(CLI::App& app, const std::string& command) {
   for (CLI::Option* opt : app.get_options()) {
     const std::string type = opt->get_type_name();
+    // Every --threads is bounded alike (0: the default count); above the cores it is clamped with a note
+    // where the count is used (core/thread_count.h).
+    if (opt->get_name() == "--threads" && !number_ranges().count(opt)) in_range(opt, 0, static_cast<double>(kMaxThreads));
     if (type == "INT" || type == "UINT" || type == "FLOAT") {
       const auto range = number_ranges().find(opt);
       opt->transform(number_check(command, opt->get_name(), type,
                                   range == number_ranges().end() ? std::nullopt : std::optional<NumberRange>(range->second)));
     }
     if (const auto tag = path_tags().find(opt); tag != path_tags().end()) {
-      opt->check(path_check(command, opt->nonpositional() ? opt->get_name() : "", tag->second));
+      opt->check(path_check(command, opt->nonpositional() ? opt->get_name() : "", tag->second, opt->get_description()));
     }
   }
   for (CLI::App* sub : app.get_subcommands({})) {

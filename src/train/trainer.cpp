@@ -206,7 +206,10 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       std::string path = save_checkpoint();
       if (stopping) progress.note(str("checkpoint: ", path));
     }
-    interrupted = stopping;
+    // A stop that arrived while this step's checkpoint was written was announced as this step ("stopping
+    // after this step (step N)"): it ends the run here, not after one more step (issue 32). Asked only
+    // after a save, which every rank makes alike, so the ranks still agree.
+    interrupted = stopping || (saved && stop_requested());
   }
   if (interrupted) {
     // Stopped where no checkpoint of step_ was saved (mid-step, or before the first step): save one.

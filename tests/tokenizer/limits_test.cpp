@@ -102,7 +102,7 @@ TEST(TokenizerLimits, CliRefusesTooManyThreads) {
   RunResult r = run_cli({"tokenizer", "encode", "--tokenizer", dir / "tok.json", "--input", dir / "in.txt",
                          "--threads", "100000"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_HAS(r.err, "threads must be in [0, 1024]");
+  EXPECT_HAS(r.err, "--threads: must be in [0, 1024]");
 }
 
 TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {

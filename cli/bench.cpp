@@ -31,7 +31,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static int bw_threads = 0;
   static int64_t bw_mib = 1024;
   bw->add_option("--threads", bw_threads, "threads (default: all)");
-  bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)");
+  loom::cli::in_range(bw->add_option("--mib", bw_mib, "buffer size in MiB (default 1024)"), 1, 1 << 20);
   bw->callback([] {
     const int threads = loom::threads_or_default(bw_threads, "bench bandwidth: --threads");
     std::printf("%s\n", loom::bench::measure_read_bandwidth(threads, bw_mib << 20).to_json().c_str());
@@ -42,12 +42,12 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static int64_t qm_m = 1, qm_n = 1536, qm_k = 576;
   static int qm_threads = 0, qm_calls = 50;
   qm->add_option("--type", qm_type, "weight type: Q4_1, Q4_0, Q8_0, Q4_K, Q6_K or f32 (oneDNN)");
-  qm->add_option("-m", qm_m, "rows of x (1: decode)");
-  qm->add_option("-n", qm_n, "rows of W (out features)");
-  qm->add_option("-k", qm_k, "columns of W (in features)");
+  loom::cli::in_range(qm->add_option("-m", qm_m, "rows of x (1: decode)"), 1, 65536);
+  loom::cli::in_range(qm->add_option("-n", qm_n, "rows of W (out features)"), 1, 65536);
+  loom::cli::in_range(qm->add_option("-k", qm_k, "columns of W (in features)"), 32, 65536);
   qm->add_option("--path", qm_path, "kernels: auto, scalar, avx2, avx512-vnni");
   qm->add_option("--threads", qm_threads, "threads (default: all)");
-  qm->add_option("--calls", qm_calls, "timed calls (their median is reported)");
+  loom::cli::in_range(qm->add_option("--calls", qm_calls, "timed calls (their median is reported)"), 1, 1000000);
   qm->callback([] {
     loom::quant::KernelPath path = loom::quant::KernelPath::Auto;
     bool known = qm_path == "auto";
@@ -66,12 +66,12 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static loom::bench::DecodeBenchOptions dec_options;
   dec->add_option("--weights", dec_options.weights, "Linear weights: f32, Q8_0, Q4_0 or Q4_1 (default Q4_1)");
   dec->add_option("--head", dec_options.head, "lm_head with quantized weights: f32, Q8_0, Q4_0 or Q4_1 (default Q8_0)");
-  dec->add_option("--prompt-tokens", dec_options.prompt_tokens, "prefill length (default 4)");
-  dec->add_option("--new-tokens", dec_options.new_tokens, "decoded tokens (default 64)");
+  loom::cli::in_range(dec->add_option("--prompt-tokens", dec_options.prompt_tokens, "prefill length (default 4)"), 1, 1 << 20);
+  loom::cli::in_range(dec->add_option("--new-tokens", dec_options.new_tokens, "decoded tokens (default 64)"), 1, 1 << 20);
   dec->add_option("--threads", dec_options.threads, "threads (default: all)");
-  dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)");
-  dec->add_option("--layers", dec_options.num_layers, "layers (default 30)");
-  dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)");
+  loom::cli::in_range(dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)"), 1, 1000);
+  loom::cli::in_range(dec->add_option("--layers", dec_options.num_layers, "layers (default 30)"), 1, 1000);
+  loom::cli::in_range(dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)"), 1, 1 << 22);
   loom::cli::in_file(dec->add_option("--gguf", dec_options.gguf, "time this Llama GGUF file (matrices kept quantized) instead of a synthetic model"), "gguf");
   dec->add_flag("!--unfused", dec_options.fused,
                 "decode op by op (one parallel region per op) instead of the fused quantized step");
@@ -84,9 +84,9 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   loom::cli::in_file(train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)"), "config")
       ->type_name("PRESET|FILE");
   train->add_option("--set", sets, "override a config key of the preset: --set model.context_length=256 (repeatable)");
-  train->add_option("--batch", options.batch_size, "batch size");
-  train->add_option("--steps", options.steps, "timed steps");
-  train->add_option("--warmup", options.warmup_steps, "untimed steps first");
+  loom::cli::in_range(train->add_option("--batch", options.batch_size, "batch size"), 1, 1 << 30);  // the memory check refuses what cannot fit
+  loom::cli::in_range(train->add_option("--steps", options.steps, "timed steps"), 1, 1000000);
+  loom::cli::in_range(train->add_option("--warmup", options.warmup_steps, "untimed steps first"), 0, 1000000);
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
   static std::string max_memory;
@@ -109,12 +109,12 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   loom::cli::in_file(roof->add_option("--preset", roof_preset, "model preset or config file (tiny, cs336-tinystories, gpt2-small, ..., FILE.json)"), "config")
       ->type_name("PRESET|FILE");
   roof->add_option("--set", roof_sets, "override a config key of the preset (repeatable)");
-  roof->add_option("--batch", roof_options.batch_size, "batch size (default 8)");
-  roof->add_option("--steps", roof_options.steps, "profiled steps (default 3)");
-  roof->add_option("--warmup", roof_options.warmup_steps, "untimed steps first (default 1)");
+  loom::cli::in_range(roof->add_option("--batch", roof_options.batch_size, "batch size (default 8)"), 1, 1 << 30);
+  loom::cli::in_range(roof->add_option("--steps", roof_options.steps, "profiled steps (default 3)"), 1, 1000000);
+  loom::cli::in_range(roof->add_option("--warmup", roof_options.warmup_steps, "untimed steps first (default 1)"), 0, 1000000);
   roof->add_option("--threads", roof_options.threads, "threads (default: all)");
   roof->add_flag("--bf16", roof_options.bf16, "bf16 mixed-precision GEMMs, as bench train --bf16");
-  roof->add_option("--bandwidth-mib", roof_options.bandwidth_mib, "buffer for the bandwidth measurement (default 512)");
+  loom::cli::in_range(roof->add_option("--bandwidth-mib", roof_options.bandwidth_mib, "buffer for the bandwidth measurement (default 512)"), 1, 1 << 20);
   loom::cli::out_dir(roof->add_option("--out", roof_out, "folder for roofline.svg and roofline.json (default: .)"), "roofline");
   roof->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(roof_preset, roof_sets).model;

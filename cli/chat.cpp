@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "cli/command.h"
+#include "cli/status.h"
 #include "core/error.h"
 #include "generate/chat.h"
 #include "runs/load.h"
@@ -47,9 +48,9 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
   cmd.add_flag("--print-prompt", a.print_prompt, "print each turn's prefilled token ids to stderr");
   cmd.add_flag("--stats", a.stats, "print each turn's prefill and decode tokens/s to stderr");
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "most tokens in one reply");
-  cmd.add_option("--temperature", a.temperature, "0 = greedy");
+  loom::cli::in_range(cmd.add_option("--temperature", a.temperature, "0 = greedy"), 0, 1e6);
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
-  cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
+  loom::cli::in_range(cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)"), 0, 1);
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
   cmd.add_option("--activations", a.activations,
@@ -72,7 +73,19 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
     }
     const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
-    auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "chat", /*quantized_gguf=*/!a.f32);
+    // One message from stdin is read before the model is loaded: an empty stdin is an error at once, not
+    // after seconds of loading (issue 32).
+    const bool from_stdin = a.from_stdin || !isatty(STDIN_FILENO);
+    std::string stdin_user;
+    if (from_stdin) {
+      stdin_user.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      while (!stdin_user.empty() && (stdin_user.back() == '\n' || stdin_user.back() == '\r')) stdin_user.pop_back();
+      LOOM_CHECK(!stdin_user.empty(), "chat: stdin held no message");
+    }
+    auto loaded = [&] {
+      loom::cli::Status status("chat: loading " + (a.run.empty() ? a.weights : a.run));
+      return loom::runs::load_for_job(a.run, a.weights, budget, job, "chat", /*quantized_gguf=*/!a.f32);
+    }();
     LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
     const loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
@@ -128,11 +141,8 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
       return r.stop;
     };
 
-    if (a.from_stdin || !isatty(STDIN_FILENO)) {
-      std::string user((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-      while (!user.empty() && (user.back() == '\n' || user.back() == '\r')) user.pop_back();
-      LOOM_CHECK(!user.empty(), "chat: stdin held no message");
-      reply_to(user);
+    if (from_stdin) {
+      reply_to(stdin_user);
       return;
     }
     std::fprintf(stderr, "loom chat: %lld-token context. /exit or Ctrl-D ends the chat; Ctrl-C stops a reply.\n",

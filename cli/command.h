@@ -67,4 +67,21 @@ inline CLI::Option* out_file(CLI::Option* opt, std::string holds) { return tag_p
 inline CLI::Option* out_dir(CLI::Option* opt, std::string holds) { return tag_path(opt, PathRole::OutDir, std::move(holds)); }
 inline CLI::Option* out_path(CLI::Option* opt, std::string holds) { return tag_path(opt, PathRole::OutPath, std::move(holds)); }
 
+// The values a numeric option accepts, where it is defined, when more is ruled out than "a finite number
+// >= 0" (which main.cpp checks for every INT, UINT and FLOAT option):
+//
+//   loom::cli::in_range(dec->add_option("--layers", o.num_layers, "layers"), 1, 1000);
+//
+// Checked as the option is parsed, with an error naming the option and the value; reported by
+// `loom options --json`, so that the wrong-way harness knows which zero or huge value must be refused.
+struct NumberRange {
+  double min = 0, max = 0;
+  bool max_inclusive = true;  // false: [min, max)
+};
+std::map<const CLI::Option*, NumberRange>& number_ranges();  // cli/options.cpp defines it
+inline CLI::Option* in_range(CLI::Option* opt, double min, double max, bool max_inclusive = true) {
+  number_ranges()[opt] = NumberRange{min, max, max_inclusive};
+  return opt;
+}
+
 }  // namespace loom::cli

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/status.h"
 #include "core/error.h"
 #include "runs/memory.h"
 #include "train/evaluate.h"
@@ -37,7 +38,10 @@ loom::cli::Register reg("eval", "Test loss and perplexity over every complete wi
     o.max_windows = a.max_windows;
     o.logits_out = a.logits_out;
     o.budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
-    const auto r = loom::train::evaluate_run(o, [](const std::string& note) { std::fprintf(stderr, "note: %s\n", note.c_str()); });
+    const auto r = [&] {
+      loom::cli::Status status("eval: loading the model and evaluating the windows of " + a.data);
+      return loom::train::evaluate_run(o, [](const std::string& note) { std::fprintf(stderr, "note: %s\n", note.c_str()); });
+    }();
     std::printf("%s\n", r.to_json().c_str());
   });
 });

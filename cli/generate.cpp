@@ -1,8 +1,11 @@
 // `loom generate`: sample text from a trained run or a weights file.
 #include <cstdio>
+#include <optional>
 
 #include "backends/backend.h"
+
 #include "cli/command.h"
+#include "cli/status.h"
 #include "core/error.h"
 #include "generate/generate.h"
 #include "generate/text.h"
@@ -29,9 +32,9 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
   run->excludes(weights);
   cmd.add_option("--prompt", a.prompt, "text to continue")->required();
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate");
-  cmd.add_option("--temperature", a.temperature, "0 = greedy");
+  loom::cli::in_range(cmd.add_option("--temperature", a.temperature, "0 = greedy"), 0, 1e6);
   cmd.add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = all)");
-  cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
+  loom::cli::in_range(cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)"), 0, 1);
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.add_flag("--f32", a.f32,
                "with a GGUF file: multiply in f32 by the dequantized weights (default: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
@@ -53,7 +56,10 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     const auto budget = loom::runs::MemoryBudget::from_setting(a.max_memory);
     // The KV cache of the whole context, checked from the model's config before the model is built.
     const auto job = [](const loom::models::ModelConfig& m) { return loom::runs::generation_memory(m); };
-    auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "generate", /*quantized_gguf=*/!a.f32);
+    auto loaded = [&] {
+      loom::cli::Status status("generate: loading " + (a.run.empty() ? a.weights : a.run));
+      return loom::runs::load_for_job(a.run, a.weights, budget, job, "generate", /*quantized_gguf=*/!a.f32);
+    }();
     LOOM_CHECK(loaded.tokenizer.has_value(), "generate: no tokenizer.json found beside the weights");
     const auto& tok = *loaded.tokenizer;
     loom::generate::GenerateOptions o;
@@ -67,7 +73,11 @@ loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-ca
     std::fflush(stdout);
     // Stream the text as it comes (a character whose bytes are split across tokens waits for its end).
     loom::tokenizer::TokenTextStream text(tok);
+    // Until the first token: the prompt's prefill (a long prompt on a large model takes seconds).
+    std::optional<loom::cli::Status> prefill;
+    prefill.emplace(loom::str("generate: prefill of ", prompt.size(), " prompt tokens"));
     loom::generate::generate(*loaded.model, prompt, o, [&](int32_t id) {
+      prefill.reset();
       const std::string complete = text.push(static_cast<loom::tokenizer::TokenId>(id));
       if (complete.empty()) return;
       std::fwrite(complete.data(), 1, complete.size(), stdout);

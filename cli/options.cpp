@@ -16,6 +16,11 @@ std::map<const CLI::Option*, PathTag>& path_tags() {
   return tags;
 }
 
+std::map<const CLI::Option*, NumberRange>& number_ranges() {
+  static std::map<const CLI::Option*, NumberRange> ranges;
+  return ranges;
+}
+
 const char* path_role_name(PathRole role) {
   switch (role) {
     case PathRole::InFile: return "in-file";
@@ -57,6 +62,9 @@ ordered_json describe_option(const CLI::Option* opt) {
   o["default"] = opt->get_default_str();
   if (tag != loom::cli::path_tags().end()) {
     o["path"] = {{"role", loom::cli::path_role_name(tag->second.role)}, {"holds", tag->second.holds}};
+  }
+  if (const auto range = loom::cli::number_ranges().find(opt); range != loom::cli::number_ranges().end()) {
+    o["range"] = {{"min", range->second.min}, {"max", range->second.max}, {"max_inclusive", range->second.max_inclusive}};
   }
   std::vector<std::string> excludes, needs;
   for (const CLI::Option* other : opt->get_excludes()) excludes.push_back(option_name(other));

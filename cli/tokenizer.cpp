@@ -171,7 +171,8 @@ void run_decode(const CodecArgs& a) {
       } else if (c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == ',') {
         if (in_number) emit();
       } else {
-        LOOM_FAIL("decode: expected whitespace-separated token ids, found character '", c, "'");
+        LOOM_FAIL("decode: ", a.input.empty() ? std::string("stdin") : "--input " + a.input,
+                  ": expected whitespace-separated token ids, found character '", c, "'");
       }
     }
   }
@@ -185,7 +186,8 @@ loom::cli::Register reg("tokenizer", "Train, encode and decode byte-level BPE", 
   auto train_args = std::make_shared<TrainArgs>();
   CLI::App* train = cmd.add_subcommand("train", "Train a byte-level BPE tokenizer (CS336 semantics)");
   loom::cli::in_file(train->add_option("--input", train_args->inputs, "Text files to train on"), "text")->required();
-  train->add_option("--vocab-size", train_args->vocab_size, "Size of the vocabulary: specials + 256 bytes + merges")
+  loom::cli::in_range(train->add_option("--vocab-size", train_args->vocab_size, "Size of the vocabulary: specials + 256 bytes + merges"),
+                      256, 1 << 24)
       ->required();
   train->add_option("--special-token", train_args->specials, "A special token (repeat for more)");
   loom::cli::out_path(train->add_option("--out", train_args->out,

@@ -11,6 +11,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "core/autograd.h"
+#include "models/gguf.h"
 #include "models/llama/model.h"
 #include <nlohmann/json.hpp>
 #include "core/error.h"
@@ -191,6 +192,8 @@ DecodeBenchResult bench_decode(const DecodeBenchOptions& o) {
   DecodeBenchResult r;
   r.threads = threads;
   if (!o.gguf.empty()) {
+    // load_weights reads a loom weights file too: bench decode --gguf times a GGUF's quantized matrices.
+    LOOM_CHECK(models::is_gguf_file(o.gguf), "bench decode: --gguf ", o.gguf, " is not a GGUF file (no GGUF magic)");
     loaded = runs::load_weights(o.gguf, runs::MemoryBudget::of_machine(),
                                  [](const models::ModelConfig& m) { return runs::generation_memory(m); },
                                  /*quantized_gguf=*/true).model;

@@ -69,7 +69,7 @@ void set_num_threads(int n) {
 
 int threads_or_default(int64_t requested, const char* what) {
   check_thread_request(requested, what, "the default, " + std::to_string(num_threads()) + " here");
-  return requested > 0 ? static_cast<int>(requested) : num_threads();
+  return requested > 0 ? static_cast<int>(clamp_to_cores(requested, what)) : num_threads();
 }
 
 }  // namespace loom

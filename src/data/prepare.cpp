@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "data/provenance.h"
+#include "io/json.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
 
@@ -91,8 +92,8 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
   }
   tokenizer::Tokenizer tok = tokenizer::load_tokenizer(options.tokenizer);
   auto eot = tok.special_token_id(options.eot_token);
-  LOOM_CHECK(eot.has_value(), "prepare: the tokenizer ", options.tokenizer, " has no special token \"", options.eot_token,
-             "\" to separate documents (train it with --special-token ", options.eot_token, ")");
+  LOOM_CHECK(eot.has_value(), "prepare: --eot-token \"", io::brief_text(options.eot_token), "\": the tokenizer ",
+             options.tokenizer, " has no such special token to separate documents (train it with --special-token)");
 
   PrepareResult result;
   result.vocab_size = tok.vocab_size();

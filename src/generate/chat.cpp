@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include "io/json.h"
+
 namespace loom::generate {
 
 ChatSession::ChatSession(const models::LanguageModel& model, const tokenizer::Tokenizer& tok, ChatTemplate tmpl,
@@ -25,7 +27,8 @@ ChatSession::ChatSession(const models::LanguageModel& model, const tokenizer::To
   cache_ = model.make_decode_cache(1);
   if (system || tmpl.default_system) {
     conversation_.push_back(im_start_);
-    append_text(conversation_, "system\n" + (system ? *system : *tmpl.default_system));
+    system_ = system ? *system : *tmpl.default_system;
+    append_text(conversation_, "system\n" + system_);
     conversation_.push_back(im_end_);
     append_text(conversation_, "\n");
   }
@@ -88,8 +91,12 @@ ChatSession::Reply ChatSession::turn(const std::string& user, const std::functio
   append_text(block, "assistant\n");
   const int64_t ctx = model_.context_length(), used = cache_->length();
   const int64_t needed = static_cast<int64_t>(conversation_.size() + block.size()) - used;
+  // Before the first turn, conversation_ holds the system block (the --system message or the template's):
+  // said, when it alone is too long, so that the message points at it.
+  const int64_t system = used == 0 ? static_cast<int64_t>(conversation_.size()) : 0;
   LOOM_CHECK(used + needed < ctx, "chat: the conversation is full: ", used, " tokens are cached and this turn needs ",
-             needed, " more, but the context length is ", ctx, " (start a new chat, or say less)");
+             needed, " more", system > 0 ? str(" (", system, " of them the system message, --system \"", io::brief_text(system_, 40), "\")") : std::string(),
+             ", but the context length is ", ctx, " (start a new chat, or say less)");
   conversation_.insert(conversation_.end(), block.begin(), block.end());
   last_prefill_.assign(conversation_.begin() + used, conversation_.end());
   using Clock = std::chrono::steady_clock;

@@ -70,6 +70,7 @@ class ChatSession {
   int32_t im_start_, im_end_, eos_;
   std::unique_ptr<nn::DecodeCache> cache_;
   std::vector<int32_t> conversation_, last_prefill_;
+  std::string system_;  // the system message, as given or the template's (for messages)
   std::vector<float> last_logits_;
   uint64_t sampled_ = 0;  // tokens sampled so far (the sampler's counter)
 };

@@ -18,6 +18,17 @@ void SamplingOptions::validate() const {
 int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& o, RngKey key, uint64_t index) {
   o.validate();
   LOOM_CHECK(V > 0, "sample_token: empty vocabulary");
+  // Logits that hold NaN or +Inf have no distribution to sample from: argmax would return the same token
+  // over and over (NaN compares false), softmax would be NaN. An error, not a stream of one token
+  // (issue 32). -Inf is a token ruled out, unless every token is.
+  bool any = false;
+  for (int64_t i = 0; i < V; ++i) {
+    LOOM_CHECK(!std::isnan(logits[i]) && logits[i] != INFINITY, "generate: the model's logits are not finite (",
+               logits[i], " for token ", i, " of ", V, ", sampling token ", index,
+               "): its weights or its computation produced NaN or Inf, so there is nothing to sample");
+    any = any || logits[i] != -INFINITY;
+  }
+  LOOM_CHECK(any, "generate: every logit is -inf (sampling token ", index, "): no token can be sampled");
   if (o.temperature == 0.0f || o.top_k == 1) {
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   }

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -35,6 +36,10 @@ void set_checked(json& slot, const json& value, const std::string& path) {
                     (value.is_number_float() && std::isfinite(value.get<double>()) &&
                      std::floor(value.get<double>()) == value.get<double>() && std::fabs(value.get<double>()) < 9e18);
     LOOM_CHECK(integral, "config: ", path, " must be an integer, got ", brief_json(value));
+    // 2^64-1 parses as an unsigned JSON number: read as int64_t it would wrap to -1, and the range check
+    // after would report -1, a value the user never wrote.
+    LOOM_CHECK(!value.is_number_unsigned() || value.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "config: ", path,
+               " = ", brief_json(value), " is too large (at most ", INT64_MAX, ")");
     slot = value.is_number_float() ? json(static_cast<int64_t>(value.get<double>())) : json(value.get<int64_t>());
   } else if (slot.is_number()) {
     LOOM_CHECK(value.is_number(), "config: ", path, " must be a number, got ", brief_json(value));

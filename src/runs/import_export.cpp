@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "data/provenance.h"
+#include "io/outputs.h"
 #include "models/gguf.h"
 #include "models/hf.h"
 #include "runs/load.h"
@@ -27,6 +28,7 @@ LoadedRun load_source(const std::string& run) { return fs::is_directory(run) ? l
 ImportResult import_gguf_run(const std::string& gguf, const std::string& out, bool overwrite, const MemoryBudget& memory,
                              const NoteFn& note) {
   // A new or empty directory, or (with overwrite) one of loom's runs; locked until the end (runs/run_dir.h).
+  io::check_output_apart("import --out", out, "--gguf", gguf);  // io/outputs.h
   auto run_dir = RunDir::claim(out, RunKind::Import, existing(overwrite));
   auto g = models::import_gguf(gguf);
   check_memory(model_memory(g.model->model_config()), memory, "import " + gguf);
@@ -49,6 +51,7 @@ ImportResult import_gguf_run(const std::string& gguf, const std::string& out, bo
 
 ImportResult import_hf_run(const std::string& hf_dir, const std::string& out, bool overwrite, const MemoryBudget& memory,
                            const NoteFn& note) {
+  io::check_output_apart("import --out", out, "--hf", hf_dir);  // io/outputs.h
   auto run_dir = RunDir::claim(out, RunKind::Import, existing(overwrite));
   // Before anything is built: the model config.json describes must fit (sizes from the headers).
   check_memory(hf_import_memory(hf_dir), memory, "import " + hf_dir);
@@ -80,6 +83,12 @@ ExportResult export_run_gguf(const std::string& run, const std::string& out, qua
   o.type = type;
   LOOM_CHECK(overwrite || !fs::exists(out), "export: ", out, " exists (give --overwrite to replace it)");
   LOOM_CHECK(!fs::is_directory(out), "export: --out ", out, " is a directory; a GGUF export is a file");
+  // --overwrite replaces only the writer's own kind of output (io/outputs.h): a GGUF file, never a user's file
+  // or another command's that happens to be at --out.
+  LOOM_CHECK(!fs::exists(out) || models::is_gguf_file(out), "export --overwrite: ", out,
+             " is not a GGUF file; --overwrite replaces only a GGUF export, so nothing was changed: choose another --out");
+  io::check_output_apart("export --out", out, "--run", run);
+  io::check_output_outside_runs("export --out", out);
   const bool dir = fs::is_directory(run);
   auto loaded = load_source(run);
   if (!loaded.tokenizer) tell(note, "no tokenizer.json in " + run + ": exporting the weights only");
@@ -100,6 +109,7 @@ ExportResult export_run_gguf(const std::string& run, const std::string& out, qua
 
 ExportResult export_run_hf(const std::string& run, const std::string& out, bool overwrite, const NoteFn& note) {
   // A new or empty directory, or (with overwrite) one of loom's; locked until the end (runs/run_dir.h).
+  io::check_output_apart("export --out", out, "--run", run);  // io/outputs.h
   auto out_dir = RunDir::claim(out, RunKind::Export, existing(overwrite));
   auto loaded = load_source(run);
   if (!loaded.tokenizer) tell(note, "no tokenizer.json in " + run + ": exporting the weights only");

@@ -1,5 +1,7 @@
 #include "runs/memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -120,8 +123,8 @@ double json_number(const json& j, std::initializer_list<const char*> keys, std::
   return 0.0;
 }
 
-double parse_meminfo_kib(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
+double parse_kib(const char* file, const std::string& key) {
+  std::ifstream in(file);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(key + ":", 0) == 0) {
@@ -133,6 +136,9 @@ double parse_meminfo_kib(const std::string& key) {
   }
   return -1;
 }
+
+double parse_meminfo_kib(const std::string& key) { return parse_kib("/proc/meminfo", key); }
+double parse_status_kib(const std::string& key) { return parse_kib("/proc/self/status", key); }
 
 // The cgroup v2 limit left to this process: memory.max - memory.current, or -1 when unlimited/unknown.
 double cgroup_room() {
@@ -371,6 +377,19 @@ MemoryBudget MemoryBudget::of_machine() {
   if (room >= 0 && room < b.bytes) {
     b.bytes = room;
     b.source = "the cgroup's memory.max minus memory.current";
+  }
+  // The process's own limits (ulimit -v, -d): free memory it may not use is no room for it. What the
+  // process already maps counts against RLIMIT_AS (its VmSize), against RLIMIT_DATA its data (VmData).
+  for (const auto& [resource, name, used_key] : {std::tuple{RLIMIT_AS, "RLIMIT_AS (ulimit -v)", "VmSize"},
+                                                  std::tuple{RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)", "VmData"}}) {
+    rlimit limit{};
+    if (::getrlimit(resource, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) continue;
+    const double used = std::max(0.0, parse_status_kib(used_key) * 1024);
+    const double left = std::max(0.0, static_cast<double>(limit.rlim_cur) - used);
+    if (left < b.bytes) {
+      b.bytes = left;
+      b.source = str("the process's ", name, " minus what it already maps");
+    }
   }
   return b;
 }

@@ -15,6 +15,7 @@
 #include "core/version.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "io/outputs.h"
 #include "runs/checkpoint.h"
 
 namespace loom::runs {
@@ -253,6 +254,11 @@ RunDir RunDir::claim(const std::string& dir, RunKind kind, ExistingRun existing)
   LOOM_CHECK(!dir.empty(), cmd, ": the output directory is empty (give --out DIR)");
   const fs::path path(dir);
   std::error_code ec;
+  // A run is never written inside another one (io/outputs.h): runs/t/hf would sit among runs/t's files.
+  if (const auto enclosing = io::enclosing_run((fs::absolute(path, ec) / "..").lexically_normal().string())) {
+    LOOM_FAIL(cmd, ": ", dir, " is inside the loom run directory ", *enclosing,
+              " (it holds run.json), which belongs to the command that wrote it: choose an --out outside it");
+  }
   const fs::file_status status = fs::status(path, ec);
   if (fs::exists(status)) {
     LOOM_CHECK(fs::is_directory(status), cmd, ": ", dir,
@@ -282,35 +288,43 @@ RunDir RunDir::claim(const std::string& dir, RunKind kind, ExistingRun existing)
                " (it holds ", lock_path, "); wait for it to finish or stop it, or choose another --out");
     LOOM_FAIL(cmd, ": cannot lock ", lock_path, ": ", std::strerror(err));
   }
-  const std::string holder = str(::getpid(), " ", host_name(), "\n");
-  if (::ftruncate(run.lock_fd_, 0) != 0 ||
-      ::pwrite(run.lock_fd_, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
-    LOOM_FAIL(cmd, ": cannot write ", lock_path, ": ", std::strerror(errno));
-  }
-
-  // Under the lock, again: another process may have written a run here since the first look.
+  // Under the lock, again: another process may have written a run here since the first look. A refusal
+  // leaves .lock as it was (the holder is written only once the directory is ours).
   seen = inspect_or_refuse(dir, existing, cmd);
   const std::optional<RunMarker>& marker = seen.marker;
   run.was_empty_ = seen.contents.empty();
   run.previous_ = marker;
-  if (!marker || run.was_empty_) return run;  // empty, or a pre-run.json training run (Resume / Overwrite)
-  // A "running" marker whose lock we now hold: its process died.
-  const bool died = marker->state == RunState::Running;
-  switch (existing) {
-    case ExistingRun::Refuse:
-      if (kind == RunKind::Train && marker->kind == RunKind::Train) {  // only training continues a run
-        LOOM_FAIL(cmd, ": ", dir, " already holds ", describe(*marker, died),
-                  ": continue it with --resume, replace it with --overwrite, or choose another --out");
-      }
-      LOOM_FAIL(cmd, ": ", dir, " already holds ", describe(*marker, died),
-                ": replace it with --overwrite, or choose another --out");
-    case ExistingRun::Resume:
-      LOOM_CHECK(marker->kind == RunKind::Train, cmd, ": ", dir, " holds ", describe(*marker, died),
-                 ", not a training run: there is nothing to resume; replace it with --overwrite instead, or choose "
-                 "another --out");
-      return run;
-    case ExistingRun::Overwrite:
-      return run;
+  if (!run.was_empty_) {
+    // A pre-run.json directory with loom's checkpoints is a training run.
+    const RunKind there = marker ? marker->kind : RunKind::Train;
+    // A "running" marker whose lock we now hold: its process died.
+    const bool died = marker && marker->state == RunState::Running;
+    const std::string what = marker ? describe(*marker, died) : "a loom training run";
+    switch (existing) {
+      case ExistingRun::Refuse:
+        if (kind == RunKind::Train && there == RunKind::Train) {  // only training continues a run
+          LOOM_FAIL(cmd, ": ", dir, " already holds ", what,
+                    ": continue it with --resume, replace it with --overwrite, or choose another --out");
+        }
+        LOOM_FAIL(cmd, ": ", dir, " already holds ", what,
+                  there == kind ? ": replace it with --overwrite, or choose another --out"
+                                : str(", which loom ", run_kind_name(kind), " does not replace: choose another --out"));
+      case ExistingRun::Resume:
+        LOOM_CHECK(there == RunKind::Train, cmd, ": ", dir, " holds ", what,
+                   ", not a training run: there is nothing to resume; choose another --out");
+        break;
+      case ExistingRun::Overwrite:
+        // The one rule for writers (runs/outputs.h): --overwrite replaces only the writer's own kind of output;
+        // an export never deletes a training run's checkpoints, an import never a training run's history.
+        LOOM_CHECK(there == kind, cmd, " --overwrite: ", dir, " holds ", what, "; --overwrite replaces only what loom ",
+                   run_kind_name(kind), " wrote, so nothing was changed: choose another --out");
+        break;
+    }
+  }
+  const std::string holder = str(::getpid(), " ", host_name(), "\n");
+  if (::ftruncate(run.lock_fd_, 0) != 0 ||
+      ::pwrite(run.lock_fd_, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
+    LOOM_FAIL(cmd, ": cannot write ", lock_path, ": ", std::strerror(errno));
   }
   return run;
 }

@@ -127,7 +127,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 void Tokenizer::add_special_token(const std::string& text) {
   auto id = token_id(text);
-  LOOM_CHECK(id.has_value(), "tokenizer: special token \"", io::brief_text(text), "\" is not in the vocabulary");
+  LOOM_CHECK(id.has_value(), "tokenizer: special token (--special-token) \"", io::brief_text(text), "\" is not in the vocabulary");
   if (is_special_[*id]) return;
   is_special_[*id] = true;
   special_tokens_.push_back(text);

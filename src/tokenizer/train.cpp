@@ -12,6 +12,7 @@
 #include <thread>
 
 
+#include "io/json.h"
 #include "core/error.h"
 #include "core/thread_count.h"
 #include "tokenizer/chunk_pipeline.h"
@@ -31,9 +32,9 @@ std::pair<const char*, const char*> progress_line_ends() {
 void validate(const TrainOptions& options) {
   std::set<std::string> seen;
   for (const std::string& s : options.special_tokens) {
-    LOOM_CHECK(!s.empty(), "train: a special token is empty");
+    LOOM_CHECK(!s.empty(), "train: a special token (--special-token) is empty");
     LOOM_CHECK(s.size() > 1, "train: special token \"", s, "\" is a single byte, which the byte vocabulary already has");
-    LOOM_CHECK(valid_utf8_prefix(s) == s.size(), "train: special token \"", s, "\" is not valid UTF-8");
+    LOOM_CHECK(valid_utf8_prefix(s) == s.size(), "train: special token (--special-token) \"", io::brief_text(s), "\" is not valid UTF-8");
     LOOM_CHECK(seen.insert(s).second, "train: special token \"", s, "\" is given twice");
   }
   const size_t minimum = 256 + options.special_tokens.size();

@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -82,6 +83,13 @@ std::pair<std::string, json> parse_override(const std::string& assignment) {
              io::brief_text(assignment), "\"");
   std::string path = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
+  // A config is JSON, which holds UTF-8 text only: bytes that are not fail here, naming the key, rather
+  // than in a JSON library's message when the config is written out.
+  try {
+    (void)json(text).dump();
+  } catch (const json::type_error&) {
+    LOOM_FAIL("config: ", path, "=", io::brief_text(text), ": the value is not valid UTF-8");
+  }
   json value = io::try_parse_json(text);
   if (value.is_discarded()) value = text;  // not JSON: a plain string
   return {path, value};
@@ -199,6 +207,17 @@ void TrainConfig::validate() const {
   check_non_negative(schedule.warmup_steps, "schedule.warmup_steps");
   check_non_negative(schedule.cosine_steps, "schedule.cosine_steps");
 
+  // A path the system cannot hold is said with its key, not as "File name too long" from wherever it is
+  // first opened.
+  for (const auto& [key, path] : {std::pair<const char*, const std::string&>{"data.corpus", data.corpus},
+                                  {"data.tokenizer", data.tokenizer}, {"data.train", data.train}, {"data.val", data.val}}) {
+    LOOM_CHECK(path.size() < PATH_MAX, "config: ", key, " = ", io::brief_text(path), " is ", path.size(),
+               " bytes long, longer than a path can be (", PATH_MAX - 1, ")");
+    for (const auto& part : std::filesystem::path(path)) {
+      LOOM_CHECK(part.native().size() <= NAME_MAX, "config: ", key, " = ", io::brief_text(path), ": a name in it is ",
+                 part.native().size(), " bytes long (at most ", NAME_MAX, ")");
+    }
+  }
   LOOM_CHECK(!data.train.empty(), "config: data.train must name the training token file");
   LOOM_CHECK(!data.val.empty(), "config: data.val must name the validation token file");
   LOOM_CHECK(data.val_fraction > 0 && data.val_fraction < 1, "config: data.val_fraction must be in (0, 1), got ",

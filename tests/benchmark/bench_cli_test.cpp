@@ -81,7 +81,7 @@ TEST(QuantBenchCli, DecodeAndBandwidthRun) {
   EXPECT_GT(last_json_line(r.output)["read_gb_per_s"].get<double>(), 0.0);
   r = run_cli("bench bandwidth --mib 0");
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.output.find("too small"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--mib: must be in [1, "), std::string::npos) << r.output;
 }
 
 // Every bench subcommand takes --threads as 0 (the default count) or a count up to kMaxThreads; a
@@ -99,12 +99,12 @@ TEST(BenchCli, ThreadsAndWarmupOutOfRangeAreRefusedByName) {
     for (const char* threads : {"-1", "100000"}) {
       auto r = run_cli(std::string(command) + " --threads " + threads);
       EXPECT_EQ(r.status, 1) << command << " --threads " << threads << "\n" << r.output;
-      EXPECT_NE(r.output.find(std::string("threads must be in [0, 1024] (0: the default, ")), std::string::npos)
-          << command << "\n" << r.output;
+      // -1 is refused as the option is parsed (no option takes a negative number), 100000 by the bound.
+      EXPECT_NE(r.output.find("--threads"), std::string::npos) << command << "\n" << r.output;
       EXPECT_NE(r.output.find(std::string("got ") + threads), std::string::npos) << command << "\n" << r.output;
     }
   }
   auto r = run_cli("bench train --preset tiny --batch 1 --steps 1 --warmup -1");
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("warm-up steps must be >= 0, got -1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--warmup: must be >= 0, got -1"), std::string::npos) << r.output;
 }

@@ -96,3 +96,24 @@ TEST(Sampler, FrequenciesFollowTemperatureTopKAndTopP) {
   EXPECT_THROW(generate::sample_token(logits, 4, {1.0f, 0, 0.0f}, RngKey{}, 0), Error);
   EXPECT_THROW(generate::sample_token(logits, 4, {-1.0f, 0, 1.0f}, RngKey{}, 0), Error);
 }
+
+// Logits holding NaN or +Inf (weights that went bad) are an error, greedy or sampled, not the same token
+// over and over; -Inf rules a token out, unless it rules out every one (issue 32).
+TEST(Sampler, NonFiniteLogitsAreAnError) {
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    const float logits[3] = {0.5f, bad, 0.1f};
+    for (const generate::SamplingOptions o : {generate::SamplingOptions{0.0f, 0, 1.0f}, generate::SamplingOptions{1.0f, 0, 1.0f}}) {
+      try {
+        generate::sample_token(logits, 3, o, RngKey::from_seed(1), 7);
+        ADD_FAILURE() << "sampled from logits holding " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("token 1 of 3"), std::string::npos) << e.what();
+      }
+    }
+  }
+  const float masked[3] = {-INFINITY, 0.2f, -INFINITY};
+  EXPECT_EQ(generate::sample_token(masked, 3, {0.0f, 0, 1.0f}, RngKey::from_seed(1), 0), 1);
+  const float none[2] = {-INFINITY, -INFINITY};
+  EXPECT_THROW(generate::sample_token(none, 2, {0.0f, 0, 1.0f}, RngKey::from_seed(1), 0), Error);
+}

@@ -38,7 +38,7 @@ TEST(InspectCli, MalformedFileExitsNonZeroNamingTheProblem) {
 
   const CliRun missing = run("inspect " + kCorpus + "/does_not_exist.safetensors");
   EXPECT_EQ(missing.status, 1) << missing.output;
-  EXPECT_NE(missing.output.find("No such file"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("no such file"), std::string::npos) << missing.output;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -78,6 +79,8 @@ TEST(Memory, AbsurdWeightsMetadataIsRefusedBeforeTheModelIsBuilt) {
                                 {{"loom.model_config", tiny.with(key, value).json().dump()}});
     const std::string named = "model." + key + "=" + std::to_string(value);
     expect_refused_fast(run_loom({"generate", "--weights", path, "--prompt", "a"}), {named, path});
+    // A token file that exists (the CLI checks its path when parsing), never read: the model is refused first.
+    std::ofstream(dir / "none.bin").put('\0');
     expect_refused_fast(run_loom({"eval", "--weights", path, "--data", dir / "none.bin"}), {named, path});
     // In the library: the model alone (for `loom export`, Python's load_run) against a budget it exceeds.
     EXPECT_THROW(loom::runs::load_model_weights(path, MemoryBudget::parse("1G")), loom::Error);

@@ -359,6 +359,28 @@ TEST(RunDirCli, ASecondCtrlCAbortsAtOnce) {
   EXPECT_EQ(after.status, 0) << after.output;
 }
 
+// A stop that lands while a checkpoint is written ends the run at the step it announced ("stopping after
+// this step (step N)"), not one step later (issue 32).
+TEST(RunDirCli, AStopDuringACheckpointEndsAtTheStepItAnnounced) {
+  Fixture f;
+  const fs::path run = f.dir / "run";
+  // Every checkpoint file waits 400 ms: a step's checkpoint takes over a second, its compute milliseconds.
+  Process p = spawn(f.train_args(run, 1000, {"--set", "checkpoint.interval=1", "--set", "eval.interval=0"}),
+                    f.log("run"), {{"LOOM_TEST_CHECKPOINT_PAUSE_MS", "400"}});
+  ASSERT_TRUE(p.wait_for_output("training ", std::chrono::seconds(60))) << read_file(p.log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ::kill(p.pid, SIGTERM);
+  std::optional<int> status = p.wait_for(std::chrono::seconds(60));
+  ASSERT_TRUE(status) << read_file(p.log);
+  const std::string log = read_file(p.log);
+  EXPECT_EQ(*status, 143) << log;
+  const std::string said = "stopping after this step (step ";
+  const size_t at = log.find(said);
+  ASSERT_NE(at, std::string::npos) << log;
+  const int64_t announced = std::stoll(log.substr(at + said.size()));
+  EXPECT_EQ(nlohmann::json::parse(read_file(run / "run.json"))["step"], announced) << log;
+}
+
 TEST(RunDirCli, AStopInTheMiddleOfAnAccumulationResumesExactly) {
   Fixture f;
   const fs::path ref = f.dir / "ref", run = f.dir / "run";
@@ -428,6 +450,12 @@ TEST(RunDirCli, EvalOfNonFiniteWeightsIsAnError) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "not finite")) << r.output;
   EXPECT_FALSE(contains(r.output, "\"loss\"")) << r.output;
+  // Found when the weights are loaded, naming a tensor, before any window is read; and generate refuses
+  // them rather than printing the same token over and over (issue 32).
+  EXPECT_TRUE(contains(r.output, "tensor '")) << r.output;
+  Result g = f.run({"generate", "--run", run.string(), "--prompt", "It is", "--max-new-tokens", "4"});
+  EXPECT_EQ(g.status, 1) << g.output;
+  EXPECT_TRUE(contains(g.output, "tensor '") && contains(g.output, "not finite")) << g.output;
 }
 
 TEST(RunDirCli, GenerateChecksItsOptionsBeforePrinting) {

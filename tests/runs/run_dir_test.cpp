@@ -133,11 +133,17 @@ TEST(RunDir, LoomsOwnRunNeedsResumeOrOverwrite) {
   EXPECT_NE(why.find("a finished loom training run (step 10"), std::string::npos) << why;
   EXPECT_NE(why.find("--resume"), std::string::npos) << why;
   EXPECT_NE(why.find("--overwrite"), std::string::npos) << why;
-  // import and export refuse it too (they have no --resume to offer).
+  // import and export refuse it too, and --overwrite does not make them replace it: it replaces only the
+  // writer's own kind of output (an export over a run would delete its checkpoints, issue 32).
   const std::string import_why = error_of([&] { RunDir::claim(run.string(), RunKind::Import); });
-  EXPECT_NE(import_why.find("--overwrite"), std::string::npos) << import_why;
+  EXPECT_NE(import_why.find("does not replace"), std::string::npos) << import_why;
   EXPECT_EQ(import_why.find("--resume"), std::string::npos) << import_why;
+  for (RunKind other : {RunKind::Import, RunKind::Export}) {
+    const std::string over = error_of([&] { RunDir::claim(run.string(), other, ExistingRun::Overwrite); });
+    EXPECT_NE(over.find("replaces only what loom"), std::string::npos) << over;
+  }
   EXPECT_EQ(read_file(run / "model.safetensors"), "weights");
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000010"));
 
   // --resume keeps everything and the run's creation time.
   const std::string created = marker_json(run)["created"];

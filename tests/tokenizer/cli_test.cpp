@@ -140,17 +140,17 @@ TEST(Cli, BadInputGivesErrorAndExitCodeOne) {
   const std::vector<Case> cases = {
       {{"tokenizer", "train", "--input", dir / "empty.txt", "--vocab-size", "300", "--out", dir / "t.json"}, "empty"},
       {{"tokenizer", "train", "--input", dir / "text.txt", "--vocab-size", "200", "--out", dir / "t.json"},
-       "smaller than 256"},
+       "--vocab-size: must be in [256, "},
       {{"tokenizer", "train", "--input", dir / "missing.txt", "--vocab-size", "300", "--out", dir / "t.json"},
        "missing.txt"},
       {{"tokenizer", "encode", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt"}, "not valid JSON"},
-      {{"tokenizer", "encode", "--tokenizer", dir / "nope.json", "--input", dir / "text.txt"}, "does not exist"},
+      {{"tokenizer", "encode", "--tokenizer", dir / "nope.json", "--input", dir / "text.txt"}, "no such file"},
       {{"prepare", "--tokenizer", dir / "bad.json", "--input", dir / "text.txt", "--out", dir / "o"}, "bad.json"},
       {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "empty.txt", "--out", dir / "o"}, "empty"},
       {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "missing.txt", "--out", dir / "o"}, "missing.txt"},
       {{"prepare", "--tokenizer", dir / "tok.json", "--input", dir / "text.txt", "--out", dir / "o", "--val-fraction",
         "1.5"},
-       "val fraction"},
+       "--val-fraction"},
   };
   for (const Case& c : cases) {
     auto r = run_cli(c.args);

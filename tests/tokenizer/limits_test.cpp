@@ -102,7 +102,7 @@ TEST(TokenizerLimits, CliRefusesTooManyThreads) {
   RunResult r = run_cli({"tokenizer", "encode", "--tokenizer", dir / "tok.json", "--input", dir / "in.txt",
                          "--threads", "100000"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_HAS(r.err, "threads must be in [0, 1024]");
+  EXPECT_HAS(r.err, "--threads: must be in [0, 1024]");
 }
 
 TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {
@@ -114,7 +114,7 @@ TEST(TokenizerLimits, TokenBytesInMessagesAreCutShort) {
   EXPECT_HAS(msg, "are the same bytes \"wwww");
   EXPECT_LT(msg.size(), 300u);
   msg = error_of([&] { Tokenizer(tok.vocab(), tok.merges(), {std::string(1 << 20, 's')}); });
-  EXPECT_HAS(msg, "tokenizer: special token \"ssss");
+  EXPECT_HAS(msg, "tokenizer: special token (--special-token) \"ssss");
   EXPECT_LT(msg.size(), 300u);
 }
 

@@ -69,25 +69,25 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
       ->type_name("PRESET|FILE")
       ->capture_default_str();
   cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
-  cmd.add_option("--devices", o->devices, "devices to plan for")->capture_default_str();
+  loom::cli::in_range(cmd.add_option("--devices", o->devices, "devices to plan for"), 1, 1 << 24)->capture_default_str();
   cmd.add_option("--device", o->device, "h100, h200, a100, tpu-v5p, h800, or cpu (measured here)")->capture_default_str();
-  cmd.add_option("--batch", o->batch, "global batch in sequences per optimizer step (default: the config's)");
-  cmd.add_option("--seq", o->seq, "tokens per sequence (default: model.context_length)");
+  loom::cli::in_range(cmd.add_option("--batch", o->batch, "global batch in sequences per optimizer step (default: the config's)"), 1, 1 << 30);
+  loom::cli::in_range(cmd.add_option("--seq", o->seq, "tokens per sequence (default: model.context_length)"), 1, 1 << 24);
   cmd.add_option("--precision", o->precision, "f32 or bf16 (default: bf16 on accelerators, the config's on cpu)");
   cmd.add_option("--layout", o->mesh, "evaluate only this layout, e.g. data=128,tensor=8,pipe=16");
   cmd.add_option("--shard", o->shard, "with --layout: none, zero1 or fsdp")->capture_default_str();
   cmd.add_option("--recompute", o->recompute, "with --layout: none, selective or full")->capture_default_str();
-  cmd.add_option("--micro-batches", o->micro_batches, "with --layout: micro-batches per step")->capture_default_str();
+  loom::cli::in_range(cmd.add_option("--micro-batches", o->micro_batches, "with --layout: micro-batches per step"), 1, 1 << 20)->capture_default_str();
   cmd.add_option("--schedule", o->schedule, "with --layout and pipe > 1: 1f1b or gpipe")->capture_default_str();
-  cmd.add_option("--intra-bw", o->intra_bw, "intra-node bandwidth per device, GB/s one way (default: the device's)");
-  cmd.add_option("--inter-bw", o->inter_bw, "inter-node bandwidth per device, GB/s one way");
-  cmd.add_option("--intra-latency", o->intra_latency, "seconds per collective step within a node");
-  cmd.add_option("--inter-latency", o->inter_latency, "seconds per collective step between nodes");
-  cmd.add_option("--devices-per-node", o->per_node, "devices sharing the intra-node links");
-  cmd.add_option("--memory-gib", o->memory_gib, "memory per device in GiB (default: the device's)");
-  cmd.add_option("--efficiency", o->efficiency, "fraction of peak the step's GEMMs reach (default: the device's)");
+  loom::cli::in_range(cmd.add_option("--intra-bw", o->intra_bw, "intra-node bandwidth per device, GB/s one way (default: the device's)"), 1e-6, 1e9);
+  loom::cli::in_range(cmd.add_option("--inter-bw", o->inter_bw, "inter-node bandwidth per device, GB/s one way"), 1e-6, 1e9);
+  loom::cli::in_range(cmd.add_option("--intra-latency", o->intra_latency, "seconds per collective step within a node"), 0, 1000);
+  loom::cli::in_range(cmd.add_option("--inter-latency", o->inter_latency, "seconds per collective step between nodes"), 0, 1000);
+  loom::cli::in_range(cmd.add_option("--devices-per-node", o->per_node, "devices sharing the intra-node links"), 1, 1 << 20);
+  loom::cli::in_range(cmd.add_option("--memory-gib", o->memory_gib, "memory per device in GiB (default: the device's)"), 1e-6, 1e6);
+  loom::cli::in_range(cmd.add_option("--efficiency", o->efficiency, "fraction of peak the step's GEMMs reach (default: the device's)"), 1e-6, 1);
   cmd.add_option("--threads", o->threads, "with --device cpu: threads per rank to measure");
-  cmd.add_option("--rows", o->rows, "layouts to show")->capture_default_str();
+  loom::cli::in_range(cmd.add_option("--rows", o->rows, "layouts to show"), 1, 10000)->capture_default_str();
   cmd.add_flag("--no-overlap", o->no_overlap, "collectives waited on where issued (loom train --no-overlap)");
   cmd.add_flag("--json", o->json, "print one JSON object");
   cmd.callback([o] {

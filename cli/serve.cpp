@@ -28,7 +28,7 @@ struct ServeArgs {
   loom::serve::ServerOptions server;
   loom::serve::EngineOptions engine;
   int64_t threads = 0;
-  bool f32 = false, no_batching = false, no_prefix_cache = false;
+  bool f32 = false, no_batching = false, no_prefix_cache = false, check = false;
 };
 
 loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous batching, a chat page at /)", [](CLI::App& cmd) {
@@ -39,22 +39,22 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
       "weights");
   run->excludes(weights);
   cmd.add_option("--host", a.server.host, "address to listen on (default 127.0.0.1: this machine only)");
-  cmd.add_option("--port", a.server.port, "port (default 8080; 0: any free port, printed)");
+  loom::cli::in_range(cmd.add_option("--port", a.server.port, "port (default 8080; 0: any free port, printed)"), 0, 65535);
   cmd.add_option("--api-key", a.api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: the LOOM_API_KEY variable, else none)");
   loom::cli::in_file(
       cmd.add_option("--chat-template", a.chat_template, "a file holding the chat template (Jinja, ChatML) to use instead of the model's"),
       "chat template");
   cmd.add_option("--model-name", a.model_name, "the model's id in the API (default: the file or directory name)");
   cmd.add_option("--kv-memory", a.kv_memory, "memory for the KV cache's blocks, e.g. 512M (default 1G)");
-  cmd.add_option("--kv-blocks", a.engine.kv_blocks, "blocks in the KV cache (overrides --kv-memory)");
-  cmd.add_option("--block-size", a.engine.block_size, "positions per KV block (default 16)");
-  cmd.add_option("--max-running", a.engine.max_running, "most sequences in the running batch (default 64)");
-  cmd.add_option("--max-queued", a.engine.max_queued, "most requests waiting; more get 429 (default 256)");
-  cmd.add_option("--max-step-tokens", a.engine.max_step_tokens, "most tokens one forward pass computes (default 256)");
-  cmd.add_option("--request-timeout", a.server.request_timeout_s, "seconds a request may run (default 600)");
-  cmd.add_option("--idle-timeout", a.server.idle_timeout_s, "seconds a connection may stay silent (default 30)");
-  cmd.add_option("--max-body", a.server.max_body_bytes, "largest request body in bytes (default 1048576)");
-  cmd.add_option("--http-threads", a.server.http_threads, "HTTP worker threads (default max-running + max-queued + 4)");
+  loom::cli::in_range(cmd.add_option("--kv-blocks", a.engine.kv_blocks, "blocks in the KV cache (overrides --kv-memory)"), 0, 1 << 30);
+  loom::cli::in_range(cmd.add_option("--block-size", a.engine.block_size, "positions per KV block (default 16)"), 1, 4096);
+  loom::cli::in_range(cmd.add_option("--max-running", a.engine.max_running, "most sequences in the running batch (default 64)"), 1, 4096);
+  loom::cli::in_range(cmd.add_option("--max-queued", a.engine.max_queued, "most requests waiting; more get 429 (default 256)"), 1, 1000000);
+  loom::cli::in_range(cmd.add_option("--max-step-tokens", a.engine.max_step_tokens, "most tokens one forward pass computes (default 256)"), 1, 1000000);
+  loom::cli::in_range(cmd.add_option("--request-timeout", a.server.request_timeout_s, "seconds a request may run (default 600)"), 1, 604800);
+  loom::cli::in_range(cmd.add_option("--idle-timeout", a.server.idle_timeout_s, "seconds a connection may stay silent (default 30)"), 1, 86400);
+  loom::cli::in_range(cmd.add_option("--max-body", a.server.max_body_bytes, "largest request body in bytes (default 1048576)"), 1024, 1 << 30);
+  loom::cli::in_range(cmd.add_option("--http-threads", a.server.http_threads, "HTTP worker threads (default max-running + max-queued + 4)"), 0, 100000);
   cmd.add_option("--threads", a.threads, "compute threads (default: every core)");
   cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
   cmd.add_option("--activations", a.activations,
@@ -62,6 +62,8 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
                  "docs/quant.md");
   cmd.add_flag("--no-batching", a.no_batching, "run each sequence on its own (the per-sequence path every family has)");
   cmd.add_flag("--no-prefix-cache", a.no_prefix_cache, "do not reuse the KV blocks of shared prompt prefixes");
+  cmd.add_flag("--check", a.check,
+               "load the model, size the KV cache and bind the port, say what would be served, and exit (a dry run)");
   cmd.add_option("--max-memory", a.max_memory, "memory the model may use, e.g. 8G (default: MemAvailable)");
   cmd.callback([] {
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "serve: give --weights FILE.gguf|DIR or --run DIR");
@@ -111,6 +113,8 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
       try {
         chat.chat_template = loom::generate::ChatTemplate::from_jinja(settings.chat_template);
       } catch (const loom::Error& e) {
+        // A template the user gave that cannot be used is an error; the model's own only turns chat off.
+        LOOM_CHECK(a.chat_template.empty(), "serve: --chat-template ", a.chat_template, ": ", e.what());
         chat.no_template_reason = e.what();
       }
     }
@@ -134,6 +138,11 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
     std::printf("loom serve: %s (%s), %lld KV blocks of %lld positions, chat %s\n", name.c_str(), engine.mode().c_str(),
                 static_cast<long long>(s.kv_blocks), static_cast<long long>(s.block_size),
                 chat_on ? "on" : ("off: " + no_chat).c_str());
+    if (a.check) {
+      std::printf("check: ok, would listen on http://%s:%d\n", a.server.host.c_str(), port);
+      engine.stop();
+      return;
+    }
     std::printf("listening on http://%s:%d\n", a.server.host.c_str(), port);
     std::fflush(stdout);
 

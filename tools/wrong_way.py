@@ -111,8 +111,11 @@ BASE = {
     "import": ["--gguf", "exports/t.gguf", "--out", "{new}/import"],
     "inspect": ["runs/t/model.safetensors"],
     "options": ["--json"],
+    "plan": ["--config", "tiny", "--devices", "2", "--device", "h100", "--rows", "2"],
     "plot": ["runs/t", "--out", "{new}/plots"],
     "prepare": ["--tokenizer", "data/austen_bpe512/tokenizer.json", "--input", "text/corpus.txt", "--out", "{new}/prep"],
+    # --check: load, size the cache, bind, and exit, so a case the server accepts ends (port 0: any free one).
+    "serve": ["--run", "runs/t", "--port", "0", "--kv-memory", "8M", "--check"],
     "tokenizer train": ["--input", "text/small.txt", "--vocab-size", "300", "--out", "{new}/tok.json"],
     "tokenizer encode": ["--tokenizer", "data/austen_bpe512/tokenizer.json", "--input", "text/small.txt"],
     "tokenizer decode": ["--tokenizer", "data/austen_bpe512/tokenizer.json", "--input", "text/ids.txt"],

@@ -689,10 +689,10 @@ int HttpServer::bind() {
   const ServerOptions& o = impl_->options;
   if (o.port == 0) {
     port_ = impl_->server.bind_to_any_port(o.host);
-    LOOM_CHECK(port_ > 0, "serve: cannot listen on ", o.host, " (any port)");
+    LOOM_CHECK(port_ > 0, "serve: --host ", o.host, ": cannot listen there (on any port; not an address of this machine?)");
   } else {
-    LOOM_CHECK(impl_->server.bind_to_port(o.host, o.port), "serve: cannot listen on ", o.host, ":", o.port,
-               " (in use, or not an address of this machine)");
+    LOOM_CHECK(impl_->server.bind_to_port(o.host, o.port), "serve: --host ", o.host, " --port ", o.port,
+               ": cannot listen there (the port is in use, or the host is not an address of this machine)");
     port_ = o.port;
   }
   return port_;

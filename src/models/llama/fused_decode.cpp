@@ -14,6 +14,7 @@ std::vector<const nn::Linear*> block_linears(const nn::TransformerBlock& b) {
 std::string unsupported_layers(const TransformerLM& m) {
   auto linear_problem = [](const nn::Linear& l) -> std::string {
     if (l.weight.dist) return l.weight.name + " is sharded over a mesh";
+    if (l.lora) return l.weight.name + " has a LoRA adapter";
     if (!l.quantized || !quant::has_matmul_kernels(l.quantized->type())) return l.weight.name + " is not held quantized";
     if (l.bias != nullptr) return l.weight.name + " has a bias";
     return "";

@@ -45,6 +45,11 @@ Tensor Linear::base_forward(const Tensor& x) const {
     LOOM_CHECK(!(autograd::grad_enabled() && weight.value.requires_grad()), weight.name, " is held quantized (",
                quant::quant_type_name(quantized->type()), ") for inference only; there is no backward pass "
                "through it. Load the weights as f32 to train, or run under no-grad");
+    // Recording a backward pass through it (a LoRA on a quantized base), or asked to: the dequantized
+    // weights by tiles, exact and differentiable in x; else the integer kernels.
+    if (dequantized_matmul || (autograd::grad_enabled() && x.requires_grad())) {
+      return ops::dequantized_linear(x, quantized, bias ? bias->value : Tensor(), weight.name);
+    }
     // A norm rounding its output for bf16 GEMMs (mixed precision) may hand a bf16 x: the integer kernels take f32.
     const Tensor xf = x.dtype() == DType::BF16 && !x.requires_grad() ? x.to(DType::F32) : x;
     return quant::quantized_linear(xf, *quantized, bias ? bias->value : Tensor(), weight.name);
@@ -64,7 +69,9 @@ std::string Linear::name() const {
 LoRA& Linear::attach_lora(const LoraOptions& options, RngKey key) {
   LOOM_CHECK(!lora, name(), " already has a LoRA adapter");
   LOOM_CHECK(!weight.dist, name(), ": LoRA on a layer sharded over a mesh is not supported");
-  lora = std::make_unique<LoRA>(name(), weight.value.size(1), weight.value.size(0), options, key);
+  const int64_t in = quantized ? quantized->cols() : weight.value.size(1);
+  const int64_t out = quantized ? quantized->rows() : weight.value.size(0);
+  lora = std::make_unique<LoRA>(name(), in, out, options, key);
   add_child(lora.get());
   layers_changed();
   return *lora;

@@ -31,9 +31,11 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
   // forward without the LoRA adapter: the base layer alone.
   Tensor base_forward(const Tensor& x) const;
-  // Holds the weight quantized for inference (GGUF import): forward then multiplies by it with the
-  // integer kernels of quant/qmatmul.h and does not read weight.value; a forward that autodiff would
-  // record is refused, naming the layer. q must be [out, in] of a type with kernels; nullptr clears it.
+  // Holds the weight quantized (GGUF import): forward then multiplies by it and does not read
+  // weight.value, with the integer kernels of quant/qmatmul.h, or, when autodiff records a backward pass
+  // through x (LoRA on a quantized base), by its dequantized tiles (ops::dequantized_linear). The weight
+  // itself is never trained: a forward that would record its gradient is refused, naming the layer.
+  // q must be [out, in] of a type with kernels; nullptr clears it.
   void set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q);
   // LoRA (nn/lora.h): forward adds the adapter's update to the base layer's output. The adapter becomes
   // this layer's child (its parameters follow the weight's in parameters()); at most one per layer.
@@ -46,6 +48,10 @@ class Linear : public Module {
   Parameter* bias = nullptr;  // absent without a bias
   ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
   std::shared_ptr<const quant::QuantizedMatrix> quantized;  // set_quantized's, or null
+  // With `quantized`: multiply by its dequantized values a tile at a time (ops::dequantized_linear) even
+  // when nothing records a backward pass: exact against the dequantized weights, as a fine-tuning run
+  // evaluates the layers it trains through (QLoRA). Off: the integer kernels, for decoding speed.
+  bool dequantized_matmul = false;
   std::unique_ptr<LoRA> lora;                               // attach_lora's, or null
 };
 

@@ -52,7 +52,7 @@ std::vector<std::string> split_targets(const std::string& text) {
 
 json FinetuneConfig::to_json() const {
   return json{
-      {"base", {{"weights", weights}, {"context_length", context_length}}},
+      {"base", {{"weights", weights}, {"context_length", context_length}, {"quantized", quantized}}},
       {"data", {{"train", data}, {"val", val_data}, {"val_fraction", val_fraction}}},
       {"lora",
        {{"full", full},
@@ -88,6 +88,7 @@ FinetuneConfig FinetuneConfig::from_json(const json& j) {
   FinetuneConfig c;
   c.weights = m["base"]["weights"].get<std::string>();
   c.context_length = m["base"]["context_length"].get<int64_t>();
+  c.quantized = m["base"]["quantized"].get<bool>();
   c.data = m["data"]["train"].get<std::string>();
   c.val_data = m["data"]["val"].get<std::string>();
   c.val_fraction = m["data"]["val_fraction"].get<double>();
@@ -154,6 +155,8 @@ void FinetuneConfig::validate() const {
   LOOM_CHECK(!data.empty(), "config: data.train must name a JSON Lines file (--data)");
   LOOM_CHECK(val_fraction >= 0 && val_fraction < 1, "config: data.val_fraction must be in [0, 1), got ", val_fraction);
   non_negative(static_cast<double>(context_length), "base.context_length");
+  LOOM_CHECK(!(quantized && full), "config: base.quantized keeps the base's matrices quantized and frozen, so it "
+             "takes LoRA adapters only, not lora.full");
   if (!full) {
     LOOM_CHECK(adapter.lora.rank > 0, "config: lora.rank must be positive, got ", adapter.lora.rank);
     LOOM_CHECK(adapter.lora.alpha > 0, "config: lora.alpha must be positive, got ", adapter.lora.alpha);
@@ -244,13 +247,29 @@ Finetuner::Finetuner(FinetuneConfig config, std::string run_dir, const runs::Mem
   config_.validate();
   if (config_.threads > 0) set_num_threads(static_cast<int>(config_.threads));
   const bool run = is_run_dir(config_.weights);
+  LOOM_CHECK(!config_.quantized || config_.weights.ends_with(".gguf"), "finetune: base.quantized needs a GGUF base, got ",
+             config_.weights);
   runs::LoadedRun loaded = runs::load_for_job(run ? config_.weights : "", run ? "" : config_.weights, memory,
-                                              runs::model_memory, "finetune");
+                                              runs::model_memory, "finetune", config_.quantized);
   LOOM_CHECK(loaded.tokenizer.has_value(), "finetune: ", config_.weights,
              " has no tokenizer (a GGUF with tokenizer metadata, an HF directory with tokenizer.json, or a loom run)");
   const runs::ChatSettings chat = runs::chat_settings(loaded, fs::is_directory(config_.weights) ? config_.weights : "");
   model_ = std::move(loaded.model);
   tokenizer_ = std::move(loaded.tokenizer);
+  if (config_.quantized) {
+    // The layers held quantized multiply by their tiles from now on; their f32 copies go.
+    int64_t kept = 0;
+    for (nn::Linear* l : models::linear_layers(*model_)) {
+      if (!l->quantized) continue;
+      l->dequantized_matmul = true;
+      l->weight.value = Tensor::empty({0});
+      l->weight.bf16_copy = Tensor();
+      l->weight.value_changed();
+      ++kept;
+    }
+    LOOM_CHECK(kept > 0, "finetune: ", config_.weights, " has no matrix in a type loom multiplies quantized (Q8_0, "
+               "Q4_0, Q4_1, Q4_K, Q6_K)");
+  }
   chat_template_ = chat.chat_template;
   eos_ = chat.eos;
   renderer_ = SftRenderer::for_model(*tokenizer_, chat_template_, eos_);

@@ -39,6 +39,9 @@ struct FinetuneConfig {
   // base
   std::string weights;     // a GGUF file, a Hugging Face directory, a loom weights file or run directory
   int64_t context_length = 0;  // 0: the model's; smaller saves memory (examples must fit)
+  // A GGUF base whose matrices stay in their block format (QLoRA): the layers multiply by them a tile at a
+  // time (nn::Linear::dequantized_matmul), their f32 copies are released; LoRA only.
+  bool quantized = false;
   // data
   std::string data;        // JSON Lines (train/sft_data.h)
   std::string val_data;    // held-out JSON Lines; "" holds out val_fraction of `data`

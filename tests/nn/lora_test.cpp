@@ -11,6 +11,8 @@
 #include "ops/activation.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "quant/qmatmul.h"
+#include "quant/quant.h"
 #include "support/op_test.h"
 
 namespace loom::test {
@@ -177,6 +179,79 @@ TEST(Lora, Bf16PrecisionIsCloseToF32) {
   a.linear->precision = ops::MatmulPrecision::BF16;
   Tensor y16 = a.linear->forward(x);
   EXPECT_LT(max_error_relative_to_max(y16, y32), 2e-2f);
+}
+
+}  // namespace
+}  // namespace loom::test
+
+namespace loom::test {
+namespace {
+
+// A Linear whose weight is held quantized (Q8_0 or Q4_1) and its f32 twin holding the dequantized values.
+struct QuantizedPair {
+  std::unique_ptr<nn::Linear> q, f;
+};
+QuantizedPair quantized_pair(quant::QuantType type, int64_t in, int64_t out) {
+  QuantizedPair p;
+  p.q = std::make_unique<nn::Linear>("layers.0.ffn.w2", in, out, RngKey{}, nn::Init::zeros(), true);
+  p.f = std::make_unique<nn::Linear>("layers.0.ffn.w2", in, out, RngKey{}, nn::Init::zeros(), true);
+  const Tensor w = randn({out, in}, 21, 0.2f);
+  auto qm = std::make_shared<quant::QuantizedMatrix>(quant::QuantizedMatrix::quantize(type, w.data<float>(), out, in));
+  Tensor deq = Tensor::empty({out, in});
+  qm->dequantize(deq.data<float>());
+  p.f->weight.value.copy_from(deq);
+  p.q->set_quantized(qm);
+  const Tensor b = randn({out}, 22);
+  for (auto* l : {p.q.get(), p.f.get()}) {
+    l->bias->value.copy_from(b);
+    l->weight.value.set_requires_grad(false);
+    l->bias->value.set_requires_grad(false);
+  }
+  return p;
+}
+
+TEST(Qlora, AQuantizedBaseTrainsItsAdapterAsItsDequantizedTwinDoes) {
+  // out = 300: more than one tile of 256 rows.
+  for (auto type : {quant::QuantType::Q8_0, quant::QuantType::Q4_1}) {
+    SCOPED_TRACE(quant::quant_type_name(type));
+    QuantizedPair p = quantized_pair(type, 64, 300);
+    nn::LoraOptions o;
+    o.rank = 4;
+    for (auto* l : {p.q.get(), p.f.get()}) {
+      l->attach_lora(o, RngKey::from_seed(3));
+      l->lora->B.value.copy_from(randn({300, 4}, 23, 0.1f));  // nonzero, so A gets a gradient
+    }
+    const Tensor x0 = randn({2, 5, 64}, 24), dy = randn({2, 5, 300}, 25);
+    Tensor xq = param(x0), xf = param(x0);
+    Tensor yq = p.q->forward(xq), yf = p.f->forward(xf);
+    expect_close(yq, yf, 1e-5f, 1e-5f, "y");
+    autograd::backward(yq, dy);
+    autograd::backward(yf, dy);
+    expect_close(xq.grad(), xf.grad(), 1e-5f, 1e-5f, "dx");
+    expect_close(p.q->lora->A.value.grad(), p.f->lora->A.value.grad(), 1e-5f, 1e-5f, "dA");
+    expect_close(p.q->lora->B.value.grad(), p.f->lora->B.value.grad(), 1e-5f, 1e-5f, "dB");
+  }
+}
+
+TEST(Qlora, DequantizedLinearMatchesFiniteDifferencesAndTheIntegerPathWithoutGrad) {
+  QuantizedPair p = quantized_pair(quant::QuantType::Q8_0, 32, 270);
+  TensorList inputs = {param(randn({3, 32}, 26)), param(randn({270}, 27))};
+  gradcheck([&](const TensorList& in) { return ops::dequantized_linear(in[0], p.q->quantized, in[1]); }, inputs);
+  // Nothing recording: the integer kernels, unless the layer asks for the dequantized tiles.
+  autograd::NoGradGuard no_grad;
+  const Tensor x = randn({3, 32}, 28);
+  const Tensor exact = ops::dequantized_linear(x, p.q->quantized, p.q->bias->value);
+  const Tensor integer = p.q->forward(x);
+  EXPECT_FALSE(bitwise_equal(integer, exact)) << "the integer kernels round x to 8 bits";
+  p.q->dequantized_matmul = true;
+  expect_bitwise(p.q->forward(x), exact, "dequantized_matmul");
+}
+
+TEST(Qlora, TheQuantizedWeightItselfIsNeverTrained) {
+  QuantizedPair p = quantized_pair(quant::QuantType::Q8_0, 32, 8);
+  p.q->weight.value.set_requires_grad(true);
+  Tensor x = param(randn({2, 32}, 29));
+  expect_error_mentions([&] { p.q->forward(x); }, {"layers.0.ffn.w2.weight is held quantized", "no backward pass"});
 }
 
 }  // namespace

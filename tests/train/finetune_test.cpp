@@ -243,3 +243,31 @@ TEST(Finetune, ConfigErrorsNameTheKey) {
   bad.adapter.targets = {"qproj"};
   test::expect_error_mentions([&] { train::Finetuner(bad, dir / "r"); }, {"target 'qproj' matches no layer", "q_proj", "w1", "gate_proj"});
 }
+
+TEST(Finetune, AQuantizedBaseTrainsAsItsDequantizedTwinAndHoldsNoF32Copy) {
+  TempDir dir;
+  const std::string data = write_data(dir);
+  train::FinetuneConfig c = tiny_config(data);
+  c.max_steps = 3;
+  c.exact_match = 1;
+  c.adapter.targets = {"all-linear"};
+  train::Finetuner f32(c, dir / "f32");
+  c.quantized = true;
+  train::Finetuner q(c, dir / "q");
+  int64_t quantized = 0;
+  for (nn::Linear* l : models::linear_layers(q.model())) {
+    if (!l->quantized) continue;
+    ++quantized;
+    EXPECT_EQ(l->weight.value.numel(), 0) << l->name() << " kept its f32 copy";
+  }
+  EXPECT_GT(quantized, 4);  // the fixture's Q8_0 and Q4_1 matrices
+  const auto a = f32.run(), b = q.run();
+  EXPECT_NEAR(*b.first_val_loss, *a.first_val_loss, 1e-5);
+  EXPECT_NEAR(*b.last_val_loss, *a.last_val_loss, 1e-4);
+  EXPECT_NEAR(b.last_loss, a.last_loss, 1e-4);
+  auto fa = models::adapters_of(f32.model()), fb = models::adapters_of(q.model());
+  ASSERT_EQ(fa.size(), fb.size());
+  for (size_t i = 0; i < fa.size(); ++i) test::expect_close(fb[i]->B.value, fa[i]->B.value, 1e-4f, 1e-3f, fa[i]->B.name);
+  c.full = true;
+  test::expect_error_mentions([&] { c.validate(); }, {"base.quantized", "LoRA adapters only"});
+}

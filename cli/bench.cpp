@@ -72,7 +72,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   dec->add_option("--repeats", dec_options.repeats, "runs; the best is reported (default 3)");
   dec->add_option("--layers", dec_options.num_layers, "layers (default 30)");
   dec->add_option("--vocab", dec_options.vocab_size, "vocabulary (default 49152)");
-  dec->add_option("--gguf", dec_options.gguf, "time this Llama GGUF file (matrices kept quantized) instead of a synthetic model");
+  loom::cli::in_file(dec->add_option("--gguf", dec_options.gguf, "time this Llama GGUF file (matrices kept quantized) instead of a synthetic model"), "gguf");
   dec->add_flag("!--unfused", dec_options.fused,
                 "decode op by op (one parallel region per op) instead of the fused quantized step");
   dec->callback([] { std::printf("%s\n", loom::bench::bench_decode(dec_options).to_json().c_str()); });
@@ -81,7 +81,8 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static std::string preset = "tiny";
   static std::vector<std::string> sets;
   static loom::bench::TrainBenchOptions options;
-  train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)");
+  loom::cli::in_file(train->add_option("--preset", preset, "model preset or config file (tiny, default, cs336-tinystories, gpt2-small, ..., FILE.json)"), "config")
+      ->type_name("PRESET|FILE");
   train->add_option("--set", sets, "override a config key of the preset: --set model.context_length=256 (repeatable)");
   train->add_option("--batch", options.batch_size, "batch size");
   train->add_option("--steps", options.steps, "timed steps");
@@ -105,7 +106,8 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   static std::string roof_preset = "tiny", roof_out = ".";
   static std::vector<std::string> roof_sets;
   static loom::bench::RooflineOptions roof_options;
-  roof->add_option("--preset", roof_preset, "model preset or config file (tiny, cs336-tinystories, gpt2-small, ..., FILE.json)");
+  loom::cli::in_file(roof->add_option("--preset", roof_preset, "model preset or config file (tiny, cs336-tinystories, gpt2-small, ..., FILE.json)"), "config")
+      ->type_name("PRESET|FILE");
   roof->add_option("--set", roof_sets, "override a config key of the preset (repeatable)");
   roof->add_option("--batch", roof_options.batch_size, "batch size (default 8)");
   roof->add_option("--steps", roof_options.steps, "profiled steps (default 3)");
@@ -113,7 +115,7 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   roof->add_option("--threads", roof_options.threads, "threads (default: all)");
   roof->add_flag("--bf16", roof_options.bf16, "bf16 mixed-precision GEMMs, as bench train --bf16");
   roof->add_option("--bandwidth-mib", roof_options.bandwidth_mib, "buffer for the bandwidth measurement (default 512)");
-  roof->add_option("--out", roof_out, "folder for roofline.svg and roofline.json (default: .)");
+  loom::cli::out_dir(roof->add_option("--out", roof_out, "folder for roofline.svg and roofline.json (default: .)"), "roofline");
   roof->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(roof_preset, roof_sets).model;
     loom::runs::check_memory(loom::runs::training_step_memory(model, roof_options.batch_size, roof_options.bf16, "--batch"),

@@ -12,12 +12,13 @@
 #include "generate/chat.h"
 #include "runs/load.h"
 #include "runs/memory.h"
+#include "quant/qmatmul.h"
 #include "tokenizer/text_stream.h"
 
 namespace {
 
 struct ChatArgs {
-  std::string run, weights, system, max_memory;
+  std::string run, weights, system, max_memory, activations;
   bool has_system = false, from_stdin = false, print_prompt = false, f32 = false, stats = false;
   int64_t max_new_tokens = 512;
   float temperature = 0.8f, top_p = 1.0f;
@@ -38,8 +39,8 @@ void catch_sigint(bool catching) {
 
 loom::cli::Register reg("chat", "Chat with a model through its ChatML chat template (GGUF or imported run)", [](CLI::App& cmd) {
   static ChatArgs a;
-  auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json, tokenizer_config.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "GGUF file (or weights file / Hugging Face directory)");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json, tokenizer_config.json)"), "run");
+  auto* weights = loom::cli::in_path(cmd.add_option("--weights", a.weights, "GGUF file (or weights file / Hugging Face directory)"), "weights");
   run->excludes(weights);
   auto* sys = cmd.add_option("--system", a.system, "system message (default: the template's own, if it has one)");
   cmd.add_flag("--stdin", a.from_stdin, "read one user message from stdin and print only the reply (the default when stdin is not a terminal)");
@@ -51,9 +52,16 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
   cmd.add_option("--top-p", a.top_p, "keep the smallest set with this probability mass (1 = all)");
   cmd.add_option("--seed", a.seed, "sampling seed");
   cmd.add_flag("--f32", a.f32, "with a GGUF file: multiply by the dequantized weights in f32");
+  cmd.add_option("--activations", a.activations,
+                 "with weights kept quantized, how activations are rounded: int8x2 (the default, within ~0.01 of "
+                 "--f32's logits) or int8 (llama.cpp's; faster prefill, less exact); docs/quant.md");
   cmd.add_option("--max-memory", a.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable)");
   cmd.callback([sys] {
     a.has_system = sys->count() > 0;
+    if (!a.activations.empty()) {
+      loom::quant::set_default_activation_rounding(
+          loom::quant::activation_rounding_from_name(a.activations, "chat: --activations"));
+    }
     LOOM_CHECK(!a.run.empty() || !a.weights.empty(), "chat: give --weights FILE.gguf or --run DIR");
     LOOM_CHECK(a.max_new_tokens >= 1 && a.max_new_tokens <= loom::generate::kMaxNewTokens,
                "chat: --max-new-tokens must be in [1, ", loom::generate::kMaxNewTokens, "], got ", a.max_new_tokens);

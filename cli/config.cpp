@@ -18,7 +18,9 @@ struct Options {
 loom::cli::Register reg("config", "Print a preset or config file resolved in full (JSON), with overrides applied",
                         [](CLI::App& cmd) {
   auto o = std::make_shared<Options>();
-  cmd.add_option("--config", o->config, "preset name or config file")->capture_default_str();
+  loom::cli::in_file(cmd.add_option("--config", o->config, "preset name or config file"), "config")
+      ->type_name("PRESET|FILE")
+      ->capture_default_str();
   cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
   cmd.callback([o] {
     std::printf("%s\n", loom::train::TrainConfig::load(o->config, o->overrides).to_json().dump(2).c_str());

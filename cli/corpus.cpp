@@ -16,11 +16,11 @@ loom::cli::Register reg("corpus", "Extract the bundled training corpus as plain 
   auto rdata = std::make_shared<std::string>(
       std::filesystem::exists("data/janeaustenr/Rdata.rdb") ? "data/janeaustenr" : loom::data::kDebianAustenDataDir);
   auto out = std::make_shared<std::string>("data/austen");
-  austen->add_option("--rdata", *rdata,
+  loom::cli::in_dir(austen->add_option("--rdata", *rdata,
                      "the package's data directory holding Rdata.rdb and Rdata.rdx "
-                     "(tools/get_corpus.sh extracts it)")
+                     "(tools/get_corpus.sh extracts it)"), "rdata")
       ->capture_default_str();
-  austen->add_option("--out", *out, "output directory")->capture_default_str();
+  loom::cli::out_dir(austen->add_option("--out", *out, "output directory"), "corpus")->capture_default_str();
   austen->callback([rdata, out] {
     if (!std::filesystem::exists(std::filesystem::path(*rdata) / "Rdata.rdb")) {
       throw loom::IoError(loom::str("corpus: no Rdata.rdb in ", *rdata,

@@ -16,15 +16,15 @@ struct EvalArgs {
 
 loom::cli::Register reg("eval", "Test loss and perplexity over every complete window of a token file", [](CLI::App& cmd) {
   static EvalArgs a;
-  auto* run = cmd.add_option("--run", a.run, "run directory");
-  auto* weights = cmd.add_option("--weights", a.weights, "weights file");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", a.run, "run directory"), "run");
+  auto* weights = loom::cli::in_path(cmd.add_option("--weights", a.weights, "weights file"), "weights");
   run->excludes(weights);
-  cmd.add_option("--data", a.data, "token file (.bin, with meta.json beside it)")->required();
+  loom::cli::in_file(cmd.add_option("--data", a.data, "token file (.bin, with meta.json beside it)"), "tokens")->required();
   cmd.add_option("--context-length", a.context_length, "window length T (default: the model's)");
   cmd.add_option("--max-windows", a.max_windows, "evaluate at most this many windows (0 = all)");
-  cmd.add_option("--logits-out", a.logits_out,
+  loom::cli::out_file(cmd.add_option("--logits-out", a.logits_out,
                  "also write the first window's inputs and logits to this safetensors file (ids [T], logits [T, V]), "
-                 "for comparisons with other implementations");
+                 "for comparisons with other implementations"), "logits");
   cmd.add_option("--max-memory", a.max_memory,
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   cmd.callback([] {

@@ -18,9 +18,9 @@ struct ExportArgs {
 
 loom::cli::Register reg("export", "Export a run as a Hugging Face directory (LlamaForCausalLM, GPT2LMHeadModel) or a GGUF file (Llama, GPT-2)", [](CLI::App& cmd) {
   static ExportArgs a;
-  cmd.add_option("--run", a.run, "run directory (or a weights file)")->required();
+  loom::cli::in_path(cmd.add_option("--run", a.run, "run directory (or a weights file)"), "weights")->required();
   cmd.add_option("--format", a.format, "output format: hf (a directory) or gguf (a file)");
-  cmd.add_option("--out", a.out, "output directory (hf) or file (gguf)")->required();
+  loom::cli::out_path(cmd.add_option("--out", a.out, "output directory (hf) or file (gguf)"), "export")->required();
   cmd.add_option("--gguf-type", a.gguf_type, "storage of the weight matrices in a GGUF: f32, f16, bf16, q8_0, q4_0, q4_1");
   cmd.add_flag("--overwrite", a.overwrite, "replace the loom export in --out (files loom did not write stay)");
   cmd.callback([] {

@@ -27,12 +27,14 @@ loom::cli::Register reg("flops", "Parameters, FLOPs per token and compute-optima
                         [](CLI::App& cmd) {
   auto o = std::make_shared<Options>();
   CLI::Option* config_opt =
-      cmd.add_option("--config", o->config, "preset name or config file (with --run: the run's config.json)")
+      loom::cli::in_file(cmd.add_option("--config", o->config, "preset name or config file (with --run: the run's config.json)"),
+                         "config")
+          ->type_name("PRESET|FILE")
           ->capture_default_str();
   cmd.add_option("--set", o->overrides, "override a config value: section.key=value (repeatable)");
   cmd.add_option("--tokens-per-s", o->tokens_per_s, "measured training throughput");
   cmd.add_option("--tokens", o->tokens, "training tokens to count (default: max_steps x tokens per step)");
-  cmd.add_option("--run", o->run, "take the config and the median throughput from this run directory");
+  loom::cli::in_dir(cmd.add_option("--run", o->run, "take the config and the median throughput from this run directory"), "run");
   cmd.add_flag("--json", o->json, "print one JSON object");
   cmd.add_flag("--measure-peak", o->measure_peak,
                "measure the CPU's FMA peak for MFU (0.5 s) instead of estimating it from /proc/cpuinfo");

@@ -24,8 +24,8 @@ struct GenerateArgs {
 
 loom::cli::Register reg("generate", "Sample text from a run (prefill, then KV-cache decoding)", [](CLI::App& cmd) {
   static GenerateArgs a;
-  auto* run = cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)");
-  auto* weights = cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used), Hugging Face directory, or GGUF file");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", a.run, "run directory (model.safetensors, tokenizer.json)"), "run");
+  auto* weights = loom::cli::in_path(cmd.add_option("--weights", a.weights, "weights file (a tokenizer.json beside it is used), Hugging Face directory, or GGUF file"), "weights");
   run->excludes(weights);
   cmd.add_option("--prompt", a.prompt, "text to continue")->required();
   cmd.add_option("--max-new-tokens", a.max_new_tokens, "tokens to generate");

@@ -20,10 +20,10 @@ struct ImportArgs {
 
 loom::cli::Register reg("import", "Import a Hugging Face directory (Llama, GPT-2, DeepSeek-V3) or a GGUF file (Llama, GPT-2) as a loom run", [](CLI::App& cmd) {
   static ImportArgs a;
-  auto* hf = cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)");
-  auto* gguf = cmd.add_option("--gguf", a.gguf, "GGUF file (llama.cpp's format; any of its block types)");
+  auto* hf = loom::cli::in_dir(cmd.add_option("--hf", a.hf, "Hugging Face directory (config.json, model.safetensors, tokenizer.json)"), "hf");
+  auto* gguf = loom::cli::in_file(cmd.add_option("--gguf", a.gguf, "GGUF file (llama.cpp's format; any of its block types)"), "gguf");
   hf->excludes(gguf);
-  cmd.add_option("--out", a.out, "run directory to write")->required();
+  loom::cli::out_dir(cmd.add_option("--out", a.out, "run directory to write"), "import")->required();
   cmd.add_flag("--overwrite", a.overwrite, "replace the loom run in --out (files loom did not write stay)");
   cmd.add_option("--max-memory", a.max_memory,
                  "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");

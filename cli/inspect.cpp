@@ -12,7 +12,7 @@ namespace {
 
 loom::cli::Register reg("inspect", "List the tensors and metadata of a safetensors file", [](CLI::App& cmd) {
   auto path = std::make_shared<std::string>();
-  cmd.add_option("file", *path, "The .safetensors file")->required();
+  loom::cli::in_file(cmd.add_option("file", *path, "The .safetensors file"), "safetensors")->required();
   cmd.callback([path] {
     const loom::io::SafetensorsFile file = loom::io::SafetensorsFile::open(*path);
     std::fputs(loom::report::format_safetensors_listing(file, *path).c_str(), stdout);

@@ -11,12 +11,12 @@ namespace {
 loom::cli::Register reg("plot", "Draw a run's loss and learning-rate curves as SVG", [](CLI::App& cmd) {
   auto dir = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  cmd.add_option("dir", *dir, "run directory holding metrics.jsonl")->required();
+  loom::cli::in_dir(cmd.add_option("dir", *dir, "run directory holding metrics.jsonl"), "run")->required();
   auto compare = std::make_shared<std::vector<std::string>>();
-  cmd.add_option("--out", *out, "where to write loss.svg and lr.svg (default: the run directory)");
-  cmd.add_option("--compare", *compare,
+  loom::cli::out_dir(cmd.add_option("--out", *out, "where to write loss.svg and lr.svg (default: the run directory)"), "plots");
+  loom::cli::in_dir(cmd.add_option("--compare", *compare,
                  "other run directories to draw beside DIR: compare_loss.svg and compare_loss_gap.svg (their loss "
-                 "minus DIR's) go to --out");
+                 "minus DIR's) go to --out"), "run");
   cmd.callback([dir, out, compare] {
     if (!compare->empty()) {
       std::vector<std::string> dirs{*dir};

@@ -9,9 +9,9 @@
 namespace {
 loom::cli::Register reg("prepare", "Tokenize text files into train.bin, val.bin and meta.json", [](CLI::App& cmd) {
   auto o = std::make_shared<loom::data::PrepareOptions>();
-  cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt")->required();
-  cmd.add_option("--input", o->inputs, "Text files; each is one document")->required();
-  cmd.add_option("--out", o->out_dir, "Output directory")->required();
+  loom::cli::in_path(cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt"), "tokenizer")->required();
+  loom::cli::in_file(cmd.add_option("--input", o->inputs, "Text files; each is one document"), "text")->required();
+  loom::cli::out_dir(cmd.add_option("--out", o->out_dir, "Output directory"), "tokens")->required();
   cmd.add_option("--val-fraction", o->val_fraction, "Fraction of the tokens (the last ones) that go to val.bin")
       ->capture_default_str();
   cmd.add_option("--eot-token", o->eot_token, "Special token written between documents")->capture_default_str();

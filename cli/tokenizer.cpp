@@ -184,13 +184,14 @@ loom::cli::Register reg("tokenizer", "Train, encode and decode byte-level BPE", 
 
   auto train_args = std::make_shared<TrainArgs>();
   CLI::App* train = cmd.add_subcommand("train", "Train a byte-level BPE tokenizer (CS336 semantics)");
-  train->add_option("--input", train_args->inputs, "Text files to train on")->required();
+  loom::cli::in_file(train->add_option("--input", train_args->inputs, "Text files to train on"), "text")->required();
   train->add_option("--vocab-size", train_args->vocab_size, "Size of the vocabulary: specials + 256 bytes + merges")
       ->required();
   train->add_option("--special-token", train_args->specials, "A special token (repeat for more)");
-  train->add_option("--out", train_args->out,
-                    "Output: a path ending in .json gets a Hugging Face tokenizer.json, anything else a directory "
-                    "with vocab.json + merges.txt")
+  loom::cli::out_path(train->add_option("--out", train_args->out,
+                                       "Output: a path ending in .json gets a Hugging Face tokenizer.json, anything "
+                                       "else a directory with vocab.json + merges.txt"),
+                      "tokenizer")
       ->required();
   train->add_option("--threads", train_args->threads, "Pre-tokenization threads (0: all cores)");
   train->add_flag("--progress", train_args->progress, "Report progress (on by default above 32 MB of input)");
@@ -198,19 +199,21 @@ loom::cli::Register reg("tokenizer", "Train, encode and decode byte-level BPE", 
 
   auto enc_args = std::make_shared<CodecArgs>();
   CLI::App* enc = cmd.add_subcommand("encode", "Encode text to token ids (printed whitespace-separated)");
-  enc->add_option("--tokenizer", enc_args->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt")
+  loom::cli::in_path(enc->add_option("--tokenizer", enc_args->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt"),
+                     "tokenizer")
       ->required();
   enc->add_option("--special-token", enc_args->specials, "Treat this vocabulary entry as a special token");
-  enc->add_option("--input", enc_args->input, "Text file (default: stdin)");
+  loom::cli::in_file(enc->add_option("--input", enc_args->input, "Text file (default: stdin)"), "text");
   enc->add_option("--threads", enc_args->threads, "Encoding threads (0: all cores; 1: no extra thread)");
   enc->callback([enc_args] { run_encode(*enc_args); });
 
   auto dec_args = std::make_shared<CodecArgs>();
   CLI::App* dec = cmd.add_subcommand("decode", "Decode whitespace-separated token ids to text");
-  dec->add_option("--tokenizer", dec_args->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt")
+  loom::cli::in_path(dec->add_option("--tokenizer", dec_args->tokenizer, "tokenizer.json, or a directory with vocab.json + merges.txt"),
+                     "tokenizer")
       ->required();
   dec->add_option("--special-token", dec_args->specials, "Treat this vocabulary entry as a special token");
-  dec->add_option("--input", dec_args->input, "File of token ids (default: stdin)");
+  loom::cli::in_file(dec->add_option("--input", dec_args->input, "File of token ids (default: stdin)"), "ids");
   dec->callback([dec_args] { run_decode(*dec_args); });
 });
 

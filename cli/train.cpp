@@ -52,12 +52,13 @@ void print_end(const loom::train::TrainOutcome& o) {
 }
 
 loom::cli::Register reg("train", "Train a model (default: the small Llama-style model on Jane Austen)", [](CLI::App& cmd) {
-  cmd.add_option("--config", args.config,
+  auto* config_opt = loom::cli::in_file(cmd.add_option("--config", args.config,
                  "preset (tiny, default, cs336-tinystories, gpt2-austen, gpt2-small, ...) or a JSON file (its missing "
                  "keys come from the preset its \"base\" key names, else the built-in defaults, as a preset's do; "
-                 "relative paths resolve against the working directory; `loom config` prints it resolved)");
-  cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)");
-  auto* config_opt = cmd.get_option("--config");
+                 "relative paths resolve against the working directory; `loom config` prints it resolved)"),
+                                       "config")
+                         ->type_name("PRESET|FILE");
+  loom::cli::out_dir(cmd.add_option("--out", args.out, "run directory (default: runs/<preset or file name>)"), "train");
   cmd.add_option("--set", args.sets, "override a config key: --set optimizer.lr=3e-4 (repeatable)");
   cmd.add_option("--mesh", args.mesh,
                  "device mesh, e.g. data=4,tensor=2 or data=2,expert=2 (config key parallel.mesh); its size must equal the number of "
@@ -73,9 +74,10 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
   auto* resume_opt = cmd.add_flag("--resume", args.resume,
                                   "continue from the newest valid checkpoint in --out (its config.json is the config "
                                   "unless --config is given; --set still applies)");
-  cmd.add_option("--weights", args.weights,
+  loom::cli::in_path(cmd.add_option("--weights", args.weights,
                  "start from these weights, with their tokenizer: a GGUF file, a Hugging Face directory or a loom weights "
-                 "file (the model section is theirs; token files go to data/<weights name>/)")
+                 "file (the model section is theirs; token files go to data/<weights name>/)"),
+                     "weights")
       ->excludes(resume_opt);
   cmd.add_flag("--overwrite", args.overwrite,
                "replace the loom run in --out: its files and checkpoints are deleted (files loom did not write stay)")

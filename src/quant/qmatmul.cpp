@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #endif
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -270,50 +271,149 @@ KernelPath best_kernel_path() {
   return best;
 }
 
+// ---- activation rounding ----------------------------------------------------------------------------
+
+const char* activation_rounding_name(ActivationRounding r) {
+  if (r == ActivationRounding::Default) r = default_activation_rounding();
+  return r == ActivationRounding::Int8 ? "int8" : "int8x2";
+}
+
+ActivationRounding activation_rounding_from_name(const std::string& name, const std::string& where) {
+  if (name == "int8") return ActivationRounding::Int8;
+  if (name == "int8x2") return ActivationRounding::Int8x2;
+  LOOM_FAIL(where, " = '", name.substr(0, 40), name.size() > 40 ? "...'" : "'",
+            " is not an activation rounding (expected int8 or int8x2)");
+}
+
+namespace {
+// 0: not set yet (the environment decides on first use).
+std::atomic<int> g_default_rounding{0};
+
+ActivationRounding rounding_from_environment() {
+  const char* env = std::getenv("LOOM_QUANT_ACTIVATIONS");
+  if (env == nullptr || *env == '\0') return ActivationRounding::Int8x2;
+  return activation_rounding_from_name(env, "LOOM_QUANT_ACTIVATIONS");
+}
+}  // namespace
+
+ActivationRounding default_activation_rounding() {
+  int v = g_default_rounding.load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = static_cast<int>(rounding_from_environment());
+    int expected = 0;
+    if (!g_default_rounding.compare_exchange_strong(expected, v)) v = expected;
+  }
+  return static_cast<ActivationRounding>(v);
+}
+
+void set_default_activation_rounding(ActivationRounding r) {
+  LOOM_CHECK(r != ActivationRounding::Default, "set_default_activation_rounding: give int8 or int8x2");
+  g_default_rounding.store(static_cast<int>(r));
+}
+
+int64_t activation_levels(ActivationRounding r) {
+  if (r == ActivationRounding::Default) r = default_activation_rounding();
+  return r == ActivationRounding::Int8x2 ? 2 : 1;
+}
+
+namespace {
+
+// One row of x [K] into L rows of blocks, out[l * nb + b]: level 0 rounds x, level 1 (Int8x2) rounds
+// the residual x - d q. The residual is formed here, in one place for every path, so the paths keep
+// producing the same bytes (each path's quantize_row does).
+void quantize_row_levels(detail::QuantizeRow quantize_row, const float* x, int64_t K, int64_t levels, ActBlock* out) {
+  quantize_row(x, K, out);
+  if (levels == 1) return;
+  thread_local std::vector<float> residual;
+  residual.resize(static_cast<size_t>(K));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const ActBlock& blk = out[b];
+    for (int j = 0; j < 32; ++j) {
+      const int64_t k = 32 * b + j;
+      // A non-finite block (d = NaN, q = 0) keeps its NaN in the residual, so both levels say NaN.
+      residual[static_cast<size_t>(k)] = x[k] - blk.d * static_cast<float>(blk.q[j]);
+    }
+  }
+  quantize_row(residual.data(), K, out + K / 32);
+}
+
+// y[m * ldy + n] for n in [n0, n1) from the levels' rows of a [M * L, nb]. With one level the kernel
+// writes y itself; with two it writes both levels' products of a slice of rows into a small scratch
+// and y is their sum, level 0 + level 1, the same order for every path, thread count and batch.
+void tile_levels(detail::TileKernel tile, const QuantizedMatrix& w, const uint8_t* packed, const ActBlock* a,
+                 int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t nb = w.cols() / 32;
+  if (levels == 1) {
+    tile(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
+    return;
+  }
+  const int64_t pb = detail::packed_block_bytes(w.type());
+  constexpr int64_t kSlice = 64;  // rows of W per pass: a multiple of 16, the tiles' block of rows
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(M * levels * kSlice));
+  for (int64_t s0 = n0; s0 < n1; s0 += kSlice) {
+    const int64_t width = std::min(kSlice, n1 - s0);
+    // The slice as a matrix of its own (s0 is a multiple of 8, so its interleaved groups start there).
+    const uint8_t* slice_packed = packed != nullptr ? packed + (s0 / 8) * nb * pb : nullptr;
+    tile(w.data() + s0 * w.row_bytes(), w.row_bytes(), slice_packed, a, M * levels, nb, 0, width, scratch.data(), kSlice);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* lo = scratch.data() + (m * levels) * kSlice;
+      const float* hi = lo + kSlice;
+      float* out = y + m * ldy + s0;
+      for (int64_t j = 0; j < width; ++j) out[j] = lo[j] + hi[j];
+    }
+  }
+}
+
+}  // namespace
+
 // ---- entry points ------------------------------------------------------------------------------------
 
-void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
+                          ActivationRounding rounding) {
   check_activations(M, K);
   const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  const int64_t levels = activation_levels(rounding);
   parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(quantize_row, x + m * K, K, levels, out + m * levels * (K / 32));
   });
 }
 
-void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y, KernelPath path) {
+void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y, KernelPath path,
+                      ActivationRounding rounding) {
   const int64_t N = w.rows(), K = w.cols();
   LOOM_CHECK(K % 32 == 0, "quantized_matmul: K = ", K, " is not a multiple of 32");
   const detail::KernelTable& kernels = kernels_for(path);
   const detail::TileKernel tile = tile_for(kernels, w.type());
   if (M == 0 || N == 0) return;
-  const int64_t nb = K / 32;
-  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
+  const int64_t nb = K / 32, levels = activation_levels(rounding);
+  std::vector<ActBlock> a(static_cast<size_t>(M * levels * nb));
   parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) kernels.quantize_row(x + m * K, K, a.data() + m * nb);
+    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(kernels.quantize_row, x + m * K, K, levels, a.data() + m * levels * nb);
   });
   // Each output is computed whole by one chunk, so splitting N evenly over the threads (the grain
   // depends on the thread count) changes no result. Chunks are multiples of 16 rows (the tile's block).
   const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
   const int64_t grain = (per_thread + 15) / 16 * 16;
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    tile(w.data(), w.row_bytes(), packed, a.data(), M, nb, n0, n1, y, N);
-  });
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile_levels(tile, w, packed, a.data(), M, levels, n0, n1, y, N); });
 }
 
-void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path) {
+void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
+                              ActivationRounding rounding) {
   LOOM_ASSERT(K % 32 == 0);
   const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
-  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, out + m * (K / 32));
+  const int64_t levels = activation_levels(rounding);
+  for (int64_t m = 0; m < M; ++m) quantize_row_levels(quantize_row, x + m * K, K, levels, out + m * levels * (K / 32));
 }
 
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
-                           int64_t ldy, KernelPath path) {
+                           int64_t ldy, KernelPath path, ActivationRounding rounding) {
   LOOM_ASSERT(n0 % 8 == 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows() && w.cols() % 32 == 0);
   if (n0 == n1 || M == 0) return;
   const detail::KernelTable& kernels = kernels_for(path);
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  tile_for(kernels, w.type())(w.data(), w.row_bytes(), packed, a, M, w.cols() / 32, n0, n1, y, ldy);
+  tile_levels(tile_for(kernels, w.type()), w, packed, a, M, activation_levels(rounding), n0, n1, y, ldy);
 }
 
 void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes) {
@@ -331,21 +431,28 @@ void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int6
   for (int64_t off = 0; off < size; off += 64) __builtin_prefetch(begin + off, 0, 3);
 }
 
-void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y) {
+void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y,
+                                ActivationRounding rounding) {
   const int64_t N = w.rows(), K = w.cols();
   check_activations(M, K);
   tile_for(detail::scalar_kernels(), w.type());  // same refusal as quantized_matmul
-  const int64_t nb = K / 32;
-  std::vector<ActBlock> a(static_cast<size_t>(M * nb));
-  for (int64_t m = 0; m < M; ++m) detail::scalar_kernels().quantize_row(x + m * K, K, a.data() + m * nb);
+  const int64_t nb = K / 32, levels = activation_levels(rounding);
+  std::vector<ActBlock> a(static_cast<size_t>(M * levels * nb));
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_levels(detail::scalar_kernels().quantize_row, x + m * K, K, levels, a.data() + m * levels * nb);
+  }
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
     dequantize(w.type(), w.data() + n * w.row_bytes(), K, row.data());
     for (int64_t m = 0; m < M; ++m) {
       double sum = 0.0;
       for (int64_t k = 0; k < K; ++k) {
-        const ActBlock& blk = a[static_cast<size_t>(m * nb + k / 32)];
-        sum += static_cast<double>(row[k]) * (static_cast<double>(blk.d) * blk.q[k % 32]);
+        double xq = 0.0;  // the activation as the levels round it
+        for (int64_t l = 0; l < levels; ++l) {
+          const ActBlock& blk = a[static_cast<size_t>((m * levels + l) * nb + k / 32)];
+          xq += static_cast<double>(blk.d) * blk.q[k % 32];
+        }
+        sum += static_cast<double>(row[k]) * xq;
       }
       y[m * N + n] = static_cast<float>(sum);
     }

@@ -16,6 +16,12 @@
 //   |y[m,n] - sum_k x[m,k] W[n,k]| <= sum over blocks b of (d_b / 2) * sum_{k in b} |W[n,k]|
 // up to f32 accumulation error; tests/quant/qmatmul_test.cpp checks exactly this bound.
 //
+// That is ActivationRounding::Int8, llama.cpp's choice. ActivationRounding::Int8x2 (loom's default, see
+// docs/quant.md for the measurement behind it) rounds each block twice: x ~ d q + d' q', where q' rounds
+// the residual x - d q with its own d' = max|x - d q| / 127 <= d / 254. The bound above then holds with
+// d' for d: ~16-bit activations. The two levels are two activation rows for the same kernels (one
+// unpack of a weight block serves both), summed in f32: twice the integer work, no new kernel.
+//
 // Paths: Scalar (portable C++, the test oracle), Avx2, Avx512Vnni (AVX-512 VL + VNNI), chosen at run
 // time by CPUID (Auto). Every path computes the same integer sums and differs from the others only in
 // the order of the f32 accumulation. Results do not depend on the thread count.
@@ -70,6 +76,19 @@ bool kernel_path_supported(KernelPath path);
 // avx512-vnni) asks for another, which is refused by name if this CPU cannot run it.
 KernelPath best_kernel_path();
 
+// How finely activations are rounded (the comment at the top): one 8-bit level, or the value and its
+// residual at 8 bits each. Default: what default_activation_rounding() says.
+enum class ActivationRounding { Default, Int8, Int8x2 };
+const char* activation_rounding_name(ActivationRounding r);  // "int8", "int8x2" (Default: the resolved one)
+// Int8 or Int8x2 from a name, refused by name otherwise ("where" names the setting in the message).
+ActivationRounding activation_rounding_from_name(const std::string& name, const std::string& where);
+// The process's default: Int8x2 unless LOOM_QUANT_ACTIVATIONS (int8, int8x2) or
+// set_default_activation_rounding (`--activations` of the commands that run quantized weights) says otherwise.
+ActivationRounding default_activation_rounding();
+void set_default_activation_rounding(ActivationRounding r);
+// Activation rows per input row: 1 (Int8) or 2 (Int8x2); Default resolved.
+int64_t activation_levels(ActivationRounding r = ActivationRounding::Default);
+
 // One 32-element block of an activation row quantized to 8 bits: x ~ d * q.
 struct ActBlock {
   float d;           // max|x| / 127 (0 for an all-zero block, NaN if the block holds inf or NaN)
@@ -80,30 +99,36 @@ struct ActBlock {
 };
 static_assert(sizeof(ActBlock) == 48);
 
-// Quantizes x [M, K] (K a multiple of 32) into out [M, K/32] with the rounding stated above.
-void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto);
+// Quantizes x [M, K] (K a multiple of 32) into out [M * L, K/32] with the rounding stated above, L =
+// activation_levels(rounding): row m's level l is activation row m * L + l.
+void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto,
+                          ActivationRounding rounding = ActivationRounding::Default);
 
 // y [M, N] = x [M, K] @ W^T, W: [N, K]. Refuses mismatched K and weight types without kernels, by name.
 void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float* y,
-                      KernelPath path = KernelPath::Auto);
+                      KernelPath path = KernelPath::Auto, ActivationRounding rounding = ActivationRounding::Default);
 
 // One thread's part of quantized_matmul, for callers that run their own team of threads (the fused
 // decode step: backends/cpu/decode_step.h). Both run on the calling thread only.
 //   quantize_activation_rows: quantize_activations without the thread split (the same bytes).
-//   quantized_matmul_rows: y[m * ldy + n] for n in [n0, n1) and m in [0, M) from activations a [M, K/32]
-//     already quantized; n0 must be a multiple of 8 (the interleaved row groups). Every output is
-//     bit for bit quantized_matmul's with the same path.
-// Neither checks its arguments beyond assertions: check the matrix (has_matmul_kernels, K) before.
-void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto);
+//   quantized_matmul_rows: y[m * ldy + n] for n in [n0, n1) and m in [0, M) from activations a [M * L, K/32]
+//     already quantized with the same rounding; n0 must be a multiple of 8 (the interleaved row groups).
+//     Every output is bit for bit quantized_matmul's with the same path and rounding.
+// Neither checks its arguments beyond assertions: check the matrix (has_matmul_kernels, K) before, and
+// resolve the rounding (activation_levels) before a team of threads that cannot throw.
+void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto,
+                              ActivationRounding rounding = ActivationRounding::Default);
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
-                           int64_t ldy, KernelPath path = KernelPath::Auto);
+                           int64_t ldy, KernelPath path = KernelPath::Auto,
+                           ActivationRounding rounding = ActivationRounding::Default);
 // Asks the CPU to start loading the first `bytes` of what quantized_matmul_rows(..., n0, n1, ...) will
 // read (a thread about to wait for its team calls it for its next share: the wait then overlaps the
 // first DRAM misses, which the kernels' own prefetching, running ahead of the loads, does not cover).
 void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes);
 
-// The oracle: the same activation quantization, then sum over k of dequantized W[n,k] * d_b * q[k]
-// in double. Single-threaded and slow; what every path is tested against.
-void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y);
+// The oracle: the same activation quantization, then sum over k of dequantized W[n,k] * (sum over the
+// levels of d_b * q[k]) in double. Single-threaded and slow; what every path is tested against.
+void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix& w, float* y,
+                                ActivationRounding rounding = ActivationRounding::Default);
 
 }  // namespace loom::quant

@@ -10,6 +10,7 @@
 #include "support/cli.h"
 #include "support/files.h"
 #include "support/gguf_files.h"
+#include "quant/qmatmul.h"
 #include "runs/load.h"
 
 namespace fs = std::filesystem;
@@ -189,6 +190,32 @@ TEST(Chat, CliReadsStdinPrintsOnlyTheReplyAndRefusesUnknownTemplates) {
   auto none = test::run_cli("chat --max-new-tokens 0 --weights " + gguf + args);
   EXPECT_NE(none.status, 0);
   EXPECT_NE(none.output.find("--max-new-tokens"), std::string::npos) << none.output;
+}
+
+// `--activations` picks the rounding of the activations before the integer products (docs/quant.md): the
+// CLI's reply is the in-process session's under that rounding; another name is refused by value.
+TEST(Chat, ActivationsFlagChoosesTheRoundingAndRefusesOthers) {
+  TempDir dir;
+  const std::string gguf = with_template(dir, "smol.gguf", kSmolTemplate);
+  { std::ofstream(dir / "in.txt") << "hello there\n"; }
+  const std::string args = " --temperature 0 --max-new-tokens 6 < " + dir / "in.txt";
+  auto loaded = runs::load_weights(gguf, runs::MemoryBudget::of_machine(), runs::model_memory, true);
+  const quant::ActivationRounding saved = quant::default_activation_rounding();
+  for (const char* name : {"int8", "int8x2"}) {
+    SCOPED_TRACE(name);
+    quant::set_default_activation_rounding(quant::activation_rounding_from_name(name, "test"));
+    generate::ChatSession chat(*loaded.model, *loaded.tokenizer, generate::ChatTemplate::from_jinja(kSmolTemplate),
+                               std::nullopt, greedy(6), loaded.eos);
+    auto reply = chat.turn("hello there");
+    std::vector<tokenizer::TokenId> ids(reply.tokens.begin(), reply.tokens.end());
+    auto r = test::run_cli("chat --weights " + gguf + " --activations " + name + args, /*with_stderr=*/false);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(r.output, loaded.tokenizer->decode(ids) + "\n");
+  }
+  quant::set_default_activation_rounding(saved);
+  auto bad = test::run_cli("chat --weights " + gguf + " --activations int4" + args);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--activations = 'int4'"), std::string::npos) << bad.output;
 }
 
 TEST(Chat, DecodeLastGivesTheLastRowOfDecode) {

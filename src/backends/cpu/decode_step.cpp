@@ -34,8 +34,9 @@ void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, fl
   float* g = o + C;
   float* u = g + F;
   float* h = u + F;
-  // Per thread: the normed row [C], its quantized blocks [max(C, F) / 32].
-  const int64_t act_blocks = std::max(C, F) / 32;
+  // Per thread: the normed row [C], its quantized blocks [levels * max(C, F) / 32] (levels: the
+  // activation rounding's, resolved here because the team below cannot throw).
+  const int64_t act_blocks = quant::activation_levels() * std::max(C, F) / 32;
   std::vector<float> xn(static_cast<size_t>(threads * C));
   std::vector<quant::ActBlock> act(static_cast<size_t>(threads * act_blocks));
   std::memcpy(x, m.token_embeddings + token * C, static_cast<size_t>(C) * sizeof(float));

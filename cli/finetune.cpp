@@ -26,16 +26,22 @@ FinetuneArgs args;
 
 loom::cli::Register reg("finetune", "Fine-tune a pretrained model on chat data (JSON Lines): LoRA adapters, or --full",
                         [](CLI::App& cmd) {
-  auto* weights = cmd.add_option("--weights", args.weights,
-                                 "the base model: a GGUF file, a Hugging Face directory or a loom weights file");
-  auto* run = cmd.add_option("--run", args.run, "the base model: a loom run directory (trained, imported or merged)");
+  auto* weights = loom::cli::in_path(cmd.add_option("--weights", args.weights,
+                                                    "the base model: a GGUF file, a Hugging Face directory or a loom weights file"),
+                                     "weights");
+  auto* run = loom::cli::in_dir(cmd.add_option("--run", args.run, "the base model: a loom run directory (trained, imported or merged)"),
+                                "run");
   weights->excludes(run);
-  cmd.add_option("--data", args.data,
-                 "training data, JSON Lines: {\"messages\": [{\"role\", \"content\"}, ...]} or {\"prompt\", \"completion\"}");
-  cmd.add_option("--val-data", args.val_data, "held-out data (default: data.val_fraction of --data, 0.1)");
-  cmd.add_option("--out", args.out, "run directory (default: runs/finetune-<data name>)");
-  cmd.add_option("--config", args.config, "a JSON file of fine-tuning settings (`loom finetune --help` lists the flags; "
-                 "the file's sections: base, data, lora, optimizer, training, eval, checkpoint, logging)");
+  loom::cli::in_file(cmd.add_option("--data", args.data,
+                                    "training data, JSON Lines: {\"messages\": [{\"role\", \"content\"}, ...]} or "
+                                    "{\"prompt\", \"completion\"}"),
+                     "chat-jsonl");
+  loom::cli::in_file(cmd.add_option("--val-data", args.val_data, "held-out data (default: data.val_fraction of --data, 0.1)"),
+                     "chat-jsonl");
+  loom::cli::out_dir(cmd.add_option("--out", args.out, "run directory (default: runs/finetune-<data name>)"), "finetune");
+  loom::cli::in_file(cmd.add_option("--config", args.config, "a JSON file of fine-tuning settings (`loom finetune --help` lists the flags; "
+                 "the file's sections: base, data, lora, optimizer, training, eval, checkpoint, logging)"),
+                     "config");
   cmd.add_flag("--full", args.full, "train every weight instead of LoRA adapters");
   cmd.add_option("--lora-rank", args.rank, "LoRA rank r (default 8)");
   cmd.add_option("--lora-alpha", args.alpha, "LoRA alpha: the update is scaled by alpha / r (default 16)");
@@ -103,11 +109,15 @@ MergeArgs margs;
 
 loom::cli::Register merge_reg("merge", "Merge a LoRA adapter (PEFT's files) into its base, as a run `loom export` converts",
                               [](CLI::App& cmd) {
-  cmd.add_option("--weights", margs.weights, "the base: a GGUF file, a Hugging Face directory, a loom weights file or run")
+  loom::cli::in_path(cmd.add_option("--weights", margs.weights,
+                                    "the base: a GGUF file, a Hugging Face directory, a loom weights file or run"),
+                     "weights")
       ->required();
-  cmd.add_option("--adapter", margs.adapter, "PEFT's adapter directory (adapter_config.json + adapter_model.safetensors)")
+  loom::cli::in_dir(cmd.add_option("--adapter", margs.adapter,
+                                   "PEFT's adapter directory (adapter_config.json + adapter_model.safetensors)"),
+                    "peft-adapter")
       ->required();
-  cmd.add_option("--out", margs.out, "the merged run directory")->required();
+  loom::cli::out_dir(cmd.add_option("--out", margs.out, "the merged run directory"), "merge")->required();
   cmd.add_option("--max-memory", margs.max_memory, "memory the job may use, e.g. 8G (default: MemAvailable)");
   cmd.add_flag("--overwrite", margs.overwrite, "replace the loom run in --out");
   cmd.callback([] {

@@ -330,6 +330,19 @@ double Finetuner::validation_loss() {
 }
 
 ExactMatch Finetuner::exact_match(int64_t limit) {
+  // A base held quantized decodes with the integer kernels, as `loom chat` runs it: dequantizing every
+  // matrix per token would cost more than the rest of the run.
+  std::vector<nn::Linear*> tiled;
+  for (nn::Linear* l : models::linear_layers(*model_)) {
+    if (l->quantized && l->dequantized_matmul) tiled.push_back(l);
+  }
+  for (nn::Linear* l : tiled) l->dequantized_matmul = false;
+  struct Restore {
+    std::vector<nn::Linear*>& layers;
+    ~Restore() {
+      for (nn::Linear* l : layers) l->dequantized_matmul = true;
+    }
+  } restore{tiled};
   ExactMatch r;
   std::set<int32_t> stops;
   if (renderer_.im_end >= 0) stops.insert(renderer_.im_end);

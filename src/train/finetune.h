@@ -103,7 +103,8 @@ class Finetuner {
   FinetuneSummary run(const StopSignal* stop = nullptr);
   // Mean loss per trained token over the held-out examples.
   double validation_loss();
-  // Greedy replies (up to max_new_tokens) to the first `limit` held-out examples.
+  // Greedy replies (up to max_new_tokens) to the first `limit` held-out examples. Layers held quantized
+  // decode with the integer kernels here (as `loom chat` would run them), not their dequantized tiles.
   ExactMatch exact_match(int64_t limit);
 
   std::string save_checkpoint();

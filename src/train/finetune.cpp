@@ -1,5 +1,6 @@
 #include "train/finetune.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -293,6 +294,7 @@ Finetuner::Finetuner(FinetuneConfig config, std::string run_dir, const runs::Mem
     for (nn::Parameter* p : trained_) p->value.set_requires_grad(true);
   } else {
     models::attach_adapters(*model_, config_.adapter, root.fold_in("lora"));
+    models::peft_adapter_tensors(*model_);  // the adapters can be saved in PEFT's names: refused now, not after training
     trained_ = models::freeze_all_but_adapters(*model_);
   }
   if (config_.precision == "bf16") {
@@ -351,7 +353,10 @@ ExactMatch Finetuner::exact_match(int64_t limit) {
     if (r.total >= limit) break;
     const auto reply = greedy_reply(*model_, e.prompt, config_.max_new_tokens, stops);
     const std::vector<tokenizer::TokenId> ids(reply.begin(), reply.end());
-    r.matched += tokenizer_->decode(ids) == e.reference;
+    // A model's vocabulary may be larger than its tokenizer's: an id past the tokenizer's is no text at all.
+    const auto V = static_cast<tokenizer::TokenId>(tokenizer_->vocab_size());
+    const bool text = std::all_of(ids.begin(), ids.end(), [V](tokenizer::TokenId id) { return id < V; });
+    r.matched += text && tokenizer_->decode(ids) == e.reference;
     ++r.total;
   }
   return r;

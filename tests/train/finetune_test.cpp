@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include <unistd.h>
+#include <set>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -19,6 +20,7 @@
 #include "support/files.h"
 #include "support/gguf_files.h"
 #include "support/op_test.h"
+#include "train/config.h"
 #include "train/finetune.h"
 
 namespace fs = std::filesystem;
@@ -270,4 +272,38 @@ TEST(Finetune, AQuantizedBaseTrainsAsItsDequantizedTwinAndHoldsNoF32Copy) {
   for (size_t i = 0; i < fa.size(); ++i) test::expect_close(fb[i]->B.value, fa[i]->B.value, 1e-4f, 1e-3f, fa[i]->B.name);
   c.full = true;
   test::expect_error_mentions([&] { c.validate(); }, {"base.quantized", "LoRA adapters only"});
+}
+
+TEST(Finetune, DeepSeekV3TakesAdaptersOnItsAttentionAndMlpsAndMergesThem) {
+  // The seed's tiny DeepSeek-V3 (1 dense + 1 MoE layer, one MTP module): every linear layer but the router
+  // and the head, under loom's and HF's names, trains and merges into the same function.
+  const auto cfg = train::TrainConfig::load("dsv3-tiny");
+  auto model = cfg.model.build(3);
+  models::AdapterConfig a;
+  a.lora.rank = 2;
+  a.targets = {"all-linear"};
+  auto adapters = models::attach_adapters(*model, a, RngKey::from_seed(4));
+  std::set<std::string> names;
+  for (nn::LoRA* l : adapters) names.insert(l->layer);
+  EXPECT_TRUE(names.count("layers.0.attn.wkv_b"));
+  EXPECT_TRUE(names.count("layers.1.moe.shared.w2"));
+  EXPECT_FALSE(names.count("layers.1.moe.router"));
+  EXPECT_FALSE(names.count("lm_head"));
+  for (nn::LoRA* l : adapters) l->B.value.copy_from(test::randn(l->B.value.shape(), 5, 0.05f));
+  const auto trained = models::freeze_all_but_adapters(*model);
+  Tensor ids = Tensor::from_vector<int32_t>({2, 8}, {1, 5, 9, 2, 7, 3, 8, 4, 6, 2, 5, 1, 9, 3, 7, 2});
+  Tensor targets = Tensor::from_vector<int32_t>({2, 8}, {5, 9, 2, 7, 3, 8, 4, -100, 2, 5, 1, 9, 3, 7, 2, -100});
+  model->loss(ids, targets, models::ForwardContext::train(RngKey::from_seed(6))).backward();
+  for (nn::Parameter* p : trained) EXPECT_TRUE(p->value.grad().defined()) << p->name;
+  for (nn::Parameter* p : model->parameters()) {
+    if (p->name.find(".lora_") == std::string::npos) EXPECT_FALSE(p->value.grad().defined()) << p->name;
+  }
+  // PEFT's names for MLA: q_b_proj's B rows in the interleaved order HF's DeepSeek-V3 stores.
+  bool q_b = false;
+  for (const auto& [name, t] : models::peft_adapter_tensors(*model)) q_b |= name == "base_model.model.model.layers.0.self_attn.q_b_proj.lora_B.weight";
+  EXPECT_TRUE(q_b);
+  autograd::NoGradGuard no_grad;
+  const Tensor want = model->logits(ids);
+  models::merge_adapters(*model);
+  test::expect_close(model->logits(ids), want, 2e-5f, 1e-4f, "merged DeepSeek-V3 logits");
 }

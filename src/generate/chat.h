@@ -21,6 +21,17 @@
 
 namespace loom::generate {
 
+// A whole conversation as one prompt, as ChatSession would hold it before a reply: the template's default
+// system message when `messages` has none first, each message as <|im_start|>ROLE\nCONTENT<|im_end|>\n
+// (text encoded with no special-token matching), then <|im_start|>assistant\n. Throws loom::Error when
+// the tokenizer lacks the control tokens or they fall outside `vocab_size`. (The server's chat endpoint.)
+struct ChatMlPrompt {
+  std::vector<int32_t> ids;
+  int32_t im_start = -1, im_end = -1;
+};
+ChatMlPrompt chatml_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+                           const std::vector<ChatMessage>& messages, int64_t vocab_size);
+
 // One conversation: each turn prefills only the tokens not yet in the cache (the previous reply's
 // end-of-turn token and newline, the user's block, the assistant prefix), then samples the reply.
 class ChatSession {

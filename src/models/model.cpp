@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/autograd.h"
+#include "core/error.h"
 #include "mesh/mesh.h"
 #include "mesh/rank_context.h"
 
@@ -56,6 +58,34 @@ int64_t LanguageModel::num_parameters() {
   int64_t n = 0;
   for (nn::Parameter* p : parameters()) n += p->value.numel();
   return n;
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Full: return "full";
+    case Recompute::Selective: return "selective";
+  }
+  return "none";
+}
+
+Recompute recompute_from_name(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "full") return Recompute::Full;
+  if (name == "selective") return Recompute::Selective;
+  LOOM_FAIL("training.recompute must be \"none\", \"full\" or \"selective\", got \"", name, "\"");
+}
+
+TensorList recompute_block(const ForwardContext& ctx, const TensorList& inputs,
+                           std::function<TensorList(const TensorList&)> fn) {
+  if (!ctx.training || ctx.recompute == Recompute::None || !autograd::any_requires_grad(inputs)) return fn(inputs);
+  return autograd::checkpoint(ctx.recompute == Recompute::Full ? "recompute_full" : "recompute_selective", inputs,
+                              std::move(fn), ctx.recompute == Recompute::Selective);
+}
+
+Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function<Tensor(const Tensor&)> fn) {
+  if (!ctx.training || ctx.recompute == Recompute::None || !autograd::any_requires_grad({x})) return fn(x);
+  return recompute_block(ctx, TensorList{x}, [fn = std::move(fn)](const TensorList& in) { return TensorList{fn(in[0])}; })[0];
 }
 
 }  // namespace loom::models

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "nn/decode_cache.h"
+#include "nn/paged_decoder.h"
 #include "models/model_config.h"
 #include "models/stats.h"
 #include "nn/parameter.h"
@@ -28,12 +31,29 @@ namespace loom::models {
 // What one forward pass is for. Dropout is on only when training; its masks are drawn from
 // dropout_key, which the trainer derives from (seed, step, micro-batch), and each site folds in its
 // layer and name, so masks do not depend on threads and repeat exactly after a resume.
+// Activation recomputation (training.recompute): what a training forward keeps of each block for the
+// backward. None: everything its ops save. Full: the block's input only; the backward runs the block
+// again. Selective: the GEMMs' outputs (and the block's input); the backward runs again only the cheap
+// ops between them: norms, activations, the attention core, residual adds (Korthikanti et al. 2022 keep
+// the GEMM outputs and recompute attention's core). Same bits in every mode (autograd::checkpoint).
+enum class Recompute { None, Full, Selective };
+const char* recompute_name(Recompute r);
+// "none", "full", "selective"; anything else throws naming the value.
+Recompute recompute_from_name(const std::string& name);
+
 struct ForwardContext {
   bool training = false;
   RngKey dropout_key;
+  Recompute recompute = Recompute::None;
 
-  static ForwardContext train(RngKey key) { return {true, key}; }
+  static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute}; }
 };
+
+// One transformer block of a training forward under ctx.recompute: fn(inputs) directly (None, or no
+// gradient wanted), else through autograd::checkpoint. The families call it for each layer.
+TensorList recompute_block(const ForwardContext& ctx, const TensorList& inputs,
+                           std::function<TensorList(const TensorList&)> fn);
+Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function<Tensor(const Tensor&)> fn);
 
 class LanguageModel : public nn::Module {
  public:
@@ -58,6 +78,12 @@ class LanguageModel : public nn::Module {
   // others, and the LM head over every position is a large part of it (SmolLM2: 28M of the ~120M
   // multiply-adds per token). The default slices decode()'s; a family may skip the other rows' head.
   virtual Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const;
+
+  // The model as a plain pre-norm RoPE/SwiGLU decoder (nn/paged_decoder.h), for batched serving with a
+  // paged KV cache; nullopt when it is not one (GPT-2, DeepSeek-V3) or cannot be described as one now
+  // (a parameter sharded over a mesh, a bias, a weight type without kernels). The description shares the
+  // model's tensors: it stays valid while the model lives and its layers do not change.
+  virtual std::optional<nn::DecoderWeights> decoder_weights() const { return std::nullopt; }
 
   // The arithmetic of the model's GEMMs (f32, or bf16 operands with f32 accumulation and weights).
   virtual void set_matmul_precision(ops::MatmulPrecision precision) = 0;

@@ -131,10 +131,14 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& w_bf16, const
                    int64_t M, int64_t in, int64_t out) {
   Tensor xb = x.dtype() == DType::BF16 ? x : x.to(DType::BF16);
   Tensor wb = w_bf16.defined() ? w_bf16 : w.to(DType::BF16);
-  Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
-  gemm_any(x.device(), DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
-           {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
-           bias.defined() ? bias.data<float>() : nullptr);
+  Tensor y = autograd::recall_output();  // selective recomputation: the first run's product
+  if (!y.defined()) {
+    y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
+    gemm_any(x.device(), DType::BF16, false, out_in, 1, M, out, in, 1.0f, {xb.raw_data(), in, 0},
+             {wb.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
+             bias.defined() ? bias.data<float>() : nullptr);
+  }
+  autograd::remember_output(y);
   autograd::record("linear_bf16", {x, w, bias}, {y}, [xb, wb, x_shape = x.shape(), w_shape = w.shape(),
                                                       has_bias = bias.defined(), out_in, M, in, out](
                                                          const autograd::BackwardContext& ctx) {
@@ -200,11 +204,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   if (mixed) return linear_bf16(x, w, w_bf16, bias, out_in, M, in, out);
   check_bf16_not_recorded({x, w, bias}, x.dtype(), "linear");
 
-  Tensor y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
-  // y[M,out] = x[M,in] @ op(w); op(w) = w^T for [out,in] storage.
-  gemm_any(x.device(), x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},
-           {w.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
-           bias.defined() ? bias.data<float>() : nullptr);
+  // Under selective recomputation (autograd::checkpoint) the second run takes the first run's product.
+  Tensor y = autograd::recall_output();
+  if (!y.defined()) {
+    y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
+    // y[M,out] = x[M,in] @ op(w); op(w) = w^T for [out,in] storage.
+    gemm_any(x.device(), x.dtype(), false, out_in, 1, M, out, in, 1.0f, {x.raw_data(), in, 0},
+             {w.raw_data(), out_in ? in : out, 0}, 0.0f, y.data<float>(), out, 0,
+             bias.defined() ? bias.data<float>() : nullptr);
+  }
+  autograd::remember_output(y);
 
   autograd::record("linear", {x, w, bias}, {y}, [x, w, has_bias = bias.defined(), out_in, M, in, out](
                                                      const autograd::BackwardContext& ctx) {

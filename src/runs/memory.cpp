@@ -282,6 +282,81 @@ MemoryEstimate hf_import_memory(const std::string& dir) {
   return e;
 }
 
+ActivationModel activation_model(const models::ModelConfig& model, models::Recompute recompute, int64_t tensor) {
+  const json& j = model.json();
+  const double t = static_cast<double>(std::max<int64_t>(tensor, 1));
+  const double C = model_int(j, "d_model"), H = model_int(j, "num_heads");
+  double none = 0, selective = 0, head_extra = 0;
+  std::string terms;
+  const std::string& arch = model.arch();
+  if (arch == "gpt2") {
+    const double F = model_int(j, "d_ff") > 0 ? model_int(j, "d_ff") : 4 * C;
+    none = 4 * C + 4 + (4 * C + H + 2 * F) / t + (t > 1 ? 2 * C : 0);
+    head_extra = 1;  // LayerNorm keeps a mean beside the rstd
+    selective = 3 * C + (3 * C + F) / t;
+    terms = "x, ln1 (mean, rstd, out), q, k, v, attention out and lse, h, ln2, fc out, gelu out";
+  } else if (arch == "deepseek_v3") {
+    const double Q = model_int(j, "q_rank"), R = model_int(j, "kv_rank"), P = model_int(j, "d_rope");
+    const double N = model_int(j, "d_nope"), Dv = model_int(j, "d_v"), F = model_int(j, "d_ff");
+    const double E = model_int(j, "n_routed"), K = model_int(j, "top_k"), De = model_int(j, "d_expert");
+    const double S = model_int(j, "n_shared"), L = model_int(j, "num_layers"), dense = model_int(j, "n_dense");
+    // MLA: x, rstd, norm out, wq_a out, q_norm (rstd, out), wkv_a out, kv_norm (rstd, out), per-head q,
+    // k, v, attention out, lse, h, ffn_norm (rstd, out).
+    const double mla = 4 * C + 2 * Q + (R + P) + R + 4 + (2 * H * (N + P) + 2 * H * Dv + H) / t;
+    const double mla_kept = C + Q + (R + P) + H * (N + P) / t + H * (N + Dv) / t + C;
+    const double dense_ffn = 3 * F / t, dense_kept = 2 * F / t + C;
+    // MoE: router logits and scores, the K slots' rows and w1 x, w3 x, swiglu out, the shared experts.
+    const double moe_ffn = 2 * E + K * (C + 3 * De) + 3 * S * De / t, moe_kept = E + 2 * S * De / t + (S > 0 ? C : 0);
+    const double moe_layers = L - dense;
+    none = mla + (dense * dense_ffn + moe_layers * moe_ffn) / std::max(L, 1.0) + (t > 1 ? Q + R + P + 2 * C : 0);
+    selective = mla_kept + (dense * dense_kept + moe_layers * moe_kept) / std::max(L, 1.0);
+    terms = "MLA's norms, latents, per-head q, k, v and attention out; the dense SwiGLU's or the MoE's slots (the layers' mean)";
+  } else {  // llama
+    const double kv = model_int(j, "num_kv_heads") > 0 ? model_int(j, "num_kv_heads") : H;
+    const double K = H > 0 ? kv * C / H : C, F = model_int(j, "d_ff");
+    none = 4 * C + 3 + (2 * C + 2 * K + H + 3 * F) / t + (t > 1 ? 3 * C : 0);
+    selective = 3 * C + (C + 2 * K + 2 * F) / t;
+    terms = "x, ln1 (rstd, out), q, k, v, attention out and lse, h, ln2, w1 x, w3 x, swiglu out";
+  }
+  ActivationModel a;
+  // The last layer's output, ln_final's output and statistics, and the fused head's input gradient,
+  // which ops::linear_cross_entropy computes in the forward (the logits never exist).
+  a.head = 3 * C + 1 + head_extra;
+  switch (recompute) {
+    case models::Recompute::None:
+      a.per_layer = none;
+      a.terms = terms;
+      break;
+    case models::Recompute::Full:
+      a.per_layer = C;
+      a.recompute = none - C;
+      a.terms = "the layer's input x (the rest is recomputed in its backward)";
+      break;
+    case models::Recompute::Selective:
+      a.per_layer = selective;
+      a.recompute = none - selective;
+      a.terms = "x and the GEMMs' outputs (norms, activations and the attention core recomputed)";
+      break;
+  }
+  return a;
+}
+
+double kept_activation_bytes(const ActivationModel& a, double tokens, int64_t layers) {
+  return tokens * (static_cast<double>(layers) * a.per_layer + a.head) * kF32;
+}
+
+double loss_forward_bytes(const models::ModelConfig& model, double tokens, int64_t tensor) {
+  (void)tensor;  // the head's table is gathered whole before the loss: its chunk is V wide on every rank
+  return std::min(tokens, kLossChunkRows) * static_cast<double>(model.vocab_size()) * 2 * kF32 + tokens * width(model) * kF32;
+}
+
+double step_peak_bytes(const ActivationModel& a, const models::ModelConfig& model, double tokens, int64_t layers,
+                       double grad_bytes) {
+  const double loss = loss_forward_bytes(model, tokens);
+  const double backward = grad_bytes + tokens * a.recompute * kF32;
+  return kept_activation_bytes(a, tokens, layers) + std::max(loss, backward);
+}
+
 MemoryBudget MemoryBudget::of_machine() {
   const double available_kib = parse_meminfo_kib("MemAvailable");
   MemoryBudget b;

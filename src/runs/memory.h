@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
 #include "models/model_config.h"
 
 namespace loom::runs {
@@ -77,6 +78,45 @@ using ModelJobMemory = std::function<MemoryEstimate(const models::ModelConfig&)>
 // 2·V·d + L·(4·d² + 3·d·F) + T·d parameters, an upper bound for the families loom reads) and the
 // safetensors headers (the tensors' sizes, read without their data).
 MemoryEstimate hf_import_memory(const std::string& dir);
+
+// What a training forward keeps for the backward, per token, in values (4 bytes each in f32), as loom's
+// ops save them, under activation recomputation (models::Recompute) with heads and d_ff split over
+// `tensor` ranks. The planner (src/plan) and tests/train/recompute_test read it; one formula, here.
+//   per_layer   kept by each transformer layer until its backward (its input included);
+//   head        kept outside the layers: the last layer's output, ln_final's output and statistics, and
+//               the fused LM head's gradient with respect to its input (3C + 1; GPT-2's LayerNorm + 1);
+//   recompute   alive in addition while one layer is recomputed and differentiated (full, selective:
+//               that layer's stored values come back for its backward).
+// Llama (C d_model, K = num_kv_heads·head_dim, F d_ff, H heads, t tensor):
+//   none       x, rstd, ln1(x), q, k, v, attention out, lse, h, rstd, ln2(h), w1 x, w3 x, swiglu out
+//              = 4C + 3 + (2C + 2K + H + 3F)/t (one value more per token than these terms, measured)
+//   selective  x and the GEMMs' outputs: q, k, v, output_proj, w1, w3, w2 = 3C + (C + 2K + 2F)/t
+//   full       x = C
+// Under tensor parallelism (t > 1) Megatron's f (ops::copy_to_group) gives each column-parallel Linear its
+//   own copy of its input, and the Linear keeps that copy: ln1's output three times (q, k, v) and ln2's
+//   twice (w1, w3) in Llama, +3C; +2C in GPT-2 (q, k, v); in DeepSeek-V3 the latents' and the MoE's.
+// GPT-2 (LayerNorm keeps mean and rstd; F = the MLP's width): none = 4C + 4 + (2C + 2C + H + 2F)/t;
+//   selective = 2C + (3C + F)/t; full = C.
+// DeepSeek-V3 (MLA with q_rank Q, kv_rank R, RoPE width P, H heads of d_nope N and d_v Dv; dense SwiGLU
+//   layers as Llama's, MoE layers: router logits, top_k slots' w1 x, w3 x, swiglu out of d_expert each,
+//   shared experts as a SwiGLU of n_shared·d_expert): the layers' mean, term by term in memory.cpp.
+struct ActivationModel {
+  double per_layer = 0;
+  double head = 0;
+  double recompute = 0;
+  std::string terms;  // the per-layer terms, in words
+};
+ActivationModel activation_model(const models::ModelConfig& model, models::Recompute recompute, int64_t tensor = 1);
+// Bytes the activations of `tokens` tokens through `layers` layers keep (f32).
+double kept_activation_bytes(const ActivationModel& a, double tokens, int64_t layers);
+// The allocator's peak over one micro-batch's forward and backward, above what was in use before it and
+// with no gradients yet: the kept activations plus the larger of the loss's forward (512 rows of logits and
+// their gradient, beside the head's input gradient) and the backward's (every parameter's gradient,
+// `grad_bytes`, and one layer's recomputed values).
+// The loss's forward alone: 512 rows of logits and their gradient, and the head's input gradient.
+double loss_forward_bytes(const models::ModelConfig& model, double tokens, int64_t tensor = 1);
+double step_peak_bytes(const ActivationModel& a, const models::ModelConfig& model, double tokens, int64_t layers,
+                       double grad_bytes);
 
 // How much memory a job may use, and where the number comes from (for the error message).
 struct MemoryBudget {

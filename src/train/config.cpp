@@ -119,7 +119,8 @@ json TrainConfig::to_json() const {
         {"seed", training.seed},
         {"threads", training.threads},
         {"sampling", data::sampling_name(training.sampling)},
-        {"precision", training.precision}}},
+        {"precision", training.precision},
+        {"recompute", training.recompute}}},
       {"eval", {{"interval", eval.interval}, {"batches", eval.batches}}},
       {"checkpoint", {{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last}}},
       {"logging",
@@ -162,6 +163,10 @@ TrainConfig TrainConfig::from_json(const json& j) {
   c.training.precision = t["precision"].get<std::string>();
   LOOM_CHECK(c.training.precision == "f32" || c.training.precision == "bf16",
              "config: training.precision must be \"f32\" or \"bf16\", got \"", c.training.precision, "\"");
+  c.training.recompute = t["recompute"].get<std::string>();
+  LOOM_CHECK(c.training.recompute == "none" || c.training.recompute == "full" || c.training.recompute == "selective",
+             "config: training.recompute must be \"none\", \"full\" or \"selective\", got \"", c.training.recompute,
+             "\"");
   c.eval = {m["eval"]["interval"].get<int64_t>(), m["eval"]["batches"].get<int64_t>()};
   c.checkpoint = {m["checkpoint"]["interval"].get<int64_t>(), m["checkpoint"]["keep_last"].get<int64_t>()};
   const json& l = m["logging"];

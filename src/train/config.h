@@ -52,6 +52,9 @@ struct TrainingConfig {
   int64_t threads = 0;            // 0: all cores
   data::Sampling sampling = data::Sampling::Random;
   std::string precision = "f32";  // "f32", or "bf16": mixed-precision GEMMs, f32 master weights
+  // Activation recomputation (models::Recompute): "none", "full" (keep each block's input, run the block
+  // again in backward) or "selective" (keep the GEMMs' outputs, run the cheap ops again). Same bits.
+  std::string recompute = "none";
 };
 
 struct EvalConfig {

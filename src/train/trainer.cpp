@@ -241,7 +241,8 @@ nlohmann::json identity_of(const nlohmann::json& config) {
 
 models::ForwardContext Trainer::train_context(int64_t micro) const {
   const RngKey key = RngKey::from_seed(config_.training.seed).fold_in("dropout");
-  return models::ForwardContext::train(key.fold_in(static_cast<uint64_t>(step_)).fold_in(static_cast<uint64_t>(micro)));
+  return models::ForwardContext::train(key.fold_in(static_cast<uint64_t>(step_)).fold_in(static_cast<uint64_t>(micro)),
+                                       models::recompute_from_name(config_.training.recompute));
 }
 
 nlohmann::json Trainer::state_json() const {

@@ -150,9 +150,33 @@ std::vector<MoE*> DeepSeekV3::moe_layers() const {
   return out;
 }
 
-Tensor DeepSeekV3::trunk(const Tensor& ids, const Tensor& pos, RoutingRecord* record) const {
+Tensor DeepSeekV3::trunk(const Tensor& ids, const Tensor& pos, RoutingRecord* record,
+                         const models::ForwardContext& ctx) const {
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
-  for (const auto& layer : layers) x = layer->forward(x, pos, record);
+  for (const auto& layer : layers) {
+    if (!ctx.training || ctx.recompute == models::Recompute::None) {
+      x = layer->forward(x, pos, record);
+      continue;
+    }
+    // Recomputed: the block's balance loss leaves it as a second output (its graph is the second run's);
+    // its expert loads are the first run's (the second run's routing is the same and is not counted).
+    const Block* block = layer.get();
+    const bool recorded = record != nullptr;
+    auto loads = std::make_shared<std::vector<Tensor>>();
+    auto first = std::make_shared<bool>(true);
+    TensorList out = models::recompute_block(ctx, {x}, [block, pos, recorded, loads, first](const TensorList& in) {
+      RoutingRecord r;
+      Tensor y = block->forward(in[0], pos, recorded ? &r : nullptr);
+      if (*first) *loads = r.expert_load;
+      *first = false;
+      return TensorList{y, r.balance_loss};
+    });
+    x = out[0];
+    if (record != nullptr) {
+      if (out[1].defined()) record->balance_loss = record->balance_loss.defined() ? ops::add(record->balance_loss, out[1]) : out[1];
+      for (const Tensor& l : *loads) record->expert_load.push_back(l);
+    }
+  }
   return x;
 }
 
@@ -172,7 +196,7 @@ Tensor DeepSeekV3::logits(const Tensor& ids, const models::ForwardContext&) cons
   return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
-DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) const {
+DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
   check_ids(ids, config_.context_length, "DeepSeekV3::losses");
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::losses: targets ", targets.describe(),
              " do not match ids ", ids.describe());
@@ -180,7 +204,7 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
   LOOM_CHECK(T > config_.n_mtp, "DeepSeekV3::losses: sequence length ", T, " leaves no position for model.n_mtp=",
              config_.n_mtp, " prediction modules (needs T > n_mtp)");
   RoutingRecord record;
-  Tensor h = trunk(ids, positions(0, T), &record);  // [B, T, C]
+  Tensor h = trunk(ids, positions(0, T), &record, ctx);  // [B, T, C]
   Losses out;
   const Tensor head = nn::compute_value(lm_head.weight);  // [V, C], gathered when sharded
   const Tensor head_bf16 = head_bf16_copy();
@@ -214,7 +238,7 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets) 
 
 Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
   if (ctx.training) {
-    Losses l = losses(ids, targets);
+    Losses l = losses(ids, targets, ctx);
     record_training(l);
     return l.total;
   }

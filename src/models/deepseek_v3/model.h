@@ -89,11 +89,13 @@ class DeepSeekV3 : public models::LanguageModel {
     Tensor total, main, mtp, balance;
     std::vector<Tensor> expert_load;  // per MoE layer, i32 [E]
   };
-  Losses losses(const Tensor& ids, const Tensor& targets) const;
+  Losses losses(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const;
   Tensor head_bf16_copy() const;  // lm_head's bf16 weight copy under bf16 precision (unsharded, CPU), else undefined
 
   // The last layer's output before ln_final [B, T, C].
-  Tensor trunk(const Tensor& ids, const Tensor& positions, RoutingRecord* record) const;
+  // Each layer under ctx.recompute (models::recompute_block).
+  Tensor trunk(const Tensor& ids, const Tensor& positions, RoutingRecord* record,
+               const models::ForwardContext& ctx = {}) const;
 
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   // Training (ctx.training): losses().total, the objective the optimizer follows. Evaluation: the main

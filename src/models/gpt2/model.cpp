@@ -132,7 +132,13 @@ Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContex
 
 Tensor GPT2::hidden(const Tensor& ids, const models::ForwardContext& ctx) const {
   Tensor x = embed(ids, 0, ctx);
-  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward(x, ctx, static_cast<int64_t>(i), config_.dropout);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Block* block = layers[i].get();
+    const float p = config_.dropout;
+    x = models::recompute_block(ctx, x, [block, ctx, i, p](const Tensor& in) {
+      return block->forward(in, ctx, static_cast<int64_t>(i), p);
+    });
+  }
   return ln_final.forward(x, {&head_parameter()});
 }
 

@@ -75,4 +75,62 @@ FusedDecodePlan plan_fused_decode(const TransformerLM& m) {
   return {std::make_shared<const ops::DecodeStep>(std::move(w)), ""};
 }
 
+std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& m, std::string* why) {
+  auto refuse = [&](std::string reason) -> std::optional<nn::DecoderWeights> {
+    if (why != nullptr) *why = std::move(reason);
+    return std::nullopt;
+  };
+  auto plain = [](const nn::Parameter& p) -> std::string {
+    const Tensor& v = p.value;
+    if (p.dist || v.dtype() != DType::F32 || !v.device().is_cpu()) return p.name + " is not a plain f32 CPU tensor";
+    return "";
+  };
+  auto matrix = [&](const nn::Linear& l, nn::DecoderMatrix& out) -> std::string {
+    if (l.bias != nullptr) return l.weight.name + " has a bias";
+    if (l.quantized) {
+      if (!quant::has_matmul_kernels(l.quantized->type())) return l.weight.name + " is held in a type without kernels";
+      out.quantized = l.quantized;
+      return "";
+    }
+    if (std::string p = plain(l.weight); !p.empty()) return p;
+    out.f32 = l.weight.value;
+    return "";
+  };
+  const Config& c = m.config();
+  nn::DecoderWeights w;
+  w.num_heads = c.num_heads;
+  w.num_kv_heads = c.kv_heads();
+  w.context_length = c.context_length;
+  for (const nn::Parameter* p : {&m.token_embeddings.weight, &m.ln_final.weight}) {
+    if (std::string r = plain(*p); !r.empty()) return refuse(r);
+  }
+  w.token_embeddings = m.token_embeddings.weight.value;
+  w.final_norm = m.ln_final.weight.value;
+  w.final_norm_eps = m.ln_final.eps;
+  if (std::string r = matrix(m.lm_head, w.head); !r.empty()) return refuse(r);
+  for (const auto& layer : m.layers) {
+    const nn::TransformerBlock& b = *layer;
+    nn::DecoderLayerWeights l;
+    const std::pair<const nn::Linear*, nn::DecoderMatrix*> linears[] = {
+        {&b.attn.q_proj, &l.q_proj}, {&b.attn.k_proj, &l.k_proj}, {&b.attn.v_proj, &l.v_proj},
+        {&b.attn.output_proj, &l.output_proj}, {&b.ffn.w1, &l.w1}, {&b.ffn.w3, &l.w3}, {&b.ffn.w2, &l.w2}};
+    for (const auto& [linear, out] : linears) {
+      if (std::string r = matrix(*linear, *out); !r.empty()) return refuse(r);
+    }
+    if (!b.attn.rope) return refuse(b.attn.q_proj.weight.name + ": the attention has no RoPE");
+    for (const nn::Parameter* p : {&b.ln1.weight, &b.ln2.weight}) {
+      if (std::string r = plain(*p); !r.empty()) return refuse(r);
+    }
+    l.attn_norm = b.ln1.weight.value;
+    l.attn_norm_eps = b.ln1.eps;
+    l.ffn_norm = b.ln2.weight.value;
+    l.ffn_norm_eps = b.ln2.eps;
+    l.rope = b.attn.rope->cache;
+    l.rope_style = b.attn.rope->style;
+    w.layers.push_back(std::move(l));
+  }
+  w.check();
+  return w;
+}
+
 }  // namespace loom::llama

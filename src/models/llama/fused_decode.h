@@ -5,8 +5,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "nn/paged_decoder.h"
 #include "ops/decode_step.h"
 
 namespace loom::llama {
@@ -22,5 +24,10 @@ struct FusedDecodePlan {
 // with integer kernels), no biases, no parameter sharded over a mesh, RoPE, f32 CPU embedding and norms,
 // and a head dim that is a multiple of 8.
 FusedDecodePlan plan_fused_decode(const TransformerLM& model);
+
+// The model as nn/paged_decoder.h's decoder (batched serving): each Linear f32 on the CPU or held quantized
+// by a type with kernels, none sharded, no biases, RoPE, f32 CPU embeddings and norms. nullopt otherwise,
+// with the reason in *why when given.
+std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& model, std::string* why = nullptr);
 
 }  // namespace loom::llama

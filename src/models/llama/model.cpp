@@ -45,6 +45,8 @@ TransformerLM::TransformerLM(const Config& config, uint64_t seed)
 
 void TransformerLM::on_layers_changed() { fused_ = plan_fused_decode(*this); }
 
+std::optional<nn::DecoderWeights> TransformerLM::decoder_weights() const { return decoder_weights_of(*this); }
+
 Tensor TransformerLM::fused_decode_step(int32_t token, nn::KVCache& cache) const {
   LOOM_CHECK(fused_.step != nullptr, "TransformerLM::fused_decode_step: the fused step cannot run this model: ",
              fused_.unsupported);
@@ -62,7 +64,7 @@ Tensor TransformerLM::default_positions(int64_t T) const {
   return positions_cache_.slice(0, T);  // a view: no allocation per step
 }
 
-Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions) const {
+Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions, const models::ForwardContext& ctx) const {
   check_dtype(ids, DType::I32, "TransformerLM", "ids");
   check_ndim(ids, 2, "TransformerLM", "ids");
   const int64_t T = ids.size(1);
@@ -70,7 +72,10 @@ Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions) const {
              " exceeds context_length ", config_.context_length);
   Tensor pos = positions.defined() ? positions : default_positions(T);
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
-  for (const auto& layer : layers) x = layer->forward(x, pos);
+  for (const auto& layer : layers) {
+    const nn::TransformerBlock* block = layer.get();
+    x = models::recompute_block(ctx, x, [block, pos](const Tensor& in) { return block->forward(in, pos); });
+  }
   return ln_final.forward(x, lm_head);  // [B, T, C]
 }
 
@@ -129,7 +134,7 @@ Tensor TransformerLM::decode_last(const Tensor& ids, nn::DecodeCache& cache) con
   return forward_cached(ids, *kv, /*last_only=*/true);
 }
 
-Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext&) const {
+Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
   // A quantized head (inference only) goes through its own kernels: the fused op reads weight.value.
@@ -137,7 +142,7 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
   // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
   const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;
-  return ops::linear_cross_entropy(hidden(ids), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision,
+  return ops::linear_cross_entropy(hidden(ids, Tensor(), ctx), nn::compute_value(lm_head.weight), targets, -100, lm_head.precision,
                                    512, bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor());
 }
 

@@ -27,7 +27,7 @@ class TransformerLM : public models::LanguageModel {
   Tensor forward(const Tensor& ids, const Tensor& positions = Tensor()) const;
   // The final hidden states ln_final(...) [B, T, C]: forward() without the lm_head. bf16 under
   // MatmulPrecision::BF16 (ln_final rounds its output for the head's bf16 GEMM), else f32.
-  Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor()) const;
+  Tensor hidden(const Tensor& ids, const Tensor& positions = Tensor(), const models::ForwardContext& ctx = {}) const;
   // Incremental decoding: ids [B, t] are the next t tokens after the cache's contents; returns their
   // logits [B, t, V] and appends their keys/values to `cache`. Runs without autodiff.
   // last_only: the head over the last position only ([B, 1, V]).
@@ -45,6 +45,9 @@ class TransformerLM : public models::LanguageModel {
   // The head over the last position only.
   Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
+  // Every Linear f32 (CPU, unsharded) or held quantized with kernels, no biases, RoPE: see fused_decode.h's
+  // decoder_weights_of for the reasons it says no.
+  std::optional<nn::DecoderWeights> decoder_weights() const override;
 
   const Config& config() const { return config_; }
 

@@ -1,0 +1,34 @@
+// Attention of single rows over a paged KV cache: the kernel of ops::paged_attention (serving).
+//
+// Legend: R rows (tokens of any number of sequences, each at its own position), H query heads, Hkv k/v
+// heads (H a multiple of Hkv: query head h reads k/v head h / (H / Hkv)), D head dim, S block size
+// (positions per block), NB blocks in the cache.
+//
+//   q:      [R, H, D] f32, RoPE already applied
+//   caches: k, v [NB, Hkv, S, D] f32; position p of a sequence is slot p % S of block table[p / S]
+//   out:    [R, H, D] f32
+//
+// Row r at position P attends to positions 0..P of its own sequence (causal; its own key and value are
+// in the cache already). Each (row, head) is computed on one thread, in one fixed order: the scores
+// q.k_j / sqrt(D) by fixed_dot::dot for j = 0..P, their maximum, e_j = exp(s_j - max) summed in j order
+// in double, out = (sum_j e_j v_j) / sum accumulated in j order. A row's output therefore depends on its
+// query and its sequence's cached keys and values only: not on the other rows, their number or order,
+// the thread count, or how the sequence's prompt was cut into chunks.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+struct PagedAttentionProblem {
+  int64_t R = 0, H = 0, Hkv = 0, D = 0, S = 0, NB = 0;
+  const int64_t* positions = nullptr;     // [R]
+  const int32_t* const* tables = nullptr;  // [R] pointers to each row's block table (>= positions[r] / S + 1 ids)
+};
+
+void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
+                             const float* v_cache, float* out);
+// Copies k, v [R, Hkv, D] to each row's slot in the caches.
+void paged_kv_write(const PagedAttentionProblem& p, const float* k, const float* v, float* k_cache, float* v_cache);
+
+}  // namespace loom::cpu

@@ -1,0 +1,31 @@
+// Attention over a KV cache held in fixed-size blocks (paged, as vLLM's), for batched serving: the rows
+// of one step belong to any number of sequences, each row at its own position and reading its own
+// sequence's blocks. Inference only (no autodiff); CPU only. Kernel and its ordering guarantees:
+// backends/cpu/paged_attention.h (a row's output depends on its own query and its sequence's cache only).
+//
+// Legend: R rows, H query heads, Hkv k/v heads, D head dim, S block size, NB blocks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::ops {
+
+// Where each row of a step sits: its position and its sequence's block table (block ids, position p in
+// slot p % S of block table[p / S]). Rows of one sequence share a table.
+struct PagedRows {
+  std::vector<int64_t> positions;               // [R]
+  std::vector<const std::vector<int32_t>*> tables;  // [R], each with at least positions[r] / S + 1 ids
+  int64_t size() const { return static_cast<int64_t>(positions.size()); }
+};
+
+// Writes k, v [R, Hkv, D] to row r's slot (positions[r]) of the caches k_cache, v_cache [NB, Hkv, S, D].
+void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v, const PagedRows& rows);
+
+// q: [R, H, D] (rotated). Row r attends to positions 0..positions[r] of its sequence, keys and values
+// already written. Returns [R, H, D].
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows);
+
+}  // namespace loom::ops

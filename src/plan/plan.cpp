@@ -1,0 +1,696 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "runs/memory.h"
+
+namespace loom::plan {
+using nlohmann::json;
+using dist::ParamGroup;
+
+namespace {
+
+double key(const json& j, const char* k, double fallback = 0) {
+  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : fallback;
+}
+bool flag(const json& j, const char* k, bool fallback) {
+  return j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : fallback;
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i * i <= n; ++i) {
+    if (n % i != 0) continue;
+    out.push_back(i);
+    if (i != n / i) out.push_back(n / i);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, bytes >= 1024.0 * 1024 * 1024 ? "%.1f GiB" : "%.2f MiB",
+                bytes >= 1024.0 * 1024 * 1024 ? bytes / (1024.0 * 1024 * 1024) : bytes / (1024.0 * 1024));
+  return buf;
+}
+
+}  // namespace
+
+// ---- the model's parameters ----------------------------------------------------------------------
+
+std::vector<ParamCount> census(const models::ModelConfig& model) {
+  const json& j = model.json();
+  const std::string& arch = model.arch();
+  const double V = key(j, "vocab_size"), C = key(j, "d_model"), L = key(j, "num_layers"), H = key(j, "num_heads");
+  std::vector<ParamCount> out;
+  auto add = [&](std::string name, ParamGroup g, int ndim, double count, int64_t layer, ParamGroup owner = ParamGroup::DenseIn) {
+    out.push_back({std::move(name), g, owner, ndim, count, layer});
+  };
+  const int64_t layers = static_cast<int64_t>(L);
+  if (arch == "gpt2") {
+    const double T = key(j, "context_length"), F = key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C;
+    const bool qkv_bias = flag(j, "qkv_bias", true), out_bias = flag(j, "output_proj_bias", true);
+    add("token_embeddings", ParamGroup::Embedding, 2, V * C, -1);
+    add("position_embeddings", ParamGroup::Position, 2, T * C, -1);
+    for (int64_t l = 0; l < layers; ++l) {
+      add("ln1", ParamGroup::Norm, 1, 2 * C, l);
+      add("q, k, v", ParamGroup::DenseIn, 2, 3 * C * C, l);
+      if (qkv_bias) add("q, k, v bias", ParamGroup::Bias, 1, 3 * C, l, ParamGroup::DenseIn);
+      add("output_proj", ParamGroup::DenseOut, 2, C * C, l);
+      if (out_bias) add("output_proj bias", ParamGroup::Bias, 1, C, l, ParamGroup::DenseOut);
+      add("ln2", ParamGroup::Norm, 1, 2 * C, l);
+      add("fc", ParamGroup::DenseIn, 2, F * C, l);
+      add("fc bias", ParamGroup::Bias, 1, F, l, ParamGroup::DenseIn);
+      add("proj", ParamGroup::DenseOut, 2, C * F, l);
+      add("proj bias", ParamGroup::Bias, 1, C, l, ParamGroup::DenseOut);
+    }
+    add("ln_final", ParamGroup::Norm, 1, 2 * C, layers);
+    if (!flag(j, "tie_embeddings", true)) add("lm_head", ParamGroup::LmHead, 2, V * C, layers);
+  } else if (arch == "deepseek_v3") {
+    const double Q = key(j, "q_rank"), R = key(j, "kv_rank"), P = key(j, "d_rope"), N = key(j, "d_nope");
+    const double Dv = key(j, "d_v"), F = key(j, "d_ff"), E = key(j, "n_routed"), De = key(j, "d_expert");
+    const double S = key(j, "n_shared"), dense = key(j, "n_dense"), mtp = key(j, "n_mtp");
+    auto block = [&](int64_t l, bool moe) {
+      add("attn_norm", ParamGroup::Norm, 1, C, l);
+      add("wq_a, wkv_a", ParamGroup::DenseInWhole, 2, Q * C + (R + P) * C, l);
+      add("q_norm, kv_norm", ParamGroup::Norm, 1, Q + R, l);
+      add("wq_b, wkv_b", ParamGroup::DenseIn, 2, H * (N + P) * Q + H * (N + Dv) * R, l);
+      add("wo", ParamGroup::DenseOut, 2, C * H * Dv, l);
+      add("ffn_norm", ParamGroup::Norm, 1, C, l);
+      if (!moe) {
+        add("mlp w1, w3", ParamGroup::DenseIn, 2, 2 * F * C, l);
+        add("mlp w2", ParamGroup::DenseOut, 2, C * F, l);
+        return;
+      }
+      add("router", ParamGroup::DenseInWhole, 2, E * C, l);
+      if (S > 0) {
+        add("shared w1, w3", ParamGroup::DenseIn, 2, 2 * S * De * C, l);
+        add("shared w2", ParamGroup::DenseOut, 2, C * S * De, l);
+      }
+      add("experts w1, w3", ParamGroup::ExpertIn, 3, 2 * E * De * C, l);
+      add("experts w2", ParamGroup::ExpertOut, 3, E * C * De, l);
+    };
+    add("token_embeddings", ParamGroup::Embedding, 2, V * C, -1);
+    for (int64_t l = 0; l < layers; ++l) block(l, static_cast<double>(l) >= dense);
+    for (int64_t k = 0; k < static_cast<int64_t>(mtp); ++k) {
+      add("mtp norms", ParamGroup::Norm, 1, 2 * C, layers);
+      add("mtp proj", ParamGroup::DenseInWhole, 2, 2 * C * C, layers);
+      block(layers, false);
+      out.back().layer = out[out.size() - 2].layer = layers;
+    }
+    add("ln_final", ParamGroup::Norm, 1, C, layers);
+    add("lm_head", ParamGroup::LmHead, 2, V * C, layers);
+  } else {  // llama
+    const double kv = key(j, "num_kv_heads") > 0 ? key(j, "num_kv_heads") : H, F = key(j, "d_ff");
+    const double K = kv * C / H;
+    add("token_embeddings", ParamGroup::Embedding, 2, V * C, -1);
+    for (int64_t l = 0; l < layers; ++l) {
+      add("ln1, ln2", ParamGroup::Norm, 1, 2 * C, l);
+      add("q, k, v", ParamGroup::DenseIn, 2, C * C + 2 * K * C, l);
+      add("output_proj", ParamGroup::DenseOut, 2, C * C, l);
+      add("w1, w3", ParamGroup::DenseIn, 2, 2 * F * C, l);
+      add("w2", ParamGroup::DenseOut, 2, C * F, l);
+    }
+    add("ln_final", ParamGroup::Norm, 1, C, layers);
+    add("lm_head", ParamGroup::LmHead, 2, V * C, layers);
+  }
+  return out;
+}
+
+// ---- layouts -----------------------------------------------------------------------------------
+
+std::string Layout::str() const {
+  std::string s = "data=" + std::to_string(data);
+  if (tensor > 1) s += ",tensor=" + std::to_string(tensor);
+  if (pipe > 1) s += ",pipe=" + std::to_string(pipe);
+  if (expert > 1) s += ",expert=" + std::to_string(expert);
+  s += " " + (shard == "none" ? std::string("dp") : shard);
+  s += std::string(" ") + models::recompute_name(recompute);
+  s += " m=" + std::to_string(micro_batches);
+  if (pipe > 1) s += " " + schedule;
+  return s;
+}
+
+std::string Layout::loom_mode() const {
+  if (pipe > 1 || shard == "zero1") return "";
+  const bool fsdp = shard == "fsdp" && data > 1;
+  if (expert > 1) return tensor > 1 ? "" : (fsdp || (shard == "fsdp" && data == 1)) ? "fsdp_ep" : "dp_ep";
+  if (tensor > 1) return data == 1 ? "tp" : fsdp ? "fsdp_tp" : "";
+  return fsdp ? "fsdp" : "dp";
+}
+
+namespace {
+
+// What fraction of a parameter group one rank holds, as loom's partition specs split it (mesh/mesh.h),
+// extended to the layouts loom does not run yet: tensor splits the Megatron groups, fsdp splits over data
+// (data x expert for the dense groups under expert parallelism), expert splits the routed experts.
+struct Split {
+  double tensor = 1, shard = 1, expert = 1;
+  double total() const { return tensor * shard * expert; }
+};
+
+Split split_of(const ParamCount& p, const Layout& l) {
+  Split s;
+  const ParamGroup g = p.group == ParamGroup::Bias ? p.owner : p.group;
+  const bool fsdp = l.shard == "fsdp";
+  const double dense_shard = static_cast<double>(l.data * l.expert);
+  switch (g) {
+    case ParamGroup::DenseIn:
+    case ParamGroup::DenseOut:
+      s.tensor = static_cast<double>(l.tensor);
+      // A bias lives on its weight's output dim: a dense_in bias splits over tensor, a dense_out one over data.
+      if (p.group == ParamGroup::Bias) {
+        s.tensor = g == ParamGroup::DenseIn ? static_cast<double>(l.tensor) : 1;
+        if (fsdp && g == ParamGroup::DenseOut) s.shard = dense_shard;
+        break;
+      }
+      if (fsdp) s.shard = dense_shard;
+      break;
+    case ParamGroup::DenseInWhole:
+      if (fsdp) s.shard = dense_shard;
+      break;
+    case ParamGroup::Embedding:
+    case ParamGroup::LmHead:
+    case ParamGroup::Position:
+      s.tensor = static_cast<double>(l.tensor);
+      break;
+    case ParamGroup::ExpertIn:
+    case ParamGroup::ExpertOut:
+      s.expert = static_cast<double>(l.expert);
+      s.tensor = l.expert > 1 ? 1 : static_cast<double>(l.tensor);
+      if (fsdp) s.shard = static_cast<double>(l.data);
+      break;
+    default:
+      break;
+  }
+  return s;
+}
+
+// Layers [first, last) of pipeline stage s: the layers split as evenly as they go, the extra ones to
+// the middle stages (the first holds the embedding, the last the head).
+std::pair<int64_t, int64_t> stage_layers(int64_t L, int64_t p, int64_t s) {
+  const int64_t base = L / p, extra = L % p;
+  // The extra layers go to stages 1..extra (or the first ones when p <= extra + 1).
+  auto size = [&](int64_t k) { return base + ((p > 2 && k >= 1 && k <= extra) || (p <= 2 && k < extra) ? 1 : 0); };
+  int64_t first = 0;
+  for (int64_t k = 0; k < s; ++k) first += size(k);
+  return {first, first + size(s)};
+}
+
+struct Link {
+  double bandwidth = 0, latency = 0;
+  bool inter = false;
+};
+
+// Ranks are numbered tensor fastest, then expert, then data, then pipe (loom's mesh order, with pipe
+// outermost): an axis whose span (its size times the axes inside it) fits in a node stays on NVLink.
+Link link_for(const Request& r, int64_t inner, int64_t size) {
+  const DeviceSpec& d = r.device;
+  Link k;
+  k.inter = inner * size > d.devices_per_node;
+  k.bandwidth = k.inter ? d.inter_node_bandwidth : d.intra_node_bandwidth;
+  k.latency = k.inter ? d.inter_node_latency : d.intra_node_latency;
+  return k;
+}
+
+Collective collective(std::string name, std::string kind, std::string axis, int64_t group, double bytes,
+                      const Link& link, bool overlapped, double calls) {
+  Collective c;
+  c.name = std::move(name);
+  c.kind = kind;
+  c.axis = std::move(axis);
+  c.group = group;
+  c.bytes = bytes;
+  const double g = static_cast<double>(group);
+  // Wire bytes per device on a ring: an all-reduce 2(g-1)/g of its payload, an all-gather (g-1) times its
+  // input, a reduce-scatter (g-1)/g of its whole input; an all-to-all and a send what they send.
+  if (kind == "all_reduce") c.wire_bytes = bytes * 2 * (g - 1) / g;
+  else if (kind == "all_gather") c.wire_bytes = bytes * (g - 1);
+  else if (kind == "reduce_scatter") c.wire_bytes = bytes * (g - 1) / g;
+  else c.wire_bytes = bytes;
+  c.link_bandwidth = link.bandwidth;
+  c.inter_node = link.inter;
+  // Latency: a tree's depth (NCCL's trees, MPI's recursive doubling), twice for an all-reduce.
+  const double depth = std::ceil(std::log2(std::max(g, 2.0)));
+  const double steps = kind == "all_reduce" ? 2 * depth : kind == "send_recv" ? 1 : depth;
+  c.seconds = group > 1 || kind == "send_recv" ? c.wire_bytes / link.bandwidth + calls * steps * link.latency : 0;
+  c.overlapped = overlapped;
+  return c;
+}
+
+// Tensor parallelism's activation all-reduces per layer and micro-batch, of [tokens, d_model] each, as
+// loom's layers issue them: Megatron's f in the backward of every column-parallel input, g in the forward
+// of every row-parallel output.
+double tp_all_reduces_per_layer(const models::ModelConfig& m) {
+  if (m.arch() == "gpt2") return 6;         // f: q, k, v, fc; g: output_proj, proj
+  if (m.arch() == "deepseek_v3") return 8;  // MLA's wq_b, wkv_b, RoPE key f, wo g; the FFN's f, f, g and the MoE gates
+  return 7;                                 // f: q, k, v, w1, w3; g: output_proj, w2
+}
+
+}  // namespace
+
+Estimate estimate(const Request& r, const Layout& l) {
+  Estimate e;
+  e.layout = l;
+  const models::ModelConfig& m = r.model;
+  const json& j = m.json();
+  const double V = key(j, "vocab_size"), C = key(j, "d_model"), H = key(j, "num_heads");
+  const int64_t L = static_cast<int64_t>(key(j, "num_layers"));
+  const double kv = key(j, "num_kv_heads") > 0 ? key(j, "num_kv_heads") : H;
+  const int64_t T = r.seq > 0 ? r.seq : m.context_length();
+  const bool moe = m.arch() == "deepseek_v3";
+  const double E = key(j, "n_routed"), topk = key(j, "top_k");
+  const bool bf16 = r.precision == "bf16";
+  const double act_bytes = bf16 ? 2 : 4;  // what an activation is stored in (loom's bf16 stores some in f32)
+
+  // ---- validity ----
+  const int64_t slices = l.data * l.expert;
+  if (l.devices() != r.devices) e.invalid = str("uses ", l.devices(), " devices, not ", r.devices);
+  else if (r.batch % slices != 0) e.invalid = str("batch ", r.batch, " does not divide by data x expert = ", slices);
+  else if ((r.batch / slices) % l.micro_batches != 0)
+    e.invalid = str("the ", r.batch / slices, " sequences per rank do not divide into ", l.micro_batches, " micro-batches");
+  else if (static_cast<int64_t>(H) % l.tensor != 0 || static_cast<int64_t>(kv) % l.tensor != 0)
+    e.invalid = str("heads (", H, ", ", kv, " k/v) do not divide by tensor=", l.tensor);
+  else if (l.tensor > r.device.devices_per_node) e.invalid = str("tensor=", l.tensor, " spans nodes");
+  else if (l.expert > 1 && (!moe || static_cast<int64_t>(E) % l.expert != 0))
+    e.invalid = moe ? str("n_routed=", E, " does not divide by expert=", l.expert) : "no routed experts";
+  else if (l.pipe > L) e.invalid = str("pipe=", l.pipe, " exceeds the ", L, " layers");
+  else if (l.pipe > 1 && l.micro_batches < l.pipe) e.invalid = str("pipe=", l.pipe, " needs at least as many micro-batches, got ", l.micro_batches);
+
+  // ---- memory per device: the most loaded pipeline stage ----
+  const std::vector<ParamCount> params = census(m);
+  const bool tied = m.arch() == "gpt2" && flag(j, "tie_embeddings", true);
+  double worst = -1;
+  double stage_params = 0, stage_dense_whole = 0, largest_weight = 0;
+  int64_t worst_stage = 0, worst_layers = 0;
+  for (int64_t s = 0; s < l.pipe; ++s) {
+    const auto [first, last] = stage_layers(L, l.pipe, s);
+    double elems = 0, largest = 0, moe_layers = 0;
+    for (const ParamCount& p : params) {
+      const bool here = (p.layer >= first && p.layer < last) || (p.layer < 0 && s == 0) ||
+                        (p.layer >= L && s == l.pipe - 1) ||
+                        (tied && p.group == ParamGroup::Embedding && s == l.pipe - 1);  // the tied head's copy
+      if (!here) continue;
+      const Split sp = split_of(p, l);
+      elems += p.count / sp.total();
+      if (p.ndim >= 2 && p.layer >= 0 && p.layer < L && sp.shard > 1) {
+        largest = std::max(largest, p.count / sp.tensor / sp.expert / (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::DenseIn ? 1 : 1));
+      }
+      (void)moe_layers;
+    }
+    if (elems > worst) {
+      worst = elems;
+      worst_stage = s;
+      worst_layers = last - first;
+      largest_weight = largest;
+    }
+  }
+  stage_params = worst;
+  (void)stage_dense_whole;
+  const double P = stage_params;
+  e.params = 4 * P;
+  e.grads = 4 * P;
+  e.optimizer = 8 * P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1);
+  e.bf16_copies = bf16 ? 2 * P : 0;
+
+  const runs::ActivationModel am = runs::activation_model(m, l.recompute, l.tensor);
+  const double local_seqs = static_cast<double>(r.batch) / static_cast<double>(slices);
+  const double mb_tokens = local_seqs / static_cast<double>(l.micro_batches) * static_cast<double>(T);
+  // Micro-batches whose activations a stage holds at once: 1 without a pipeline (each micro-batch's
+  // backward runs before the next forward), all of them under GPipe, up to `pipe` under 1F1B (stage 0).
+  const double in_flight = l.pipe == 1 ? 1
+                           : l.schedule == "gpipe" ? static_cast<double>(l.micro_batches)
+                                                   : static_cast<double>(std::min(l.pipe - worst_stage, l.micro_batches));
+  const bool last_stage = worst_stage == l.pipe - 1;
+  e.activations = in_flight * mb_tokens * act_bytes *
+                  (static_cast<double>(worst_layers) * am.per_layer + (last_stage ? am.head : 1.0 * C));
+  // One layer's recomputed values while its backward runs, and the loss's head chunk (512 rows of logits
+  // and their gradient), and FSDP's gathered weights (the one computing, the prefetched one, and the
+  // whole-size gradient being reduce-scattered).
+  // Pipeline buffers: the activation a stage receives and the gradient it sends back, per micro-batch in flight.
+  if (l.pipe > 1) e.pipeline_buffers = 2 * in_flight * mb_tokens * C * act_bytes;
+  // The step's peak comes in the loss's forward (its chunk of logits and their gradient) or in the
+  // backward (the gradients, one layer's recomputed values, FSDP's gathered weights: the one computing,
+  // the prefetched one and the whole-size gradient being reduce-scattered; and loom's data-axis gradient
+  // buckets, which hold a copy of the gradients they all-reduce: dp, all of them). The gradients exist
+  // in the loss's forward only when micro-batches accumulate into them (runs::step_peak_bytes's rule).
+  const double loss_forward = last_stage ? runs::loss_forward_bytes(m, mb_tokens, l.tensor) : 0;
+  const double gathered = l.shard == "fsdp" ? 3 * 4 * largest_weight : 0;
+  const double buckets = l.shard == "none" && l.data * l.expert > 1 && r.overlap ? e.grads : 0;
+  const double resident = e.params + e.optimizer + e.bf16_copies + e.pipeline_buffers;
+  const double accumulated = l.micro_batches > 1 ? e.grads : 0;  // gradients alive through the forward
+  // The three phases: the loss's forward (everything kept, the logits' chunk); the backward's start
+  // (everything kept, the gradients, one layer's recomputed values, FSDP's gathers); the backward's end
+  // (the activations gone; the gradients and their bucket copies).
+  const double phase_loss = resident + accumulated + e.activations + loss_forward;
+  const double phase_backward = resident + e.grads + e.activations + mb_tokens * act_bytes * am.recompute + gathered;
+  const double phase_end = resident + e.grads + buckets + gathered;
+  e.peak = std::max({phase_loss, phase_backward, phase_end});
+  e.transient = e.peak - (resident + e.grads + e.activations);
+  e.memory_limit = r.memory_per_device > 0 ? r.memory_per_device : r.device.memory_bytes;
+
+  // ---- FLOPs ----
+  const models::ModelStats st = m.stats();
+  const double tokens = static_cast<double>(r.batch) * static_cast<double>(T);
+  const double attention = 12.0 * static_cast<double>(L) * static_cast<double>(st.attention_width) * static_cast<double>(T);
+  const double per_token = 6.0 * static_cast<double>(st.matmul_params) + attention;
+  e.model_flops = per_token * tokens;
+  // Recomputation runs the layers' forward again: full, all of it (2N of the layers' matmuls and a third
+  // of attention); selective, the attention core's forward (a third of PaLM's attention term).
+  const double layer_matmuls = 2.0 * static_cast<double>(st.matmul_params) -
+                               2.0 * V * C * (tied ? 1 : (moe || m.arch() == "llama") ? 1 : 0);
+  double extra = 0;
+  if (l.recompute == models::Recompute::Full) extra = layer_matmuls + attention / 3;
+  if (l.recompute == models::Recompute::Selective) extra = attention / 3;
+  e.hardware_flops = (per_token + extra) * tokens;
+  const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
+  const double N = static_cast<double>(r.devices);
+  e.compute_s = e.hardware_flops / N / peak;
+
+  // ---- collectives (per device per step) ----
+  const double g_data = static_cast<double>(l.data);
+  const Link tensor_link = link_for(r, 1, l.tensor);
+  const Link expert_link = link_for(r, l.tensor, l.expert);
+  const Link data_link = link_for(r, l.tensor * l.expert, l.data);
+  const Link dx_link = link_for(r, l.tensor, l.expert * l.data);
+  const Link pipe_link = link_for(r, l.tensor * l.expert * l.data, l.pipe);
+  const double layers_here = static_cast<double>(worst_layers);
+  const double micro = static_cast<double>(l.micro_batches);
+  if (l.tensor > 1) {
+    // Recomputation (either kind) runs the forward's g all-reduces again: selective keeps the local GEMM
+    // outputs, not the sums.
+    double n = tp_all_reduces_per_layer(m) + (l.recompute != models::Recompute::None ? 2 : 0);
+    e.collectives.push_back(collective("tensor-parallel activation all-reduces", "all_reduce", "tensor", l.tensor,
+                                       act_bytes * n * layers_here * mb_tokens * C * micro, tensor_link, false,
+                                       n * layers_here * micro));
+    const double tables = (tied ? 1 : 2) * V * C / static_cast<double>(l.tensor);
+    e.collectives.push_back(collective("embedding/head table gathers", "all_gather", "tensor", l.tensor, 4 * tables * micro,
+                                       tensor_link, false, 2 * micro));
+  }
+  // Data-axis gradient sums: the parameters replicated over the batch axes.
+  double replicated = 0, sharded_shard = 0, sharded_whole = 0, expert_replicated = 0, sharded_bias = 0;
+  for (const ParamCount& p : params) {
+    const auto [first, last] = stage_layers(L, l.pipe, worst_stage);
+    const bool here = (p.layer >= first && p.layer < last) || (p.layer < 0 && worst_stage == 0) ||
+                      (p.layer >= L && worst_stage == l.pipe - 1);
+    if (!here) continue;
+    const Split sp = split_of(p, l);
+    const double local = p.count / sp.total();
+    if (sp.shard > 1) {
+      if (p.group == ParamGroup::Bias) sharded_bias += local;  // gathered by the forward only
+      else sharded_shard += local;
+      sharded_whole += local * sp.shard;
+    } else if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
+      expert_replicated += local;
+    } else {
+      replicated += local;
+    }
+  }
+  const bool batch_split = l.data * l.expert > 1;
+  if (batch_split && l.shard != "zero1") {
+    if (replicated > 0) {
+      e.collectives.push_back(collective("gradient all-reduce", "all_reduce", l.expert > 1 ? "data x expert" : "data",
+                                         l.data * l.expert, 4 * replicated, l.expert > 1 ? dx_link : data_link,
+                                         r.overlap && l.expert == 1, 1));
+    }
+    if (expert_replicated > 0 && l.data > 1) {
+      e.collectives.push_back(collective("expert gradient all-reduce", "all_reduce", "data", l.data, 4 * expert_replicated,
+                                         data_link, false, 1));
+    }
+  }
+  if (l.shard == "zero1" && batch_split) {  // ZeRO-1: reduce-scatter the gradients, all-gather the updated weights
+    const double all = replicated + expert_replicated;
+    const int64_t g = l.data * l.expert;
+    e.collectives.push_back(collective("gradient reduce-scatter (ZeRO-1)", "reduce_scatter", "data", g, 4 * all, dx_link, true, 1));
+    e.collectives.push_back(collective("weight all-gather (ZeRO-1)", "all_gather", "data", g, 4 * all / static_cast<double>(g),
+                                       dx_link, true, 1));
+  }
+  if (l.shard == "fsdp" && sharded_shard > 0) {
+    const int64_t g = l.expert > 1 ? l.data * l.expert : l.data;
+    const Link& k = l.expert > 1 ? dx_link : data_link;
+    // Forward, backward, and the recomputation's forward (which gathers again under either kind); a
+    // bias only with its weight's forward.
+    const bool again = l.recompute != models::Recompute::None;
+    const double passes = micro * (again ? 3 : 2), forwards = micro * (again ? 2 : 1);
+    double bytes = 4 * (sharded_shard * passes + sharded_bias * forwards);
+    // Under recomputation the prefetch guesses wrong at each layer boundary of the backward: the
+    // backward's guess (the previous layer's last weight) and the recomputed forward's (the next
+    // layer's first weight) are gathered and dropped (nn/sharded.cpp: a wrong guess costs time).
+    if (again && layers_here > 1 && m.arch() != "deepseek_v3") {
+      const double F = m.arch() == "gpt2" ? (key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C) : key(j, "d_ff");
+      bytes += 4 * micro * (layers_here - 1) * (C * C + C * F) / static_cast<double>(l.tensor) / static_cast<double>(g);
+    }
+    e.collectives.push_back(collective("FSDP weight all-gathers", "all_gather", l.expert > 1 ? "data x expert" : "data", g,
+                                       bytes, k, r.overlap, passes * layers_here * 7));
+    e.collectives.push_back(collective("FSDP gradient reduce-scatters", "reduce_scatter", l.expert > 1 ? "data x expert" : "data",
+                                       g, 4 * sharded_whole * micro, k, r.overlap, micro * layers_here * 7));
+  }
+  if (l.expert > 1) {
+    const double moe_layers_here = layers_here * (1 - key(j, "n_dense") / static_cast<double>(L));
+    const double passes = 4 + (l.recompute != models::Recompute::None ? 2 : 0);
+    const double g = static_cast<double>(l.expert);
+    e.collectives.push_back(collective("expert all-to-alls (balanced routing)", "all_to_all", "expert", l.expert,
+                                       act_bytes * passes * moe_layers_here * mb_tokens * topk * C * (g - 1) / g * micro,
+                                       expert_link, false, passes * moe_layers_here * micro));
+  }
+  if (l.pipe > 1) {
+    e.collectives.push_back(collective("pipeline activations and gradients", "send_recv", "pipe", l.pipe,
+                                       2 * micro * mb_tokens * C * act_bytes, pipe_link, true, 2 * micro));
+  }
+  if (batch_split || l.tensor > 1) {
+    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(),
+                                       8 * (batch_split ? 3 : 2), data_link, false, batch_split ? 3 : 2));
+  }
+  (void)g_data;
+
+  // ---- time ----
+  double overlapped = 0, exposed = 0;
+  for (const Collective& c : e.collectives) {
+    e.comm_s += c.seconds;
+    if (c.overlapped) overlapped += c.seconds;
+    else exposed += c.seconds;
+  }
+  // What overlaps hides behind the compute (the backward for gradient sums, the whole step for FSDP's
+  // gathers and a pipeline's sends), never more than the compute itself; the first gather of a pass and
+  // the last bucket are exposed (a layer's worth).
+  const double hidden = std::min(overlapped, e.compute_s);
+  exposed += overlapped - hidden;
+  e.exposed_comm_s = exposed;
+  if (l.pipe > 1) {
+    // GPipe and 1F1B have the same bubble: (pipe - 1) micro-batch slots of fill and drain.
+    e.bubble_s = e.compute_s * static_cast<double>(l.pipe - 1) / micro;
+  }
+  // AdamW: read the parameter, gradient and two moments, write the parameter and moments (bf16 copy too).
+  e.optimizer_s = (P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1)) * (bf16 ? 30 : 28) /
+                  r.device.memory_bandwidth;
+  e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
+  e.tokens_per_s = tokens / e.step_s;
+  e.mfu = e.model_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
+  e.hfu = e.hardware_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
+  return e;
+}
+
+Plan make_plan(const Request& r) {
+  LOOM_CHECK(r.devices >= 1, "plan: --devices must be >= 1, got ", r.devices);
+  LOOM_CHECK(r.batch >= 1, "plan: --batch must be >= 1, got ", r.batch);
+  Plan plan;
+  plan.request = r;
+  std::vector<Estimate> all;
+  if (r.only) {
+    all.push_back(estimate(r, *r.only));
+  } else {
+    const json& j = r.model.json();
+    const int64_t L = static_cast<int64_t>(key(j, "num_layers"));
+    const bool moe = r.model.arch() == "deepseek_v3";
+    for (int64_t t : divisors(r.devices)) {
+      if (t > r.device.devices_per_node) continue;
+      for (int64_t ex : divisors(r.devices / t)) {
+        if (ex > 1 && !moe) continue;
+        for (int64_t p : divisors(r.devices / t / ex)) {
+          if (p > L) continue;
+          const int64_t d = r.devices / t / ex / p;
+          if (r.batch % (d * ex) != 0) continue;
+          const int64_t local = r.batch / (d * ex);
+          for (int64_t mb : divisors(local)) {
+            if (p == 1 && mb > 64) continue;
+            if (p > 1 && (mb < p || mb > 16 * p)) continue;
+            for (const char* shard : {"none", "zero1", "fsdp"}) {
+              if (d * ex == 1 && std::string(shard) != "none") continue;
+              for (auto rc : {models::Recompute::None, models::Recompute::Selective, models::Recompute::Full}) {
+                Layout l{d, t, p, ex, shard, rc, mb, "1f1b"};
+                all.push_back(estimate(r, l));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  plan.evaluated = static_cast<int64_t>(all.size());
+  for (Estimate& e : all) (e.fits() ? plan.fitting : plan.rejected).push_back(std::move(e));
+  std::stable_sort(plan.fitting.begin(), plan.fitting.end(), [](const Estimate& a, const Estimate& b) {
+    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    if (a.layout.micro_batches != b.layout.micro_batches) return a.layout.micro_batches < b.layout.micro_batches;
+    return a.memory() < b.memory();
+  });
+  std::stable_sort(plan.rejected.begin(), plan.rejected.end(), [](const Estimate& a, const Estimate& b) {
+    if (a.invalid.empty() != b.invalid.empty()) return a.invalid.empty();
+    return a.memory() / a.memory_limit < b.memory() / b.memory_limit;
+  });
+  // Why each loses to the best: the term of the step that grew most against it.
+  if (!plan.fitting.empty()) {
+    const Estimate& best = plan.fitting.front();
+    for (size_t i = 0; i < plan.fitting.size(); ++i) {
+      Estimate& e = plan.fitting[i];
+      if (i == 0) {
+        e.verdict = str("best: the fastest layout that fits (", gib(e.memory()), " of ", gib(e.memory_limit), ")");
+        continue;
+      }
+      const double dc = e.compute_s - best.compute_s, dx = e.exposed_comm_s - best.exposed_comm_s,
+                   db = e.bubble_s - best.bubble_s, dopt = e.optimizer_s - best.optimizer_s;
+      const double worst = std::max({dc, dx, db, dopt});
+      char buf[160];
+      const double pct = 100 * (e.step_s / best.step_s - 1);
+      if (worst <= 0) std::snprintf(buf, sizeof buf, "ties (+%.1f%%); ranked after it by micro-batches, then memory", pct);
+      else if (worst == dx) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more exposed communication", pct, dx);
+      else if (worst == db) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more pipeline bubble", pct, db);
+      else if (worst == dc) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more compute (recomputation)", pct, dc);
+      else std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more optimizer time", pct, dopt);
+      e.verdict = buf;
+    }
+  }
+  for (Estimate& e : plan.rejected) {
+    e.verdict = !e.invalid.empty() ? e.invalid
+                                   : str("does not fit: needs ", gib(e.memory()), " of ", gib(e.memory_limit),
+                                         " (params ", gib(e.params), ", grads ", gib(e.grads), ", AdamW ",
+                                         gib(e.optimizer), ", activations ", gib(e.activations), ")");
+  }
+  return plan;
+}
+
+// ---- output ---------------------------------------------------------------------------------------
+
+json to_json(const Estimate& e) {
+  json c = json::array();
+  for (const Collective& k : e.collectives) {
+    c.push_back({{"name", k.name}, {"kind", k.kind}, {"axis", k.axis}, {"group", k.group}, {"bytes", k.bytes},
+                 {"wire_bytes", k.wire_bytes}, {"link_bandwidth", k.link_bandwidth}, {"inter_node", k.inter_node},
+                 {"seconds", k.seconds}, {"overlapped", k.overlapped}});
+  }
+  const Layout& l = e.layout;
+  return {{"layout",
+           {{"data", l.data}, {"tensor", l.tensor}, {"pipe", l.pipe}, {"expert", l.expert}, {"shard", l.shard},
+            {"recompute", models::recompute_name(l.recompute)}, {"micro_batches", l.micro_batches},
+            {"schedule", l.schedule}, {"loom_mode", l.loom_mode()}}},
+          {"fits", e.fits()},
+          {"invalid", e.invalid},
+          {"memory",
+           {{"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer}, {"bf16_copies", e.bf16_copies},
+            {"activations", e.activations}, {"pipeline_buffers", e.pipeline_buffers}, {"transient", e.transient},
+            {"total", e.memory()}, {"limit", e.memory_limit}}},
+          {"model_flops", e.model_flops},
+          {"hardware_flops", e.hardware_flops},
+          {"collectives", c},
+          {"time",
+           {{"compute_s", e.compute_s}, {"comm_s", e.comm_s}, {"exposed_comm_s", e.exposed_comm_s},
+            {"bubble_s", e.bubble_s}, {"optimizer_s", e.optimizer_s}, {"step_s", e.step_s}}},
+          {"tokens_per_s", e.tokens_per_s},
+          {"mfu", e.mfu},
+          {"hfu", e.hfu},
+          {"verdict", e.verdict}};
+}
+
+json to_json(const Plan& p, int rows) {
+  json fitting = json::array(), rejected = json::array();
+  for (size_t i = 0; i < p.fitting.size() && static_cast<int>(i) < rows; ++i) fitting.push_back(to_json(p.fitting[i]));
+  for (size_t i = 0; i < p.rejected.size() && static_cast<int>(i) < rows; ++i) rejected.push_back(to_json(p.rejected[i]));
+  const Request& r = p.request;
+  json sources = json::object();
+  for (const auto& [k, v] : r.device.sources) sources[k] = v;
+  return {{"model", r.model.arch()},
+          {"params", r.model.stats().total_params},
+          {"batch", r.batch},
+          {"seq", r.seq > 0 ? r.seq : r.model.context_length()},
+          {"devices", r.devices},
+          {"device",
+           {{"name", r.device.name}, {"description", r.device.description}, {"bf16_flops", r.device.bf16_flops},
+            {"f32_flops", r.device.f32_flops}, {"memory_bytes", r.device.memory_bytes},
+            {"memory_bandwidth", r.device.memory_bandwidth}, {"devices_per_node", r.device.devices_per_node},
+            {"intra_node_bandwidth", r.device.intra_node_bandwidth},
+            {"inter_node_bandwidth", r.device.inter_node_bandwidth}, {"gemm_efficiency", r.device.gemm_efficiency},
+            {"sources", sources}}},
+          {"precision", r.precision},
+          {"evaluated", p.evaluated},
+          {"fitting_count", p.fitting.size()},
+          {"best", p.fitting.empty() ? json(nullptr) : to_json(p.fitting.front())},
+          {"best_in_loom", [&] {
+             for (const Estimate& e : p.fitting) {
+               if (!e.layout.loom_mode().empty()) return to_json(e);
+             }
+             return json(nullptr);
+           }()},
+          {"fitting", fitting},
+          {"rejected", rejected}};
+}
+
+std::string format_plan(const Plan& p, int rows) {
+  const Request& r = p.request;
+  std::ostringstream o;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "plan: %s (%s parameters), batch %lld x %lld tokens, %lld x %s (%s), %s\n",
+                r.model.arch().c_str(), std::to_string(r.model.stats().total_params).c_str(),
+                static_cast<long long>(r.batch), static_cast<long long>(r.seq > 0 ? r.seq : r.model.context_length()),
+                static_cast<long long>(r.devices), r.device.name.c_str(), r.device.description.c_str(), r.precision.c_str());
+  o << buf;
+  std::snprintf(buf, sizeof buf, "%lld layouts evaluated, %zu fit in %s per device\n\n", static_cast<long long>(p.evaluated),
+                p.fitting.size(), gib(p.fitting.empty() ? (p.rejected.empty() ? 0 : p.rejected.front().memory_limit)
+                                                         : p.fitting.front().memory_limit).c_str());
+  o << buf;
+  auto row = [&](const Estimate& e) {
+    const std::string mode = e.layout.loom_mode().empty() ? "-" : e.layout.loom_mode();
+    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %s | %s | %.3g | %.3g | %.3g | %.3g | %.4g | %.3g | %.1f%% | %s |\n",
+                  e.layout.str().c_str(), mode.c_str(), gib(e.memory()).c_str(), gib(e.params + e.grads + e.optimizer + e.bf16_copies).c_str(),
+                  gib(e.activations + e.pipeline_buffers).c_str(), e.compute_s, e.exposed_comm_s, e.bubble_s, e.optimizer_s,
+                  e.step_s, e.tokens_per_s, 100 * e.mfu, e.verdict.c_str());
+    o << buf;
+  };
+  o << "| layout | loom mode | memory/device | weights+grads+AdamW | activations+buffers | compute s | exposed comm s "
+       "| bubble s | optimizer s | step s | tokens/s | MFU | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < p.fitting.size() && static_cast<int>(i) < rows; ++i) row(p.fitting[i]);
+  if (!p.rejected.empty()) {
+    o << "\nclosest that do not fit or cannot run:\n";
+    for (size_t i = 0; i < p.rejected.size() && static_cast<int>(i) < std::max(3, rows / 3); ++i) {
+      o << "- " << p.rejected[i].layout.str() << ": " << p.rejected[i].verdict << "\n";
+    }
+  }
+  if (!p.fitting.empty()) {
+    const Estimate& b = p.fitting.front();
+    o << "\nbest: " << b.layout.str() << (b.layout.loom_mode().empty() ? " (not runnable in loom yet)" : " (loom mode " + b.layout.loom_mode() + ")")
+      << "\n";
+    for (const Estimate& e : p.fitting) {
+      if (e.layout.loom_mode().empty()) continue;
+      if (&e != &b) {
+        std::snprintf(buf, sizeof buf, "best that loom runs today: %s (loom mode %s), %.4g s/step, %.3g tokens/s, MFU %.1f%%\n",
+                      e.layout.str().c_str(), e.layout.loom_mode().c_str(), e.step_s, e.tokens_per_s, 100 * e.mfu);
+        o << buf;
+      }
+      break;
+    }
+    for (const Collective& c : b.collectives) {
+      std::snprintf(buf, sizeof buf, "  %-42s %-14s over %-13s (%lld ranks, %s): %.4g B/step payload, %.4g B on the wire, %.3g s%s\n",
+                    c.name.c_str(), c.kind.c_str(), c.axis.c_str(), static_cast<long long>(c.group),
+                    c.inter_node ? "inter-node" : "intra-node", c.bytes, c.wire_bytes, c.seconds,
+                    c.overlapped ? " (overlapped)" : "");
+      o << buf;
+    }
+  }
+  return o.str();
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,216 @@
+// The Llama as nn/paged_decoder.h's batched decoder (TransformerLM::decoder_weights): its logits against
+// the model's own forward pass, f32 and quantized, and batch invariance: a sequence's logits bitwise the
+// same run alone or beside others, in any order, with its prompt cut into any chunks, in any blocks of
+// the cache, on any thread count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "models/llama/model.h"
+#include "nn/paged_decoder.h"
+#include "quant/qmatmul.h"
+#include "support/model_fixture.h"
+
+using namespace loom;
+
+namespace {
+
+llama::Config tiny_config() {
+  return {.vocab_size = 97, .context_length = 40, .d_model = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2,
+      .d_ff = 96};
+}
+
+void quantize(llama::TransformerLM& m) {
+  for (nn::Linear* l : test::llama_linears(m)) {
+    const Tensor& w = l->weight.value;
+    const quant::QuantType type = l == &m.lm_head ? quant::QuantType::Q8_0 : quant::QuantType::Q4_1;
+    l->set_quantized(std::make_shared<quant::QuantizedMatrix>(
+        quant::QuantizedMatrix::quantize(type, w.data<float>(), w.size(0), w.size(1))));
+  }
+}
+
+std::vector<int32_t> tokens(uint64_t seed, int64_t n, int64_t V) {
+  std::vector<int32_t> out;
+  RngKey key = RngKey::from_seed(seed);
+  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<int32_t>(random_uniform(key, static_cast<uint64_t>(i)) * V) % V);
+  return out;
+}
+
+// A sequence's run through the paged decoder: its tokens fed in chunks, the logits of each chunk's last
+// token kept, in feeding order.
+struct Seq {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> chunks;  // sizes, summing to ids.size()
+  std::vector<int32_t> table;
+  int64_t fed = 0;
+  size_t next_chunk = 0;
+  std::vector<std::vector<float>> logits;
+};
+
+// Runs every sequence to its end: at each step the sequences with chunks left, in the order `order`
+// gives (a function of the step), each contribute their next chunk. Blocks are handed out from `first_block`
+// upward with a stride, so each scenario puts the sequences in other blocks of the cache.
+void run(const nn::DecoderWeights& w, std::vector<Seq>& seqs, int64_t block_size, int64_t stride,
+         const std::function<std::vector<size_t>(int64_t, size_t)>& order) {
+  const int64_t blocks_per_seq = (w.context_length + block_size - 1) / block_size;
+  nn::PagedKVCache cache(static_cast<int64_t>(w.layers.size()), blocks_per_seq * static_cast<int64_t>(seqs.size()) * stride,
+                         w.num_kv_heads, block_size, w.head_dim());
+  int32_t next = 0;
+  for (Seq& s : seqs) {
+    s.table.clear();
+    for (int64_t b = 0; b < blocks_per_seq; ++b) {
+      s.table.push_back(next);
+      next += static_cast<int32_t>(stride);
+      if (next >= cache.num_blocks()) next = next % static_cast<int32_t>(stride) + 1;
+    }
+  }
+  for (int64_t step = 0;; ++step) {
+    std::vector<nn::DecoderBatchItem> items;
+    std::vector<Seq*> wanting;
+    for (size_t i : order(step, seqs.size())) {
+      Seq& s = seqs[i];
+      if (s.next_chunk == s.chunks.size()) continue;
+      const int64_t n = s.chunks[s.next_chunk++];
+      items.push_back({&s.table, s.fed, std::span<const int32_t>(s.ids.data() + s.fed, static_cast<size_t>(n)), true});
+      s.fed += n;
+      wanting.push_back(&s);
+    }
+    if (items.empty()) break;
+    Tensor out = nn::paged_decoder_forward(w, cache, items);
+    ASSERT_EQ(out.size(0), static_cast<int64_t>(wanting.size()));
+    const int64_t V = out.size(1);
+    for (size_t i = 0; i < wanting.size(); ++i) {
+      wanting[i]->logits.emplace_back(out.data<float>() + static_cast<int64_t>(i) * V,
+                                      out.data<float>() + static_cast<int64_t>(i + 1) * V);
+    }
+  }
+}
+
+// Chunks for a prompt of n tokens then `decode` single tokens: the prompt cut at the given sizes.
+std::vector<int64_t> chunks(std::vector<int64_t> prompt_cuts, int64_t decode) {
+  for (int64_t i = 0; i < decode; ++i) prompt_cuts.push_back(1);
+  return prompt_cuts;
+}
+
+std::vector<size_t> in_order(int64_t, size_t n) {
+  std::vector<size_t> o(n);
+  std::iota(o.begin(), o.end(), 0);
+  return o;
+}
+
+}  // namespace
+
+TEST(PagedDecoder, GivesTheModelsLogitsF32AndQuantized) {
+  for (bool quantized : {false, true}) {
+    SCOPED_TRACE(quantized ? "quantized" : "f32");
+    llama::TransformerLM model(tiny_config(), 3);
+    if (quantized) quantize(model);
+    std::string why;
+    auto w = llama::decoder_weights_of(model, &why);
+    ASSERT_TRUE(w.has_value()) << why;
+    EXPECT_TRUE(model.decoder_weights().has_value());
+    const std::vector<int32_t> ids = tokens(7, 23, 97);
+    // Prompt of 9 in chunks of 5 and 4, then the rest one by one; block size 4 puts chunks across blocks.
+    std::vector<Seq> seqs(1);
+    seqs[0].ids = ids;
+    seqs[0].chunks = chunks({5, 4}, 14);
+    run(*w, seqs, 4, 1, in_order);
+    autograd::NoGradGuard no_grad;
+    Tensor full = model.logits(Tensor::from_vector<int32_t>({1, 23}, ids));  // [1, 23, V]
+    std::vector<int64_t> last = {4, 8};
+    for (int64_t t = 9; t < 23; ++t) last.push_back(t);
+    ASSERT_EQ(seqs[0].logits.size(), last.size());
+    for (size_t i = 0; i < last.size(); ++i) {
+      Tensor got = Tensor::from_vector<float>({97}, seqs[0].logits[i]);
+      Tensor want = Tensor::from_vector<float>({97}, std::vector<float>(full.data<float>() + last[i] * 97,
+                                                                          full.data<float>() + (last[i] + 1) * 97));
+      test::expect_close(got, want, 1e-4f, 1e-4f, "position " + std::to_string(last[i]));
+    }
+  }
+}
+
+TEST(PagedDecoder, ASequencesLogitsAreTheSameAloneOrInAnyBatch) {
+  for (bool quantized : {false, true}) {
+    SCOPED_TRACE(quantized ? "quantized" : "f32");
+    llama::TransformerLM model(tiny_config(), 5);
+    if (quantized) quantize(model);
+    const nn::DecoderWeights w = *model.decoder_weights();
+    // Three sequences; the third shares the first's first 8 tokens.
+    std::vector<std::vector<int32_t>> ids = {tokens(1, 20, 97), tokens(2, 31, 97), tokens(3, 17, 97)};
+    std::copy(ids[0].begin(), ids[0].begin() + 8, ids[2].begin());
+    const std::vector<int64_t> prompts = {6, 19, 12};
+    // Alone: each prompt in one chunk, then decoding; one thread, block size 4, contiguous blocks.
+    std::vector<std::vector<std::vector<float>>> alone;
+    for (size_t s = 0; s < ids.size(); ++s) {
+      std::vector<Seq> one(1);
+      one[0].ids = ids[s];
+      one[0].chunks = chunks({prompts[s]}, static_cast<int64_t>(ids[s].size()) - prompts[s]);
+      const int saved = num_threads();
+      set_num_threads(1);
+      run(w, one, 4, 1, in_order);
+      set_num_threads(saved);
+      alone.push_back(one[0].logits);
+    }
+    // Together: prompts cut into other chunks, the order of the step's items rotated or reversed at every
+    // step, blocks strided through the cache, 2 or 3 threads. Only the logits of whole prompts and decoded
+    // tokens are compared (a chunk that ends inside the prompt has logits nobody samples).
+    struct Scenario {
+      std::vector<std::vector<int64_t>> cuts;
+      int64_t stride;
+      int threads;
+      bool reverse;
+    };
+    const std::vector<Scenario> scenarios = {
+        {{{6}, {19}, {12}}, 3, 2, false},
+        {{{1, 5}, {7, 7, 5}, {8, 4}}, 2, 3, true},
+        {{{3, 3}, {1, 1, 17}, {12}}, 5, 2, false},
+    };
+    for (size_t k = 0; k < scenarios.size(); ++k) {
+      SCOPED_TRACE("scenario " + std::to_string(k));
+      const Scenario& sc = scenarios[k];
+      std::vector<Seq> seqs(ids.size());
+      for (size_t s = 0; s < ids.size(); ++s) {
+        seqs[s].ids = ids[s];
+        seqs[s].chunks = chunks(sc.cuts[s], static_cast<int64_t>(ids[s].size()) - prompts[s]);
+      }
+      const int saved = num_threads();
+      set_num_threads(sc.threads);
+      run(w, seqs, 4, sc.stride, [&](int64_t step, size_t n) {
+        std::vector<size_t> o = in_order(step, n);
+        std::rotate(o.begin(), o.begin() + static_cast<int64_t>(static_cast<size_t>(step) % n), o.end());
+        if (sc.reverse && step % 2 == 1) std::reverse(o.begin(), o.end());
+        return o;
+      });
+      set_num_threads(saved);
+      for (size_t s = 0; s < ids.size(); ++s) {
+        const size_t skip = sc.cuts[s].size() - 1;  // logits of chunks inside the prompt
+        ASSERT_EQ(seqs[s].logits.size() - skip, alone[s].size());
+        for (size_t i = 0; i < alone[s].size(); ++i) {
+          EXPECT_EQ(std::memcmp(seqs[s].logits[skip + i].data(), alone[s][i].data(), 97 * sizeof(float)), 0)
+              << "sequence " << s << ", logits " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedDecoder, ChecksItsItemsNamingTheProblem) {
+  llama::TransformerLM model(tiny_config(), 5);
+  const nn::DecoderWeights w = *model.decoder_weights();
+  nn::PagedKVCache cache(2, 4, 2, 16, 16);
+  std::vector<int32_t> table = {0, 1, 2};
+  std::vector<int32_t> ids(5, 1);
+  std::vector<nn::DecoderBatchItem> items = {{&table, 38, std::span<const int32_t>(ids), true}};
+  EXPECT_HAS(test::error_of([&] { nn::paged_decoder_forward(w, cache, items); }), "context length 40");
+  items[0].start = 0;
+  items[0].tokens = {};
+  EXPECT_HAS(test::error_of([&] { nn::paged_decoder_forward(w, cache, items); }), "no tokens");
+  EXPECT_HAS(test::error_of([] { nn::PagedKVCache(2, 0, 2, 16, 16); }), "blocks=0");
+}

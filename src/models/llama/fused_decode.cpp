@@ -87,6 +87,7 @@ std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& m, std
   };
   auto matrix = [&](const nn::Linear& l, nn::DecoderMatrix& out) -> std::string {
     if (l.bias != nullptr) return l.weight.name + " has a bias";
+    if (l.lora) return l.weight.name + " has a LoRA adapter (merge it into the base first: loom merge)";
     if (l.quantized) {
       if (!quant::has_matmul_kernels(l.quantized->type())) return l.weight.name + " is held in a type without kernels";
       out.quantized = l.quantized;

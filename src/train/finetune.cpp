@@ -331,7 +331,7 @@ double Finetuner::validation_loss() {
   return tokens > 0 ? total / static_cast<double>(tokens) : 0.0;
 }
 
-ExactMatch Finetuner::exact_match(int64_t limit) {
+ExactMatch Finetuner::exact_match(int64_t limit, const StopSignal* stop) {
   // A base held quantized decodes with the integer kernels, as `loom chat` runs it: dequantizing every
   // matrix per token would cost more than the rest of the run.
   std::vector<nn::Linear*> tiled;
@@ -350,7 +350,7 @@ ExactMatch Finetuner::exact_match(int64_t limit) {
   if (renderer_.im_end >= 0) stops.insert(renderer_.im_end);
   if (renderer_.eos >= 0) stops.insert(renderer_.eos);
   for (const SftExample& e : held_out_) {
-    if (r.total >= limit) break;
+    if (r.total >= limit || (stop != nullptr && stop->requested())) break;
     const auto reply = greedy_reply(*model_, e.prompt, config_.max_new_tokens, stops);
     const std::vector<tokenizer::TokenId> ids(reply.begin(), reply.end());
     // A model's vocabulary may be larger than its tokenizer's: an id past the tokenizer's is no text at all.
@@ -501,7 +501,7 @@ FinetuneSummary Finetuner::run(const StopSignal* stop) {
     progress.log_val(e);
   };
   auto exact = [&](const char* when) {
-    const ExactMatch m = exact_match(config_.exact_match);
+    const ExactMatch m = exact_match(config_.exact_match, stop);
     metrics.write({{"event", "exact_match"}, {"step", step_}, {"when", when}, {"matched", m.matched}, {"total", m.total},
                    {"fraction", m.fraction()}});
     progress.note(str("exact match ", when, ": ", m.matched, " / ", m.total, " (", m.fraction() * 100, "%)"));

@@ -105,7 +105,8 @@ class Finetuner {
   double validation_loss();
   // Greedy replies (up to max_new_tokens) to the first `limit` held-out examples. Layers held quantized
   // decode with the integer kernels here (as `loom chat` would run them), not their dequantized tiles.
-  ExactMatch exact_match(int64_t limit);
+  // A requested `stop` ends it early (the fraction is then of the replies generated).
+  ExactMatch exact_match(int64_t limit, const StopSignal* stop = nullptr);
 
   std::string save_checkpoint();
   void load_checkpoint(const std::string& dir);

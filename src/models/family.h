@@ -18,6 +18,8 @@
 
 namespace loom::models {
 
+struct TensorTable;
+
 // What a Hugging Face import produced.
 struct HfImport {
   std::unique_ptr<LanguageModel> model;
@@ -59,6 +61,10 @@ struct Family {
       import_gguf{};
   std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
       export_gguf{};
+
+  // The family's tensor names in HF and GGUF files (models/tensor_names.h): what PEFT's adapter files
+  // call a layer (models/adapters.h).
+  const TensorTable& (*tensor_table)() = nullptr;
 };
 
 // A family's Family: what it says itself (arch, summary, stats, converters: designated initializers)

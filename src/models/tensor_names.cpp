@@ -281,6 +281,19 @@ std::string stored_name(const TensorTable& table, TensorFormat format, const std
   LOOM_FAIL("no ", format_name(format), " name for loom's ", table.family, " tensor '", loom, "'");
 }
 
+const TensorName* row_for(const TensorTable& table, TensorFormat format, const std::string& loom, const json* model) {
+  for (const TensorName& row : table.rows) {
+    const std::string& pattern = pattern_of(row, format);
+    if (pattern.empty()) continue;
+    auto values = match(row.loom, loom, model);
+    if (!values) continue;
+    bool bound = true;
+    for (const std::string& p : placeholders(pattern)) bound = bound && values->count(p);
+    if (bound) return &row;
+  }
+  return nullptr;
+}
+
 std::optional<std::string> loom_name(const TensorTable& table, TensorFormat format, const std::string& stored,
                                      const json* model) {
   for (const TensorName& row : table.rows) {

@@ -112,6 +112,9 @@ std::string stored_name(const TensorTable& table, TensorFormat format, const std
                         const nlohmann::json* model = nullptr);
 std::optional<std::string> loom_name(const TensorTable& table, TensorFormat format, const std::string& stored,
                                      const nlohmann::json* model = nullptr);
+// The row stored_name takes its name from (nullptr when no row names `loom` in this format).
+const TensorName* row_for(const TensorTable& table, TensorFormat format, const std::string& loom,
+                          const nlohmann::json* model = nullptr);
 
 // Every parameter and state tensor of `model` under its stored name, converted, in export order.
 std::vector<std::pair<std::string, Tensor>> export_tensors(const TensorTable& table, TensorFormat format,

@@ -32,11 +32,24 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-  if (weight.dist) return dist::sharded_linear(x, weight, bias, precision);
+  Tensor y = base_forward(x);
+  return lora ? ops::add(y, lora->delta(x, precision)) : y;
+}
+
+Tensor Linear::base_forward(const Tensor& x) const {
+  if (weight.dist) {
+    LOOM_CHECK(!lora, weight.name, ": LoRA on a layer sharded over a mesh is not supported");
+    return dist::sharded_linear(x, weight, bias, precision);
+  }
   if (quantized) {
     LOOM_CHECK(!(autograd::grad_enabled() && weight.value.requires_grad()), weight.name, " is held quantized (",
                quant::quant_type_name(quantized->type()), ") for inference only; there is no backward pass "
                "through it. Load the weights as f32 to train, or run under no-grad");
+    // Recording a backward pass through it (a LoRA on a quantized base), or asked to: the dequantized
+    // weights by tiles, exact and differentiable in x; else the integer kernels.
+    if (dequantized_matmul || (autograd::grad_enabled() && x.requires_grad())) {
+      return ops::dequantized_linear(x, quantized, bias ? bias->value : Tensor(), weight.name);
+    }
     // A norm rounding its output for bf16 GEMMs (mixed precision) may hand a bf16 x: the integer kernels take f32.
     const Tensor xf = x.dtype() == DType::BF16 && !x.requires_grad() ? x.to(DType::F32) : x;
     return quant::quantized_linear(xf, *quantized, bias ? bias->value : Tensor(), weight.name);
@@ -46,6 +59,31 @@ Tensor Linear::forward(const Tensor& x) const {
                          weight.value.device().is_cpu();
   return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision,
                      bf16_copy ? bf16_weight_of(weight) : Tensor());
+}
+
+std::string Linear::name() const {
+  const std::string& w = weight.name;
+  return w.ends_with(".weight") ? w.substr(0, w.size() - 7) : w;
+}
+
+LoRA& Linear::attach_lora(const LoraOptions& options, RngKey key) {
+  LOOM_CHECK(!lora, name(), " already has a LoRA adapter");
+  LOOM_CHECK(!weight.dist, name(), ": LoRA on a layer sharded over a mesh is not supported");
+  const int64_t in = quantized ? quantized->cols() : weight.value.size(1);
+  const int64_t out = quantized ? quantized->rows() : weight.value.size(0);
+  lora = std::make_unique<LoRA>(name(), in, out, options, key);
+  add_child(lora.get());
+  layers_changed();
+  return *lora;
+}
+
+std::unique_ptr<LoRA> Linear::detach_lora() {
+  std::unique_ptr<LoRA> out = std::move(lora);
+  if (out) {
+    remove_child(out.get());
+    layers_changed();
+  }
+  return out;
 }
 
 void Linear::set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q) {

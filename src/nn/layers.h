@@ -11,6 +11,7 @@
 #include <string>
 
 #include "nn/kv_cache.h"
+#include "nn/lora.h"
 #include "nn/parameter.h"
 #include "ops/attention.h"
 #include "ops/matmul.h"
@@ -28,14 +29,30 @@ class Linear : public Module {
   // CS336's init: truncated normal, std sqrt(2/(in+out)), cut at +-3 std.
   static Init default_init(int64_t in_features, int64_t out_features);
   Tensor forward(const Tensor& x) const;  // x: [..., in] -> [..., out]
-  // Holds the weight quantized for inference (GGUF import): forward then multiplies by it with the
-  // integer kernels of quant/qmatmul.h and does not read weight.value; a forward that autodiff would
-  // record is refused, naming the layer. q must be [out, in] of a type with kernels; nullptr clears it.
+  // forward without the LoRA adapter: the base layer alone.
+  Tensor base_forward(const Tensor& x) const;
+  // Holds the weight quantized (GGUF import): forward then multiplies by it and does not read
+  // weight.value, with the integer kernels of quant/qmatmul.h, or, when autodiff records a backward pass
+  // through x (LoRA on a quantized base), by its dequantized tiles (ops::dequantized_linear). The weight
+  // itself is never trained: a forward that would record its gradient is refused, naming the layer.
+  // q must be [out, in] of a type with kernels; nullptr clears it.
   void set_quantized(std::shared_ptr<const quant::QuantizedMatrix> q);
+  // LoRA (nn/lora.h): forward adds the adapter's update to the base layer's output. The adapter becomes
+  // this layer's child (its parameters follow the weight's in parameters()); at most one per layer.
+  LoRA& attach_lora(const LoraOptions& options, RngKey key);
+  // Removes the adapter (after merging it, or to run the base layer alone); returns it.
+  std::unique_ptr<LoRA> detach_lora();
+  // The layer's name: the weight's without ".weight" ("layers.0.attn.q_proj").
+  std::string name() const;
   Parameter& weight;
   Parameter* bias = nullptr;  // absent without a bias
   ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
   std::shared_ptr<const quant::QuantizedMatrix> quantized;  // set_quantized's, or null
+  // With `quantized`: multiply by its dequantized values a tile at a time (ops::dequantized_linear) even
+  // when nothing records a backward pass: exact against the dequantized weights, as a fine-tuning run
+  // evaluates the layers it trains through (QLoRA). Off: the integer kernels, for decoding speed.
+  bool dequantized_matmul = false;
+  std::unique_ptr<LoRA> lora;                               // attach_lora's, or null
 };
 
 // weight: [V, C], by default truncated normal std 1 cut at +-3 (CS336).

@@ -1,5 +1,7 @@
 #include "nn/parameter.h"
 
+#include <algorithm>
+
 #include "core/autograd.h"
 #include "nn/sharded.h"
 #include "ops/elementwise.h"
@@ -52,6 +54,9 @@ Parameter make_parameter(const std::string& name, const Shape& shape, const Init
     case Init::Kind::Normal:
       fill_normal(p.value.data<float>(), p.value.numel(), key.fold_in(name), /*offset=*/0, 0.0f, init.std);
       break;
+    case Init::Kind::Uniform:
+      fill_uniform(p.value.data<float>(), p.value.numel(), key.fold_in(name), /*offset=*/0, -init.std, init.std);
+      break;
   }
   p.value.set_requires_grad();
   return p;
@@ -78,6 +83,13 @@ void Module::add_child(Module* child) {
   LOOM_ASSERT(child != nullptr && child->parent_ == nullptr, "Module::add_child: a module has one parent");
   child->parent_ = this;
   children_.push_back(child);
+}
+
+void Module::remove_child(Module* child) {
+  auto it = std::find(children_.begin(), children_.end(), child);
+  LOOM_ASSERT(it != children_.end(), "Module::remove_child: not a child of this module");
+  children_.erase(it);
+  child->parent_ = nullptr;
 }
 
 void Module::layers_changed() {

@@ -60,8 +60,8 @@ Tensor compute_value(const Parameter& p);
 
 // How a parameter's initial values are drawn.
 struct Init {
-  enum class Kind { Zeros, Ones, TruncatedNormal, Normal } kind = Kind::Zeros;
-  float std = 1.0f;
+  enum class Kind { Zeros, Ones, TruncatedNormal, Normal, Uniform } kind = Kind::Zeros;
+  float std = 1.0f;     // Uniform: the bound (values in [-std, std))
   float cutoff = 3.0f;  // truncate at +-cutoff*std
   static Init zeros() { return {Kind::Zeros}; }
   static Init ones() { return {Kind::Ones}; }
@@ -69,6 +69,7 @@ struct Init {
     return {Kind::TruncatedNormal, std, cutoff_in_std};
   }
   static Init normal(float std) { return {Kind::Normal, std, 0.0f}; }
+  static Init uniform(float bound) { return {Kind::Uniform, bound, 0.0f}; }
 };
 
 // While one lives on a thread, make_parameter there allocates without drawing (values unspecified): for
@@ -100,6 +101,8 @@ class Module {
 
   // All parameters of this module and its children, in a stable order.
   std::vector<Parameter*> parameters();
+  // The child modules, in registration order (to find layers by type: models/adapters.h).
+  const std::vector<Module*>& children() const { return children_; }
   // Looks a parameter up by dotted name; throws naming it if absent.
   Parameter& parameter(const std::string& name);
 
@@ -114,6 +117,8 @@ class Module {
  protected:
   Parameter& add_parameter(Parameter p);
   void add_child(Module* child);
+  // Unregisters a child add_child registered (a LoRA detached from its layer).
+  void remove_child(Module* child);
   virtual void on_layers_changed() {}
 
  private:

@@ -244,6 +244,63 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   return y;
 }
 
+namespace {
+constexpr int64_t kTileRows = 256;  // rows of W dequantized at once: 256 x in f32 (576 KiB at in = 576)
+}  // namespace
+
+Tensor dequantized_linear(const Tensor& x, std::shared_ptr<const quant::QuantizedMatrix> w, const Tensor& bias,
+                          const std::string& name) {
+  LOOM_CHECK(w != nullptr, name, ": no quantized weight");
+  LOOM_CHECK(x.defined() && x.dtype() == DType::F32 && x.device().is_cpu() && x.ndim() >= 1, name,
+             ": a quantized weight multiplies f32 CPU activations, got ", x.defined() ? x.describe() : "undefined");
+  const int64_t in = x.size(-1), out = w->rows();
+  LOOM_CHECK(in == w->cols(), name, ": x has in=", in, " features but the quantized weight is [", out, ", ", w->cols(), "]");
+  if (bias.defined()) {
+    LOOM_CHECK(bias.dtype() == DType::F32 && bias.ndim() == 1 && bias.size(0) == out, name, ": bias is ",
+               bias.describe(), " but the layer has out=", out);
+  }
+  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
+  Tensor y = Tensor::empty(x.shape().with_last(out));
+  {
+    std::vector<float> tile(static_cast<size_t>(std::min(kTileRows, out) * in));
+    for (int64_t n0 = 0; n0 < out; n0 += kTileRows) {
+      const int64_t n = std::min(kTileRows, out - n0);
+      w->dequantize_rows(n0, n, tile.data());
+      // y[:, n0:n0+n] = x[M, in] @ tile[n, in]^T
+      cpu::gemm(false, true, M, n, in, 1.0f, x.data<float>(), in, tile.data(), in, 0.0f, y.data<float>() + n0, out);
+    }
+    if (bias.defined()) {
+      const float* b = bias.data<float>();
+      float* py = y.data<float>();
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t j = 0; j < out; ++j) py[m * out + j] += b[j];
+      }
+    }
+  }
+  autograd::record("dequantized_linear", {x, bias}, {y}, [w, x_shape = x.shape(), has_bias = bias.defined(), M, in, out](
+                                                             const autograd::BackwardContext& ctx) {
+    const Tensor& dy = ctx.grad_output(0);  // [..., out] -> [M, out]
+    Tensor dx, db;
+    if (ctx.needs_input_grad(0)) {
+      // dx[M, in] = sum over tiles dy[:, n0:n0+n] @ tile[n, in]
+      dx = Tensor::empty(x_shape, DType::F32);
+      std::vector<float> tile(static_cast<size_t>(std::min(kTileRows, out) * in));
+      for (int64_t n0 = 0; n0 < out; n0 += kTileRows) {
+        const int64_t n = std::min(kTileRows, out - n0);
+        w->dequantize_rows(n0, n, tile.data());
+        cpu::gemm(false, false, M, in, n, 1.0f, dy.data<float>() + n0, out, tile.data(), in, n0 == 0 ? 0.0f : 1.0f,
+                  dx.data<float>(), in);
+      }
+    }
+    if (has_bias && ctx.needs_input_grad(1)) {
+      db = Tensor::empty(Shape{out}, DType::F32);
+      cpu::sum_rows(dy.data<float>(), M, out, db.data<float>());
+    }
+    return TensorList{dx, db};
+  });
+  return y;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   check_float_operands(a, b, "matmul", "a", "b");
   LOOM_CHECK(a.ndim() >= 2, "matmul: a must have at least 2 dimensions, got ", a.describe());

@@ -3,7 +3,10 @@
 // Legend: M rows, K reduction, N columns; "..." any leading (batch) dimensions.
 #pragma once
 
+#include <memory>
+
 #include "core/tensor.h"
+#include "quant/qmatmul.h"
 
 namespace loom::ops {
 
@@ -30,6 +33,15 @@ enum class MatmulPrecision {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
               WeightLayout layout = WeightLayout::OutIn, MatmulPrecision precision = MatmulPrecision::F32,
               const Tensor& w_bf16 = Tensor());
+
+// y = x W^T (+ bias) with W held in a GGUF block format, multiplied by its dequantized values: W is
+// dequantized kTileRows rows at a time into an f32 buffer that the f32 GEMM reads, so the whole matrix
+// never exists in f32 (QLoRA: the frozen quantized base under LoRA adapters). Exact against the
+// dequantized weights, unlike quant::quantized_linear's integer kernels, which round x to 8 bits.
+// Differentiable in x (dx = dy W, by the same tiles) and bias; W, frozen, has no gradient.
+// x: f32 CPU [..., in]; w: [out, in]; bias: f32 [out] or undefined. Returns f32 [..., out].
+Tensor dequantized_linear(const Tensor& x, std::shared_ptr<const quant::QuantizedMatrix> w,
+                          const Tensor& bias = Tensor(), const std::string& name = "dequantized_linear");
 
 // Batched matmul: a: [..., M, K] (or [..., K, M] with transpose_a), b: [..., K, N] (or [..., N, K] with
 // transpose_b). Leading dimensions must match, or b may be 2-D and is then shared by every batch.

@@ -63,6 +63,16 @@ void QuantizedMatrix::dequantize(float* out) const {
   });
 }
 
+void QuantizedMatrix::dequantize_rows(int64_t first, int64_t count, float* out) const {
+  LOOM_CHECK(first >= 0 && count >= 0 && first + count <= rows_, "dequantize_rows: rows [", first, ", ", first + count,
+             ") of a matrix of ", rows_);
+  parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      quant::dequantize(type_, bytes_.data() + (first + r) * row_bytes_, cols_, out + r * cols_);
+    }
+  });
+}
+
 namespace detail {
 
 int64_t packed_block_bytes(QuantType type) {

@@ -52,6 +52,8 @@ class QuantizedMatrix {
   int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
   // The reference dequantization, [rows, cols] into out.
   void dequantize(float* out) const;
+  // Rows [first, first + count) of it, [count, cols] into out.
+  void dequantize_rows(int64_t first, int64_t count, float* out) const;
 
   // It holds the same bytes rearranged, so a matrix with it takes about twice the memory.
   const uint8_t* packed() const { return packed_.empty() ? nullptr : packed_.data(); }

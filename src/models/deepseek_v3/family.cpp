@@ -1,4 +1,5 @@
 #include "models/deepseek_v3/family.h"
+#include "models/deepseek_v3/names.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -162,6 +163,7 @@ const models::Family& family() {
       .hf_model_type = "deepseek_v3",
       .export_hf = export_hf,
       .import_hf = import_hf,
+      .tensor_table = tensor_names,
   });
   return f;
 }

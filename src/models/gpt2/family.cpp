@@ -1,4 +1,5 @@
 #include "models/gpt2/family.h"
+#include "models/gpt2/names.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -96,6 +97,7 @@ const models::Family& family() {
       .gguf_arch = "gpt2",
       .import_gguf = import_gguf,
       .export_gguf = export_gguf,
+      .tensor_table = tensor_names,
   });
   return f;
 }

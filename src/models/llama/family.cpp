@@ -1,4 +1,5 @@
 #include "models/llama/family.h"
+#include "models/llama/names.h"
 
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,7 @@ const models::Family& family() {
       .gguf_arch = "llama",
       .import_gguf = import_gguf,
       .export_gguf = export_gguf,
+      .tensor_table = tensor_names,
   });
   return f;
 }

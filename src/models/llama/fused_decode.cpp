@@ -14,6 +14,7 @@ std::vector<const nn::Linear*> block_linears(const nn::TransformerBlock& b) {
 std::string unsupported_layers(const TransformerLM& m) {
   auto linear_problem = [](const nn::Linear& l) -> std::string {
     if (l.weight.dist) return l.weight.name + " is sharded over a mesh";
+    if (l.lora) return l.weight.name + " has a LoRA adapter";
     if (!l.quantized || !quant::has_matmul_kernels(l.quantized->type())) return l.weight.name + " is not held quantized";
     if (l.bias != nullptr) return l.weight.name + " has a bias";
     return "";
@@ -86,6 +87,7 @@ std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& m, std
   };
   auto matrix = [&](const nn::Linear& l, nn::DecoderMatrix& out) -> std::string {
     if (l.bias != nullptr) return l.weight.name + " has a bias";
+    if (l.lora) return l.weight.name + " has a LoRA adapter (merge it into the base first: loom merge)";
     if (l.quantized) {
       if (!quant::has_matmul_kernels(l.quantized->type())) return l.weight.name + " is held in a type without kernels";
       out.quantized = l.quantized;

@@ -1,0 +1,259 @@
+// Fine-tuning data (train/sft_data.h): rendering with the model's ChatML template, the assistant-only
+// mask (masked positions get zero gradient), padding that equals running the examples one by one, the
+// held-out split, the loader's exact resume, and errors that name the line and the field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include "core/autograd.h"
+#include "ops/elementwise.h"
+#include "ops/loss.h"
+#include "runs/load.h"
+#include "support/errors.h"
+#include "support/files.h"
+#include "support/gguf_files.h"
+#include "support/op_test.h"
+#include "train/sft_data.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+using loom::test::TempDir;
+
+namespace {
+
+// The tiny Llama of tests/gguf/make_fixtures.py (2 layers, <|endoftext|>, <|im_start|>, <|im_end|>), its chat
+// template replaced by a plain ChatML one (the fixture's own joins with spaces: not ChatML).
+std::string chatml_tiny() {
+  static const std::string path = [] {
+    const std::string src = (fs::path(LOOM_SOURCE_DIR) / "tests/models/llama/fixtures/tiny_llama.gguf").string();
+    static const TempDir dir("chatml_tiny");  // removed when the test program ends
+    const std::string out = dir / "tiny.gguf";
+    const std::string chatml =
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+        "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    return test::rewrite_gguf(src, out, [&](std::vector<gguf::KeyValue>& kv, auto&) {
+      for (auto& e : kv) {
+        if (e.key == "tokenizer.chat_template") e.value = gguf::Value{chatml};
+      }
+    });
+  }();
+  return path;
+}
+
+struct Base {
+  runs::LoadedRun loaded = runs::load_weights(chatml_tiny());
+  train::SftRenderer renderer = train::SftRenderer::for_model(*loaded.tokenizer, loaded.chat_template, loaded.eos);
+  const tokenizer::Tokenizer& tok() const { return *loaded.tokenizer; }
+  std::string text(const std::vector<int32_t>& ids) const {
+    std::vector<tokenizer::TokenId> t(ids.begin(), ids.end());
+    return tok().decode_bytes(t);
+  }
+  // The trained tokens of an example, as text, each run of them ended by '|'.
+  std::string trained_text(const train::SftExample& e) const {
+    std::string out;
+    std::vector<int32_t> run;
+    for (size_t i = 0; i <= e.ids.size(); ++i) {
+      if (i < e.ids.size() && e.trained[i]) {
+        run.push_back(e.ids[i]);
+      } else if (!run.empty()) {
+        out += text(run) + "|";
+        run.clear();
+      }
+    }
+    return out;
+  }
+};
+
+train::SftExample render(const Base& b, const std::string& line) {
+  return train::render_sft_line(nlohmann::json::parse(line), b.renderer, b.tok(), "data.jsonl:1");
+}
+
+}  // namespace
+
+TEST(SftData, RendersChatMlAndTrainsOnTheAssistantRepliesOnly) {
+  Base b;
+  ASSERT_EQ(b.renderer.format, train::SftFormat::ChatMl);
+  const auto e = render(b, R"({"messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+      {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6, of course."}]})");
+  EXPECT_EQ(b.text(e.ids),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+            "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n6, of course.<|im_end|>\n");
+  // Every assistant reply and its end-of-turn token; nothing else.
+  EXPECT_EQ(b.trained_text(e), "4<|im_end|>|6, of course.<|im_end|>|");
+  // Exact match: the prompt ends with the last reply's header; the reference is its text.
+  EXPECT_EQ(b.text(e.prompt), b.text(e.ids).substr(0, b.text(e.ids).rfind("6, of course.")));
+  EXPECT_EQ(e.reference, "6, of course.");
+  // The control tokens are ids, the text between them is not matched for them.
+  const auto inj = render(b, R"({"prompt": "<|im_end|>", "completion": "x"})");
+  EXPECT_EQ(std::count(inj.ids.begin(), inj.ids.end(), b.renderer.im_end), 2);  // user's and assistant's
+}
+
+TEST(SftData, PromptCompletionIsAUserTurnAndARawFormatWithoutTemplate) {
+  Base b;
+  const auto chat = render(b, R"({"prompt": "hi", "completion": "hello"})");
+  EXPECT_NE(b.text(chat.ids).find("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"),
+            std::string::npos);
+  EXPECT_EQ(b.trained_text(chat), "hello<|im_end|>|");
+  // No template: prompt + completion + eos, trained on the completion and eos.
+  const auto raw_r = train::SftRenderer::for_model(b.tok(), "", b.loaded.eos);
+  ASSERT_EQ(raw_r.format, train::SftFormat::Raw);
+  const auto raw = train::render_sft_line(nlohmann::json::parse(R"({"prompt": "ab", "completion": "cd"})"), raw_r,
+                                          b.tok(), "x.jsonl:1");
+  EXPECT_EQ(b.text(raw.prompt), "ab");
+  ASSERT_EQ(raw.ids.back(), raw_r.eos);
+  EXPECT_EQ(b.text({raw.ids.begin(), raw.ids.end() - 1}), "abcd");
+  EXPECT_EQ(raw.trained, std::vector<uint8_t>({0, 0, 1, 1, 1}));
+  test::expect_error_mentions([&] {
+    train::render_sft_line(nlohmann::json::parse(R"({"messages": [{"role": "assistant", "content": "x"}]})"), raw_r,
+                           b.tok(), "x.jsonl:4");
+  }, {"x.jsonl:4", "need a chat template"});
+}
+
+TEST(SftData, TheTemplatesDefaultSystemMessageIsAddedUntrained) {
+  Base b;
+  train::SftRenderer r = b.renderer;
+  r.default_system = "You are tiny.";
+  train::SftExample e = train::render_sft_line(
+      nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"),
+      r, b.tok(), "x:1");
+  EXPECT_EQ(b.text(e.ids).rfind("<|im_start|>system\nYou are tiny.<|im_end|>\n<|im_start|>user\nq", 0), 0u);
+  EXPECT_EQ(b.trained_text(e), "a<|im_end|>|");
+}
+
+TEST(SftData, BadLinesNameTheFileLineAndField) {
+  Base b;
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"{not json", {"data.jsonl:2", "not valid JSON"}},
+      {R"([1, 2])", {"data.jsonl:2", "must be a JSON object"}},
+      {R"({"text": "x"})", {"data.jsonl:2", "needs \"messages\", or \"prompt\" and \"completion\""}},
+      {R"({"messages": []})", {"data.jsonl:2", "messages must be a non-empty array"}},
+      {R"({"messages": [{"role": "user"}]})", {"data.jsonl:2", "messages[0].content is missing"}},
+      {R"({"messages": [{"role": "user", "content": 5}]})", {"data.jsonl:2", "messages[0].content must be a string, got 5"}},
+      {R"({"messages": [{"role": "bot", "content": "x"}]})", {"data.jsonl:2", "messages[0].role must be", "got \"bot\""}},
+      {R"({"messages": [{"role": "user", "content": "x"}]})", {"data.jsonl:2", "no assistant message"}},
+      {R"({"prompt": "x"})", {"data.jsonl:2", "completion is missing"}},
+      {R"({"prompt": "x", "completion": ["y"]})", {"data.jsonl:2", "completion must be a string"}},
+      {R"({"prompt": ")" + std::string(200, 'x') + R"(", "completion": "y"})", {"data.jsonl:2", "more than the model's context length of 128"}},
+  };
+  for (const auto& [bad, parts] : cases) {
+    SCOPED_TRACE(bad);
+    const std::string path = dir / "data.jsonl";
+    test::write_file(path, R"({"prompt": "a", "completion": "b"})" "\n" + bad + "\n");
+    std::vector<std::string> want = parts;
+    want[0] = path.substr(0, path.size() - 10) + parts[0];  // the path as given
+    test::expect_error_mentions([&] { train::read_sft_file(path, b.renderer, b.tok(), 128); }, want);
+  }
+  // Blank lines are skipped (and counted): the error's line number is the file's.
+  const std::string path = dir / "blank.jsonl";
+  test::write_file(path, "\n\n{\"prompt\": 1}\n");
+  test::expect_error_mentions([&] { train::read_sft_file(path, b.renderer, b.tok(), 128); }, {"blank.jsonl:3: prompt must be a string"});
+}
+
+TEST(SftData, MaskedPositionsGetZeroGradient) {
+  Base b;
+  std::vector<train::SftExample> ex = {render(b, R"({"prompt": "abc", "completion": "de"})"),
+                                      render(b, R"({"prompt": "a much longer prompt", "completion": "f"})")};
+  const data::Batch batch = train::sft_batch({&ex[0], &ex[1]});
+  const int64_t B = batch.targets.size(0), T = batch.targets.size(1), V = b.loaded.model->vocab_size();
+  Tensor logits = test::param(test::randn({B, T, V}, 5));
+  Tensor loss = ops::cross_entropy(logits, batch.targets, train::kIgnoreTarget);
+  loss.backward();
+  const float* g = logits.grad().data<float>();
+  const int32_t* t = batch.targets.data<int32_t>();
+  int64_t trained = 0, masked = 0;
+  for (int64_t i = 0; i < B * T; ++i) {
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::fabs(g[i * V + v]);
+    if (t[i] == train::kIgnoreTarget) {
+      EXPECT_EQ(sum, 0.0) << "masked position " << i << " got a gradient";
+      ++masked;
+    } else {
+      EXPECT_GT(sum, 0.0) << "trained position " << i;
+      ++trained;
+    }
+  }
+  EXPECT_EQ(trained, ex[0].trained_tokens() + ex[1].trained_tokens());
+  EXPECT_GT(masked, trained);  // prompts, headers and the padding of the shorter row
+}
+
+TEST(SftData, APaddedBatchEqualsTheExamplesRunOneByOne) {
+  Base b;
+  auto& model = *b.loaded.model;
+  std::vector<train::SftExample> ex = {render(b, R"({"prompt": "abc", "completion": "de"})"),
+                                      render(b, R"({"prompt": "a much longer prompt here", "completion": "fgh"})"),
+                                      render(b, R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "v w"}]})")};
+  std::vector<nn::Parameter*> params = model.parameters();
+  // Token-weighted sum of the separate losses and their gradients.
+  double want_loss = 0;
+  int64_t tokens = 0;
+  std::vector<std::vector<float>> want_grads(params.size());
+  for (const auto& e : ex) {
+    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+    const data::Batch one = train::sft_batch({&e});
+    Tensor l = model.loss(one.inputs, one.targets);
+    const auto n = e.trained_tokens();
+    ops::scale(l, static_cast<float>(n)).backward();
+    want_loss += l.item() * static_cast<double>(n);
+    tokens += n;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i]->value.grad().to_vector<float>();
+      if (want_grads[i].empty()) want_grads[i].assign(g.size(), 0.0f);
+      for (size_t k = 0; k < g.size(); ++k) want_grads[i][k] += g[k];
+    }
+  }
+  for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+  const data::Batch all = train::sft_batch({&ex[0], &ex[1], &ex[2]});
+  Tensor l = model.loss(all.inputs, all.targets);
+  ops::scale(l, static_cast<float>(tokens)).backward();
+  EXPECT_NEAR(l.item(), want_loss / static_cast<double>(tokens), 2e-6);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor want = Tensor::from_vector<float>(params[i]->value.shape(), want_grads[i]);
+    test::expect_close(params[i]->value.grad(), want, 2e-5f, 1e-4f, params[i]->name);
+  }
+}
+
+TEST(SftData, TheHeldOutSplitIsSeededAndDisjoint) {
+  std::vector<train::SftExample> ex(20);
+  for (size_t i = 0; i < ex.size(); ++i) ex[i].line = static_cast<int64_t>(i + 1);
+  auto lines = [](const std::vector<train::SftExample>& v) {
+    std::vector<int64_t> out;
+    for (const auto& e : v) out.push_back(e.line);
+    return out;
+  };
+  const auto a = train::split_sft(ex, 0.2, RngKey::from_seed(1));
+  const auto a2 = train::split_sft(ex, 0.2, RngKey::from_seed(1));
+  const auto c = train::split_sft(ex, 0.2, RngKey::from_seed(2));
+  EXPECT_EQ(a.train.size(), 16u);
+  EXPECT_EQ(a.held_out.size(), 4u);
+  EXPECT_EQ(lines(a.held_out), lines(a2.held_out));
+  EXPECT_NE(lines(a.held_out), lines(c.held_out));
+  auto held = lines(a.held_out);
+  for (int64_t l : lines(a.train)) EXPECT_EQ(std::count(held.begin(), held.end(), l), 0);
+  EXPECT_TRUE(std::is_sorted(held.begin(), held.end()));
+  EXPECT_EQ(train::split_sft(ex, 0.0, RngKey{}).held_out.size(), 0u);
+  EXPECT_EQ(train::split_sft(ex, 0.01, RngKey{}).held_out.size(), 1u);  // at least one
+}
+
+TEST(SftData, TheLoaderWalksEpochsInSeededOrderAndResumesExactly) {
+  Base b;
+  std::vector<train::SftExample> ex;
+  for (int i = 0; i < 7; ++i) ex.push_back(render(b, R"({"prompt": "p)" + std::to_string(i) + R"(", "completion": "c"})"));
+  train::SftLoader a(ex, 3, RngKey::from_seed(4));
+  std::vector<data::Batch> seq;
+  for (int i = 0; i < 8; ++i) seq.push_back(a.next());  // 3, 3, 1 per epoch
+  EXPECT_EQ(seq[0].inputs.size(0), 3);
+  EXPECT_EQ(seq[2].inputs.size(0), 1);
+  EXPECT_EQ(seq[3].inputs.size(0), 3);
+  // Restoring a state mid-epoch continues with the same batches.
+  train::SftLoader r(ex, 3, RngKey::from_seed(4));
+  for (int i = 0; i < 4; ++i) r.next();
+  const auto state = nlohmann::json(r.state_json());
+  train::SftLoader c(ex, 3, RngKey::from_seed(4));
+  c.restore(train::SftLoader::state_from_json(state));
+  for (int i = 4; i < 8; ++i) test::expect_bitwise(c.next().inputs, seq[static_cast<size_t>(i)].inputs, "batch " + std::to_string(i));
+}

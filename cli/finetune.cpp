@@ -43,14 +43,14 @@ loom::cli::Register reg("finetune", "Fine-tune a pretrained model on chat data (
                  "the file's sections: base, data, lora, optimizer, training, eval, checkpoint, logging)"),
                      "config");
   cmd.add_flag("--full", args.full, "train every weight instead of LoRA adapters");
-  cmd.add_option("--lora-rank", args.rank, "LoRA rank r (default 8)");
-  cmd.add_option("--lora-alpha", args.alpha, "LoRA alpha: the update is scaled by alpha / r (default 16)");
-  cmd.add_option("--lora-dropout", args.dropout, "dropout on the adapters' input (default 0)");
+  loom::cli::in_range(cmd.add_option("--lora-rank", args.rank, "LoRA rank r (default 8)"), 1, 65536);
+  loom::cli::in_range(cmd.add_option("--lora-alpha", args.alpha, "LoRA alpha: the update is scaled by alpha / r (default 16)"), 1e-6, 1e6);
+  loom::cli::in_range(cmd.add_option("--lora-dropout", args.dropout, "dropout on the adapters' input (default 0)"), 0, 1, false);
   cmd.add_option("--lora-targets", args.targets,
                  "layers that get adapters, comma-separated, loom's or Hugging Face's names: q_proj,k_proj,v_proj,o_proj "
                  "(default), gate_proj, up_proj, down_proj, ..., or all-linear");
-  cmd.add_option("--max-steps", args.max_steps, "optimizer steps (default 100)");
-  cmd.add_option("--lr", args.lr, "peak learning rate (default 2e-4)");
+  loom::cli::in_range(cmd.add_option("--max-steps", args.max_steps, "optimizer steps (default 100)"), 1, 100000000);
+  loom::cli::in_range(cmd.add_option("--lr", args.lr, "peak learning rate (default 2e-4)"), 0, 10);
   cmd.add_option("--set", args.sets, "override a setting: --set training.batch_size=8 (repeatable)");
   cmd.add_option("--max-memory", args.max_memory, "memory the run may use, e.g. 8G (default: MemAvailable)");
   auto* resume = cmd.add_flag("--resume", args.resume, "continue the run in --out from its newest valid checkpoint");
@@ -76,14 +76,37 @@ loom::cli::Register reg("finetune", "Fine-tune a pretrained model on chat data (
     } else if (args.resume && fs::exists(fs::path(out) / "config.json")) {
       base = loom::io::read_json_file((fs::path(out) / "config.json").string(), "fine-tuning config");
     }
-    const auto config = loom::train::FinetuneConfig::with_overrides(base, sets);
+    // The settings' own messages name config keys; say which flag or file they came from.
+    const auto config = [&] {
+      try {
+        return loom::train::FinetuneConfig::with_overrides(base, sets);
+      } catch (const loom::Error& e) {
+        const std::string what = e.what();
+        if (!args.targets.empty() && what.find("lora.targets") != std::string::npos) {
+          throw loom::Error("finetune: --lora-targets: " + what);
+        }
+        if (!args.config.empty()) throw loom::Error("finetune: --config " + args.config + ": " + what);
+        throw;
+      }
+    }();
     loom::train::FinetuneRunOptions o;
     o.out = out;
     o.existing = args.resume ? loom::runs::ExistingRun::Resume
                  : args.overwrite ? loom::runs::ExistingRun::Overwrite
                                   : loom::runs::ExistingRun::Refuse;
     o.budget = loom::runs::MemoryBudget::from_setting(args.max_memory);
-    const auto s = loom::train::run_finetune(config, o, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    const auto s = [&] {
+      try {
+        return loom::train::run_finetune(config, o, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+      } catch (const loom::Error& e) {
+        // A target is checked against the model's layers once it is loaded.
+        const std::string what = e.what();
+        if (!args.targets.empty() && what.find("LoRA: target") != std::string::npos) {
+          throw loom::Error("finetune: --lora-targets: " + what);
+        }
+        throw;
+      }
+    }();
     if (s.stopped_early) {
       std::fprintf(stderr, "interrupted at step %lld; continue with: loom finetune --out %s --resume\n",
                    static_cast<long long>(s.steps_completed), out.c_str());

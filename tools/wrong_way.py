@@ -65,6 +65,8 @@ ARTIFACTS = {
     "hf": "exports/hf",
     "config": "configs/tiny.json",
     "rdata": "rdata",
+    "chat-jsonl": "text/chat.jsonl",
+    "peft-adapter": "runs/ft/adapter",
 }
 # Another command's output for an input that holds `kind`: a file or directory a user could plausibly give
 # by mistake (a file where a file is read, a directory where a directory is).
@@ -80,12 +82,14 @@ WRONG_ARTIFACT = {
     "hf": "data/austen_bpe512",
     "config": "data/austen_bpe512/tokenizer.json",
     "rdata": "runs/t",
+    "chat-jsonl": "text/corpus.txt",
+    "peft-adapter": "runs/t",
 }
 
 # Weights that hold NaN (runs/nan, a copy of runs/t poisoned in make_scratch), for an input holding this,
 # and the commands whose output is computed from the weights (the rest may read them: export, plot).
 NAN_INPUT = {"run": "runs/nan", "weights": "runs/nan/model.safetensors"}
-COMPUTES = {"generate", "chat", "eval", "train"}
+COMPUTES = {"generate", "chat", "eval", "train", "finetune", "merge"}
 
 # The outputs in the scratch directory that a writer's --overwrite may replace: its own kind.
 OWN_KIND = {("train", "run-dir"): True, ("export", "hf-export"): True, ("export", "gguf-export"): True}
@@ -106,10 +110,12 @@ BASE = {
     "corpus austen": ["--rdata", "rdata", "--out", "{new}/corpus"],
     "eval": ["--run", "runs/t", "--data", "data/austen_bpe512/val.bin", "--max-windows", "2"],
     "export": ["--run", "runs/t", "--out", "{new}/export"],
+    "finetune": ["--run", "runs/t", "--data", "text/chat.jsonl", "--max-steps", "1", "--out", "{new}/ft"],
     "flops": ["--config", "tiny"],
     "generate": ["--run", "runs/t", "--prompt", "It is", "--max-new-tokens", "4"],
     "import": ["--gguf", "exports/t.gguf", "--out", "{new}/import"],
     "inspect": ["runs/t/model.safetensors"],
+    "merge": ["--weights", "runs/t", "--adapter", "runs/ft/adapter", "--out", "{new}/merged"],
     "options": ["--json"],
     "plan": ["--config", "tiny", "--devices", "2", "--device", "h100", "--rows", "2"],
     "plot": ["runs/t", "--out", "{new}/plots"],
@@ -386,6 +392,14 @@ def make_scratch(loom, root, log):
     with open(os.path.join(root, "runs/t/tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML}, f)
     run(["plot", "runs/t"])
+    # Chat data and a 1-step LoRA fine-tune of runs/t (its adapter is merge's input).
+    with open(os.path.join(root, "text/chat.jsonl"), "w") as f:
+        for q, a in [("Who is she?", "Elizabeth."), ("Where?", "At Longbourn."), ("When?", "In the autumn."),
+                     ("Why?", "For a ball."), ("How?", "By carriage."), ("With whom?", "Her sister.")]:
+            # A short system message: the template's default one alone fills the tiny model's 64 positions.
+            f.write(json.dumps({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q},
+                                             {"role": "assistant", "content": a}]}) + "\n")
+    run(["finetune", "--run", "runs/t", "--data", "text/chat.jsonl", "--max-steps", "1", "--out", "runs/ft"])
     # A run whose weights went bad (NaN everywhere, as a diverged run's): every command that computes with
     # them must refuse, naming a tensor, not print the same token over and over.
     shutil.copytree(os.path.join(root, "runs/t"), os.path.join(root, "runs/nan"), ignore=shutil.ignore_patterns(".lock"))

@@ -239,7 +239,7 @@ CLI::Validator path_check(std::string command, std::string option, PathTag tag, 
 
 // The writers' rule (io/outputs.h) for the command about to run, from its tags: every output given is
 // apart from every input given (not the same path, not inside it, not holding it), and an output that is
-// not itself a run directory (train, import, export claim theirs through runs::RunDir) is not inside
+// not itself a run directory (train, import, export, finetune, merge claim theirs through runs::RunDir) is not inside
 // one: a plot, a token file or a tokenizer never lands among a run's files. `loom plot DIR` draws into
 // DIR, the run it reads, by default and with --out DIR. Runs after parsing, before the command's callback.
 void check_outputs(const CLI::App& root) {
@@ -264,7 +264,10 @@ void check_outputs(const CLI::App& root) {
     const std::string what = command + " " + out.name;
     for (const std::string& o : out.values) {
       std::string own_run;  // plot's own run
-      const bool claims_run = out.tag.holds == "train" || out.tag.holds == "import" || out.tag.holds == "export";
+      // Writers whose output is a run directory they claim through runs::RunDir (finetune as a training
+      // run, merge as an imported one), which applies the rule for runs itself.
+      const bool claims_run = out.tag.holds == "train" || out.tag.holds == "import" || out.tag.holds == "export" ||
+                              out.tag.holds == "finetune" || out.tag.holds == "merge";
       for (const Given& in : ins) {
         for (const std::string& i : in.values) {
           if (out.tag.holds == "plots" && in.tag.holds == "run" && !in.name.starts_with("--")) {

@@ -24,24 +24,8 @@ using loom::test::TempDir;
 
 namespace {
 
-// The tiny Llama of tests/gguf/make_fixtures.py (2 layers, <|endoftext|>, <|im_start|>, <|im_end|>), its chat
-// template replaced by a plain ChatML one (the fixture's own joins with spaces: not ChatML).
-std::string chatml_tiny() {
-  static const std::string path = [] {
-    const std::string src = (fs::path(LOOM_SOURCE_DIR) / "tests/models/llama/fixtures/tiny_llama.gguf").string();
-    static const TempDir dir("chatml_tiny");  // removed when the test program ends
-    const std::string out = dir / "tiny.gguf";
-    const std::string chatml =
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
-        "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    return test::rewrite_gguf(src, out, [&](std::vector<gguf::KeyValue>& kv, auto&) {
-      for (auto& e : kv) {
-        if (e.key == "tokenizer.chat_template") e.value = gguf::Value{chatml};
-      }
-    });
-  }();
-  return path;
-}
+using loom::test::chatml_tiny_gguf;
+std::string chatml_tiny() { return chatml_tiny_gguf(); }
 
 struct Base {
   runs::LoadedRun loaded = runs::load_weights(chatml_tiny());

@@ -605,6 +605,13 @@ HttpServer::HttpServer(Engine& engine, const tokenizer::Tokenizer& tok, ChatSetu
   const EngineOptions& eo = engine.options();
   const size_t threads = static_cast<size_t>(o.http_threads > 0 ? o.http_threads : eo.max_running + eo.max_queued + 4);
   httplib::Server& s = im.server;
+  // cpp-httplib's default socket options add SO_REUSEPORT, with which a second `loom serve` on a port in
+  // use binds it too and the kernel splits the clients between the two: keep SO_REUSEADDR only (a restart
+  // need not wait for TIME_WAIT), so a busy port is an error naming --port.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(o.max_body_bytes);
   s.set_read_timeout(static_cast<time_t>(o.idle_timeout_s), 0);

@@ -33,15 +33,19 @@ json to_json(const ValEvent& e) {
   return json{{"event", "val"}, {"step", e.step}, {"val_loss", number(e.val_loss)}};
 }
 
-MetricsWriter::MetricsWriter(const std::string& run_dir, std::optional<int64_t> resume_step) {
+MetricsWriter::MetricsWriter(const std::string& run_dir, std::optional<int64_t> resume_step, bool redo_val_at_resume_step) {
   fs::create_directories(run_dir);
   path_ = (fs::path(run_dir) / "metrics.jsonl").string();
   std::vector<json> kept;
   if (resume_step && fs::exists(path_)) {
     for (auto& e : read_metrics(path_)) {
-      if (!e.contains("step") || !e["step"].is_number() || e["step"].get<int64_t>() <= *resume_step) {
-        kept.push_back(std::move(e));
+      const bool has_step = e.contains("step") && e["step"].is_number();
+      if (has_step && e["step"].get<int64_t>() > *resume_step) continue;
+      if (has_step && redo_val_at_resume_step && e["step"].get<int64_t>() == *resume_step &&
+          e.value("event", "") == "val") {
+        continue;
       }
+      kept.push_back(std::move(e));
     }
   }
   if (resume_step) {

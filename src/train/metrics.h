@@ -43,7 +43,11 @@ class MetricsWriter {
   // Opens <run_dir>/metrics.jsonl (creating run_dir). A fresh run truncates it. A resumed run passes
   // `resume_step`: earlier events up to and including that step are kept and later ones (written after
   // the checkpoint by the interrupted run) are dropped, so the file reads as one uninterrupted run.
-  explicit MetricsWriter(const std::string& run_dir, std::optional<int64_t> resume_step = std::nullopt);
+  // `redo_val_at_resume_step`: the checkpoint's validation was interrupted (its trainer state says
+  // val_pending) and the resumed run validates that step again, so a val event of that step, which an
+  // earlier resume may have written before it was killed, is dropped too (else it would appear twice).
+  explicit MetricsWriter(const std::string& run_dir, std::optional<int64_t> resume_step = std::nullopt,
+                         bool redo_val_at_resume_step = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

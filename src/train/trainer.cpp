@@ -84,7 +84,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   const auto& tc = config_.training;
   const auto& oc = config_.optimizer;
   std::optional<MetricsWriter> metrics;  // rank 0's only
-  if (writer) metrics.emplace(run_dir_, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt);
+  if (writer) metrics.emplace(run_dir_, step_ > 0 ? std::optional<int64_t>(step_) : std::nullopt, val_pending_);
   Progress progress(tc.max_steps, writer ? progress_mode_from_name(config_.logging.progress, stderr)
                                          : progress_mode_from_name("none", stderr),
                     stderr, step_);

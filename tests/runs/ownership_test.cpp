@@ -132,6 +132,23 @@ TEST(CheckpointOwnership, AStopDuringValidationIsRedoneOnResumeExactly) {
   for (const auto& e : train::read_metrics((b / "metrics.jsonl").string())) {
     EXPECT_FALSE(e.value("event", "") == "val" && e.value("step", 0) == 10) << "the interrupted pass logged a loss";
   }
+  {
+    // A resume that redoes the step-10 validation (logging it) and dies during step 11, before any newer
+    // checkpoint: the next resume starts from the same val_pending checkpoint, redoes that validation
+    // again, and must not leave the first one's line behind (the duplicate val event that
+    // Checkpoint.KillNineAndResumeMatchesAnUninterruptedRun caught about once in eight loaded runs).
+    train::Trainer dying(corpus.config(30, {"checkpoint.keep_last=0"}), b.string());
+    ASSERT_EQ(dying.resume(), std::optional<int64_t>(10));
+    dying.after_backward = [&](int64_t step, std::vector<Tensor>&) {
+      if (step == 10) throw std::runtime_error("killed");
+    };
+    EXPECT_THROW(dying.run(), std::runtime_error);
+    int val10 = 0;
+    for (const auto& e : train::read_metrics((b / "metrics.jsonl").string())) {
+      val10 += e.value("event", "") == "val" && e.value("step", 0) == 10;
+    }
+    ASSERT_EQ(val10, 1) << "the dying resume should have logged the redone validation";
+  }
   train::Trainer resumed(corpus.config(30, {"checkpoint.keep_last=0"}), b.string());
   ASSERT_EQ(resumed.resume(), std::optional<int64_t>(10));
   EXPECT_FALSE(resumed.run().stopped_early);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/markup.h"
 #include "train/metrics.h"
 
 namespace loom::report {
@@ -17,20 +18,6 @@ using namespace loom::train;  // metrics events
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string escape_xml(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // A tick label with just enough digits for the tick step ("0.25", "1500", "3e-04").
 std::string tick_label(double v, double step) {
@@ -128,7 +115,7 @@ std::string render_svg(const Chart& chart) {
          std::to_string(chart.height) + "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg += "<text class=\"title\" x=\"" + fmt(left + pw / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" +
-         escape_xml(chart.title) + "</text>\n";
+         io::escape_markup(chart.title) + "</text>\n";
 
   // Grid and tick labels; ticks are values (px/py map them), one per decade on a log axis.
   auto decades = [](double lo, double hi) {
@@ -160,13 +147,13 @@ std::string render_svg(const Chart& chart) {
          "\" x2=\"" + fmt(left + pw) + "\" y2=\"" + fmt(top + ph) + "\"/><line x1=\"" + fmt(left) + "\" y1=\"" + fmt(top) +
          "\" x2=\"" + fmt(left) + "\" y2=\"" + fmt(top + ph) + "\"/></g>\n";
   svg += "<text class=\"xlabel\" x=\"" + fmt(left + pw / 2) + "\" y=\"" + fmt(H - 12) + "\" text-anchor=\"middle\">" +
-         escape_xml(chart.x_label) + "</text>\n";
+         io::escape_markup(chart.x_label) + "</text>\n";
   svg += "<text class=\"ylabel\" transform=\"translate(16 " + fmt(top + ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" +
-         escape_xml(chart.y_label) + "</text>\n";
+         io::escape_markup(chart.y_label) + "</text>\n";
 
   // The series: one polyline per finite run of points.
   for (const auto& s : chart.series) {
-    svg += "<g class=\"series\" data-label=\"" + escape_xml(s.label) + "\">\n";
+    svg += "<g class=\"series\" data-label=\"" + io::escape_markup(s.label) + "\">\n";
     std::string points;
     auto flush = [&] {
       if (!points.empty()) {
@@ -192,7 +179,7 @@ std::string render_svg(const Chart& chart) {
         svg += "<circle cx=\"" + fmt(px(s.x[i])) + "\" cy=\"" + fmt(py(s.y[i])) + "\" r=\"3\" fill=\"" + s.color + "\"/>\n";
         if (!s.point_labels.empty() && !s.point_labels[i].empty()) {
           svg += "<text class=\"point-label\" x=\"" + fmt(px(s.x[i]) + 6) + "\" y=\"" + fmt(py(s.y[i]) - 5) +
-                 "\" font-size=\"11\">" + escape_xml(s.point_labels[i]) + "</text>\n";
+                 "\" font-size=\"11\">" + io::escape_markup(s.point_labels[i]) + "</text>\n";
         }
       }
     }
@@ -213,7 +200,7 @@ std::string render_svg(const Chart& chart) {
       double y = ly + 16 + 20.0 * static_cast<double>(i);
       svg += "<line x1=\"" + fmt(lx + 8) + "\" y1=\"" + fmt(y - 4) + "\" x2=\"" + fmt(lx + 32) + "\" y2=\"" + fmt(y - 4) +
              "\" stroke=\"" + s.color + "\" stroke-width=\"2\"/><text x=\"" + fmt(lx + 40) + "\" y=\"" + fmt(y) + "\">" +
-             escape_xml(s.label) + "</text>\n";
+             io::escape_markup(s.label) + "</text>\n";
     }
     svg += "</g>\n";
   }

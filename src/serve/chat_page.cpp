@@ -1,23 +1,10 @@
 #include "serve/chat_page.h"
 
+#include "io/markup.h"
+
 namespace loom::serve {
 
 namespace {
-
-std::string escape_html(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // The page. The reply streams in as server-sent events read from fetch()'s body (EventSource cannot
 // POST); text is put in with textContent, never as HTML.
@@ -146,7 +133,7 @@ input.focus();
 
 std::string chat_page_html(const std::string& model) {
   std::string page = kPage;
-  const std::string name = escape_html(model);
+  const std::string name = io::escape_markup(model);
   for (size_t at = page.find("@MODEL@"); at != std::string::npos; at = page.find("@MODEL@", at + name.size())) {
     page.replace(at, 7, name);
   }

@@ -12,7 +12,7 @@ def f32(x, name: str = "x") -> np.ndarray:
     a = np.asarray(x)
     if a.dtype.kind not in "fiub":
         raise ValueError(f"{name} must be a numeric array, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.asarray(a, dtype=np.float32, order="C")  # ascontiguousarray makes 0-d arrays 1-d
 
 
 def i32(x, name: str = "ids") -> np.ndarray:
@@ -23,14 +23,14 @@ def i32(x, name: str = "ids") -> np.ndarray:
         lo, hi = int(a.min()), int(a.max())
         if lo < _I32.min or hi > _I32.max:
             raise ValueError(f"{name} holds values in [{lo}, {hi}], outside int32")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return np.asarray(a, dtype=np.int32, order="C")
 
 
 def boolean(x, name: str = "mask") -> np.ndarray:
     a = np.asarray(x)
     if a.dtype.kind not in "biu":
         raise ValueError(f"{name} must be a boolean array, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.bool_)
+    return np.asarray(a, dtype=np.bool_, order="C")
 
 
 def inplace_f32(x, name: str) -> np.ndarray:

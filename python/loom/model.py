@@ -161,8 +161,17 @@ class Model(_Module):
         """New token ids after `prompt` (ids), sampled with the decoding cache. temperature 0 is greedy;
         top_k 0 and top_p 1 are off; generation ends after stop_token when it is given."""
         p = [int(t) for t in prompt]
-        return list(self._m.generate(p, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                                     int(seed), -1 if stop_token is None else int(stop_token)))
+        args = (int(max_new_tokens), float(temperature), int(top_k), float(top_p), int(seed),
+                -1 if stop_token is None else int(stop_token))
+        # A KeyboardInterrupt's traceback keeps this frame, and a REPL keeps the last traceback
+        # (sys.last_exc): the frame must not hold the model then, or `del model` frees nothing.
+        native = self._m
+        del self
+        try:
+            return list(native.generate(p, *args))
+        except BaseException:
+            del native
+            raise
 
 
 class TransformerLM(Model):
@@ -238,9 +247,14 @@ class Run:
     def generate(self, prompt: str, max_new_tokens: int = 100, temperature: float = 0.8, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0) -> str:
         """The text the model writes after `prompt` (not including it); stops at <|endoftext|>."""
-        tok = self._tok()
+        tok, model = self._tok(), self.model
+        del self  # as in Model.generate: an interrupted call's traceback must not keep the run's model
         eot = tok.special_token_id("<|endoftext|>")
-        ids = self.model.generate(tok.encode(prompt), max_new_tokens, temperature, top_k, top_p, seed, eot)
+        try:
+            ids = model.generate(tok.encode(prompt), max_new_tokens, temperature, top_k, top_p, seed, eot)
+        except BaseException:
+            del model
+            raise
         return tok.decode(ids)
 
 

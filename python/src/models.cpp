@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "generate/generate.h"
 #include "io/json.h"
+#include "io/outputs.h"
 #include "models/llama/model.h"
 #include "models/model_config.h"
 #include "runs/load.h"
@@ -136,6 +137,7 @@ void bind_models(nb::module_& m) {
            })
       .def("save",
            [](const models::LanguageModel& self, const std::string& path) {
+             io::check_output_outside_runs("Model.save: path", path);  // a run's files are its own
              without_gil([&] { runs::save_model_weights(self, path); });
            })
       // New tokens (not the prompt), sampled with the model's decoding cache.
@@ -181,7 +183,11 @@ void bind_models(nb::module_& m) {
   });
 
   m.def("load_model_weights", [](const std::string& path) {
-    return without_gil([&] { return runs::load_model_weights(path); });
+    return without_gil([&] {
+      auto model = runs::load_model_weights(path);
+      runs::check_weights_finite(*model, path);  // as every other loader does (issue 32)
+      return model;
+    });
   });
   // (model, tokenizer or None, config JSON text or None) of a run directory or a weights file.
   m.def("load_run", [](const std::string& path, bool is_weights_file) {

@@ -47,7 +47,15 @@ def rms_norm(x: FloatArray, weight: FloatArray, eps: Annotated[float, NONNEGATIV
 @checked
 def swiglu(x: FloatArray, w1: FloatArray, w2: FloatArray, w3: FloatArray) -> np.ndarray:
     """The SwiGLU feed-forward: w2(silu(x w1^T) * (x w3^T)). x: [..., C]; w1, w3: [F, C]; w2: [C, F]."""
-    return _loom.swiglu(f32(x), f32(w1, "w1"), f32(w2, "w2"), f32(w3, "w3"))
+    x, w1, w2, w3 = f32(x), f32(w1, "w1"), f32(w2, "w2"), f32(w3, "w3")
+    c = x.shape[-1] if x.ndim else None
+    f = w1.shape[0] if w1.ndim == 2 else None
+    want = {"w1": (f, c), "w3": (f, c), "w2": (c, f)}
+    for name, w in (("w1", w1), ("w3", w3), ("w2", w2)):
+        if x.ndim == 0 or w.shape != want[name]:
+            raise ValueError(f"swiglu: {name} has shape {w.shape}; with x {x.shape} and w1 {w1.shape} it must be "
+                             f"{want[name]} (w1, w3: [F, C]; w2: [C, F])")
+    return _loom.swiglu(x, w1, w2, w3)
 
 
 @checked
@@ -108,8 +116,13 @@ def multihead_self_attention(x: FloatArray, q_proj: FloatArray, k_proj: FloatArr
     elif positions is not None:
         raise ValueError(f"multihead_self_attention: positions={shown(positions)} given without theta: positions are "
                          "only used with RoPE; give theta too")
-    y = _loom.multihead_self_attention(xb, f32(q_proj, "q_proj"), f32(k_proj, "k_proj"), f32(v_proj, "v_proj"),
-                                       f32(o_proj, "o_proj"), int(num_heads),
+    projs = {n: f32(w, n) for n, w in (("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj), ("o_proj", o_proj))}
+    for n, w in projs.items():
+        if w.shape != (c, c):
+            raise ValueError(f"multihead_self_attention: {n} has shape {w.shape}; with x {x.shape} it must be "
+                             f"[d_model, d_model] = {(c, c)}")
+    y = _loom.multihead_self_attention(xb, projs["q_proj"], projs["k_proj"], projs["v_proj"], projs["o_proj"],
+                                       int(num_heads),
                                        None if theta is None else float(theta), pos)
     return y.reshape(lead + (t, c))
 

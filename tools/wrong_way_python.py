@@ -398,6 +398,11 @@ FLOATS = {"negative": -1.0, "zero": 0.0, "huge": 1e308}
 
 
 def variants_of(p):
+    r = p.find("Range")
+    if p.kind in ("int", "float") and r is not None and r.hi is not None and r.hi < 2**62:
+        # The largest value the declaration allows: a size at its bound must be refused by the memory
+        # budget or run, never crash or exhaust the machine.
+        return SCALAR_VARIANTS[p.kind] + ["range-max"]
     if p.kind == "array":
         kind = p.find("ArrayOf").kind if p.find("ArrayOf") else "float"
         # Floats for ids and ids past int32 are wrong only where the array is of int32 ids.
@@ -411,6 +416,8 @@ def expectation(p, variant, base_value):
     """(may it be accepted?, why) for giving `variant` to parameter p."""
     if variant == "none":
         return (True, "declared Optional") if p.optional else (False, "")
+    if variant == "range-max":
+        return True, f"the top of the declared range {p.find('Range').text()}"
     if p.kind in ("int", "float") and variant in NUMBERS or variant in FLOATS and p.kind == "float":
         v = (FLOATS if p.kind == "float" else NUMBERS)[variant]
         if v == base_value:
@@ -492,6 +499,8 @@ def make_value(variant, p, base_value, np):
     }
     if variant in NUMBERS or variant in FLOATS:
         return (FLOATS if p.kind == "float" else NUMBERS)[variant]
+    if variant == "range-max":
+        return p.find("Range").hi
     return table[variant]
 
 
@@ -703,8 +712,16 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
         kwargs = dict(kwargs)
         kwargs[pname] = value
     reset_peak()
+    # A value that asks for long work (max_new_tokens at its bound) is stopped after --stop-after seconds
+    # by a signal, as Ctrl-C would stop it: work that never looks at signals is the parent's hang.
+    signal.signal(signal.SIGALRM, _stop)
+    signal.setitimer(signal.ITIMER_REAL, ARGS_STOP_AFTER[0])
     try:
         result = call(fn, kwargs, positional)
+    except Stopped:
+        if not may:
+            return "FAIL-accepted", f"still running after {ARGS_STOP_AFTER[0]:.0f} s on a value that is never right", ""
+        return "accepted", "", reason + f" (long work: stopped by a signal after {ARGS_STOP_AFTER[0]:.0f} s)"
     except ALLOWED as e:
         msg = str(e)
         problems = []
@@ -729,6 +746,8 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         return "FAIL-type", f"{type(e).__name__}: {ww.escaped(str(e))[:300]}", ""
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     if peak_rss_mib() > ARGS_MAX_RSS[0]:
         return "FAIL-memory", f"peak RSS {peak_rss_mib()} MiB", ""
     if not may:
@@ -744,6 +763,15 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
 
 
 ARGS_MAX_RSS = [2048]
+ARGS_STOP_AFTER = [10.0]
+
+
+class Stopped(BaseException):
+    """Raised by the SIGALRM handler in a case that runs past --stop-after."""
+
+
+def _stop(signum, frame):
+    raise Stopped()
 
 
 # ---------------------------------------------------------------- the parent
@@ -791,7 +819,7 @@ def run_batch(worker, cases, args, results, log):
         # The interpreter may live where `nobody` cannot read (root's pyenv): the child starts as this user
         # and becomes `nobody` itself once it has imported what it needs (--child-uid).
         p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-state", state,
-                              "--max-rss-mib", str(args.max_rss_mib), "--child-uid", str(worker.uid or -1)],
+                              "--max-rss-mib", str(args.max_rss_mib), "--stop-after", str(args.stop_after), "--child-uid", str(worker.uid or -1)],
                              cwd=worker.root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
                              preexec_fn=preexec, start_new_session=True)
         p.stdin.write(json.dumps([list(c) for c in pending]).encode())
@@ -862,6 +890,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run")
     ap.add_argument("--address-space-gib", type=int, default=8, help="RLIMIT_AS of each child")
     ap.add_argument("--max-rss-mib", type=int, default=2048, help="peak resident memory a case may reach")
+    ap.add_argument("--stop-after", type=float, default=10.0, help="seconds after which a case is stopped by a signal")
     ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -870,6 +899,7 @@ def main():
     ap.add_argument("--child-uid", type=int, default=-1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     ARGS_MAX_RSS[0] = args.max_rss_mib
+    ARGS_STOP_AFTER[0] = args.stop_after
     if args.child_state:
         return child_main(args)
     args.pythonpath = os.path.abspath(args.pythonpath)

@@ -28,15 +28,19 @@ def _fits_memory(a: np.ndarray, name: str, itemsize: int) -> None:
     """A conversion that would copy more than loom may use (the smallest of MemAvailable, the cgroup's room
     and RLIMIT_AS/RLIMIT_DATA: runs/memory.h) is a ValueError naming the array, not a MemoryError or a
     minutes-long pass over a broadcast view."""
-    need = a.size * itemsize
+    fits_budget(a.size * itemsize, f"{name} has shape {a.shape} ({a.size} elements as "
+                f"{np.dtype(np.float32 if itemsize == 4 else np.bool_).name})")
+
+
+def fits_budget(need: float, what: str) -> None:
+    """A ValueError "WHAT: needs N GiB, more than the M GiB loom may use (source)" past the budget."""
     if need <= _CHECK_BYTES:
         return
     from . import _loom
     budget, source = _loom.memory_budget()
     if need > budget:
-        raise ValueError(f"{name} has shape {a.shape} ({a.size} elements, {need / 2**30:.3g} GiB as "
-                         f"{np.dtype(np.float32 if itemsize == 4 else np.bool_).name}): more than the "
-                         f"{budget / 2**30:.3g} GiB loom may use ({source})")
+        raise ValueError(f"{what}: needs {need / 2**30:.3g} GiB, more than the {budget / 2**30:.3g} GiB loom may "
+                         f"use ({source})")
 
 
 def _as_array(x, name: str) -> np.ndarray:

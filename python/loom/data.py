@@ -10,7 +10,7 @@ import numpy as np
 from . import _loom
 from numpy.typing import ArrayLike
 
-from ._arrays import SEED, SIZE, ArrayOf, Text, checked
+from ._arrays import SEED, SIZE, ArrayOf, Text, checked, fits_budget
 
 
 @checked
@@ -50,6 +50,9 @@ def get_batch(dataset: Annotated[ArrayLike, ArrayOf("int64")], batch_size: Annot
     if data.shape[0] <= context_length:
         raise ValueError(f"get_batch: dataset has {data.shape[0]} tokens (shape {data.shape}), too few for a window "
                          f"of context_length={context_length} plus its target")
+    # The starts, the index grid and the two int64 batches.
+    fits_budget(8.0 * batch_size * (3 * context_length + 1),
+                f"get_batch: batch_size={batch_size} windows of context_length={context_length}")
     if seed is None:
         seed = int(np.random.randint(0, 2**62))
     starts = np.asarray(_loom.random_starts(int(seed), int(index), int(data.shape[0]), int(batch_size),

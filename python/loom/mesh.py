@@ -91,7 +91,10 @@ def validate_experts_for_mesh(n_routed: Annotated[int, SIZE], mesh: _loom.Mesh, 
 @checked
 def validate_mesh_for_devices(mesh: _loom.Mesh, devices: Annotated[int, SIZE]) -> None:
     """The mesh must use exactly ``devices`` devices; a larger (or smaller) one raises ValueError."""
-    _loom.validate_mesh_for_devices(mesh, int(devices))
+    try:
+        _loom.validate_mesh_for_devices(mesh, int(devices))
+    except ValueError as e:
+        raise ValueError(f"validate_mesh_for_devices: devices={devices}: {e}") from None
 
 
 @checked

@@ -8,8 +8,8 @@ ArrayOf for arrays; the extension's own classes by their nanobind signatures). A
 annotation, or a callable without a base call below, is an error of the harness.
 
 Every parameter is given, one at a time in an otherwise valid call (BASE), the values of its kind: None, a
-value of the wrong type, negative, zero, huge (2^63-1, 2^64, 10^30, 1e308, 10^400), NaN, +-inf, a fraction
-for an integer, empty, 20,000-character, NUL-holding and not-UTF-8 (lone surrogate) strings; for arrays a
+value of the wrong type, negative, zero, huge (2^63-1, 2^64, 10^30, 1e308, 10^400), the top of its declared
+Range, NaN, +-inf, a fraction for an integer, empty, 20,000-character, NUL-holding and not-UTF-8 (lone surrogate) strings; for arrays a
 0-d one, empty ones (a zero leading and a zero last dimension), a non-contiguous view, a nested list, NaN
 values, floats for ids, ids past int32, complex, object and string dtypes, a 2^44-element broadcast view;
 for paths None, an int, bytes that are not UTF-8, empty, missing, a 5,000-byte name, a directory for a
@@ -27,6 +27,8 @@ Verdicts:
             declared Text, Optional, a path of a kind it Reads, a new place or a file a writer replaces, an
             array numpy would take), and checked: a 0-d array never comes back as shape (1,), an empty
             array gives a finite result, a non-contiguous view or a nested list gives the base call's result;
+  A case still running after --stop-after seconds is stopped by SIGALRM raising an exception (as Ctrl-C
+  raises KeyboardInterrupt): accepted for a value its declaration allows (long work), FAIL otherwise.
   FAIL      a crash (the child process killed by a signal: cases run in batches in child processes, so the
             case that crashed is the one started and not finished), a hang (--timeout), a peak RSS above
             --max-rss-mib (each child runs under RLIMIT_AS), another exception type (MemoryError, KeyError,
@@ -45,7 +47,6 @@ import importlib.util
 import json
 import math
 import os
-import pwd
 import re
 import resource
 import select

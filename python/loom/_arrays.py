@@ -221,13 +221,15 @@ def _fits(hint, value) -> bool:
 
 def _check(fn_name: str, name: str, hint, value):
     """Raises TypeError/ValueError unless `value` fits the annotation `hint` of parameter `name`."""
-    where = f"{fn_name}: {name}={shown(value)}"
+    def where():  # built only for an error: repr of a large array costs ~100 us
+        return f"{fn_name}: {name}={shown(value)}"
+
     arms = _arms(hint)
     fitting = [a for a in arms if _fits(a, value)]
     if not fitting:
         names = ", ".join("None" if a is type(None) else getattr(typing.get_args(a)[0] if typing.get_origin(a) is Annotated
                                                                  else a, "__name__", str(a)) for a in arms)
-        raise TypeError(f"{where}: must be {names}, not {type(value).__name__}")
+        raise TypeError(f"{where()}: must be {names}, not {type(value).__name__}")
     hint = fitting[0]
     if value is None:
         return
@@ -236,46 +238,46 @@ def _check(fn_name: str, name: str, hint, value):
         hint, *meta = typing.get_args(hint)
     if hint is bool:
         if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{where}: must be True or False")
+            raise TypeError(f"{where()}: must be True or False")
         return
     if hint in (int, float):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or (
                 hint is int and not isinstance(value, numbers.Integral)):
-            raise TypeError(f"{where}: must be {'an integer' if hint is int else 'a number'}, not "
+            raise TypeError(f"{where()}: must be {'an integer' if hint is int else 'a number'}, not "
                             f"{type(value).__name__}")
         if hint is float:
             try:
                 v = float(value)
             except OverflowError:
-                raise ValueError(f"{where}: is past a float's range") from None
+                raise ValueError(f"{where()}: is past a float's range") from None
             if not math.isfinite(v):
-                raise ValueError(f"{where}: must be a finite number")
+                raise ValueError(f"{where()}: must be a finite number")
         for m in meta:
             if isinstance(m, Range) and value not in m:
-                raise ValueError(f"{where}: must be in {m.text()}")
+                raise ValueError(f"{where()}: must be in {m.text()}")
         return
     if hint is str:
         if not isinstance(value, str):
-            raise TypeError(f"{where}: must be a str, not {type(value).__name__}")
+            raise TypeError(f"{where()}: must be a str, not {type(value).__name__}")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"{where}: is not valid text (a lone surrogate at {e.start})") from None
+            raise ValueError(f"{where()}: is not valid text (a lone surrogate at {e.start})") from None
         if not any(isinstance(m, Text) for m in meta) and (value == "" or "\0" in value):
-            raise ValueError(f"{where}: must not be empty or hold a NUL character")
+            raise ValueError(f"{where()}: must not be empty or hold a NUL character")
         return
     if hint == Path:
         p = os.fspath(value)
         if not isinstance(p, str):
-            raise TypeError(f"{where}: must be a str path, not {type(p).__name__}")
+            raise TypeError(f"{where()}: must be a str path, not {type(p).__name__}")
         if p == "":
-            raise ValueError(f"{where}: the path is empty")
+            raise ValueError(f"{where()}: the path is empty")
         if "\0" in p:
-            raise ValueError(f"{where}: the path holds a NUL character")
+            raise ValueError(f"{where()}: the path holds a NUL character")
         try:
             p.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"{where}: the path is not valid UTF-8 (byte at {e.start})") from None
+            raise ValueError(f"{where()}: the path is not valid UTF-8 (byte at {e.start})") from None
         return
 
 
@@ -320,25 +322,38 @@ def checked(fn):
     hints = None
     fn_name = fn.__qualname__.replace(".__init__", "").lstrip("_")
 
+    def plan_of(hint):
+        """A cheap check for the common case: an array-like (only None is wrong, unless it is Optional)."""
+        arms = _arms(hint)
+        if all(_bare(a) is ArrayLike or a is type(None) for a in arms):
+            optional = type(None) in arms
+            return lambda name, value: optional or value is not None or _check(fn_name, name, hint, value)
+        return lambda name, value: _check(fn_name, name, hint, value)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         nonlocal hints
         if hints is None:
-            hints = typing.get_type_hints(fn, include_extras=True)
+            found = typing.get_type_hints(fn, include_extras=True)
+            hints = {n: plan_of(h) for n, h in found.items() if n not in ("self", "return")}
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"{fn_name}: {e}") from None
-        for name, value in bound.arguments.items():
-            hint = hints.get(name)
-            if hint is not None and name != "self":
-                _check(fn_name, name, hint, value)
+        arguments = bound.arguments
+        for name, value in arguments.items():
+            check = hints.get(name)
+            if check is not None:
+                check(name, value)
         # The texts and paths given, which a library error names by their value (as the CLI's do): the
-        # error then also names the parameter.
-        texts = {n: os.fspath(v) for n, v in bound.arguments.items()
-                 if isinstance(v, (str, os.PathLike)) and n != "self" and isinstance(os.fspath(v), str)}
-        arrays = {n: v for n, v in bound.arguments.items() if isinstance(v, np.ndarray)}
-        bound = name = value = None
+        # error then also names the parameter; and the arrays, whose shapes a shape error is given.
+        texts, arrays = {}, {}
+        for n, v in arguments.items():
+            if isinstance(v, np.ndarray):
+                arrays[n] = v
+            elif isinstance(v, (str, os.PathLike)) and n != "self" and isinstance(os.fspath(v), str):
+                texts[n] = os.fspath(v)
+        bound = arguments = name = value = v = None
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, OSError, RuntimeError) as e:

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Annotated, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _loom
+from ._arrays import COUNT, Path, Reads, Writes, checked
+from .model import Model, TransformerBlock
+from .optim import AdamW
 
 
 # The numpy dtypes safetensors stores, by numpy's name: each is written as itself (never narrowed: an
@@ -24,7 +29,9 @@ _STORABLE = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint
              "float32", "float64", "complex64")
 
 
-def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
+@checked
+def save_safetensors(path: Annotated[Path, Writes("file")], tensors: Mapping[str, ArrayLike],
+                     metadata: Mapping | None = None) -> None:
     """Writes name -> array atomically, with string metadata. Every array keeps its dtype: bool, int8 to
     int64, uint8 to uint64, float16, float32, float64 or complex64 (stored little-endian, as the format
     says). Other dtypes (complex128, longdouble, strings, objects, dates) are a ValueError: safetensors
@@ -41,7 +48,8 @@ def save_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
     _loom.save_safetensors(os.fspath(path), out, {str(k): str(v) for k, v in (metadata or {}).items()})
 
 
-def load_safetensors(path) -> tuple[dict, dict]:
+@checked
+def load_safetensors(path: Annotated[Path, Reads("safetensors")]) -> tuple[dict, dict]:
     """(name -> array, metadata) of a safetensors file, each array of its stored dtype (BF16 comes back
     as float32, as numpy has no bfloat16; the 4-, 6- and 8-bit float types are a ValueError)."""
     tensors, meta = _loom.load_safetensors(os.fspath(path))
@@ -52,7 +60,9 @@ def _model_state(model):
     return model if isinstance(model, dict) else model.state_dict()
 
 
-def save_checkpoint(model, optimizer, iteration: int, out) -> None:
+@checked
+def save_checkpoint(model: Model | TransformerBlock | Mapping[str, ArrayLike], optimizer: AdamW | None, iteration: Annotated[int, COUNT],
+                    out: Annotated[Path, Writes("file")]) -> None:
     """Saves model (a TransformerLM/TransformerBlock, or a dict of arrays), optimizer (an AdamW or None)
     and the iteration to the path `out`."""
     tensors = {f"model.{k}": v for k, v in _model_state(model).items()}
@@ -71,7 +81,9 @@ def save_checkpoint(model, optimizer, iteration: int, out) -> None:
     save_safetensors(out, tensors, meta)
 
 
-def load_checkpoint(src, model, optimizer=None) -> int:
+@checked
+def load_checkpoint(src: Annotated[Path, Reads("checkpoint")], model: Model | TransformerBlock | Mapping[str, ArrayLike],
+                    optimizer: AdamW | None = None) -> int:
     """Restores what save_checkpoint wrote into `model` (load_state_dict, or a dict updated in place)
     and `optimizer`; returns the iteration."""
     tensors, meta = load_safetensors(src)

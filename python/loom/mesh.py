@@ -29,37 +29,75 @@ Invalid modes and meshes raise ValueError naming the values.
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional
+from typing import Annotated, Mapping, Sequence
 
 from . import _loom
-from ._arrays import i32
+from ._arrays import COUNT, NONNEGATIVE, POSITIVE, SEED, SIZE, IntArray, Range, checked, i32
 
-Mesh = _loom.Mesh
+MESH_AXIS = Range(1, 1 << 20)  # a million devices on one axis is past any machine; the product stays in int64
+DEVICE = Range(0, 2**63 - 1)
+
+
+class Mesh(_loom.Mesh):
+    """data x tensor x expert devices (docs/mesh.md). Sizes are checked here (positive, at most 2^20 per
+    axis), devices by coords/coord (in [0, size))."""
+
+    @checked
+    def __init__(self, data: Annotated[int, MESH_AXIS] = 1, tensor: Annotated[int, MESH_AXIS] = 1,
+                 expert: Annotated[int, MESH_AXIS] = 1):
+        super().__init__(data, tensor, expert)
+
+    @classmethod
+    @checked
+    def parse(cls, text: str) -> "Mesh":
+        """A mesh from "data=4,tensor=2" (the CLI's --mesh)."""
+        m = _loom.Mesh.parse(text)
+        return cls(m.data, m.tensor, m.expert)
+
+    @checked
+    def coords(self, device: Annotated[int, DEVICE]) -> tuple:
+        """(data, tensor) coordinates of `device`, and expert's when the mesh has that axis."""
+        return super().coords(device)
+
+    @checked
+    def coord(self, device: Annotated[int, DEVICE], axes: str | Sequence[str]) -> int:
+        """`device`'s coordinate on one axis ("data"), or its block index on folded axes (("data", "expert"))."""
+        return super().coord(device, axes if isinstance(axes, str) else list(axes))
+
+
 MODES = ("dp", "fsdp", "tp", "fsdp_tp", "dp_ep", "fsdp_ep")
 
 
+@checked
 def validate_mode(mode: str) -> None:
     """Raises ValueError unless ``mode`` is one of dp, fsdp, tp, fsdp_tp, dp_ep, fsdp_ep."""
     _loom.validate_parallel_mode(str(mode))
 
 
-def validate_mesh_for_mode(mesh: Mesh, mode: str) -> None:
+@checked
+def validate_mesh_for_mode(mesh: _loom.Mesh, mode: str) -> None:
     """dp and fsdp need tensor=1, tp needs data=1, fsdp_tp needs both > 1, dp_ep and fsdp_ep need tensor=1
     and expert > 1, and every other mode expert=1; else ValueError."""
     _loom.validate_mesh_for_mode(mesh, str(mode))
 
 
-def validate_experts_for_mesh(n_routed: int, mesh: Mesh, mode: str) -> None:
+@checked
+def validate_experts_for_mesh(n_routed: Annotated[int, SIZE], mesh: _loom.Mesh, mode: str) -> None:
     """Under dp_ep and fsdp_ep each expert device holds whole experts: ``n_routed`` must divide by
     ``mesh.expert``; else ValueError naming model.n_routed."""
     _loom.validate_experts_for_mesh(int(n_routed), mesh, str(mode))
 
 
-def validate_mesh_for_devices(mesh: Mesh, devices: int) -> None:
+@checked
+def validate_mesh_for_devices(mesh: _loom.Mesh, devices: Annotated[int, SIZE]) -> None:
     """The mesh must use exactly ``devices`` devices; a larger (or smaller) one raises ValueError."""
-    _loom.validate_mesh_for_devices(mesh, int(devices))
+    try:
+        _loom.validate_mesh_for_devices(mesh, int(devices))
+    except ValueError as e:
+        raise ValueError(f"validate_mesh_for_devices: devices={devices}: {e}") from None
 
 
+@checked
 def batch_spec(mode: str) -> tuple:
     """The batch's partition spec: ("data", None), or (None, None) for tp. Under dp_ep and fsdp_ep the rows
     split over data x expert: (("data", "expert"), None), device d * expert + e taking slice d * expert + e."""
@@ -74,28 +112,36 @@ class ShardedModel:
     caps the token rows one device may receive for its experts in one MoE layer: a step whose routing
     sends more raises ValueError naming both counts (0: no cap)."""
 
-    def __init__(self, config: Mapping, mesh: Mesh, mode: str, seed: int = 0, lr: float = 1e-3,
-                 betas: tuple = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1,
-                 grad_clip: float = 1.0, overlap: bool = True, max_expert_rows: int = 0):
+    @checked
+    def __init__(self, config: Mapping, mesh: _loom.Mesh, mode: str, seed: Annotated[int, SEED] = 0,
+                 lr: Annotated[float, NONNEGATIVE] = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: Annotated[float, POSITIVE] = 1e-8, weight_decay: Annotated[float, NONNEGATIVE] = 0.1,
+                 grad_clip: Annotated[float, NONNEGATIVE] = 1.0, overlap: bool = True,
+                 max_expert_rows: Annotated[int, COUNT] = 0):
         self._lr = float(lr)
         self._native = _loom.ShardedModel(json.dumps(dict(config)), mesh, str(mode), int(seed), float(lr),
                                           float(betas[0]), float(betas[1]), float(eps), float(weight_decay),
                                           float(grad_clip), bool(overlap), int(max_expert_rows))
 
     @property
-    def mesh(self) -> Mesh:
+    def mesh(self) -> _loom.Mesh:
         return self._native.mesh
 
     @property
     def mode(self) -> str:
         return self._native.mode
 
-    def step(self, ids, targets, lr: Optional[float] = None) -> float:
+    @checked
+    def step(self, ids: IntArray, targets: IntArray, lr: Annotated[float, NONNEGATIVE] | None = None) -> float:
         """One training step on the global batch ``ids``/``targets`` (int [B, T]), as ``loom train`` takes
         it: each data (x expert) device reads its rows; the forward is a training one (dropout,
         DeepSeek-V3's MTP and balance losses) and DeepSeek-V3's routing biases move afterwards on the
         global expert loads. Returns the batch's mean loss."""
-        return self._native.step(i32(ids), i32(targets), self._lr if lr is None else float(lr))
+        x, y = i32(ids, "ids"), i32(targets, "targets")
+        if x.ndim != 2 or x.shape != y.shape or x.size == 0:
+            raise ValueError(f"ShardedModel.step: ids {x.shape} and targets {y.shape} must be [B, T] of one "
+                             "shape, with B and T at least 1")
+        return self._native.step(x, y, self._lr if lr is None else float(lr))
 
     def layout(self) -> dict:
         """name -> {"spec", "global_shape", "group", "shards": [{"device", "offset", "array"}]} for every

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping
+from typing import Annotated, Mapping
 
 import numpy as np
 
 from . import _loom
-from ._arrays import f32, i32
+from ._arrays import (COUNT, INT32, NONNEGATIVE, POSITIVE, SEED, SIZE, FloatArray, IntArray, Path, Range, Reads,
+                      Text, Writes, checked, f32, i32, shown)
+
+MAX_NEW_TOKENS = Range(0, 1_000_000)  # generate/generate.h's kMaxNewTokens
+TOP_P = Range(0, 1, lo_open=True)
 from .data import check_device
+from .tokenizer import Tokenizer
 
 
 def _load_state(module, state: Mapping[str, np.ndarray], strict: bool) -> None:
@@ -48,7 +53,8 @@ class _Module:
         """Live float32 views of the weights, by dotted name: in-place updates change the model."""
         return dict(self._m.parameters())
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray], strict: bool = True) -> None:
+    @checked
+    def load_state_dict(self, state: Mapping[str, FloatArray], strict: bool = True) -> None:
         """Copies weights in by name. strict: every parameter must be given, and nothing else."""
         _load_state(self._m, state, strict)
 
@@ -57,35 +63,52 @@ class TransformerBlock(_Module):
     """Pre-norm block: h = x + attn(ln1(x)) (causal, RoPE), y = h + ffn(ln2(h)) (SwiGLU).
     Weights: attn.{q,k,v,output}_proj.weight, ln1.weight, ln2.weight, ffn.{w1,w2,w3}.weight."""
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, max_seq_len: int, rope_theta: float = 10000.0,
-                 norm_eps: float = 1e-5, seed: int = 0, weights: Mapping[str, np.ndarray] | None = None):
+    @checked
+    def __init__(self, d_model: Annotated[int, SIZE], num_heads: Annotated[int, SIZE], d_ff: Annotated[int, SIZE],
+                 max_seq_len: Annotated[int, SIZE], rope_theta: Annotated[float, POSITIVE] = 10000.0,
+                 norm_eps: Annotated[float, POSITIVE] = 1e-5, seed: Annotated[int, SEED] = 0,
+                 weights: Mapping[str, FloatArray] | None = None):
         self._m = _loom.TransformerBlock(int(d_model), int(num_heads), int(d_ff), int(max_seq_len),
                                          float(rope_theta), float(norm_eps), int(seed))
         if weights is not None:
             self.load_state_dict(weights)
 
-    def forward(self, x, positions=None) -> np.ndarray:
+    @checked
+    def forward(self, x: FloatArray, positions: IntArray | None = None) -> np.ndarray:
         """x: [..., T, d_model]; positions: integer [T] or [..., T] (default 0..T-1)."""
         x = f32(x)
+        if x.ndim < 2:
+            raise ValueError(f"TransformerBlock.forward: x must be [..., T, d_model], got shape {x.shape}")
         lead, (t, c) = x.shape[:-2], x.shape[-2:]
+        rows = int(np.prod(lead, dtype=np.int64))  # not -1: an empty x cannot infer it
         p = None
         if positions is not None:
             p = np.asarray(positions)
             if p.ndim > 1:
-                p = np.broadcast_to(p, lead + (t,)).reshape((-1, t))
+                p = np.broadcast_to(p, lead + (t,)).reshape((rows, t))
             p = i32(p, "positions")
-        return self._m.forward(x.reshape((-1, t, c)), p).reshape(lead + (t, c))
+        return self._m.forward(x.reshape((rows, t, c)), p).reshape(lead + (t, c))
 
     __call__ = forward
 
 
 def _ids_2d(ids, name: str):
     a = i32(ids, name)
+    if a.size == 0:
+        raise ValueError(f"{name} has shape {a.shape}: a model needs at least one token")
     if a.ndim == 1:
         return a[None, :], True
     if a.ndim != 2:
         raise ValueError(f"{name} must be [T] or [B, T], got shape {a.shape}")
     return a, False
+
+
+def _pair(inputs, targets):
+    x, _ = _ids_2d(inputs, "inputs")
+    y, _ = _ids_2d(targets, "targets")
+    if x.shape != y.shape:
+        raise ValueError(f"inputs has shape {x.shape} but targets has shape {y.shape}: they must be the same")
+    return x, y
 
 
 class Model(_Module):
@@ -95,7 +118,9 @@ class Model(_Module):
         self._m = _wrap
 
     @classmethod
-    def from_config(cls, config: Mapping, seed: int = 0, weights=None, device: str = "cpu") -> "Model":
+    @checked
+    def from_config(cls, config: Mapping, seed: Annotated[int, SEED] = 0, weights: Mapping[str, FloatArray] | None = None,
+                    device: str = "cpu") -> "Model":
         """From a dict of the model section's keys: "arch" picks the family (default "llama"); missing
         keys take the family's defaults. Weights are drawn from `seed` unless `weights` are given.
         device: "cpu"; "cuda[:N]" raises RuntimeError with the reason (see check_device)."""
@@ -106,7 +131,8 @@ class Model(_Module):
         return m
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> "Model":
+    @checked
+    def load(cls, path: Annotated[Path, Reads("loom-weights")], device: str = "cpu") -> "Model":
         """A model from a loom weights file (model.safetensors, config in its metadata), on `device`
         (as in from_config)."""
         check_device(device, "Model.load")
@@ -114,11 +140,12 @@ class Model(_Module):
 
     @staticmethod
     def _wrap_native(native) -> "Model":
-        if native.arch == "llama":
-            return TransformerLM(0, 0, 0, 0, 0, 0, _wrap=native)
-        return Model(native)
+        m = TransformerLM.__new__(TransformerLM) if native.arch == "llama" else Model.__new__(Model)
+        m._m = native
+        return m
 
-    def save(self, path: str | os.PathLike) -> None:
+    @checked
+    def save(self, path: Annotated[Path, Writes("file")]) -> None:
         """Writes the weights, with the model config in the metadata, as loom's model.safetensors."""
         self._m.save(os.fspath(path))
 
@@ -135,7 +162,8 @@ class Model(_Module):
     def num_params(self) -> int:
         return int(self._m.num_params)
 
-    def forward(self, ids) -> np.ndarray:
+    @checked
+    def forward(self, ids: IntArray) -> np.ndarray:
         """ids: integer [B, T] (or [T]), T <= context_length. Returns logits [B, T, V] (or [T, V])."""
         a, squeeze = _ids_2d(ids, "ids")
         y = self._m.forward(a)
@@ -143,36 +171,54 @@ class Model(_Module):
 
     __call__ = forward
 
-    def loss(self, inputs, targets) -> float:
+    @checked
+    def loss(self, inputs: IntArray, targets: IntArray) -> float:
         """Mean next-token cross-entropy of forward(inputs) against targets (same shape)."""
-        x, _ = _ids_2d(inputs, "inputs")
-        y, _ = _ids_2d(targets, "targets")
+        x, y = _pair(inputs, targets)
         return float(self._m.loss(x, y))
 
-    def loss_and_grads(self, inputs, targets) -> tuple[float, dict[str, np.ndarray]]:
+    @checked
+    def loss_and_grads(self, inputs: IntArray, targets: IntArray) -> tuple[float, dict[str, np.ndarray]]:
         """The mean loss and its gradient for every parameter, by name (new arrays each call)."""
-        x, _ = _ids_2d(inputs, "inputs")
-        y, _ = _ids_2d(targets, "targets")
+        x, y = _pair(inputs, targets)
         loss, grads = self._m.loss_and_grads(x, y)
         return float(loss), dict(grads)
 
-    def generate(self, prompt, max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop_token: int | None = None) -> list[int]:
+    @checked
+    def generate(self, prompt: IntArray, max_new_tokens: Annotated[int, MAX_NEW_TOKENS] = 100,
+                 temperature: Annotated[float, NONNEGATIVE] = 1.0, top_k: Annotated[int, COUNT] = 0,
+                 top_p: Annotated[float, TOP_P] = 1.0, seed: Annotated[int, SEED] = 0,
+                 stop_token: Annotated[int, INT32] | None = None) -> list[int]:
         """New token ids after `prompt` (ids), sampled with the decoding cache. temperature 0 is greedy;
         top_k 0 and top_p 1 are off; generation ends after stop_token when it is given."""
-        p = [int(t) for t in prompt]
-        return list(self._m.generate(p, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                                     int(seed), -1 if stop_token is None else int(stop_token)))
+        p = i32(prompt, "prompt")
+        if p.ndim != 1 or p.size == 0:
+            raise ValueError(f"Model.generate: prompt must be a 1-D sequence of at least one id, got shape {p.shape}")
+        p = p.tolist()
+        args = (int(max_new_tokens), float(temperature), int(top_k), float(top_p), int(seed),
+                -1 if stop_token is None else int(stop_token))
+        # A KeyboardInterrupt's traceback keeps this frame, and a REPL keeps the last traceback
+        # (sys.last_exc): the frame must not hold the model then, or `del model` frees nothing.
+        native = self._m
+        del self
+        try:
+            return list(native.generate(p, *args))
+        except BaseException:
+            del native
+            raise
 
 
 class TransformerLM(Model):
     """The Llama-style language model: embeddings, num_layers TransformerBlocks, a final RMSNorm and an
     untied lm_head. Weights are drawn from `seed` (per parameter name) unless `weights` are given."""
 
-    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
-                 d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-5, seed: int = 0,
-                 weights: Mapping[str, np.ndarray] | None = None, num_kv_heads: int = 0, _wrap=None,
-                 device: str = "cpu"):
+    @checked
+    def __init__(self, vocab_size: Annotated[int, SIZE], context_length: Annotated[int, SIZE],
+                 d_model: Annotated[int, SIZE], num_layers: Annotated[int, SIZE], num_heads: Annotated[int, SIZE],
+                 d_ff: Annotated[int, SIZE], rope_theta: Annotated[float, POSITIVE] = 10000.0,
+                 norm_eps: Annotated[float, POSITIVE] = 1e-5, seed: Annotated[int, SEED] = 0,
+                 weights: Mapping[str, FloatArray] | None = None, num_kv_heads: Annotated[int, COUNT] = 0,
+                 _wrap: object = None, device: str = "cpu"):
         check_device(device, "TransformerLM")
         if _wrap is not None:
             self._m = _wrap
@@ -184,14 +230,17 @@ class TransformerLM(Model):
             self.load_state_dict(weights)
 
     @classmethod
-    def from_config(cls, config: Mapping, seed: int = 0, weights=None, device: str = "cpu") -> "TransformerLM":
+    @checked
+    def from_config(cls, config: Mapping, seed: Annotated[int, SEED] = 0, weights: Mapping[str, FloatArray] | None = None,
+                    device: str = "cpu") -> "TransformerLM":
         """From a dict with the keys of `config` (a training config's "model" section works too)."""
         keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
                 "rope_theta", "norm_eps")
         return cls(**{k: config[k] for k in keys if k in config}, seed=seed, weights=weights, device=device)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> "TransformerLM":
+    @checked
+    def load(cls, path: Annotated[Path, Reads("loom-weights")], device: str = "cpu") -> "TransformerLM":
         """A Llama from a loom weights file (model.safetensors, config in its metadata)."""
         m = Model.load(path, device=device)
         if not isinstance(m, TransformerLM):
@@ -211,7 +260,8 @@ class TransformerLM(Model):
 class Run:
     """A trained run: its model, tokenizer and training config (when the run has them)."""
 
-    def __init__(self, model: Model, tokenizer, config: dict | None):
+    @checked
+    def __init__(self, model: Model, tokenizer: Tokenizer | None, config: Mapping | None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -221,11 +271,12 @@ class Run:
             raise ValueError("this run has no tokenizer.json")
         return self.tokenizer
 
-    def loss(self, text: str) -> float:
+    @checked
+    def loss(self, text: Annotated[str, Text()]) -> float:
         """Mean next-token loss on `text`, over consecutive windows of up to context_length tokens."""
         ids = np.asarray(self._tok().encode(text), dtype=np.int32)
         if ids.size < 2:
-            raise ValueError("loss: the text must encode to at least 2 tokens")
+            raise ValueError(f"Run.loss: text={shown(text)} encodes to {ids.size} tokens; the loss needs at least 2")
         t = self.model.config["context_length"]
         total, count = 0.0, 0
         for s in range(0, ids.size - 1, t):
@@ -235,21 +286,30 @@ class Run:
             count += n
         return total / count
 
-    def generate(self, prompt: str, max_new_tokens: int = 100, temperature: float = 0.8, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0) -> str:
+    @checked
+    def generate(self, prompt: Annotated[str, Text()], max_new_tokens: Annotated[int, MAX_NEW_TOKENS] = 100,
+                 temperature: Annotated[float, NONNEGATIVE] = 0.8, top_k: Annotated[int, COUNT] = 0,
+                 top_p: Annotated[float, TOP_P] = 1.0, seed: Annotated[int, SEED] = 0) -> str:
         """The text the model writes after `prompt` (not including it); stops at <|endoftext|>."""
-        tok = self._tok()
+        tok, model = self._tok(), self.model
+        del self  # as in Model.generate: an interrupted call's traceback must not keep the run's model
         eot = tok.special_token_id("<|endoftext|>")
-        ids = self.model.generate(tok.encode(prompt), max_new_tokens, temperature, top_k, top_p, seed, eot)
+        encoded = tok.encode(prompt)
+        if not encoded:
+            raise ValueError(f"Run.generate: prompt={shown(prompt)} encodes to no tokens: give some text")
+        try:
+            ids = model.generate(encoded, max_new_tokens, temperature, top_k, top_p, seed, eot)
+        except BaseException:
+            del model
+            raise
         return tok.decode(ids)
 
 
-def load_run(path: str | os.PathLike) -> Run:
+@checked
+def load_run(path: Annotated[Path, Reads("run", "loom-weights", "hf", "gguf")]) -> Run:
     """A run directory written by `loom train` or loom.train (model.safetensors, tokenizer.json,
     config.json), a weights file (a tokenizer.json beside it is loaded too), a Hugging Face directory,
     or a GGUF file (weights dequantized to f32, the tokenizer from its metadata)."""
-    from .tokenizer import Tokenizer
-
     path = os.fspath(path)
     model, tok, cfg = _loom.load_run(path, os.path.isfile(path))
     return Run(Model._wrap_native(model),

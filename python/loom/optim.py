@@ -8,21 +8,24 @@ decay).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Annotated, Mapping, Sequence
 
 import numpy as np
 
 from . import _loom
-from ._arrays import f32, inplace_f32
+from ._arrays import COUNT, NONNEGATIVE, POSITIVE, checked, f32, inplace_f32
 
 
 class AdamW:
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
+    @checked
+    def __init__(self, lr: Annotated[float, NONNEGATIVE] = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: Annotated[float, POSITIVE] = 1e-8, weight_decay: Annotated[float, NONNEGATIVE] = 0.01):
         self._o = _loom.AdamW(float(lr), float(betas[0]), float(betas[1]), float(eps), float(weight_decay))
         self.lr = float(lr)
 
-    def step(self, params, grads, lr: float | None = None) -> None:
+    @checked
+    def step(self, params: Sequence | Mapping, grads: Sequence | Mapping,
+             lr: Annotated[float, NONNEGATIVE] | None = None) -> None:
         """One update of every parameter whose gradient is not None. params and grads are lists in the
         same order, or dicts by name (a gradient missing from the dict counts as None). The optimizer
         keeps its moments by position, so pass the parameters in the same order every step."""
@@ -49,6 +52,7 @@ class AdamW:
         s.update(lr=self.lr, betas=tuple(self._o.betas), eps=self._o.eps, weight_decay=self._o.weight_decay)
         return s
 
+    @checked
     def load_state_dict(self, state: Mapping) -> None:
         """Restores the step count and moments (the hyperparameters stay the constructor's)."""
         m = [None if a is None else f32(a, "exp_avg") for a in state["exp_avg"]]
@@ -56,7 +60,8 @@ class AdamW:
         self._o.load_state(int(state["step"]), m, v)
 
 
-def clip_grad_norm(grads: Sequence, max_norm: float) -> float:
+@checked
+def clip_grad_norm(grads: Sequence, max_norm: Annotated[float, POSITIVE]) -> float:
     """Scales the gradients in place by max_norm / (norm + 1e-6) when their global L2 norm exceeds
     max_norm (CS336's gradient_clipping). None entries are skipped; the others must be writeable,
     C-contiguous float32 arrays. Returns the norm before clipping."""
@@ -64,7 +69,9 @@ def clip_grad_norm(grads: Sequence, max_norm: float) -> float:
     return float(_loom.clip_grad_norm(gs, float(max_norm)))
 
 
-def cosine_lr(it: int, max_lr: float, min_lr: float, warmup_iters: int, cosine_cycle_iters: int) -> float:
+@checked
+def cosine_lr(it: Annotated[int, COUNT], max_lr: Annotated[float, NONNEGATIVE], min_lr: Annotated[float, NONNEGATIVE],
+              warmup_iters: Annotated[int, COUNT], cosine_cycle_iters: Annotated[int, COUNT]) -> float:
     """CS336's schedule: linear warmup from 0 to max_lr over warmup_iters, cosine decay to min_lr at
     cosine_cycle_iters, min_lr afterwards."""
     return float(_loom.cosine_lr(int(it), float(max_lr), float(min_lr), int(warmup_iters), int(cosine_cycle_iters)))

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Annotated, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import _loom
+from ._arrays import THREADS, Path, Range, Reads, Text, Writes, _check, checked, shown
+
+CHUNK = Range(1, 1 << 40)
+VOCAB = Range(1, 2**31 - 1)
 
 
 class Tokenizer:
     """Byte-level BPE: vocab (id -> token bytes), merges (pairs of token bytes, by rank) and special
     tokens (text that always becomes its own id and never takes part in a merge)."""
 
+    @checked
     def __init__(self, vocab: Mapping[int, bytes], merges: Sequence[tuple[bytes, bytes]],
                  special_tokens: Sequence[str] | None = None):
         n = len(vocab)
@@ -41,13 +46,18 @@ class Tokenizer:
         return self
 
     @classmethod
-    def from_file(cls, path, special_tokens: Sequence[str] | None = None) -> "Tokenizer":
+    @checked
+    def from_file(cls, path: Annotated[Path, Reads("tokenizer", "gpt2-dir")],
+                  special_tokens: Sequence[str] | None = None) -> "Tokenizer":
         """A Hugging Face tokenizer.json, or a directory holding GPT-2's vocab.json + merges.txt."""
         t = cls._wrap(_loom.load_tokenizer(os.fspath(path)))
         return t._with_specials(special_tokens)
 
     @classmethod
-    def from_files(cls, vocab_filepath, merges_filepath, special_tokens: Sequence[str] | None = None) -> "Tokenizer":
+    @checked
+    def from_files(cls, vocab_filepath: Annotated[Path, Reads("gpt2-vocab")],
+                   merges_filepath: Annotated[Path, Reads("gpt2-merges")],
+                   special_tokens: Sequence[str] | None = None) -> "Tokenizer":
         """GPT-2's vocab.json (byte-level text -> id) and merges.txt ("a b" per line)."""
         t = cls._wrap(_loom.tokenizer_from_gpt2_files(os.fspath(vocab_filepath), os.fspath(merges_filepath)))
         return t._with_specials(special_tokens)
@@ -75,26 +85,34 @@ class Tokenizer:
     def special_tokens(self) -> list[str]:
         return list(self._t.special_tokens())
 
+    @checked
     def token_id(self, token: bytes) -> int | None:
         return self._t.token_id(bytes(token))
 
-    def special_token_id(self, text: str) -> int | None:
+    @checked
+    def special_token_id(self, text: Annotated[str, Text()]) -> int | None:
         return self._t.special_token_id(text)
 
     # ---- encode / decode ----
-    def encode(self, text: str, threads: int = 1) -> list[int]:
+    @checked
+    def encode(self, text: Annotated[str, Text()], threads: Annotated[int, THREADS] = 1) -> list[int]:
         """Token ids of `text`. threads=1 (the default) encodes on the calling thread and starts no
         thread; threads=0 uses every core for a large text (same ids)."""
         return self._t.encode(text, int(threads)).tolist()
 
-    def encode_array(self, text: str, threads: int = 1) -> np.ndarray:
+    @checked
+    def encode_array(self, text: Annotated[str, Text()], threads: Annotated[int, THREADS] = 1) -> np.ndarray:
         """encode() as an int32 numpy array (no Python list in between)."""
         return self._t.encode(text, int(threads))
 
-    def encode_iterable(self, iterable: Iterable[str], chunk_bytes: int = 1 << 16) -> Iterator[int]:
+    def encode_iterable(self, iterable: Iterable[str], chunk_bytes: Annotated[int, CHUNK] = 1 << 16) -> Iterator[int]:
         """Lazily yields the ids of the concatenation of the strings (e.g. the lines of an open file),
         exactly encode("".join(iterable))'s, holding only about chunk_bytes of unencoded text at a time
         (plus the longest pre-token). Starts no thread."""
+        # A generator runs nothing until it is iterated: these are checked when it starts.
+        _check("Tokenizer.encode_iterable", "chunk_bytes", Annotated[int, CHUNK], chunk_bytes)
+        if not isinstance(iterable, Iterable) or isinstance(iterable, bytes):
+            raise TypeError(f"Tokenizer.encode_iterable: iterable={shown(iterable)}: must be an iterable of str")
         enc = _loom.StreamEncoder(self._t, int(chunk_bytes))
         for piece in iterable:
             ids = enc.feed(piece)
@@ -102,23 +120,29 @@ class Tokenizer:
                 yield from ids.tolist()
         yield from enc.finish().tolist()
 
+    @checked
     def decode(self, ids: Iterable[int]) -> str:
         """The text of the ids; invalid UTF-8 becomes U+FFFD (Python's errors="replace")."""
         return self._t.decode([int(i) for i in ids])
 
+    @checked
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self._t.decode_bytes([int(i) for i in ids])
 
-    def save(self, path) -> None:
+    @checked
+    def save(self, path: Annotated[Path, Writes("file")]) -> None:
         """Writes a Hugging Face tokenizer.json."""
         self._t.save(os.fspath(path))
 
-    def save_gpt2(self, directory) -> None:
+    @checked
+    def save_gpt2(self, directory: Annotated[Path, Writes("dir")]) -> None:
         """Writes directory/vocab.json and directory/merges.txt."""
         self._t.save_gpt2(os.fspath(directory))
 
 
-def train_bpe(input_path, vocab_size: int, special_tokens: Sequence[str] = (), threads: int = 0
+@checked
+def train_bpe(input_path: Annotated[Path, Reads("text")] | Sequence[Path], vocab_size: Annotated[int, VOCAB],
+              special_tokens: Sequence[str] = (), threads: Annotated[int, THREADS] = 0
               ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Byte-level BPE training with CS336's semantics: the vocabulary starts with the special tokens, then
     the 256 bytes, then one token per merge, until vocab_size tokens; ties go to the lexicographically

@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Mapping, Sequence
+from typing import Annotated, Mapping, Sequence
 
 from . import _loom
+from ._arrays import Path, Reads, Writes, checked
 
 
-def resolve_config(config="default", overrides: Mapping | Sequence[str] | None = None) -> dict:
+@checked
+def resolve_config(config: Annotated[Path, Reads("config")] | Mapping = "default",
+                   overrides: Mapping | Sequence[str] | None = None) -> dict:
     """The complete, checked training config: a preset name ("tiny", "default", "cs336-tinystories"), a
     JSON file, or a dict (missing keys take the defaults), then overrides as {"optimizer.lr": 3e-4} or
     ["optimizer.lr=3e-4"]. A wrong key, type or value is a ValueError naming the key."""
@@ -37,8 +40,9 @@ def _parse_value(v: str):
         return v
 
 
-def train(config="default", out_dir=None, overrides: Mapping | Sequence[str] | None = None,
-          overwrite: bool = False) -> dict:
+@checked
+def train(config: Annotated[Path, Reads("config")] | Mapping = "default", out_dir: Annotated[Path, Writes("run")] | None = None,
+          overrides: Mapping | Sequence[str] | None = None, overwrite: bool = False) -> dict:
     """Trains as `loom train --config CONFIG --out OUT_DIR --set ...` does: prepares the tokenizer and
     token files the config names when missing, trains, and writes OUT_DIR/model.safetensors,
     config.json and tokenizer.json. Runs entirely in C++ with the GIL released; Ctrl-C stops cleanly

@@ -13,9 +13,11 @@
 #include "core/autograd.h"
 #include "generate/generate.h"
 #include "io/json.h"
+#include "io/outputs.h"
 #include "models/llama/model.h"
 #include "models/model_config.h"
 #include "runs/load.h"
+#include "runs/memory.h"
 
 namespace loom::python {
 
@@ -49,6 +51,13 @@ void load_weight(nn::Module& module, const std::string& name, const Tensor& valu
   p.value_changed();  // a mixed-precision bf16 copy no longer matches
 }
 
+// A model's memory held to the budget before anything is allocated, as the CLI's commands hold theirs
+// (runs/memory.h: the smallest of MemAvailable, the cgroup's room and RLIMIT_AS/RLIMIT_DATA): a
+// vocab_size of 2^31 is an error naming the sizes, not "could not allocate 137438953408 bytes".
+void check_model_memory(const models::ModelConfig& config, const std::string& what) {
+  runs::check_memory(runs::model_memory(config), runs::MemoryBudget::of_machine(), what);
+}
+
 }  // namespace
 
 void bind_models(nb::module_& m) {
@@ -70,6 +79,16 @@ void bind_models(nb::module_& m) {
                         " d_ff=", d_ff, " max_seq_len=", max_seq_len);
              LOOM_CHECK(d_model % num_heads == 0 && (d_model / num_heads) % 2 == 0, "TransformerBlock: d_model=",
                         d_model, " must split into num_heads=", num_heads, " heads of even size");
+             // Its f32 weights (q, k, v, output [C, C]; w1, w3 [F, C], w2 [C, F]; two norms) and RoPE tables
+             // (cos, sin [max_seq_len, D/2]) within the budget.
+             const double bytes = 4.0 * (4.0 * double(d_model) * double(d_model) +
+                                         3.0 * double(d_model) * double(d_ff) + 2.0 * double(d_model) +
+                                         double(max_seq_len) * double(d_model / num_heads));
+             const runs::MemoryBudget budget = runs::MemoryBudget::of_machine();
+             LOOM_CHECK(bytes <= budget.bytes, "TransformerBlock: d_model=", d_model, ", d_ff=", d_ff,
+                        " and max_seq_len=", max_seq_len, " need ",
+                        runs::format_bytes(bytes), " of weights, more than the ", runs::format_bytes(budget.bytes),
+                        " loom may use (", budget.source, ")");
              new (self) nn::TransformerBlock("", d_model, num_heads, d_ff, max_seq_len, rope_theta, norm_eps,
                                              RngKey::from_seed(seed));
            })
@@ -136,6 +155,7 @@ void bind_models(nb::module_& m) {
            })
       .def("save",
            [](const models::LanguageModel& self, const std::string& path) {
+             io::check_output_outside_runs("Model.save: path", path);  // a run's files are its own
              without_gil([&] { runs::save_model_weights(self, path); });
            })
       // New tokens (not the prompt), sampled with the model's decoding cache.
@@ -170,6 +190,9 @@ void bind_models(nb::module_& m) {
              c.rope_theta = rope_theta;
              c.norm_eps = norm_eps;
              c.validate();
+             nlohmann::json j = c.to_json();
+             j["arch"] = "llama";
+             check_model_memory(models::ModelConfig::from_json(j), "TransformerLM");
              new (self) llama::TransformerLM(c, seed);
            });
 
@@ -177,11 +200,16 @@ void bind_models(nb::module_& m) {
   // defaults).
   m.def("build_model", [](const std::string& config_json, uint64_t seed) {
     models::ModelConfig config = models::ModelConfig::from_json(io::parse_json(config_json, "build_model config"));
+    check_model_memory(config, "Model.from_config");
     return without_gil([&] { return config.build(seed); });
   });
 
   m.def("load_model_weights", [](const std::string& path) {
-    return without_gil([&] { return runs::load_model_weights(path); });
+    return without_gil([&] {
+      auto model = runs::load_model_weights(path);
+      runs::check_weights_finite(*model, path);  // as every other loader does (issue 32)
+      return model;
+    });
   });
   // (model, tokenizer or None, config JSON text or None) of a run directory or a weights file.
   m.def("load_run", [](const std::string& path, bool is_weights_file) {

@@ -10,6 +10,7 @@
 
 #include "convert.h"
 #include "core/thread_count.h"
+#include "io/outputs.h"
 #include "tokenizer/formats.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/train.h"
@@ -147,8 +148,16 @@ void bind_tokenizer(nb::module_& m) {
              std::string s = t.decode_bytes(checked_ids(t, ids));
              return nb::bytes(s.data(), s.size());
            })
-      .def("save", [](const Tokenizer& t, const std::string& path) { tokenizer::save_hf_json(t, path); })
-      .def("save_gpt2", [](const Tokenizer& t, const std::string& dir) { tokenizer::save_gpt2_files(t, dir); });
+      // Never into a loom run directory: a run's tokenizer.json is its own (issue 32).
+      .def("save",
+           [](const Tokenizer& t, const std::string& path) {
+             io::check_output_outside_runs("Tokenizer.save: path", path);
+             tokenizer::save_hf_json(t, path);
+           })
+      .def("save_gpt2", [](const Tokenizer& t, const std::string& dir) {
+        io::check_output_outside_runs("Tokenizer.save_gpt2: directory", dir);
+        tokenizer::save_gpt2_files(t, dir);
+      });
 
   nb::class_<StreamEncoder>(m, "StreamEncoder")
       .def(nb::init<const Tokenizer&, size_t>(), nb::keep_alive<1, 2>())

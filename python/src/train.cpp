@@ -21,9 +21,11 @@
 #include "core/autograd.h"
 #include "data/batch.h"
 #include "io/json.h"
+#include "io/outputs.h"
 #include "io/safetensors.h"
 #include "train/config.h"
 #include "train/optimizer.h"
+#include "runs/memory.h"
 #include "runs/run_dir.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -311,6 +313,13 @@ void bind_train(nb::module_& m) {
     }
     return "";
   });
+  // (bytes, where the number comes from): the memory a job may use, the smallest of MemAvailable, the
+  // cgroup's room and RLIMIT_AS / RLIMIT_DATA less what the process maps (runs/memory.h), as every CLI
+  // command that checks memory uses. python/loom/_arrays.py holds large array conversions to it.
+  m.def("memory_budget", [] {
+    const runs::MemoryBudget b = runs::MemoryBudget::of_machine();
+    return nb::make_tuple(b.bytes, b.source);
+  });
   m.def("cuda_available", [] { return cuda_available(); });
   m.def("cuda_device_count", [] { return cuda_device_count(); });
 
@@ -345,6 +354,7 @@ void bind_train(nb::module_& m) {
       keep.push_back(a);
       entries.push_back({std::move(name), *dtype, std::move(shape), a.data(), a.nbytes()});
     }
+    io::check_output_outside_runs("save_safetensors: path", path);  // a run's files are its own
     without_gil([&] { io::write_safetensors(path, entries, meta); });
   });
   // name -> a numpy array of the stored dtype (BF16 comes out as float32: numpy has no bfloat16).

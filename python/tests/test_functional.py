@@ -153,3 +153,25 @@ def test_cross_entropy():
     for c in cases:
         if c + "_loss" in fx and c + "_targets" in fx:
             assert abs(loom.cross_entropy(fx[c + "_logits"], fx[c + "_targets"]) - float(fx[c + "_loss"].reshape(-1)[0])) < 1e-4
+
+
+# Issue 32: 0-d arrays came back as shape (1,) (np.ascontiguousarray makes them 1-d), and products with a
+# zero side failed with a BLAS leading-dimension message instead of giving numpy's result.
+def test_zero_d_arrays_keep_their_shape():
+    for x in (np.float32(3.0), np.array(-2.0), 1.5):
+        y = loom.silu(x)
+        assert y.shape == ()
+        np.testing.assert_allclose(y, np.float32(x) / (1 + np.exp(-np.float32(x))), rtol=1e-6)
+    assert loom.embedding(np.array(2), np.arange(12, dtype=np.float32).reshape(4, 3)).shape == (3,)
+    with pytest.raises(ValueError, match="softmax: x must have at least one dimension"):
+        loom.softmax(np.array(1.0))
+
+
+@pytest.mark.parametrize("m,k,n", [(2, 0, 3), (0, 4, 3), (2, 4, 0), (0, 0, 0)])
+def test_zero_sided_products_match_numpy(m, k, n):
+    x, w = np.ones((m, k), np.float32), np.ones((n, k), np.float32)
+    y = loom.linear(x, w)
+    assert y.shape == (m, n)
+    np.testing.assert_array_equal(y, x @ w.T)
+    w1, w3, w2 = np.ones((n, k), np.float32), np.ones((n, k), np.float32), np.ones((k, n), np.float32)
+    assert loom.swiglu(x, w1, w2, w3).shape == (m, k)

@@ -142,3 +142,14 @@ def test_grouped_query_attention(tmp_path):
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         loom.TransformerLM(vocab_size=20, context_length=8, d_model=32, num_layers=1, num_heads=4, d_ff=48,
                            num_kv_heads=3)
+
+
+def test_models_past_the_memory_budget_are_refused_before_allocating():
+    # Issue 32's Python harness: a vocab_size of 2^31-1 was "could not allocate 137438953408 bytes"; the
+    # model's memory is held to the CLI's budget (MemAvailable, the cgroup, RLIMIT_AS/RLIMIT_DATA) first.
+    with pytest.raises(ValueError, match="TransformerLM: needs an estimated .* GiB.*model.vocab_size=2147483647"):
+        loom.TransformerLM(2**31 - 1, 16, 16, 1, 2, 32)
+    with pytest.raises(ValueError, match="Model.from_config: needs an estimated .*model.vocab_size=2147483647"):
+        loom.Model.from_config({"arch": "gpt2", "vocab_size": 2**31 - 1})
+    with pytest.raises(ValueError, match="TransformerBlock: d_model=1048576, d_ff=16 and max_seq_len=8 need"):
+        loom.TransformerBlock(2**20, 2, 16, 8)

@@ -130,6 +130,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // as the count divides q's; query head h then reads k/v head h / (Hq / Hkv).
   const bool grouped = kv_lead != lead && lead.size() >= 1 && kv_lead.size() == lead.size() &&
                        kv_lead.drop_last(1) == lead.drop_last(1) && kv_lead[kv_lead.size() - 1] > 0 &&
+                       lead[lead.size() - 1] > 0 &&  // 0 heads over 1: 0 % 1 == 0, then 0 / 0 (SIGFPE)
                        lead[lead.size() - 1] % kv_lead[kv_lead.size() - 1] == 0;
   LOOM_CHECK((kv_lead == lead || grouped) && v.shape().drop_last(2) == kv_lead, op,
              ": leading dimensions differ: q ", q.shape(), ", k ", k.shape(), ", v ", v.shape(),

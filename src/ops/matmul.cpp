@@ -194,7 +194,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
     LOOM_CHECK(bias.ndim() == 1 && bias.size(0) == out, "linear: bias has shape ", bias.shape(),
                " but the layer has out=", out);
   }
-  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
+  const int64_t M = x.shape().numel_before(-1);  // not numel / in: in may be 0
   if (w_bf16.defined()) {
     LOOM_CHECK(mixed, "linear: w_bf16 is for MatmulPrecision::BF16 with an f32 w, got w ", w.describe());
     LOOM_CHECK(w_bf16.dtype() == DType::BF16 && w_bf16.shape() == w.shape(), "linear: w_bf16 is ", w_bf16.describe(),
@@ -259,7 +259,7 @@ Tensor dequantized_linear(const Tensor& x, std::shared_ptr<const quant::Quantize
     LOOM_CHECK(bias.dtype() == DType::F32 && bias.ndim() == 1 && bias.size(0) == out, name, ": bias is ",
                bias.describe(), " but the layer has out=", out);
   }
-  const int64_t M = x.numel() / std::max<int64_t>(in, 1);
+  const int64_t M = x.shape().numel_before(-1);  // not numel / in: in may be 0
   Tensor y = Tensor::empty(x.shape().with_last(out));
   {
     std::vector<float> tile(static_cast<size_t>(std::min(kTileRows, out) * in));

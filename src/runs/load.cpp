@@ -59,7 +59,6 @@ void load_model_tensors(models::LanguageModel& model, const io::SafetensorsFile&
              params.size(), " parameters", state.empty() ? "" : str(" and ", state.size(), " state tensors"));
 }
 
-namespace {
 // Weights that hold NaN or Inf give a model whose every output is NaN: sampled, the same token over and
 // over; evaluated, a NaN loss after reading every window (issue 32). Checked once, when the weights are
 // loaded (one pass over the f32 parameters: ~0.1 s for SmolLM2-135M), with an error naming the tensor
@@ -89,7 +88,6 @@ void check_weights_finite(models::LanguageModel& model, const std::string& where
                "broken file)");
   }
 }
-}  // namespace
 
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job,
                        bool quantized_gguf) {

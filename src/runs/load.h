@@ -32,6 +32,10 @@ std::unique_ptr<models::LanguageModel> load_model_weights(const std::string& pat
                                                           const MemoryBudget& memory = MemoryBudget::of_machine(),
                                                           const ModelJobMemory& job = model_memory);
 
+// Throws loom::Error naming the tensor and the element when an f32 CPU parameter holds NaN or Inf (the
+// loaders below call it; so does Python's Model.load, over load_model_weights).
+void check_weights_finite(models::LanguageModel& model, const std::string& where);
+
 struct LoadedRun {
   std::unique_ptr<models::LanguageModel> model;
   std::optional<tokenizer::Tokenizer> tokenizer;  // when the run (or the weights' folder) has one

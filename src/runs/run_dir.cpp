@@ -279,6 +279,7 @@ RunDir RunDir::claim(const std::string& dir, RunKind kind, ExistingRun existing)
   run.existing_ = existing;
   run.created_ = created;
   const std::string lock_path = (path / kLock).string();
+  run.lock_created_ = !fs::exists(fs::symlink_status(lock_path, ec));
   run.lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   LOOM_CHECK(run.lock_fd_ >= 0, cmd, ": cannot write in the directory ", dir, " (creating ", lock_path, ": ",
              std::strerror(errno), ")");
@@ -336,6 +337,7 @@ RunDir::RunDir(RunDir&& other) noexcept
       lock_fd_(other.lock_fd_),
       was_empty_(other.was_empty_),
       created_(other.created_),
+      lock_created_(other.lock_created_),
       started_(other.started_),
       previous_(std::move(other.previous_)),
       marker_(std::move(other.marker_)) {
@@ -356,6 +358,10 @@ RunDir::~RunDir() {
     std::error_code ec;
     fs::remove(fs::path(path_) / kLock, ec);
     fs::remove(path_, ec);  // only if empty
+  }
+  if (!created_ && lock_created_ && !started_ && lock_fd_ >= 0) {  // a refused claim of a run that had no .lock
+    std::error_code ec;
+    fs::remove(fs::path(path_) / kLock, ec);
   }
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }

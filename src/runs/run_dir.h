@@ -103,6 +103,7 @@ class RunDir {
   int lock_fd_ = -1;
   bool was_empty_ = false;
   bool created_ = false;  // claim() made the directory
+  bool lock_created_ = false;  // claim() made DIR/.lock (a copied run has none): removed on a refusal
   bool started_ = false;
   std::optional<RunMarker> previous_;
   RunMarker marker_;

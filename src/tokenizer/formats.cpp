@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/sha256.h"
@@ -42,12 +43,10 @@ std::string read_file(const std::string& path) {
   return data;
 }
 
+// Atomically (a temporary file beside it, then a rename): a failed write leaves an existing file as it
+// was, and a file in a read-only directory is not rewritten in place (issue 32).
 void write_file(const std::string& path, std::string_view data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw IoError(str("cannot write ", path, ": ", std::strerror(errno)));
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  if (!out) throw IoError(str("error writing ", path));
+  io::write_file_atomically(path, [&](io::FileWriter& out) { out.write(data.data(), data.size()); });
 }
 
 namespace {

@@ -160,6 +160,11 @@ TEST(Attention, SdpaInvalidInputsNameTheValues) {
                               {"[2, 4, 8]", "[3, 5, 8]"});
   test::expect_error_mentions([&] { ops::scaled_dot_product_attention(q, k, v, Tensor::zeros({4, 4}, DType::Bool)); },
                               {"mask has shape [4, 4]", "[4, 5]"});
+  // No query heads over one k/v head (issue 32's Python harness: 0 % 1 == 0 made it "grouped", then 0 / 0
+  // killed the process with SIGFPE).
+  test::expect_error_mentions(
+      [&] { ops::scaled_dot_product_attention(Tensor::zeros({0, 4, 8}), Tensor::zeros({1, 5, 8}), Tensor::zeros({1, 5, 8})); },
+      {"leading dimensions differ", "[0, 4, 8]"});
 }
 
 // ---- causal_self_attention ------------------------------------------------------------------------

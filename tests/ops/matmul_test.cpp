@@ -173,3 +173,43 @@ TEST(Matmul, BadShapesNameTheValues) {
                           "leading dimensions differ");
   expect_error_containing([] { ops::matmul(Tensor::zeros({4}), Tensor::zeros({4, 2})); }, "at least 2");
 }
+
+// Products with a zero side, as numpy and PyTorch give them (issue 32: they failed with a BLAS leading-
+// dimension message): [m, 0] @ [0, n] is zeros (plus the bias), [0, k] @ [k, n] and [m, k] @ [k, 0] are
+// empty; gradients have their inputs' shapes, zero where the product had no term.
+TEST(Linear, ZeroSidedProductsForwardAndBackward) {
+  struct Case {
+    int64_t m, in, out;
+  };
+  for (Case c : {Case{2, 0, 3}, Case{0, 4, 3}, Case{2, 4, 0}, Case{0, 0, 0}}) {
+    SCOPED_TRACE("m=" + std::to_string(c.m) + " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out));
+    Tensor x = test::param(Tensor::full({c.m, c.in}, 1.0f)), w = test::param(Tensor::full({c.out, c.in}, 1.0f));
+    Tensor b = test::param(Tensor::full({c.out}, 2.0f));
+    Tensor y = ops::linear(x, w, b);
+    ASSERT_EQ(y.shape(), (Shape{c.m, c.out}));
+    for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], c.in == 0 ? 2.0f : 2.0f + c.in);
+    autograd::backward(y, Tensor::full({c.m, c.out}, 1.0f));
+    ASSERT_EQ(x.grad().shape(), x.shape());
+    ASSERT_EQ(w.grad().shape(), w.shape());
+    ASSERT_EQ(b.grad().shape(), b.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(x.grad().data<float>()[i], float(c.out));
+    for (int64_t i = 0; i < w.numel(); ++i) EXPECT_EQ(w.grad().data<float>()[i], float(c.m));
+    for (int64_t i = 0; i < b.numel(); ++i) EXPECT_EQ(b.grad().data<float>()[i], float(c.m));
+  }
+}
+
+TEST(Matmul, ZeroSidedProductsForwardAndBackward) {
+  for (Shape sa : {Shape{2, 3, 0}, Shape{2, 0, 4}}) {
+    const int64_t k = sa[2];
+    Tensor a = test::param(Tensor::full(sa, 1.0f)), b = test::param(Tensor::full({2, k, 5}, 1.0f));
+    Tensor c = ops::matmul(a, b);
+    ASSERT_EQ(c.shape(), (Shape{2, sa[1], 5}));
+    for (int64_t i = 0; i < c.numel(); ++i) EXPECT_EQ(c.data<float>()[i], 0.0f);
+    autograd::backward(c, Tensor::full(c.shape(), 1.0f));
+    EXPECT_EQ(a.grad().shape(), a.shape());
+    EXPECT_EQ(b.grad().shape(), b.shape());
+    for (int64_t i = 0; i < b.numel(); ++i) EXPECT_EQ(b.grad().data<float>()[i], float(sa[1]));
+  }
+  Tensor a = Tensor::zeros({0, 3, 4}), b = Tensor::zeros({0, 4, 5});  // no batches at all
+  EXPECT_EQ(ops::matmul(a, b).shape(), (Shape{0, 3, 5}));
+}

@@ -168,16 +168,21 @@ int threads_for(const GemmKey& k) {
 void check_problem(const GemmKey& k) {
   LOOM_CHECK(k.M >= 0 && k.N >= 0 && k.K >= 0 && k.batch >= 0, "gemm: negative size M=", k.M, " N=", k.N,
              " K=", k.K, " batch=", k.batch);
+  // An empty product reads neither operand (and with K = 0 only writes C), so the leading dimensions
+  // of an operand with a zero side are not checked: a contiguous [M, 0] or [0, N] array has ld 0, and
+  // numpy and PyTorch give [m, 0] @ [0, n] as zeros and [0, k] @ [k, n] as an empty result.
+  const bool writes_c = k.batch > 0 && k.M > 0 && k.N > 0;
+  const bool reads_ab = writes_c && k.K > 0;
   const int64_t min_lda = k.trans_a ? k.M : k.K;
   const int64_t min_ldb = k.trans_b ? k.K : k.N;
-  LOOM_CHECK(k.lda >= std::max<int64_t>(1, min_lda), "gemm: lda=", k.lda, " is less than ", min_lda,
+  LOOM_CHECK(!reads_ab || k.lda >= min_lda, "gemm: lda=", k.lda, " is less than ", min_lda,
              " (trans_a=", k.trans_a, ", M=", k.M, ", K=", k.K, ")");
-  LOOM_CHECK(k.ldb >= std::max<int64_t>(1, min_ldb), "gemm: ldb=", k.ldb, " is less than ", min_ldb,
+  LOOM_CHECK(!reads_ab || k.ldb >= min_ldb, "gemm: ldb=", k.ldb, " is less than ", min_ldb,
              " (trans_b=", k.trans_b, ", K=", k.K, ", N=", k.N, ")");
-  LOOM_CHECK(k.ldc >= std::max<int64_t>(1, k.N), "gemm: ldc=", k.ldc, " is less than N=", k.N);
-  LOOM_CHECK(k.batch <= 1 || k.stride_a != 0 || k.stride_b != 0,
+  LOOM_CHECK(!writes_c || k.ldc >= k.N, "gemm: ldc=", k.ldc, " is less than N=", k.N);
+  LOOM_CHECK(!reads_ab || k.batch <= 1 || k.stride_a != 0 || k.stride_b != 0,
              "gemm: batch=", k.batch, " with both A and B shared (stride 0) is not supported");
-  LOOM_CHECK(k.batch <= 1 || k.stride_c >= k.M * k.ldc, "gemm: stride_c=", k.stride_c,
+  LOOM_CHECK(!writes_c || k.batch <= 1 || k.stride_c >= k.M * k.ldc, "gemm: stride_c=", k.stride_c,
              " overlaps the batches (M*ldc=", k.M * k.ldc, ")");
 }
 

@@ -88,4 +88,13 @@ Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function
   return recompute_block(ctx, TensorList{x}, [fn = std::move(fn)](const TensorList& in) { return TensorList{fn(in[0])}; })[0];
 }
 
+Tensor LanguageModel::stage_forward(int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
+                                    const ForwardContext&) const {
+  LOOM_FAIL("model family ", arch(), " cannot be cut into pipeline stages (the pipe axis runs llama and gpt2)");
+}
+
+int LanguageModel::pipeline_ends(const nn::Parameter& p) const {
+  return p.group == nn::ParamGroup::Embedding || p.group == nn::ParamGroup::Position ? 1 : 2;
+}
+
 }  // namespace loom::models

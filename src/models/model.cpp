@@ -89,8 +89,8 @@ Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function
 }
 
 Tensor LanguageModel::stage_forward(int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
-                                    const ForwardContext&) const {
-  LOOM_FAIL("model family ", arch(), " cannot be cut into pipeline stages (the pipe axis runs llama and gpt2)");
+                                    const ForwardContext&, Tensor*) const {
+  LOOM_FAIL("model family ", arch(), " cannot be cut into pipeline stages (the pipe axis runs llama, gpt2 and deepseek_v3)");
 }
 
 int LanguageModel::pipeline_ends(const nn::Parameter& p) const {

@@ -134,7 +134,7 @@ std::vector<int64_t> stage_bounds_from_counts(const std::string& counts, int64_t
 void plan_pipeline(models::LanguageModel& model, const RankContext& c) {
   const int64_t P = c.mesh.pipe, L = model.pipeline_layers();
   LOOM_CHECK(L > 0, "the pipe axis cannot cut model family ", model.arch(),
-             " into stages (it runs llama and gpt2): use a mesh without pipe");
+             " into stages (it runs llama, gpt2 and deepseek_v3): use a mesh without pipe");
   LOOM_CHECK(P <= L, "pipe=", P, " needs at least as many blocks, but the model has ", L,
              " (model.num_layers): use pipe <= ", L);
   LOOM_CHECK(c.pipe_schedule == "1f1b" || c.pipe_schedule == "gpipe", "unknown pipeline schedule \"", c.pipe_schedule,
@@ -192,11 +192,13 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
   const int prev = s > 0 ? stage_rank(c, s - 1) : -1, next = s + 1 < P ? stage_rank(c, s + 1) : -1;
   struct InFlight {
     Tensor in, out;  // the received activations (a leaf) and what this stage made of them
+    Tensor aux;      // a scalar the stage's blocks add to the objective (DeepSeek-V3's balance loss), or undefined
   };
   std::vector<InFlight> held(static_cast<size_t>(M));
   std::vector<double> losses(static_cast<size_t>(M), 0.0);
   double busy = 0;
   int64_t in_flight = 0, peak = 0;
+  bool has_aux = false;  // a stage before the last whose blocks add to the loss (the same on the stage's ranks)
   for (const auto& [forward, m] : pipeline_order(c.pipe_schedule, P, s, M)) {
     const MicroBatch& mb = micro[static_cast<size_t>(m)];
     InFlight& h = held[static_cast<size_t>(m)];
@@ -208,11 +210,15 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
         h.in.set_requires_grad();
       }
       const auto t0 = Clock::now();
-      h.out = model.stage_forward(first, last, h.in, mb.ids, mb.targets, mb.ctx);
+      h.out = model.stage_forward(first, last, h.in, mb.ids, mb.targets, mb.ctx, &h.aux);
       busy += since(t0);
       if (next >= 0) {
         LOOM_CHECK(h.out.shape() == act, "pipeline: stage ", s, " made ", h.out.describe(), ", expected ", act);
         c.comm->send(payload(h.out, "activations"), h.out.numel(), next);
+        if (h.aux.defined()) {
+          losses[static_cast<size_t>(m)] = h.aux.item();
+          has_aux = true;
+        }
       } else {
         losses[static_cast<size_t>(m)] = h.out.item();
       }
@@ -226,6 +232,8 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
       Tensor g = Tensor::empty(act);
       c.comm->recv(g.data<float>(), g.numel(), next);
       objective = ops::sum(ops::mul(h.out, g));  // d objective / d out = g, exactly
+      // The stage's own terms of the loss, weighted like the last stage's loss: 1 / micro-batches.
+      if (h.aux.defined()) objective = ops::add(objective, M > 1 ? ops::scale(h.aux, 1.0f / static_cast<float>(M)) : h.aux);
     }
     const auto t0 = Clock::now();
     backward(objective, params, c, m + 1 == M);
@@ -235,10 +243,11 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
     --in_flight;
   }
   c.comm->complete_sends();
-  // The loss: the last stage's ranks hold it; each micro-batch's is the mean over the ranks that split
-  // the batch (inside the stage), then the sum is handed to the other stages (adding zeros: exact).
+  // The loss: the last stage's ranks hold it, and the earlier stages their blocks' own terms (if any);
+  // each micro-batch's is the mean over the ranks that split the batch (inside the stage), then the
+  // stages' sums are added (for llama and gpt2 the others add zeros: exact).
   double sum = 0;
-  if (next < 0) {
+  if (next < 0 || has_aux) {
     for (double l : losses) sum += global_loss(l, c);
   }
   if (P > 1) c.comm->all_reduce_sum(&sum, 1, c.mesh.group(c.rank, MeshAxis::Pipe));
@@ -273,7 +282,7 @@ double pipeline_loss(const models::LanguageModel& model, const Tensor& ids, cons
     in = Tensor::empty({ids.size(0), ids.size(1), d_model_of(model)});
     c.comm->recv(in.data<float>(), in.numel(), stage_rank(c, s - 1));
   }
-  Tensor out = model.stage_forward(first, last, in, ids, targets, {});
+  Tensor out = model.stage_forward(first, last, in, ids, targets, {}, nullptr);
   double loss = 0;
   if (s + 1 < P) {
     c.comm->send(payload(out, "activations"), out.numel(), stage_rank(c, s + 1));

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "models/deepseek_v3/model.h"
 #include "models/gpt2/model.h"
 #include "models/llama/model.h"
 #include "ops/elementwise.h"
@@ -265,3 +266,132 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PipeEquivalence, ::testing::Values("llama", "gpt2", "gpt2_untied"));
+
+// DeepSeek-V3 through the stages: 3 blocks (1 dense, 2 MoE of 4 routed experts), one MTP module (which
+// reads the token table on the last stage: tied with the first), the sequence balance loss computed on
+// the stages that hold MoE layers, and the aux-loss-free bias updates from loads summed over the stages.
+// Every step's loss, the parameters, and every routing bias on every rank after every step equal one
+// process's (the biases bitwise).
+namespace {
+
+constexpr int64_t kDsBatch = 8, kDsSeq = 16, kDsVocab = 512;
+
+std::unique_ptr<deepseek_v3::DeepSeekV3> build_dsv3() {
+  const deepseek_v3::Config c{.vocab_size = kDsVocab, .context_length = 32, .d_model = 32, .num_layers = 3,
+                              .n_dense = 1, .num_heads = 2, .q_rank = 16, .kv_rank = 8, .d_nope = 8, .d_rope = 4,
+                              .d_v = 8, .d_ff = 64, .n_shared = 1, .n_routed = 4, .top_k = 2, .d_expert = 16,
+                              .gamma = 1e-3f, .alpha_seq = 1e-4f, .n_mtp = 1};
+  return std::make_unique<deepseek_v3::DeepSeekV3>(c, 11);
+}
+
+std::pair<Tensor, Tensor> ds_batch(int index) { return test::synthetic_batch(index % 5, kDsBatch, kDsSeq, kDsVocab); }
+
+struct DsRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> biases;  // after every step, both MoE layers' biases back to back
+  test::WholeParameters params;
+};
+
+std::vector<float> biases_of(const deepseek_v3::DeepSeekV3& m) {
+  std::vector<float> out;
+  for (auto* moe : m.moe_layers()) {
+    auto b = moe->bias.to_vector<float>();
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+models::ForwardContext ds_ctx(int s, int m) {
+  return models::ForwardContext::train(RngKey::from_seed(1).fold_in(static_cast<uint64_t>(s)).fold_in(static_cast<uint64_t>(m)));
+}
+
+DsRun ds_single(int micro) {
+  DsRun run;
+  auto model = build_dsv3();
+  auto params = model->parameters();
+  train::AdamW opt(params, {5e-4f, 0.9f, 0.95f, 1e-8f, 0.1f});
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    model->begin_training_step();
+    double sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      auto [ids, targets] = ds_batch(s * micro + m);
+      Tensor loss = model->loss(ids, targets, ds_ctx(s, m));
+      sum += loss.item();
+      (micro > 1 ? ops::scale(loss, 1.0f / static_cast<float>(micro)) : loss).backward();
+    }
+    train::clip_grad_norm(train::gradients_of(params), kClip);
+    opt.step();
+    model->end_training_step(true);
+    run.losses.push_back(sum / micro);
+    run.biases.push_back(biases_of(*model));
+  }
+  for (nn::Parameter* p : params) run.params[p->name] = p->value.to_vector<float>();
+  return run;
+}
+
+DsRun ds_pipelined(const Mesh& mesh, ParallelMode mode, const std::string& schedule, int micro) {
+  DsRun run;
+  std::vector<std::vector<std::vector<float>>> rank_biases(static_cast<size_t>(mesh.size()));
+  dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+    auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
+    ctx->pipe_schedule = schedule;
+    auto model = build_dsv3();
+    auto layout = dist::shard_model(*model, ctx);
+    auto params = model->parameters();
+    train::AdamW opt(params, {5e-4f, 0.9f, 0.95f, 1e-8f, 0.1f});
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      model->begin_training_step();
+      std::vector<dist::MicroBatch> batches;
+      for (int m = 0; m < micro; ++m) {
+        auto [ids, targets] = ds_batch(s * micro + m);
+        batches.push_back({dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx), ds_ctx(s, m)});
+      }
+      const double sum = dist::pipeline_step(*model, params, batches, *ctx);
+      dist::finish_gradients(params, *ctx);
+      dist::finish_pipe_gradients(params, *ctx);
+      dist::clip_grad_norm(params, layout, *ctx, kClip);
+      opt.step();
+      model->end_training_step(true);
+      rank_biases[static_cast<size_t>(rank)].push_back(biases_of(*model));
+      if (rank == 0) run.losses.push_back(sum / micro);
+    }
+    test::gather_parameters(params, *ctx, run.params);
+  });
+  run.biases = rank_biases[0];
+  for (const auto& b : rank_biases) EXPECT_EQ(b, run.biases) << "the ranks' routing biases differ";
+  return run;
+}
+
+}  // namespace
+
+TEST(PipeDeepSeek, MtpBalanceLossAndBiasUpdatesMatchOneProcess) {
+  set_num_threads(1);
+  struct Case {
+    std::string mesh;
+    ParallelMode mode;
+    std::string schedule;
+    int micro;
+  };
+  const std::vector<Case> cases = {
+      {"pipe=2", ParallelMode::Dp, "1f1b", 2},
+      {"pipe=3", ParallelMode::Dp, "gpipe", 3},
+      {"pipe=2,data=2", ParallelMode::Dp, "1f1b", 3},
+      {"pipe=2,expert=2", ParallelMode::DpEp, "1f1b", 2},
+  };
+  std::map<int, DsRun> refs;
+  for (const Case& k : cases) {
+    if (!refs.count(k.micro)) refs[k.micro] = ds_single(k.micro);
+    const DsRun& ref = refs[k.micro];
+    EXPECT_NE(ref.biases.front(), ref.biases.back());  // the biases moved
+    SCOPED_TRACE(k.schedule + " on " + k.mesh + ", " + std::to_string(k.micro) + " micro-batches");
+    const DsRun got = ds_pipelined(Mesh::parse(k.mesh), k.mode, k.schedule, k.micro);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;
+      EXPECT_EQ(got.biases[s], ref.biases[s]) << "routing biases after step " << s + 1;
+    }
+    test::expect_parameters_near(ref.params, got.params);
+  }
+}

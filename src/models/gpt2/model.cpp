@@ -159,7 +159,7 @@ Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::Forwar
 }
 
 Tensor GPT2::stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
-                           const models::ForwardContext& ctx) const {
+                           const models::ForwardContext& ctx, Tensor*) const {
   // hidden() and loss() cut at the block boundaries: the same calls on the same values.
   LOOM_CHECK(0 <= first && first < last && last <= config_.num_layers, "GPT2::stage_forward: layers [", first, ", ",
              last, ") outside [0, ", config_.num_layers, ")");

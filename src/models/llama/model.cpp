@@ -147,7 +147,7 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
 }
 
 Tensor TransformerLM::stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids,
-                                    const Tensor& targets, const models::ForwardContext& ctx) const {
+                                    const Tensor& targets, const models::ForwardContext& ctx, Tensor*) const {
   // hidden() and loss() cut at the block boundaries: the same calls on the same values.
   LOOM_CHECK(0 <= first && first < last && last <= config_.num_layers, "TransformerLM::stage_forward: layers [", first,
              ", ", last, ") outside [0, ", config_.num_layers, ")");

@@ -78,7 +78,8 @@ TrainRun train_single(const std::string& arch, int micro) {
 }
 
 TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode mode, const std::string& schedule,
-                         int micro, std::vector<int64_t> bounds = {}) {
+                         int micro, std::vector<int64_t> bounds = {},
+                         models::Recompute recompute = models::Recompute::None) {
   TrainRun run;
   dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
     auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
@@ -94,7 +95,8 @@ TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode
       std::vector<dist::MicroBatch> batches;
       for (int m = 0; m < micro; ++m) {
         auto [ids, targets] = batch_of(s * micro + m);
-        batches.push_back({dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx), {}});
+        batches.push_back({dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx),
+                           models::ForwardContext::train(RngKey::from_seed(3), recompute)});
       }
       dist::PipelineTiming timing;
       const double loss_sum = dist::pipeline_step(*model, params, batches, *ctx, &timing);
@@ -234,12 +236,10 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
     std::string schedule;
     int micro;
     std::vector<int64_t> bounds;
+    models::Recompute recompute = models::Recompute::None;
   };
-  Mesh pipe2, pipe4, pipe2_data2;
-  pipe2.pipe = 2;
-  pipe4.pipe = 4;
-  pipe2_data2.pipe = 2;
-  pipe2_data2.data = 2;
+  const Mesh pipe2 = Mesh::parse("pipe=2"), pipe4 = Mesh::parse("pipe=4"), pipe2_data2 = Mesh::parse("pipe=2,data=2"),
+             pipe2_tensor2 = Mesh::parse("pipe=2,tensor=2"), pipe2_data2_tensor2 = Mesh::parse("pipe=2,data=2,tensor=2");
   const std::vector<Case> cases = {
       {pipe2, ParallelMode::Dp, "gpipe", 4, {}},
       {pipe2, ParallelMode::Dp, "1f1b", 4, {0, 3, 4}},  // cut by hand, unevenly
@@ -247,6 +247,13 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
       {pipe4, ParallelMode::Dp, "gpipe", 2, {}},
       {pipe2_data2, ParallelMode::Dp, "1f1b", 2, {}},
       {pipe2_data2, ParallelMode::Dp, "gpipe", 3, {}},
+      {pipe2_data2, ParallelMode::Fsdp, "1f1b", 3, {}},
+      {pipe2_data2, ParallelMode::Fsdp, "gpipe", 2, {}},
+      {pipe2_tensor2, ParallelMode::Tp, "1f1b", 2, {}},
+      {pipe2_tensor2, ParallelMode::Tp, "gpipe", 3, {}},
+      {pipe2_data2_tensor2, ParallelMode::FsdpTp, "1f1b", 2, {}},
+      {pipe2_data2, ParallelMode::Dp, "1f1b", 2, {}, models::Recompute::Full},  // blocks run again in the backward
+      {pipe2, ParallelMode::Dp, "gpipe", 2, {}, models::Recompute::Selective},
   };
   std::map<int, TrainRun> refs;
   for (const Case& k : cases) {
@@ -254,11 +261,12 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
     const TrainRun& ref = refs[k.micro];
     EXPECT_TRUE(std::any_of(ref.norms.begin(), ref.norms.end(), [](double n) { return n > kClip; }));
     EXPECT_LT(ref.losses.back(), ref.losses.front());
-    SCOPED_TRACE(k.schedule + " on " + k.mesh.str() + ", " + std::to_string(k.micro) + " micro-batches");
-    const TrainRun got = train_pipelined(arch, k.mesh, k.mode, k.schedule, k.micro, k.bounds);
+    SCOPED_TRACE(k.schedule + " on " + k.mesh.str() + ", " + std::to_string(k.micro) + " micro-batches, recompute " +
+                 models::recompute_name(k.recompute));
+    const TrainRun got = train_pipelined(arch, k.mesh, k.mode, k.schedule, k.micro, k.bounds, k.recompute);
     expect_equivalent(ref, got);
     // Rank 0 (stage 0) sends each micro-batch's activations [b, T, C] once per step, nothing else.
-    const int64_t rows = kBatch / k.mesh.data;
+    const int64_t rows = k.mode == ParallelMode::Tp ? kBatch : kBatch / k.mesh.data;
     EXPECT_EQ(got.send_bytes, int64_t{kSteps} * k.micro * rows * kSeq * 32 * 4);
     EXPECT_EQ(got.peak_in_flight,
               k.schedule == "gpipe" ? k.micro : std::min<int64_t>(k.mesh.pipe, k.micro));

@@ -22,6 +22,13 @@ Tensor LanguageModel::decode_last(const Tensor& ids, nn::DecodeCache& cache) con
 
 void LanguageModel::load_parameter(const std::string& name, const Tensor& values) {
   nn::Parameter& p = parameter(name);
+  // Under a pipe axis a rank holds only the parameters its stage runs (parallel/pipeline.h): the others'
+  // values are empty here and loading them keeps nothing.
+  if (p.dist && !p.pipe_stages.empty() && p.value.numel() == 0 && p.global_shape.numel() > 0) {
+    LOOM_CHECK(values.shape() == p.global_shape, "load_parameter: '", name, "' has shape ", p.global_shape,
+               " but the given values have shape ", values.shape());
+    return;
+  }
   if (p.dist && values.shape() == p.global_shape && p.value.shape() != p.global_shape) {
     // A sharded model takes whole tensors and keeps its block: checkpoints reshard on load.
     const dist::RankContext& c = *p.dist;

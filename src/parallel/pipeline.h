@@ -16,8 +16,9 @@
 // summation order inside autograd (the tests hold it to 1e-5). Idle time (waiting for a neighbour) is the
 // bubble; with equal stages it is (P - 1) / (M + P - 1) of the step.
 //
-// Parameters are never split over `pipe`: every rank builds the whole model, and each parameter is used
-// (given a gradient, moments, updates) only by the stages that run it (nn::Parameter::pipe_stages). A
+// Parameters are never split over `pipe`: every rank builds the whole model, then keeps only the
+// parameters its stage runs (nn::Parameter::pipe_stages; the others' values become empty, and so do
+// their AdamW moments); gather_whole and checkpoints take each from its first stage. A
 // token table tied to the head (GPT-2) is used by the first and the last stage: its gradient is summed
 // over the two (finish_pipe_gradients) and both apply the same AdamW update, so the copies stay
 // bitwise equal. Data, fsdp and tensor parallelism run inside each stage on its own data x tensor mesh.

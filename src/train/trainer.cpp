@@ -455,6 +455,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
         }
         continue;
       }
+      // Under a pipe axis: another stage's parameter, not held here, nor its moments.
+      if (dist_ && !params[i]->pipe_stages.empty() && params[i]->value.numel() == 0) continue;
       Tensor tm = sharded ? shards->whole(m) : opt->tensor(m), tv = sharded ? shards->whole(v) : opt->tensor(v);
       if (dist_ && tm.shape() == params[i]->global_shape && tv.shape() == params[i]->global_shape &&
           tm.dtype() == DType::F32 && tv.dtype() == DType::F32) {  // whole moments: keep this rank's block

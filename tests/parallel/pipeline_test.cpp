@@ -89,6 +89,15 @@ TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode
     auto layout = dist::shard_model(*model, ctx);
     auto params = model->parameters();
     train::AdamW opt(params, adamw());
+    // A rank holds the parameters its stage runs, and their moments, nothing of the others'.
+    const int stage = static_cast<int>(ctx->coord(dist::MeshAxis::Pipe));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& st = params[i]->pipe_stages;
+      ASSERT_FALSE(st.empty()) << params[i]->name;
+      const bool runs = std::find(st.begin(), st.end(), stage) != st.end();
+      EXPECT_EQ(params[i]->value.numel() > 0, runs) << params[i]->name << " on stage " << stage;
+      EXPECT_EQ(opt.exp_avg(i).numel(), params[i]->value.numel()) << params[i]->name;
+    }
     double busy = 0, total = 0;
     for (int s = 0; s < kSteps; ++s) {
       opt.zero_grad();

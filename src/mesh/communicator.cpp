@@ -161,6 +161,7 @@ struct InProcessWorld::State {
   std::mutex mutex;
   std::condition_variable cv;
   std::map<std::vector<int>, Rendezvous> groups;
+  std::map<std::pair<int, int>, std::deque<std::vector<float>>> mail;  // (from, to): messages in send order
   bool failed = false;
   std::string failure;
 
@@ -296,6 +297,40 @@ class InProcessCommunicator final : public Communicator {
     s_.meet(group, me, nullptr, "all_to_all_v", rank_);
   }
 
+  void send(const float* data, int64_t n, int dst) override {
+    Blocking guard(*this);
+    settle();
+    LOOM_ASSERT(dst >= 0 && dst < s_.size && dst != rank_, "send: rank ", rank_, " to ", dst);
+    std::lock_guard<std::mutex> lock(s_.mutex);
+    s_.mail[{rank_, dst}].emplace_back(data, data + n);
+    stats.send_bytes += n * 4;
+    ++stats.sends;
+    ++stats.calls;
+    s_.cv.notify_all();
+  }
+
+  void recv(float* data, int64_t n, int src) override {
+    Blocking guard(*this);
+    settle();
+    LOOM_ASSERT(src >= 0 && src < s_.size && src != rank_, "recv: rank ", rank_, " from ", src);
+    std::unique_lock<std::mutex> lock(s_.mutex);
+    auto& box = s_.mail[{src, rank_}];
+    const bool arrived = s_.cv.wait_for(lock, s_.timeout, [&] { return !box.empty() || s_.failed; });
+    if (s_.failed) throw Error(str("rank ", rank_, ": recv from rank ", src, " abandoned: ", s_.failure));
+    if (!arrived) {
+      s_.failed = true;
+      s_.failure = str("recv from rank ", src, " timed out after ", s_.timeout.count(), " ms");
+      s_.cv.notify_all();
+      throw Error(str("rank ", rank_, ": ", s_.failure));
+    }
+    std::vector<float> m = std::move(box.front());
+    box.pop_front();
+    LOOM_CHECK(static_cast<int64_t>(m.size()) == n, "recv: rank ", rank_, " expected ", n, " floats from rank ", src,
+               ", the message holds ", m.size());
+    std::memcpy(data, m.data(), static_cast<size_t>(n) * sizeof(float));
+    ++stats.calls;
+  }
+
  private:
   int begin(const std::vector<int>& group) {
     settle();  // (Blocking did already, in the collectives above)
@@ -320,6 +355,16 @@ class InProcessCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+void Communicator::send(const float*, int64_t, int dst) {
+  LOOM_FAIL("the ", kind(), " communicator has no point-to-point send (rank ", rank(), " to ", dst,
+            "): the pipe axis needs the in-process or MPI communicator");
+}
+
+void Communicator::recv(float*, int64_t, int src) {
+  LOOM_FAIL("the ", kind(), " communicator has no point-to-point recv (rank ", rank(), " from ", src,
+            "): the pipe axis needs the in-process or MPI communicator");
+}
 
 InProcessWorld::InProcessWorld(int size, std::chrono::milliseconds timeout) : state_(std::make_unique<State>()) {
   LOOM_CHECK(size >= 1, "InProcessWorld: size must be >= 1, got ", size);

@@ -29,11 +29,13 @@ namespace loom::dist {
 struct CommStats {
   int64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, broadcast_bytes = 0;
   int64_t all_to_all_bytes = 0;  // what this rank sends to the others (its block for itself excluded)
+  int64_t send_bytes = 0;        // point to point (the pipeline's activations and their gradients), sent
+  int64_t sends = 0;             // point-to-point messages sent
   int64_t calls = 0;
   double wait_seconds = 0;  // the caller's thread blocked in collectives (blocking calls and waits on started ones)
   int64_t started = 0;      // collectives started in the background (start_*)
   int64_t total_bytes() const {
-    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes + all_to_all_bytes;
+    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes + all_to_all_bytes + send_bytes;
   }
 };
 
@@ -62,6 +64,17 @@ class Communicator {
   // blocks back to back, block i (recv_counts[i] floats, from all_to_all_counts) from member i.
   virtual void all_to_all_v(const float* in, const int64_t* send_counts, float* out, const int64_t* recv_counts,
                             const std::vector<int>& group) = 0;
+
+  // Point to point (the pipe axis, parallel/pipeline.h). send() copies data[0..n) into the transport and
+  // returns without waiting for the receiver (MPI_Isend of a copy), so a schedule in which every receive
+  // is eventually matched cannot deadlock on sends; recv() blocks until the message from `src` arrives.
+  // Messages from one rank to another arrive in send order; the sizes must agree (checked). Like the
+  // collectives, both first wait for the started collectives, and a peer that never sends ends the wait
+  // with an error after the timeout. complete_sends() waits until every sent message has been taken
+  // (the step's end: the copies are freed). Communicators without them throw.
+  virtual void send(const float* data, int64_t n, int dst);
+  virtual void recv(float* data, int64_t n, int src);
+  virtual void complete_sends() {}
 
   // All world ranks, in order.
   std::vector<int> world() const;

@@ -94,7 +94,7 @@ ParallelMode parallel_mode_from_name(const std::string& name) {
 
 Mesh Mesh::parse(const std::string& text) {
   Mesh m;
-  bool seen_data = false, seen_tensor = false, seen_expert = false;
+  bool seen_data = false, seen_tensor = false, seen_expert = false, seen_pipe = false;
   std::stringstream ss(text);
   std::string part;
   int parts = 0;
@@ -116,8 +116,12 @@ Mesh Mesh::parse(const std::string& text) {
       LOOM_CHECK(!seen_expert, "mesh \"", text, "\" names the expert axis twice");
       seen_expert = true;
       m.expert = parse_axis_size(text, part);
+    } else if (axis == "pipe") {
+      LOOM_CHECK(!seen_pipe, "mesh \"", text, "\" names the pipe axis twice");
+      seen_pipe = true;
+      m.pipe = parse_axis_size(text, part);
     } else {
-      LOOM_FAIL("mesh \"", text, "\": unknown axis \"", axis, "\" (the mesh axes are data, tensor and expert)");
+      LOOM_FAIL("mesh \"", text, "\": unknown axis \"", axis, "\" (the mesh axes are data, tensor, expert and pipe)");
     }
   }
   LOOM_CHECK(parts > 0, "mesh is empty: expected axis=size pairs like data=4,tensor=2");
@@ -126,7 +130,8 @@ Mesh Mesh::parse(const std::string& text) {
 
 std::string Mesh::str() const {
   std::string s = "data=" + std::to_string(data) + ",tensor=" + std::to_string(tensor);
-  return expert > 1 ? s + ",expert=" + std::to_string(expert) : s;
+  if (expert > 1) s += ",expert=" + std::to_string(expert);
+  return pipe > 1 ? s + ",pipe=" + std::to_string(pipe) : s;
 }
 
 int64_t Mesh::axis_size(MeshAxis axis) const {
@@ -134,6 +139,7 @@ int64_t Mesh::axis_size(MeshAxis axis) const {
     case MeshAxis::Data: return data;
     case MeshAxis::Tensor: return tensor;
     case MeshAxis::Expert: return expert;
+    case MeshAxis::Pipe: return pipe;
   }
   return 1;
 }
@@ -141,9 +147,10 @@ int64_t Mesh::axis_size(MeshAxis axis) const {
 int64_t Mesh::coord(int64_t rank, MeshAxis axis) const {
   LOOM_ASSERT(rank >= 0 && rank < size(), "rank ", rank, " outside mesh ", str());
   switch (axis) {
-    case MeshAxis::Data: return rank / (tensor * expert);
+    case MeshAxis::Data: return (rank / (tensor * expert)) % data;
     case MeshAxis::Tensor: return rank % tensor;
     case MeshAxis::Expert: return (rank / tensor) % expert;
+    case MeshAxis::Pipe: return rank / (tensor * expert * data);
   }
   return 0;
 }
@@ -174,14 +181,15 @@ std::vector<int> Mesh::group(int64_t rank, const std::vector<MeshAxis>& axes) co
   std::vector<int> ranks;
   for (int64_t r = 0; r < size(); ++r) {
     bool same = true;
-    for (MeshAxis a : {kData, kTensor, kExpert}) same = same && (free(a) || coord(r, a) == coord(rank, a));
+    for (MeshAxis a : {kData, kTensor, kExpert, MeshAxis::Pipe}) same = same && (free(a) || coord(r, a) == coord(rank, a));
     if (same) ranks.push_back(static_cast<int>(r));
   }
   return ranks;
 }
 
 void validate_mesh_for_mode(const Mesh& mesh, ParallelMode mode) {
-  LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1 && mesh.expert >= 1, "mesh ", mesh.str(), ": axis sizes must be positive");
+  LOOM_CHECK(mesh.data >= 1 && mesh.tensor >= 1 && mesh.expert >= 1 && mesh.pipe >= 1, "mesh ", mesh.str(),
+             ": axis sizes must be positive");
   const char* name = parallel_mode_name(mode);
   LOOM_CHECK(is_expert_mode(mode) || mesh.expert == 1, "parallel mode ", name, " needs expert=1, but the mesh is ",
              mesh.str(), " (the expert axis is used by dp_ep and fsdp_ep)");

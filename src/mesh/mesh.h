@@ -56,17 +56,22 @@ ParallelMode parallel_mode_from_name(const std::string& name);
 
 struct Mesh {
   int64_t data = 1, tensor = 1, expert = 1;
+  // Pipeline stages (parallel/pipeline.h): the outermost axis, rank = p * (data * expert * tensor) + ...,
+  // so each stage is a whole data x expert x tensor mesh of its own and the stages talk only point to
+  // point, the traffic that crosses nodes best. Parameters are never split over it: a stage holds (and
+  // trains) the layers it runs.
+  int64_t pipe = 1;
 
   // "data=4,tensor=2" or "data=2,expert=4" (any order; an axis left out is 1). Throws naming the text on
   // anything else.
   static Mesh parse(const std::string& text);
-  std::string str() const;  // "data=4,tensor=2", with ",expert=E" when expert > 1
-  int64_t size() const { return data * tensor * expert; }
+  std::string str() const;  // "data=4,tensor=2", with ",expert=E" when expert > 1, ",pipe=P" when pipe > 1
+  int64_t size() const { return data * tensor * expert * pipe; }
   int64_t axis_size(MeshAxis axis) const;
   // A rank's coordinate on an axis (0 on axes the mesh does not have).
   int64_t coord(int64_t rank, MeshAxis axis) const;
-  int64_t rank_at(int64_t data_index, int64_t tensor_index, int64_t expert_index = 0) const {
-    return (data_index * expert + expert_index) * tensor + tensor_index;
+  int64_t rank_at(int64_t data_index, int64_t tensor_index, int64_t expert_index = 0, int64_t pipe_index = 0) const {
+    return ((pipe_index * data + data_index) * expert + expert_index) * tensor + tensor_index;
   }
   // The ranks that share every coordinate of `rank` but the one on `axis`, in axis order: the group a
   // collective over that axis runs on.

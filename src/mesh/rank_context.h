@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "mesh/communicator.h"
 #include "mesh/mesh.h"
@@ -31,6 +33,11 @@ struct RankContext {
   // Expert parallelism: the most token rows one rank may receive for its experts in one MoE layer (0:
   // no cap beyond the natural bound; see nn/expert_parallel.h). A larger count is an error naming both.
   int64_t max_expert_rows = 0;
+  // The pipe axis (parallel/pipeline.h): stage s runs layers [pipe_bounds[s], pipe_bounds[s + 1]); empty
+  // before shard_model, which fills it (balanced by estimated cost) when the mesh has pipe > 1 and it is
+  // still empty. The schedule of the micro-batches: "1f1b" or "gpipe".
+  mutable std::vector<int64_t> pipe_bounds{};
+  std::string pipe_schedule = "1f1b";
 
   int64_t coord(MeshAxis axis) const { return mesh.coord(rank, axis); }
   Group group(MeshAxis axis) const { return {comm, mesh.group(rank, axis)}; }

@@ -14,13 +14,15 @@
 
 namespace loom::dist {
 
-enum class MeshAxis { Data, Tensor, Expert };
+// Pipe cuts the layers into stages (parallel/pipeline.h); no partition spec names it.
+enum class MeshAxis { Data, Tensor, Expert, Pipe };
 
 inline const char* mesh_axis_name(MeshAxis a) {
   switch (a) {
     case MeshAxis::Data: return "data";
     case MeshAxis::Tensor: return "tensor";
     case MeshAxis::Expert: return "expert";
+    case MeshAxis::Pipe: return "pipe";
   }
   return "?";
 }

@@ -22,6 +22,13 @@ Tensor LanguageModel::decode_last(const Tensor& ids, nn::DecodeCache& cache) con
 
 void LanguageModel::load_parameter(const std::string& name, const Tensor& values) {
   nn::Parameter& p = parameter(name);
+  // Under a pipe axis a rank holds only the parameters its stage runs (parallel/pipeline.h): the others'
+  // values are empty here and loading them keeps nothing.
+  if (p.dist && !p.pipe_stages.empty() && p.value.numel() == 0 && p.global_shape.numel() > 0) {
+    LOOM_CHECK(values.shape() == p.global_shape, "load_parameter: '", name, "' has shape ", p.global_shape,
+               " but the given values have shape ", values.shape());
+    return;
+  }
   if (p.dist && values.shape() == p.global_shape && p.value.shape() != p.global_shape) {
     // A sharded model takes whole tensors and keeps its block: checkpoints reshard on load.
     const dist::RankContext& c = *p.dist;
@@ -86,6 +93,15 @@ TensorList recompute_block(const ForwardContext& ctx, const TensorList& inputs,
 Tensor recompute_block(const ForwardContext& ctx, const Tensor& x, std::function<Tensor(const Tensor&)> fn) {
   if (!ctx.training || ctx.recompute == Recompute::None || !autograd::any_requires_grad({x})) return fn(x);
   return recompute_block(ctx, TensorList{x}, [fn = std::move(fn)](const TensorList& in) { return TensorList{fn(in[0])}; })[0];
+}
+
+Tensor LanguageModel::stage_forward(int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
+                                    const ForwardContext&, Tensor*) const {
+  LOOM_FAIL("model family ", arch(), " cannot be cut into pipeline stages (the pipe axis runs llama, gpt2 and deepseek_v3)");
+}
+
+int LanguageModel::pipeline_ends(const nn::Parameter& p) const {
+  return p.group == nn::ParamGroup::Embedding || p.group == nn::ParamGroup::Position ? 1 : 2;
 }
 
 }  // namespace loom::models

@@ -112,6 +112,23 @@ class LanguageModel : public nn::Module {
   // loads), as a JSON object merged into metrics.jsonl's train events; resets the window.
   virtual nlohmann::json take_training_metrics() { return nlohmann::json::object(); }
 
+  // ---- pipeline parallelism (parallel/pipeline.h) ----------------------------------------------------
+  // How many blocks the pipe axis cuts between (stage boundaries fall between blocks); 0: the family
+  // cannot run on a pipe axis.
+  virtual int64_t pipeline_layers() const { return 0; }
+  // One stage of a training forward: blocks [first, last). The first stage (first == 0) embeds `ids`; the
+  // others continue from `x` [B, T, C], the previous stage's output. The last stage (last ==
+  // pipeline_layers()) returns what loss(ids, targets, ctx) returns, the others their output [B, T, C].
+  // Chained over the stages it is loss(): the same ops on the same values. A stage before the last whose
+  // blocks add terms to the objective themselves (DeepSeek-V3's balance loss) sets *aux_loss to their sum
+  // (a scalar the pipeline adds to the stage's objective); else it stays undefined.
+  virtual Tensor stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
+                               const ForwardContext& ctx, Tensor* aux_loss) const;
+  // Which ends of the pipeline use a parameter that belongs to no block (no "layers.<i>." prefix): 1 the
+  // first stage, 2 the last, 3 both (a token table tied to the head). Default: the embedding and
+  // position tables 1, everything else (final norm, head) 2.
+  virtual int pipeline_ends(const nn::Parameter& p) const;
+
   // Backward writes the parameters' gradients: callers that may compute gradients of one model from
   // several threads (the Python module releases the GIL) hold this lock for forward + backward.
   std::mutex& backward_mutex() const { return backward_mutex_; }

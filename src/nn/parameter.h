@@ -38,6 +38,10 @@ struct Parameter {
   // Set when the model is sharded over a mesh (dist::shard_model): the rank, mesh, mode and
   // communicator the layers use to gather what they need. Null: one process, value is the whole tensor.
   std::shared_ptr<const dist::RankContext> dist;
+  // Under a pipe axis (parallel/pipeline.h): the pipeline stages that use it, ascending (one; the first
+  // and the last for a tied GPT-2 table). On other stages `value` is empty (shard_model drops it); the
+  // first listed writes it to checkpoints and counts it in the gradient norm. Empty: no pipe axis.
+  std::vector<int> pipe_stages;
 
   // Mixed precision (ops::MatmulPrecision::BF16): `value` rounded to bf16, the operand the GEMMs read.
   // A layer that multiplies by this parameter in bf16 allocates it (bf16_weight_of); train::AdamW then

@@ -22,7 +22,8 @@ bool owns_block(const nn::Parameter& p, const RankContext& c) {
   for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
     if (!p.spec.splits_over(a) && c.coord(a) != 0) return false;
   }
-  return true;
+  // Under a pipe axis: the first stage that runs it (the others' copies are not trained).
+  return p.pipe_stages.empty() || c.coord(MeshAxis::Pipe) == p.pipe_stages.front();
 }
 
 void write_rank_shards(const std::string& path, const std::vector<nn::Parameter*>& params,

@@ -1,5 +1,6 @@
 #include "parallel/runtime.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/optimizer.h"
+#include "parallel/pipeline.h"
 
 namespace loom::dist {
 namespace {
@@ -71,6 +73,17 @@ std::vector<TensorLayout> shard_model(models::LanguageModel& model, std::shared_
     p.value = local;
     p.value_changed();
     p.dist = context;
+  }
+  if (c.mesh.pipe > 1) {
+    plan_pipeline(model, c);  // which stage runs (and trains) each parameter
+    // A parameter another stage runs is not held here: an empty value, so no moments either (AdamW
+    // shapes them like the value). gather_whole and checkpoints fetch it from its first stage.
+    const int stage = static_cast<int>(c.coord(MeshAxis::Pipe));
+    for (nn::Parameter* p : params) {
+      if (std::find(p->pipe_stages.begin(), p->pipe_stages.end(), stage) != p->pipe_stages.end()) continue;
+      p->value = Tensor::empty(Shape{0});
+      p->value_changed();
+    }
   }
   if (!context->overlap_state) context->overlap_state = std::make_shared<OverlapState>();
   model.layers_changed();  // the parameters' tensors are shards now: what a model derived from them is stale
@@ -176,6 +189,8 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const std::ve
     for (MeshAxis a : {MeshAxis::Data, MeshAxis::Tensor, MeshAxis::Expert}) {
       if (!is_split_over(*p, a) && c.coord(a) != 0) owner = false;
     }
+    // Under a pipe axis a tied table has a gradient on two stages: the first of them counts it.
+    if (!p->pipe_stages.empty() && c.coord(MeshAxis::Pipe) != p->pipe_stages.front()) owner = false;
     if (owner) owned.push_back(g);
   }
   double total = ops::sum_of_squares(owned);
@@ -198,9 +213,18 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, const std::vect
 }
 
 Tensor gather_whole(const Tensor& local, const nn::Parameter& p, const RankContext& c) {
-  Tensor t = local.detach().clone();
-  for (int d = 0; d < static_cast<int>(p.spec.dims.size()); ++d) {
+  const bool held = p.pipe_stages.empty() || std::find(p.pipe_stages.begin(), p.pipe_stages.end(),
+                                                       static_cast<int>(c.coord(MeshAxis::Pipe))) != p.pipe_stages.end();
+  Tensor t = held ? local.detach().clone() : Tensor::empty(p.global_shape);
+  // The gathers run inside a stage, whose ranks all hold the parameter or all do not.
+  for (int d = 0; held && d < static_cast<int>(p.spec.dims.size()); ++d) {
     if (const DimSplit a = axis_of(p, d)) t = ops::all_gather_values(t, d, c.group(a));
+  }
+  if (!p.pipe_stages.empty()) {  // only the stages that run it hold it: the first of them sends it
+    const int64_t stride = c.mesh.data * c.mesh.expert * c.mesh.tensor;
+    const int root = static_cast<int>(c.rank + (p.pipe_stages.front() - c.coord(MeshAxis::Pipe)) * stride);
+    LOOM_CHECK(t.dtype() == DType::F32, "gather_whole: '", p.name, "' is ", t.describe(), ", not f32");
+    c.comm->broadcast(t.data<float>(), t.numel(), root, c.mesh.group(c.rank, MeshAxis::Pipe));
   }
   return t;
 }

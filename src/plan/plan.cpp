@@ -138,7 +138,7 @@ std::string Layout::str() const {
 }
 
 std::string Layout::loom_mode() const {
-  if (pipe > 1 || shard == "zero1") return "";
+  if (shard == "zero1") return "";
   const bool fsdp = shard == "fsdp" && data > 1;
   if (expert > 1) return tensor > 1 ? "" : (fsdp || (shard == "fsdp" && data == 1)) ? "fsdp_ep" : "dp_ep";
   if (tensor > 1) return data == 1 ? "tp" : fsdp ? "fsdp_tp" : "";
@@ -286,6 +286,8 @@ Estimate estimate(const Request& r, const Layout& l) {
   // ---- memory per device: the most loaded pipeline stage ----
   const std::vector<ParamCount> params = census(m);
   const bool tied = m.arch() == "gpt2" && flag(j, "tie_embeddings", true);
+  // Under a pipe axis the last stage reads the token table too: GPT-2's tied head, DeepSeek-V3's MTP.
+  const bool table_on_last = tied || (m.arch() == "deepseek_v3" && key(j, "n_mtp") > 0);
   double worst = -1;
   double stage_params = 0, stage_dense_whole = 0, largest_weight = 0;
   int64_t worst_stage = 0, worst_layers = 0;
@@ -313,6 +315,9 @@ Estimate estimate(const Request& r, const Layout& l) {
   }
   stage_params = worst;
   (void)stage_dense_whole;
+  e.worst_stage = worst_stage;
+  for (int64_t st = 0; st < l.pipe; ++st) e.stage_bounds.push_back(stage_layers(L, l.pipe, st).first);
+  e.stage_bounds.push_back(L);
   const double P = stage_params;
   e.params = 4 * P;
   e.grads = 4 * P;
@@ -398,7 +403,8 @@ Estimate estimate(const Request& r, const Layout& l) {
   for (const ParamCount& p : params) {
     const auto [first, last] = stage_layers(L, l.pipe, worst_stage);
     const bool here = (p.layer >= first && p.layer < last) || (p.layer < 0 && worst_stage == 0) ||
-                      (p.layer >= L && worst_stage == l.pipe - 1);
+                      (p.layer >= L && worst_stage == l.pipe - 1) ||
+                      (table_on_last && p.group == ParamGroup::Embedding && worst_stage == l.pipe - 1);
     if (!here) continue;
     const Split sp = split_of(p, l);
     const double local = p.count / sp.total();
@@ -460,10 +466,24 @@ Estimate estimate(const Request& r, const Layout& l) {
                                        expert_link, false, passes * moe_layers_here * micro));
   }
   if (l.pipe > 1) {
+    // What the stage sends: its activations to the next stage (not the last), the gradient of its input
+    // to the previous one (not the first), one message per micro-batch each way.
+    const double directions = (worst_stage > 0 ? 1.0 : 0.0) + (worst_stage < l.pipe - 1 ? 1.0 : 0.0);
     e.collectives.push_back(collective("pipeline activations and gradients", "send_recv", "pipe", l.pipe,
-                                       2 * micro * mb_tokens * C * act_bytes, pipe_link, true, 2 * micro));
-  }
-  if (batch_split || l.tensor > 1) {
+                                       directions * micro * mb_tokens * C * act_bytes, pipe_link, true,
+                                       directions * micro));
+    // A token table the last stage reads too (GPT-2's tied head, DeepSeek-V3's MTP): its gradient summed
+    // over the first and last stage.
+    if (table_on_last && (worst_stage == 0 || worst_stage == l.pipe - 1)) {
+      e.collectives.push_back(collective("tied table gradient all-reduce", "all_reduce", "pipe", 2,
+                                         4 * V * C / static_cast<double>(l.tensor), pipe_link, false, 1));
+    }
+    // The loss over the batch axes (per micro-batch, on the last stage), its sum over the stages, the
+    // stop agreement and the gradient norm.
+    const double n = (batch_split && worst_stage == l.pipe - 1 ? micro : 0) + 3;
+    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 8 * n,
+                                       data_link, false, n));
+  } else if (batch_split || l.tensor > 1) {
     e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(),
                                        8 * (batch_split ? 3 : 2), data_link, false, batch_split ? 3 : 2));
   }

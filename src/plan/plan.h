@@ -47,8 +47,8 @@ struct Layout {
   std::string schedule = "1f1b";   // with pipe > 1: "1f1b" or "gpipe"
   int64_t devices() const { return data * tensor * pipe * expert; }
   std::string str() const;  // "data=4,tensor=2 fsdp recompute=full m=2"
-  // The loom parallel mode that runs this layout, or "" when loom does not run it yet (pipe, zero1,
-  // data x tensor without fsdp, tensor x expert).
+  // The loom parallel mode that runs this layout (with its pipe axis, when pipe > 1), or "" when loom
+  // does not run it yet (zero1, data x tensor without fsdp, tensor x expert).
   std::string loom_mode() const;
 };
 
@@ -95,6 +95,10 @@ struct Estimate {
   double compute_s = 0, exposed_comm_s = 0, comm_s = 0, bubble_s = 0, optimizer_s = 0, step_s = 0;
   double tokens_per_s = 0, mfu = 0;
   double hfu = 0;  // hardware FLOPs (recomputation included) over the peak: what Megatron-LM's papers report
+  // The pipeline stage the memory and the collectives are given for (the most loaded), and every stage's
+  // first block: stage s runs blocks [stage_bounds[s], stage_bounds[s + 1]) (loom's parallel.pipe_layers).
+  int64_t worst_stage = 0;
+  std::vector<int64_t> stage_bounds;
   std::string verdict;        // why it wins, or why it loses to the best
 };
 

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_count.h"
 #include "mesh/mesh.h"
+#include "parallel/pipeline.h"
 #include "generate/generate.h"
 #include "io/file.h"
 #include "io/json_checked.h"
@@ -140,7 +141,12 @@ json TrainConfig::to_json() const {
         {"temperature", sample.temperature},
         {"top_k", sample.top_k},
         {"top_p", sample.top_p}}},
-      {"parallel", {{"mode", parallel.mode}, {"mesh", parallel.mesh}, {"max_expert_rows", parallel.max_expert_rows}}},
+      {"parallel",
+       {{"mode", parallel.mode},
+        {"mesh", parallel.mesh},
+        {"max_expert_rows", parallel.max_expert_rows},
+        {"schedule", parallel.schedule},
+        {"pipe_layers", parallel.pipe_layers}}},
   };
 }
 
@@ -183,7 +189,8 @@ TrainConfig TrainConfig::from_json(const json& j) {
   c.sample = {s["prompt"].get<std::string>(),  s["num_samples"].get<int64_t>(), s["max_new_tokens"].get<int64_t>(),
               s["temperature"].get<double>(), s["top_k"].get<int64_t>(),       s["top_p"].get<double>()};
   c.parallel = {m["parallel"]["mode"].get<std::string>(), m["parallel"]["mesh"].get<std::string>(),
-                m["parallel"]["max_expert_rows"].get<int64_t>()};
+                m["parallel"]["max_expert_rows"].get<int64_t>(), m["parallel"]["schedule"].get<std::string>(),
+                m["parallel"]["pipe_layers"].get<std::string>()};
   c.validate();
   return c;
 }
@@ -256,6 +263,17 @@ void TrainConfig::validate() const {
     dist::validate_mesh_for_mode(mesh, mode);
     dist::validate_batch_for_mesh(training.batch_size, mesh, mode);
     const json& mj = model.json();
+    LOOM_CHECK(parallel.schedule == "1f1b" || parallel.schedule == "gpipe", "unknown parallel.schedule \"",
+               parallel.schedule, "\": expected 1f1b or gpipe");
+    if (mesh.pipe > 1) {
+      const int64_t layers = mj.value("num_layers", int64_t{0});
+      LOOM_CHECK(mesh.pipe <= layers, "mesh ", mesh.str(), ": pipe=", mesh.pipe, " needs at least as many blocks, but ",
+                 "model.num_layers is ", layers);
+      if (!parallel.pipe_layers.empty()) dist::stage_bounds_from_counts(parallel.pipe_layers, layers, mesh.pipe);
+    } else {
+      LOOM_CHECK(parallel.pipe_layers.empty(), "parallel.pipe_layers=\"", parallel.pipe_layers,
+                 "\" sets the stages of a pipe axis, but the mesh ", mesh.str(), " has none");
+    }
     if (mj.contains("num_heads") && mj["num_heads"].is_number_integer()) {
       const int64_t heads = mj["num_heads"].get<int64_t>();
       const int64_t kv = mj.contains("num_kv_heads") && mj["num_kv_heads"].get<int64_t>() > 0

@@ -1,5 +1,7 @@
 #include "train/run.h"
 
+#include "parallel/pipeline.h"
+
 #include <filesystem>
 #include <optional>
 
@@ -73,6 +75,10 @@ dist::LaunchedRank start_ranks(TrainConfig& cfg, bool overlap) {
   if (cfg.training.threads == 0) cfg.training.threads = dist::threads_per_local_rank();
   r.context->overlap = overlap;
   r.context->max_expert_rows = cfg.parallel.max_expert_rows;
+  r.context->pipe_schedule = cfg.parallel.schedule;
+  if (!cfg.parallel.pipe_layers.empty()) {
+    r.context->pipe_bounds = dist::stage_bounds_from_counts(cfg.parallel.pipe_layers, cfg.model.json().value("num_layers", int64_t{0}), mesh.pipe);
+  }
   return r;
 }
 

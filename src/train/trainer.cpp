@@ -17,6 +17,7 @@
 #include "tokenizer/formats.h"
 #include "runs/checkpoint.h"
 #include "parallel/checkpoint.h"
+#include "parallel/pipeline.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run_data.h"
@@ -64,7 +65,8 @@ std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
   double total = 0;
   for (const data::Batch& b : data_->val) {
     if (stop != nullptr && agreed(stop->requested())) return std::nullopt;  // thousands of batches must not delay a stop
-    total += global(model_->loss(local(b.inputs), local(b.targets)).item());
+    total += pipelined() ? dist::pipeline_loss(*model_, local(b.inputs), local(b.targets), *dist_)
+                         : global(model_->loss(local(b.inputs), local(b.targets)).item());
   }
   return data_->val.empty() ? 0.0 : total / static_cast<double>(data_->val.size());
 }
@@ -128,6 +130,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   const auto run_start = Clock::now();
   auto window_start = run_start;
   int64_t window_steps = 0, run_steps = 0;
+  double window_pipe_seconds = 0, window_pipe_busy = 0;  // the pipe axis's step time and busy time, this rank
   while (!interrupted && step_ < tc.max_steps) {
     if (stop != nullptr) stop->set_step(step_ + 1);
     const float lr = cosine_lr(step_, static_cast<float>(oc.lr), static_cast<float>(oc.min_lr),
@@ -137,6 +140,20 @@ TrainSummary Trainer::run(const StopSignal* stop) {
     double loss_sum = 0;
     const data::LoaderState loader_at_step_start = data_->train.state();
     int64_t micro = 0;
+    if (pipelined()) {
+      // The pipe axis: the step's micro-batches flow through the stages (parallel/pipeline.h); a stop is
+      // looked at only between steps.
+      std::vector<dist::MicroBatch> batches;
+      for (int64_t m = 0; m < tc.grad_accum_steps; ++m) {
+        data::Batch batch = data_->train.next();
+        batches.push_back({local(batch.inputs), local(batch.targets), train_context(m)});
+      }
+      dist::PipelineTiming timing;
+      loss_sum = dist::pipeline_step(*model_, params, batches, *dist_, &timing);
+      window_pipe_seconds += timing.seconds;
+      window_pipe_busy += timing.busy_seconds;
+      micro = tc.grad_accum_steps;
+    }
     for (; micro < tc.grad_accum_steps; ++micro) {
       // A stop between micro-batches abandons the step: nothing is applied and the loader goes back to
       // where the step began, so the run ends at the last completed step and a resume redoes this one.
@@ -191,6 +208,15 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       peak = std::max(peak, flops_per_token * e.tokens_per_s);
       e.mfu = mfu(flops_per_token, e.tokens_per_s, peak);
       e.model = model_->take_training_metrics();
+      if (pipelined()) {
+        // The bubble: the share of the steps' forward and backward that the ranks spent waiting for a
+        // neighbour, averaged over the ranks, beside the (P - 1) / (M + P - 1) of equal stages.
+        double idle[2] = {window_pipe_seconds - window_pipe_busy, window_pipe_seconds};
+        dist_->comm->all_reduce_sum(idle, 2, dist_->comm->world());
+        e.model["pipe_bubble"] = idle[1] > 0 ? idle[0] / idle[1] : 0.0;
+        e.model["pipe_bubble_ideal"] = dist::ideal_bubble(dist_->mesh.pipe, tc.grad_accum_steps);
+        window_pipe_seconds = window_pipe_busy = 0;
+      }
       if (metrics) metrics->train(e);
       last_train_event_ = to_json(e);
       progress.log(e);
@@ -429,6 +455,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
         }
         continue;
       }
+      // Under a pipe axis: another stage's parameter, not held here, nor its moments.
+      if (dist_ && !params[i]->pipe_stages.empty() && params[i]->value.numel() == 0) continue;
       Tensor tm = sharded ? shards->whole(m) : opt->tensor(m), tv = sharded ? shards->whole(v) : opt->tensor(v);
       if (dist_ && tm.shape() == params[i]->global_shape && tv.shape() == params[i]->global_shape &&
           tm.dtype() == DType::F32 && tv.dtype() == DType::F32) {  // whole moments: keep this rank's block
@@ -483,6 +511,7 @@ double Trainer::global(double local_loss) const { return dist_ ? dist::global_lo
 
 void Trainer::finish_gradients() {
   if (dist_) dist::finish_gradients(model_->parameters(), *dist_);
+  if (pipelined()) dist::finish_pipe_gradients(model_->parameters(), *dist_);
 }
 
 double Trainer::clip_or_norm(const std::vector<Tensor>& grads) {

@@ -118,6 +118,8 @@ class Trainer {
   void finish_gradients();
   double clip_or_norm(const std::vector<Tensor>& grads);
   bool agreed(bool stop) const;
+  // The mesh has a pipe axis: steps and validation run through parallel/pipeline.h.
+  bool pipelined() const { return dist_ && dist_->mesh.pipe > 1; }
   // Whole parameter tensors (gathered when sharded: collective).
   std::vector<Tensor> whole_parameters();
   // The trainer_state.json of a checkpoint; a sharded checkpoint's save (parallel/checkpoint.h).

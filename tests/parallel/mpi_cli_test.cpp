@@ -177,6 +177,59 @@ TEST_F(MpiCli, OverlapOnAndOffGiveTheSameBits) {
   }
 }
 
+// The pipe axis under mpirun: a 4-block tiny Llama, two micro-batches a step. pipe=2 x data=2 under 1F1B
+// equals one process; a GPipe run on pipe=2 stopped at its step-6 checkpoint resumes on pipe=4 and ends
+// where the uninterrupted single process does (a checkpoint does not depend on the pipe count).
+TEST_F(MpiCli, PipeEqualsOneProcessAndResumesOnAnotherPipeCount) {
+  Corpus c;
+  const std::string model = "--set model.num_layers=4 --set training.grad_accum_steps=2 ";
+  const fs::path ref = c.dir / "ref", four = c.dir / "four", resumed = c.dir / "resumed";
+  Ran r = sh(c.command(0, ref, 12, model), c.dir / "ref.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, four, 12, model + "--mesh pipe=2,data=2 --parallel dp"), c.dir / "four.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("mesh data=2,tensor=1,pipe=2, mode dp: 4 ranks over mpi"), std::string::npos) << r.log;
+  expect_same_run(ref, four);
+  // The bubble is reported beside the ideal (P - 1) / (M + P - 1) = 1/3.
+  std::ifstream in(four / "metrics.jsonl");
+  bool seen = false;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "train") continue;
+    seen = true;
+    EXPECT_NEAR(j.at("pipe_bubble_ideal").get<double>(), 1.0 / 3.0, 1e-12);
+    const double bubble = j.at("pipe_bubble").get<double>();
+    EXPECT_TRUE(bubble >= 0 && bubble < 1) << bubble;
+  }
+  EXPECT_TRUE(seen);
+
+  r = sh(c.command(2, resumed, 6, model + "--mesh pipe=2 --parallel dp --set parallel.schedule=gpipe"),
+         c.dir / "resumed1.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, resumed, 12, model + "--mesh pipe=4 --parallel dp --resume"), c.dir / "resumed2.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, resumed);
+}
+
+// dsv3-tiny through a pipe under mpirun: 4 blocks (1 dense, 3 MoE), two micro-batches a step, pipe=2 x
+// expert=2 under dp_ep (the stages' MoE blocks split their experts, the loads summed over the stages for
+// the bias updates); stopped at step 6 and resumed as one process: all 12 losses and the weights (the
+// routing biases included) equal the uninterrupted single process's.
+TEST_F(MpiCli, DeepSeekThroughAPipeEqualsOneProcessAndResumesWithoutIt) {
+  Corpus c;
+  const std::string sets = kDeepSeekSets + " --set model.num_layers=4 --set training.grad_accum_steps=2 ";
+  const fs::path ref = c.dir / "ref", piped = c.dir / "piped";
+  Ran r = sh(c.command(0, ref, 12, sets, "dsv3-tiny"), c.dir / "ref.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(4, piped, 6, sets + "--mesh pipe=2,expert=2 --parallel dp_ep", "dsv3-tiny"), c.dir / "p1.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  r = sh(c.command(0, piped, 12, sets + "--resume", "dsv3-tiny"), c.dir / "p2.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
+  expect_same_run(ref, piped);
+}
+
 TEST_F(MpiCli, AMeshThatDoesNotMatchTheRanksIsRefused) {
   Corpus c;
   Ran r = sh(c.command(2, c.dir / "x", 2, "--mesh data=4 --parallel dp"), c.dir / "x.log");
@@ -259,6 +312,11 @@ void kill_one_rank_and_resume(const std::string& mesh_args, const std::string& p
 }  // namespace
 
 TEST_F(MpiCli, KillingOneRankEndsTheJobInBoundedTime) { kill_one_rank_and_resume("--mesh data=2,tensor=2 --parallel fsdp_tp", "tiny"); }
+
+TEST_F(MpiCli, KillingOneRankOfAPipelineEndsTheJob) {
+  kill_one_rank_and_resume("--mesh pipe=2,data=2 --parallel dp --set model.num_layers=4 --set training.grad_accum_steps=2",
+                           "tiny");
+}
 
 // The same under expert parallelism (every MoE layer's all-to-all waits on the killed rank).
 TEST_F(MpiCli, KillingOneRankUnderExpertParallelismEndsTheJob) {

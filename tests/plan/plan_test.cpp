@@ -11,6 +11,7 @@
 #include "core/parallel.h"
 #include "train/optimizer.h"
 #include "ops/shape.h"
+#include "parallel/pipeline.h"
 #include "parallel/runtime.h"
 #include "plan/plan.h"
 #include "train/config.h"
@@ -142,6 +143,84 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
       EXPECT_GT(static_cast<double>(measured.all_to_all_bytes), 0.25 * planned["all_to_all"]) << what;
       EXPECT_LT(static_cast<double>(measured.all_to_all_bytes), 2.0 * planned["all_to_all"]) << what;
     }
+  }
+}
+
+// Under a pipe axis: the stage the plan gives its numbers for (the most loaded) sends exactly the
+// planned point-to-point bytes and all-reduces exactly the planned bytes (its gradients over data, the
+// tied table over the first and last stage, the scalars), in a step run as the trainer runs it.
+TEST(Plan, PipeBytesEqualLoomsCounts) {
+  set_num_threads(1);
+  struct Case {
+    std::string preset;
+    std::string mesh;
+    std::string schedule;
+  };
+  const std::vector<Case> cases = {
+      {"tiny", "pipe=2", "1f1b"}, {"tiny", "pipe=2,data=2", "gpipe"}, {"gpt2-small", "pipe=2", "1f1b"},
+      {"gpt2-small", "pipe=3,data=2", "1f1b"}};
+  for (const Case& c : cases) {
+    const dist::Mesh mesh = dist::Mesh::parse(c.mesh);
+    const models::ModelConfig mc =
+        c.preset == "gpt2-small"
+            ? model_of("gpt2-small", {"model.vocab_size=128", "model.context_length=16", "model.d_model=32",
+                                      "model.num_layers=4", "model.num_heads=4"})
+            : model_of(c.preset, {"model.context_length=16", "model.num_layers=4"});
+    const int64_t B = 8, T = 16, M = 3;  // B rows per micro-batch, M micro-batches per step
+    plan::Request r;
+    r.model = mc;
+    r.batch = B * M;
+    r.seq = T;
+    r.devices = mesh.size();
+    r.device = fake_device();
+    r.precision = "f32";
+    plan::Layout l;
+    l.data = mesh.data;
+    l.pipe = mesh.pipe;
+    l.shard = "none";
+    l.micro_batches = M;
+    l.schedule = c.schedule;
+    ASSERT_EQ(l.loom_mode(), "dp");
+    const plan::Estimate e = plan::estimate(r, l);
+    ASSERT_TRUE(e.invalid.empty()) << e.invalid;
+    const int watched = static_cast<int>(mesh.rank_at(0, 0, 0, e.worst_stage));
+    dist::CommStats measured;
+    dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+      auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, dist::ParallelMode::Dp, &comm, rank, true});
+      ctx->pipe_schedule = c.schedule;
+      ctx->pipe_bounds = e.stage_bounds;  // the plan's cut
+      auto model = mc.build(5);
+      const auto layout = dist::shard_model(*model, ctx);
+      auto params = model->parameters();
+      for (int step = 0; step < 2; ++step) {
+        const dist::CommStats before = comm.stats;
+        std::vector<dist::MicroBatch> micro;
+        for (int64_t m = 0; m < M; ++m) {
+          Tensor ids = ids_for(B, T + 1, mc.vocab_size(), static_cast<uint64_t>(7 + step * M + m));
+          micro.push_back({dist::local_batch(ops::narrow(ids, 1, 0, T), *ctx), dist::local_batch(ops::narrow(ids, 1, 1, T), *ctx),
+                           models::ForwardContext::train(RngKey::from_seed(1))});
+        }
+        dist::pipeline_step(*model, params, micro, *ctx);
+        double any = 0;
+        comm.all_reduce_sum(&any, 1, comm.world());  // the trainer's stop agreement
+        dist::finish_gradients(params, *ctx);
+        dist::finish_pipe_gradients(params, *ctx);
+        dist::global_grad_norm(params, layout, *ctx);
+        for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+        if (rank == watched && step == 1) {
+          measured.all_reduce_bytes = comm.stats.all_reduce_bytes - before.all_reduce_bytes;
+          measured.all_gather_bytes = comm.stats.all_gather_bytes - before.all_gather_bytes;
+          measured.send_bytes = comm.stats.send_bytes - before.send_bytes;
+        }
+      }
+    });
+    std::map<std::string, double> planned;
+    for (const plan::Collective& k : e.collectives) planned[k.kind] += k.bytes;
+    const std::string what = c.preset + " " + c.mesh + " " + c.schedule + ", stage " + std::to_string(e.worst_stage);
+    EXPECT_GT(measured.send_bytes, 0) << what;
+    EXPECT_EQ(planned["send_recv"], static_cast<double>(measured.send_bytes)) << what;
+    EXPECT_EQ(planned["all_reduce"], static_cast<double>(measured.all_reduce_bytes)) << what;
+    EXPECT_EQ(planned["all_gather"], static_cast<double>(measured.all_gather_bytes)) << what;
   }
 }
 

@@ -100,3 +100,19 @@ TEST(ConfigLimits, SampleMaxNewTokensIsBounded) {
              "config: sample.max_new_tokens must be in [0, 1000000], got 1000001");
   EXPECT_EQ(TrainConfig::load("tiny", {"sample.max_new_tokens=1000000"}).sample.max_new_tokens, 1000000);
 }
+
+TEST(ConfigLimits, PipeSettingsAreCheckedWithTheConfig) {
+  // tiny has 2 blocks: a third stage would have none.
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=3"}); }),
+             "pipe=3 needs at least as many blocks, but model.num_layers is 2");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=zb"}); }),
+             "unknown parallel.schedule \"zb\": expected 1f1b or gpipe");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.pipe_layers=2,1"}); }),
+             "parallel.pipe_layers=\"2,1\" holds 3 blocks, but the model has 2");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.pipe_layers=1,1"}); }),
+             "sets the stages of a pipe axis, but the mesh data=1,tensor=1 has none");
+  const TrainConfig c = TrainConfig::load("tiny", {"parallel.mesh=pipe=2,data=2", "parallel.schedule=gpipe",
+                                                   "parallel.pipe_layers=1,1"});
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.pipe_layers, "1,1");
+}

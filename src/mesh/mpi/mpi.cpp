@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <thread>
 
@@ -41,6 +42,10 @@ class MpiCommunicator final : public Communicator {
   }
   ~MpiCommunicator() override {
     stop_communication_thread();
+    try {
+      complete_sends();
+    } catch (...) {  // a peer gone: the job is ending anyway
+    }
     for (auto& [ranks, comm] : comms_) {
       if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
     }
@@ -138,6 +143,41 @@ class MpiCommunicator final : public Communicator {
     ++stats.calls;
   }
 
+  // On MPI_COMM_WORLD with its own tag: point-to-point and collectives never match each other, and MPI
+  // keeps messages between two ranks on one communicator and tag in order.
+  void send(const float* data, int64_t n, int dst) override {
+    Blocking guard(*this);
+    settle();
+    test_sends();
+    Outgoing out{std::vector<float>(data, data + n), MPI_REQUEST_NULL, dst};
+    sends_.push_back(std::move(out));
+    Outgoing& o = sends_.back();
+    LOOM_MPI(MPI_Isend(o.data.data(), count(n), MPI_FLOAT, dst, kP2pTag, MPI_COMM_WORLD, &o.req));
+    stats.send_bytes += n * 4;
+    ++stats.sends;
+    ++stats.calls;
+  }
+
+  void recv(float* data, int64_t n, int src) override {
+    Blocking guard(*this);
+    settle();
+    MPI_Request req;
+    LOOM_MPI(MPI_Irecv(data, count(n), MPI_FLOAT, src, kP2pTag, MPI_COMM_WORLD, &req));
+    MPI_Status status;
+    wait(req, "recv", {src, rank_}, &status);
+    int got = 0;
+    LOOM_MPI(MPI_Get_count(&status, MPI_FLOAT, &got));
+    LOOM_CHECK(got == n, "recv: rank ", rank_, " expected ", n, " floats from rank ", src, ", the message holds ", got);
+    test_sends();
+    ++stats.calls;
+  }
+
+  void complete_sends() override {
+    settle();
+    for (Outgoing& o : sends_) wait(o.req, "send", {rank_, o.dst});
+    sends_.clear();
+  }
+
  private:
   // A reduce-scatter then an all-gather (2n(g-1)/g elements on the wire, like a ring, and O(n) memory),
   // each element summed over the members in group order by the member that owns its chunk: every member
@@ -160,6 +200,23 @@ class MpiCommunicator final : public Communicator {
     LOOM_MPI(MPI_Iallgather(mine.data(), count(chunk), type, send.data(), count(chunk), type, comm(group), &req));
     wait(req, "all_reduce", group);
     std::copy(send.begin(), send.begin() + n, data);
+  }
+
+  static constexpr int kP2pTag = 7;
+  struct Outgoing {
+    std::vector<float> data;  // the copy MPI reads until the request completes
+    MPI_Request req;
+    int dst;
+  };
+  std::deque<Outgoing> sends_;  // deque: an element's address stays put while others are added
+  // Frees the sends that completed (keeps MPI progressing them meanwhile).
+  void test_sends() {
+    while (!sends_.empty()) {
+      int done = 0;
+      LOOM_MPI(MPI_Test(&sends_.front().req, &done, MPI_STATUS_IGNORE));
+      if (!done) return;
+      sends_.pop_front();
+    }
   }
 
   static int count(int64_t n) {
@@ -188,12 +245,12 @@ class MpiCommunicator final : public Communicator {
 
   // Polls with a growing sleep (1 us .. 1 ms), so waiting ranks leave the cores to the working ones
   // (8 ranks on 2 cores), and gives up after the timeout: a dead peer never completes the request.
-  void wait(MPI_Request& req, const char* op, const std::vector<int>& group) {
+  void wait(MPI_Request& req, const char* op, const std::vector<int>& group, MPI_Status* status = MPI_STATUS_IGNORE) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto nap = std::chrono::microseconds(1);
     for (int spins = 0;; ++spins) {
       int done = 0;
-      LOOM_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      LOOM_MPI(MPI_Test(&req, &done, status));
       if (done) return;
       if (spins < 64) continue;
       if (std::chrono::steady_clock::now() > deadline) {

@@ -152,8 +152,13 @@ std::vector<MoE*> DeepSeekV3::moe_layers() const {
 
 Tensor DeepSeekV3::trunk(const Tensor& ids, const Tensor& pos, RoutingRecord* record,
                          const models::ForwardContext& ctx) const {
-  Tensor x = token_embeddings.forward(ids);  // [B, T, C]
-  for (const auto& layer : layers) {
+  return blocks(token_embeddings.forward(ids), 0, config_.num_layers, pos, record, ctx);  // [B, T, C]
+}
+
+Tensor DeepSeekV3::blocks(Tensor x, int64_t first, int64_t last, const Tensor& pos, RoutingRecord* record,
+                          const models::ForwardContext& ctx) const {
+  for (int64_t i = first; i < last; ++i) {
+    const auto& layer = layers[static_cast<size_t>(i)];
     if (!ctx.training || ctx.recompute == models::Recompute::None) {
       x = layer->forward(x, pos, record);
       continue;
@@ -205,6 +210,12 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets, 
              config_.n_mtp, " prediction modules (needs T > n_mtp)");
   RoutingRecord record;
   Tensor h = trunk(ids, positions(0, T), &record, ctx);  // [B, T, C]
+  return head_losses(h, ids, targets, record);
+}
+
+DeepSeekV3::Losses DeepSeekV3::head_losses(Tensor h, const Tensor& ids, const Tensor& targets,
+                                           RoutingRecord& record) const {
+  const int64_t T = ids.size(1);
   Losses out;
   const Tensor head = nn::compute_value(lm_head.weight);  // [V, C], gathered when sharded
   const Tensor head_bf16 = head_bf16_copy();
@@ -248,6 +259,44 @@ Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::
   Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
   return ops::linear_cross_entropy(ln_final.forward(x, lm_head), nn::compute_value(lm_head.weight), targets, -100,
                                    lm_head.precision, 512, head_bf16_copy());
+}
+
+Tensor DeepSeekV3::stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids,
+                                 const Tensor& targets, const models::ForwardContext& ctx, Tensor* aux_loss) const {
+  // losses() (training) and loss() (evaluation) cut at the block boundaries: the same calls on the same values.
+  const int64_t L = config_.num_layers;
+  LOOM_CHECK(0 <= first && first < last && last <= L, "DeepSeekV3::stage_forward: layers [", first, ", ", last,
+             ") outside [0, ", L, ")");
+  check_ids(ids, config_.context_length, "DeepSeekV3::stage_forward");
+  const int64_t T = ids.size(1);
+  RoutingRecord record;
+  RoutingRecord* rec = ctx.training ? &record : nullptr;
+  Tensor h = blocks(first == 0 ? token_embeddings.forward(ids) : x, first, last, positions(0, T), rec, ctx);
+  if (ctx.training) {
+    size_t offset = 0;  // the MoE layers before this stage
+    for (int64_t i = 0; i < first; ++i) offset += layers[static_cast<size_t>(i)]->moe ? 1 : 0;
+    record_stage_loads(record.expert_load, offset);
+  }
+  if (last < L) {
+    if (aux_loss != nullptr) *aux_loss = record.balance_loss;
+    return h;
+  }
+  if (!ctx.training) {
+    return ops::linear_cross_entropy(ln_final.forward(h, lm_head), nn::compute_value(lm_head.weight), targets, -100,
+                                     lm_head.precision, 512, head_bf16_copy());
+  }
+  LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::stage_forward: targets ",
+             targets.describe(), " do not match ids ", ids.describe());
+  LOOM_CHECK(T > config_.n_mtp, "DeepSeekV3::stage_forward: sequence length ", T, " leaves no position for model.n_mtp=",
+             config_.n_mtp, " prediction modules (needs T > n_mtp)");
+  Losses l = head_losses(h, ids, targets, record);
+  record_window(l);
+  return l.total;
+}
+
+int DeepSeekV3::pipeline_ends(const nn::Parameter& p) const {
+  if (&p == &token_embeddings.weight) return mtp.empty() ? 1 : 3;  // MTP embeds the shifted tokens
+  return models::LanguageModel::pipeline_ends(p);
 }
 
 Tensor DeepSeekV3::head_bf16_copy() const {
@@ -336,9 +385,26 @@ void add_counts_from(std::vector<std::vector<int64_t>>& into, const std::vector<
 }  // namespace
 
 void DeepSeekV3::record_training(const Losses& l) const {
+  {
+    std::lock_guard<std::mutex> lock(training_mutex_);
+    add_counts(step_load_, l.expert_load);
+    if (!rank_context()) add_counts(window_load_, l.expert_load);  // sharded: the global loads, at the step's end
+  }
+  record_window(l);
+}
+
+void DeepSeekV3::record_stage_loads(const std::vector<Tensor>& loads, size_t offset) const {
   std::lock_guard<std::mutex> lock(training_mutex_);
-  add_counts(step_load_, l.expert_load);
-  if (!rank_context()) add_counts(window_load_, l.expert_load);  // sharded: the global loads, at the step's end
+  const size_t n = moe_layers().size();
+  if (step_load_.size() != n) step_load_.assign(n, std::vector<int64_t>(static_cast<size_t>(config_.n_routed), 0));
+  for (size_t k = 0; k < loads.size(); ++k) {
+    const int32_t* p = loads[k].data<int32_t>();
+    for (int64_t e = 0; e < loads[k].numel(); ++e) step_load_[offset + k][static_cast<size_t>(e)] += p[e];
+  }
+}
+
+void DeepSeekV3::record_window(const Losses& l) const {
+  std::lock_guard<std::mutex> lock(training_mutex_);
   window_main_ += l.main.item();
   if (l.mtp.defined()) window_mtp_ += l.mtp.item();
   if (l.balance.defined()) window_balance_ += l.balance.item();
@@ -360,7 +426,16 @@ void DeepSeekV3::end_training_step(bool applied) {
   if (const dist::RankContext* c = rank_context()) {
     // The global loads: every rank that splits the batch adds its counts, in group order, so every rank
     // updates the same biases as one process would (exact: integer counts well below 2^53).
-    const dist::Group batch = c->batch_group();
+    // Under a pipe axis each stage counted only its own MoE layers (zeros elsewhere): the stages' sum is
+    // every layer's count, exactly, on every rank.
+    std::vector<dist::MeshAxis> axes = dist::batch_axes(c->mode);
+    if (c->mesh.pipe > 1) {
+      axes.push_back(dist::MeshAxis::Pipe);
+      if (step_load_.size() != moes.size()) {
+        step_load_.assign(moes.size(), std::vector<int64_t>(static_cast<size_t>(config_.n_routed), 0));
+      }
+    }
+    const dist::Group batch{c->comm, c->mesh.group(c->rank, axes)};
     std::vector<double> flat;
     for (const auto& layer : step_load_) flat.insert(flat.end(), layer.begin(), layer.end());
     if (batch.size() > 1 && !flat.empty()) c->comm->all_reduce_sum(flat.data(), static_cast<int64_t>(flat.size()), batch.ranks);
@@ -390,11 +465,13 @@ void DeepSeekV3::end_training_step(bool applied) {
 nlohmann::json DeepSeekV3::take_training_metrics() {
   std::lock_guard<std::mutex> lock(training_mutex_);
   nlohmann::json j = nlohmann::json::object();
-  if (window_batches_ > 0) {
+  if (window_batches_ > 0) {  // under a pipe axis only the last stage computes them
     const double n = static_cast<double>(window_batches_);
     j["main_loss"] = window_main_ / n;
     if (!mtp.empty()) j["mtp_loss"] = window_mtp_ / n;
     j["balance_loss"] = window_balance_ / n;
+  }
+  if (window_batches_ > 0 || !window_load_.empty()) {  // a training pass ran (a pipe's first stages: the latter only)
     nlohmann::json lo = nlohmann::json::array(), hi = nlohmann::json::array();
     for (const auto& counts : window_load_) {
       int64_t total = 0, mn = counts.empty() ? 0 : counts[0], mx = mn;

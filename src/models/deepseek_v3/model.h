@@ -96,6 +96,9 @@ class DeepSeekV3 : public models::LanguageModel {
   // Each layer under ctx.recompute (models::recompute_block).
   Tensor trunk(const Tensor& ids, const Tensor& positions, RoutingRecord* record,
                const models::ForwardContext& ctx = {}) const;
+  // Blocks [first, last) on x [B, T, C]: trunk() is blocks(embedding, 0, num_layers).
+  Tensor blocks(Tensor x, int64_t first, int64_t last, const Tensor& positions, RoutingRecord* record,
+                const models::ForwardContext& ctx) const;
 
   Tensor logits(const Tensor& ids, const models::ForwardContext& ctx = {}) const override;
   // Training (ctx.training): losses().total, the objective the optimizer follows. Evaluation: the main
@@ -107,6 +110,14 @@ class DeepSeekV3 : public models::LanguageModel {
   std::unique_ptr<LatentCache> make_latent_cache(int64_t batch, bool absorbed) const;
   Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
+  // The pipe axis: a stage runs its blocks (the first also the embedding; the last ln_final, the head,
+  // the MTP modules, which read the token table too: tied over the first and last stage). The expert
+  // loads of a stage's MoE layers are counted at their place among all MoE layers, and end_training_step
+  // sums them over the stages too, so every rank moves every routing bias as one process does.
+  int64_t pipeline_layers() const override { return config_.num_layers; }
+  Tensor stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
+                       const models::ForwardContext& ctx, Tensor* aux_loss) const override;
+  int pipeline_ends(const nn::Parameter& p) const override;
 
   // The routing biases, layers.{i}.moe.bias.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
@@ -139,6 +150,12 @@ class DeepSeekV3 : public models::LanguageModel {
   const dist::RankContext* rank_context() const;
   // What training forward passes measured (loss() with ctx.training), for the hooks above.
   void record_training(const Losses& l) const;
+  // main, mtp and total from the trunk's output h and the trunk's record (losses() after trunk()).
+  Losses head_losses(Tensor h, const Tensor& ids, const Tensor& targets, RoutingRecord& record) const;
+  // The metrics' losses only (a pipeline's last stage), and one stage's expert loads, its first MoE layer
+  // being MoE layer `offset`.
+  void record_window(const Losses& l) const;
+  void record_stage_loads(const std::vector<Tensor>& loads, size_t offset) const;
   mutable std::mutex training_mutex_;
   mutable std::vector<std::vector<int64_t>> step_load_;    // per MoE layer [E], this step
   mutable std::vector<std::vector<int64_t>> window_load_;  // per MoE layer [E], since the last metrics

@@ -158,6 +158,29 @@ Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::Forwar
                                    bf16_copy ? nn::bf16_weight_of(head) : Tensor());
 }
 
+Tensor GPT2::stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
+                           const models::ForwardContext& ctx, Tensor*) const {
+  // hidden() and loss() cut at the block boundaries: the same calls on the same values.
+  LOOM_CHECK(0 <= first && first < last && last <= config_.num_layers, "GPT2::stage_forward: layers [", first, ", ",
+             last, ") outside [0, ", config_.num_layers, ")");
+  Tensor h = first == 0 ? embed(ids, 0, ctx) : x;  // [B, T, C]
+  for (int64_t i = first; i < last; ++i) {
+    const Block* block = layers[static_cast<size_t>(i)].get();
+    const float p = config_.dropout;
+    h = models::recompute_block(ctx, h, [block, ctx, i, p](const Tensor& in) { return block->forward(in, ctx, i, p); });
+  }
+  if (last < config_.num_layers) return h;
+  nn::Parameter& head = head_parameter();
+  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist && head.value.device().is_cpu();
+  return ops::linear_cross_entropy(ln_final.forward(h, {&head_parameter()}), head_weight(), targets, -100,
+                                   head_precision, 512, bf16_copy ? nn::bf16_weight_of(head) : Tensor());
+}
+
+int GPT2::pipeline_ends(const nn::Parameter& p) const {
+  if (&p == &token_embeddings.weight) return lm_head ? 1 : 3;
+  return models::LanguageModel::pipeline_ends(p);
+}
+
 std::unique_ptr<nn::DecodeCache> GPT2::make_decode_cache(int64_t batch) const {
   return std::make_unique<nn::KVCache>(config_.num_layers, batch, config_.num_heads, config_.context_length,
                                              config_.head_dim());

@@ -65,6 +65,11 @@ class GPT2 : public models::LanguageModel {
   std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const override;
   Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
+  int64_t pipeline_layers() const override { return config_.num_layers; }
+  Tensor stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
+                       const models::ForwardContext& ctx, Tensor* aux_loss) const override;
+  // A tied token table is read by the first stage (the lookup) and the last (the head): 3.
+  int pipeline_ends(const nn::Parameter& p) const override;
 
   const Config& config() const { return config_; }
 

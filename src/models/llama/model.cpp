@@ -146,6 +146,23 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
                                    512, bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor());
 }
 
+Tensor TransformerLM::stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids,
+                                    const Tensor& targets, const models::ForwardContext& ctx, Tensor*) const {
+  // hidden() and loss() cut at the block boundaries: the same calls on the same values.
+  LOOM_CHECK(0 <= first && first < last && last <= config_.num_layers, "TransformerLM::stage_forward: layers [", first,
+             ", ", last, ") outside [0, ", config_.num_layers, ")");
+  Tensor pos = default_positions(ids.size(1));
+  Tensor h = first == 0 ? token_embeddings.forward(ids) : x;  // [B, T, C]
+  for (int64_t i = first; i < last; ++i) {
+    const nn::TransformerBlock* block = layers[static_cast<size_t>(i)].get();
+    h = models::recompute_block(ctx, h, [block, pos](const Tensor& in) { return block->forward(in, pos); });
+  }
+  if (last < config_.num_layers) return h;
+  const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;
+  return ops::linear_cross_entropy(ln_final.forward(h, lm_head), nn::compute_value(lm_head.weight), targets, -100,
+                                   lm_head.precision, 512, bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor());
+}
+
 void TransformerLM::set_matmul_precision(ops::MatmulPrecision precision) {
   for (auto& layer : layers) {
     for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,

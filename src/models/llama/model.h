@@ -45,6 +45,9 @@ class TransformerLM : public models::LanguageModel {
   // The head over the last position only.
   Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
+  int64_t pipeline_layers() const override { return config_.num_layers; }
+  Tensor stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,
+                       const models::ForwardContext& ctx, Tensor* aux_loss) const override;
   // Every Linear f32 (CPU, unsharded) or held quantized with kernels, no biases, RoPE: see fused_decode.h's
   // decoder_weights_of for the reasons it says no.
   std::optional<nn::DecoderWeights> decoder_weights() const override;

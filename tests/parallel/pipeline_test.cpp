@@ -1,0 +1,414 @@
+// The pipe axis (parallel/pipeline.h): the schedules' orders, the stage cuts, and training through the
+// stages against one process: 20 AdamW steps (clipping on) of tiny Llama and GPT-2 models (tied and
+// untied head) under GPipe and 1F1B, pipe alone and pipe x data, with the in-process communicator;
+// losses within 1e-5 relative, every parameter within 1e-5.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "models/deepseek_v3/model.h"
+#include "models/gpt2/model.h"
+#include "models/llama/model.h"
+#include "ops/elementwise.h"
+#include "parallel/pipeline.h"
+#include "parallel/runtime.h"
+#include "support/equivalence.h"
+#include "support/synthetic_batch.h"
+#include "train/optimizer.h"
+
+using namespace loom;
+using dist::Mesh;
+using dist::ParallelMode;
+
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int64_t kBatch = 8, kSeq = 8, kVocab = 64, kLayers = 4;
+constexpr double kClip = 0.5;
+
+std::unique_ptr<models::LanguageModel> build(const std::string& arch) {
+  if (arch == "llama") {
+    const llama::Config c{.vocab_size = kVocab, .context_length = 16, .d_model = 32, .num_layers = kLayers,
+                          .num_heads = 8, .num_kv_heads = 4, .d_ff = 64};
+    return std::make_unique<llama::TransformerLM>(c, 7);
+  }
+  const gpt2::Config c{.vocab_size = kVocab, .context_length = 16, .d_model = 32, .num_layers = kLayers,
+                       .num_heads = 8, .tie_embeddings = arch == "gpt2", .dropout = 0};
+  return std::make_unique<gpt2::GPT2>(c, 7);
+}
+
+// Five batches in turn: random tokens the models can learn only by heart, so the loss goes down (and the
+// test sees training, not noise) within 20 steps.
+std::pair<Tensor, Tensor> batch_of(int index) { return test::synthetic_batch(index % 5, kBatch, kSeq, kVocab); }
+train::AdamWOptions adamw() { return {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}; }
+
+struct TrainRun {
+  std::vector<double> losses, norms;
+  test::WholeParameters params;
+  double bubble = 0;            // rank 0's idle share of its pipeline steps
+  int64_t send_bytes = 0;       // what rank 0 sent point to point
+  int64_t peak_in_flight = 0;   // rank 0's most micro-batches held at once
+};
+
+// One process, `micro` micro-batches per step (micro-batch m of step s reads batch_of(s * micro + m)),
+// each loss scaled by 1/micro as the trainer does.
+TrainRun train_single(const std::string& arch, int micro) {
+  TrainRun run;
+  auto model = build(arch);
+  auto params = model->parameters();
+  train::AdamW opt(params, adamw());
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    double loss_sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      auto [ids, targets] = batch_of(s * micro + m);
+      Tensor loss = model->loss(ids, targets);
+      loss_sum += loss.item();
+      (micro > 1 ? ops::scale(loss, 1.0f / static_cast<float>(micro)) : loss).backward();
+    }
+    run.losses.push_back(loss_sum / micro);
+    run.norms.push_back(train::clip_grad_norm(train::gradients_of(params), kClip));
+    opt.step();
+  }
+  for (nn::Parameter* p : params) run.params[p->name] = p->value.to_vector<float>();
+  return run;
+}
+
+TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode mode, const std::string& schedule,
+                         int micro, std::vector<int64_t> bounds = {},
+                         models::Recompute recompute = models::Recompute::None) {
+  TrainRun run;
+  dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+    auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
+    ctx->pipe_schedule = schedule;
+    ctx->pipe_bounds = bounds;
+    auto model = build(arch);
+    auto layout = dist::shard_model(*model, ctx);
+    auto params = model->parameters();
+    train::AdamW opt(params, adamw());
+    // A rank holds the parameters its stage runs, and their moments, nothing of the others'.
+    const int stage = static_cast<int>(ctx->coord(dist::MeshAxis::Pipe));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& st = params[i]->pipe_stages;
+      ASSERT_FALSE(st.empty()) << params[i]->name;
+      const bool runs = std::find(st.begin(), st.end(), stage) != st.end();
+      EXPECT_EQ(params[i]->value.numel() > 0, runs) << params[i]->name << " on stage " << stage;
+      EXPECT_EQ(opt.exp_avg(i).numel(), params[i]->value.numel()) << params[i]->name;
+    }
+    double busy = 0, total = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      std::vector<dist::MicroBatch> batches;
+      for (int m = 0; m < micro; ++m) {
+        auto [ids, targets] = batch_of(s * micro + m);
+        batches.push_back({dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx),
+                           models::ForwardContext::train(RngKey::from_seed(3), recompute)});
+      }
+      dist::PipelineTiming timing;
+      const double loss_sum = dist::pipeline_step(*model, params, batches, *ctx, &timing);
+      busy += timing.busy_seconds;
+      total += timing.seconds;
+      dist::finish_gradients(params, *ctx);
+      dist::finish_pipe_gradients(params, *ctx);
+      const double norm = dist::clip_grad_norm(params, layout, *ctx, kClip);
+      opt.step();
+      if (rank == 0) {
+        run.losses.push_back(loss_sum / micro);
+        run.norms.push_back(norm);
+        run.peak_in_flight = std::max(run.peak_in_flight, timing.peak_in_flight);
+      }
+    }
+    if (rank == 0) {
+      run.bubble = 1 - busy / total;
+      run.send_bytes = comm.stats.send_bytes;
+    }
+    test::gather_parameters(params, *ctx, run.params);
+  });
+  return run;
+}
+
+void expect_equivalent(const TrainRun& ref, const TrainRun& got) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    test::expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
+  }
+  test::expect_parameters_near(ref.params, got.params);
+}
+
+class PipeEquivalence : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() { set_num_threads(1); }
+};
+
+}  // namespace
+
+TEST(PipelineOrder, EveryMicroBatchRunsForwardThenBackwardOnce) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (int64_t P : {1, 2, 4}) {
+      for (int64_t s = 0; s < P; ++s) {
+        for (int64_t M : {1, 3, 8}) {
+          SCOPED_TRACE(schedule + " stage " + std::to_string(s) + " of " + std::to_string(P) + ", " +
+                       std::to_string(M) + " micro-batches");
+          std::set<int64_t> forwarded;
+          int64_t next_backward = 0, in_flight = 0, peak = 0;
+          for (const auto& [fwd, m] : dist::pipeline_order(schedule, P, s, M)) {
+            if (fwd) {
+              EXPECT_TRUE(forwarded.insert(m).second);
+              peak = std::max(peak, ++in_flight);
+            } else {
+              EXPECT_TRUE(forwarded.count(m));
+              EXPECT_EQ(m, next_backward++);  // in micro-batch order: gradients accumulate as in one process
+              --in_flight;
+            }
+          }
+          EXPECT_EQ(static_cast<int64_t>(forwarded.size()), M);
+          EXPECT_EQ(next_backward, M);
+          EXPECT_EQ(peak, schedule == "gpipe" ? M : std::min(P - s, M));
+        }
+      }
+    }
+  }
+  EXPECT_THROW(dist::pipeline_order("zb", 2, 0, 2), Error);
+}
+
+TEST(StageBounds, BalanceTheEstimatedCostAndCheckTheHandSetCounts) {
+  // Equal blocks, nothing at the ends: an even cut.
+  EXPECT_EQ(dist::balanced_stage_bounds({1, 1, 1, 1}, 0, 0, 2), (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(dist::balanced_stage_bounds({1, 1, 1, 1}, 0, 0, 4), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // A head as heavy as two blocks on the last stage: it gets fewer blocks.
+  EXPECT_EQ(dist::balanced_stage_bounds({1, 1, 1, 1, 1, 1}, 0, 2, 2), (std::vector<int64_t>{0, 4, 6}));
+  EXPECT_EQ(dist::balanced_stage_bounds({5, 1, 1, 1}, 0, 0, 2), (std::vector<int64_t>{0, 1, 4}));
+  EXPECT_THROW(dist::balanced_stage_bounds({1, 1}, 0, 0, 3), Error);
+  EXPECT_EQ(dist::stage_bounds_from_counts("3,1", 4, 2), (std::vector<int64_t>{0, 3, 4}));
+  for (const std::string bad : {"3,2", "4", "2,0,2", "2,x", ""}) {
+    EXPECT_THROW(dist::stage_bounds_from_counts(bad, 4, 2), Error) << bad;
+  }
+  try {
+    dist::stage_bounds_from_counts("3,2", 4, 2);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 5 blocks, but the model has 4"), std::string::npos) << e.what();
+  }
+  // A tiny Llama: the head (64 x 32) weighs about a block (~14k); the cut keeps every stage non-empty.
+  auto model = build("llama");
+  const auto bounds = dist::estimated_stage_bounds(*model, 2);
+  ASSERT_EQ(bounds.size(), 3u);
+  EXPECT_GT(bounds[1], 0);
+  EXPECT_LT(bounds[1], kLayers);
+}
+
+TEST(PipeErrors, NameTheOffendingValue) {
+  set_num_threads(1);
+  auto expect_error = [](const Mesh& mesh, const std::string& schedule, const std::string& arch,
+                         const std::string& needle) {
+    try {
+      dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+        auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, ParallelMode::Dp, &comm, rank});
+        ctx->pipe_schedule = schedule;
+        auto model = build(arch);
+        dist::shard_model(*model, ctx);
+      });
+      ADD_FAILURE() << "no error for " << mesh.str();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Mesh five;
+  five.pipe = 5;
+  expect_error(five, "1f1b", "llama", "pipe=5 needs at least as many blocks, but the model has 4");
+  Mesh two;
+  two.pipe = 2;
+  expect_error(two, "zero_bubble", "llama", "unknown pipeline schedule \"zero_bubble\"");
+  EXPECT_EQ(Mesh::parse("pipe=4,data=2").size(), 8);
+  EXPECT_EQ(Mesh::parse("pipe=4,data=2").str(), "data=2,tensor=1,pipe=4");
+  EXPECT_THROW(Mesh::parse("pipe=2,pipe=2"), Error);
+  EXPECT_THROW(Mesh::parse("pipe=0"), Error);
+}
+
+TEST(PipeMesh, PipeIsTheOutermostAxis) {
+  Mesh m = Mesh::parse("data=2,tensor=2,pipe=2");
+  EXPECT_EQ(m.coord(5, dist::MeshAxis::Pipe), 1);
+  EXPECT_EQ(m.coord(5, dist::MeshAxis::Data), 0);
+  EXPECT_EQ(m.coord(5, dist::MeshAxis::Tensor), 1);
+  EXPECT_EQ(m.group(5, dist::MeshAxis::Pipe), (std::vector<int>{1, 5}));
+  EXPECT_EQ(m.group(5, dist::MeshAxis::Data), (std::vector<int>{5, 7}));  // a stage's own data group
+  EXPECT_EQ(m.rank_at(1, 1, 0, 1), 7);
+}
+
+TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
+  const std::string arch = GetParam();
+  struct Case {
+    Mesh mesh;
+    ParallelMode mode;
+    std::string schedule;
+    int micro;
+    std::vector<int64_t> bounds;
+    models::Recompute recompute = models::Recompute::None;
+  };
+  const Mesh pipe2 = Mesh::parse("pipe=2"), pipe4 = Mesh::parse("pipe=4"), pipe2_data2 = Mesh::parse("pipe=2,data=2"),
+             pipe2_tensor2 = Mesh::parse("pipe=2,tensor=2"), pipe2_data2_tensor2 = Mesh::parse("pipe=2,data=2,tensor=2");
+  const std::vector<Case> cases = {
+      {pipe2, ParallelMode::Dp, "gpipe", 4, {}},
+      {pipe2, ParallelMode::Dp, "1f1b", 4, {0, 3, 4}},  // cut by hand, unevenly
+      {pipe4, ParallelMode::Dp, "1f1b", 3, {}},         // fewer micro-batches than stages
+      {pipe4, ParallelMode::Dp, "gpipe", 2, {}},
+      {pipe2_data2, ParallelMode::Dp, "1f1b", 2, {}},
+      {pipe2_data2, ParallelMode::Dp, "gpipe", 3, {}},
+      {pipe2_data2, ParallelMode::Fsdp, "1f1b", 3, {}},
+      {pipe2_data2, ParallelMode::Fsdp, "gpipe", 2, {}},
+      {pipe2_tensor2, ParallelMode::Tp, "1f1b", 2, {}},
+      {pipe2_tensor2, ParallelMode::Tp, "gpipe", 3, {}},
+      {pipe2_data2_tensor2, ParallelMode::FsdpTp, "1f1b", 2, {}},
+      {pipe2_data2, ParallelMode::Dp, "1f1b", 2, {}, models::Recompute::Full},  // blocks run again in the backward
+      {pipe2, ParallelMode::Dp, "gpipe", 2, {}, models::Recompute::Selective},
+  };
+  std::map<int, TrainRun> refs;
+  for (const Case& k : cases) {
+    if (!refs.count(k.micro)) refs[k.micro] = train_single(arch, k.micro);
+    const TrainRun& ref = refs[k.micro];
+    EXPECT_TRUE(std::any_of(ref.norms.begin(), ref.norms.end(), [](double n) { return n > kClip; }));
+    EXPECT_LT(ref.losses.back(), ref.losses.front());
+    SCOPED_TRACE(k.schedule + " on " + k.mesh.str() + ", " + std::to_string(k.micro) + " micro-batches, recompute " +
+                 models::recompute_name(k.recompute));
+    const TrainRun got = train_pipelined(arch, k.mesh, k.mode, k.schedule, k.micro, k.bounds, k.recompute);
+    expect_equivalent(ref, got);
+    // Rank 0 (stage 0) sends each micro-batch's activations [b, T, C] once per step, nothing else.
+    const int64_t rows = k.mode == ParallelMode::Tp ? kBatch : kBatch / k.mesh.data;
+    EXPECT_EQ(got.send_bytes, int64_t{kSteps} * k.micro * rows * kSeq * 32 * 4);
+    EXPECT_EQ(got.peak_in_flight,
+              k.schedule == "gpipe" ? k.micro : std::min<int64_t>(k.mesh.pipe, k.micro));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PipeEquivalence, ::testing::Values("llama", "gpt2", "gpt2_untied"));
+
+// DeepSeek-V3 through the stages: 3 blocks (1 dense, 2 MoE of 4 routed experts), one MTP module (which
+// reads the token table on the last stage: tied with the first), the sequence balance loss computed on
+// the stages that hold MoE layers, and the aux-loss-free bias updates from loads summed over the stages.
+// Every step's loss, the parameters, and every routing bias on every rank after every step equal one
+// process's (the biases bitwise).
+namespace {
+
+constexpr int64_t kDsBatch = 8, kDsSeq = 16, kDsVocab = 512;
+
+std::unique_ptr<deepseek_v3::DeepSeekV3> build_dsv3() {
+  const deepseek_v3::Config c{.vocab_size = kDsVocab, .context_length = 32, .d_model = 32, .num_layers = 3,
+                              .n_dense = 1, .num_heads = 2, .q_rank = 16, .kv_rank = 8, .d_nope = 8, .d_rope = 4,
+                              .d_v = 8, .d_ff = 64, .n_shared = 1, .n_routed = 4, .top_k = 2, .d_expert = 16,
+                              .gamma = 1e-3f, .alpha_seq = 1e-4f, .n_mtp = 1};
+  return std::make_unique<deepseek_v3::DeepSeekV3>(c, 11);
+}
+
+std::pair<Tensor, Tensor> ds_batch(int index) { return test::synthetic_batch(index % 5, kDsBatch, kDsSeq, kDsVocab); }
+
+struct DsRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> biases;  // after every step, both MoE layers' biases back to back
+  test::WholeParameters params;
+};
+
+std::vector<float> biases_of(const deepseek_v3::DeepSeekV3& m) {
+  std::vector<float> out;
+  for (auto* moe : m.moe_layers()) {
+    auto b = moe->bias.to_vector<float>();
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+models::ForwardContext ds_ctx(int s, int m) {
+  return models::ForwardContext::train(RngKey::from_seed(1).fold_in(static_cast<uint64_t>(s)).fold_in(static_cast<uint64_t>(m)));
+}
+
+DsRun ds_single(int micro) {
+  DsRun run;
+  auto model = build_dsv3();
+  auto params = model->parameters();
+  train::AdamW opt(params, {5e-4f, 0.9f, 0.95f, 1e-8f, 0.1f});
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    model->begin_training_step();
+    double sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      auto [ids, targets] = ds_batch(s * micro + m);
+      Tensor loss = model->loss(ids, targets, ds_ctx(s, m));
+      sum += loss.item();
+      (micro > 1 ? ops::scale(loss, 1.0f / static_cast<float>(micro)) : loss).backward();
+    }
+    train::clip_grad_norm(train::gradients_of(params), kClip);
+    opt.step();
+    model->end_training_step(true);
+    run.losses.push_back(sum / micro);
+    run.biases.push_back(biases_of(*model));
+  }
+  for (nn::Parameter* p : params) run.params[p->name] = p->value.to_vector<float>();
+  return run;
+}
+
+DsRun ds_pipelined(const Mesh& mesh, ParallelMode mode, const std::string& schedule, int micro) {
+  DsRun run;
+  std::vector<std::vector<std::vector<float>>> rank_biases(static_cast<size_t>(mesh.size()));
+  dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
+    auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
+    ctx->pipe_schedule = schedule;
+    auto model = build_dsv3();
+    auto layout = dist::shard_model(*model, ctx);
+    auto params = model->parameters();
+    train::AdamW opt(params, {5e-4f, 0.9f, 0.95f, 1e-8f, 0.1f});
+    for (int s = 0; s < kSteps; ++s) {
+      opt.zero_grad();
+      model->begin_training_step();
+      std::vector<dist::MicroBatch> batches;
+      for (int m = 0; m < micro; ++m) {
+        auto [ids, targets] = ds_batch(s * micro + m);
+        batches.push_back({dist::local_batch(ids, *ctx), dist::local_batch(targets, *ctx), ds_ctx(s, m)});
+      }
+      const double sum = dist::pipeline_step(*model, params, batches, *ctx);
+      dist::finish_gradients(params, *ctx);
+      dist::finish_pipe_gradients(params, *ctx);
+      dist::clip_grad_norm(params, layout, *ctx, kClip);
+      opt.step();
+      model->end_training_step(true);
+      rank_biases[static_cast<size_t>(rank)].push_back(biases_of(*model));
+      if (rank == 0) run.losses.push_back(sum / micro);
+    }
+    test::gather_parameters(params, *ctx, run.params);
+  });
+  run.biases = rank_biases[0];
+  for (const auto& b : rank_biases) EXPECT_EQ(b, run.biases) << "the ranks' routing biases differ";
+  return run;
+}
+
+}  // namespace
+
+TEST(PipeDeepSeek, MtpBalanceLossAndBiasUpdatesMatchOneProcess) {
+  set_num_threads(1);
+  struct Case {
+    std::string mesh;
+    ParallelMode mode;
+    std::string schedule;
+    int micro;
+  };
+  const std::vector<Case> cases = {
+      {"pipe=2", ParallelMode::Dp, "1f1b", 2},
+      {"pipe=3", ParallelMode::Dp, "gpipe", 3},
+      {"pipe=2,data=2", ParallelMode::Dp, "1f1b", 3},
+      {"pipe=2,expert=2", ParallelMode::DpEp, "1f1b", 2},
+  };
+  std::map<int, DsRun> refs;
+  for (const Case& k : cases) {
+    if (!refs.count(k.micro)) refs[k.micro] = ds_single(k.micro);
+    const DsRun& ref = refs[k.micro];
+    EXPECT_NE(ref.biases.front(), ref.biases.back());  // the biases moved
+    SCOPED_TRACE(k.schedule + " on " + k.mesh + ", " + std::to_string(k.micro) + " micro-batches");
+    const DsRun got = ds_pipelined(Mesh::parse(k.mesh), k.mode, k.schedule, k.micro);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;
+      EXPECT_EQ(got.biases[s], ref.biases[s]) << "routing biases after step " << s + 1;
+    }
+    test::expect_parameters_near(ref.params, got.params);
+  }
+}

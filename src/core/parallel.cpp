@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -57,6 +58,16 @@ void TeamBarrier::arrive_and_wait(int team_size) {
   sleepers_.fetch_add(1, std::memory_order_seq_cst);
   while (generation_.load(std::memory_order_seq_cst) == gen) generation_.wait(gen, std::memory_order_seq_cst);
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ClaimedPhases::wait_done(const std::atomic<int64_t>& done, int64_t chunks) {
+  for (int i = 0; done.load(std::memory_order_acquire) < chunks; ++i) {
+    if (i < 4096) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }

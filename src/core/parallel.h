@@ -132,6 +132,39 @@ class Team {
   TeamBarrier* barrier_;
 };
 
+// Work in phases whose chunks any thread of a team may claim: for a team that must keep going when the
+// OS deschedules one of its threads (a busy machine). With fixed shares and a barrier, a thread that
+// is not running stalls every phase; here the threads claim phase p's chunks from a counter and wait
+// until all of them are done, so a thread that is not running holds up only a chunk it has claimed.
+// The results must not depend on which thread runs a chunk (each chunk writes outputs of its own,
+// computed the same way by any thread).
+class ClaimedPhases {
+ public:
+  explicit ClaimedPhases(int64_t phases) : claimed_(static_cast<size_t>(phases)), done_(static_cast<size_t>(phases)) {}
+  // Phase p: prepare() once if this thread claims a chunk, then chunk(c) for each c in [0, chunks) it
+  // claims; returns when every chunk of p is done. Every thread calls it for p = 0, 1, ... in order,
+  // with the same `chunks`.
+  template <class Prepare, class Chunk>
+  void run(int64_t p, int64_t chunks, Prepare&& prepare, Chunk&& chunk) {
+    std::atomic<int64_t>& claimed = claimed_[static_cast<size_t>(p)];
+    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)];
+    int64_t c = claimed.fetch_add(1, std::memory_order_relaxed);
+    if (c < chunks) {
+      prepare();
+      do {
+        chunk(c);
+        done.fetch_add(1, std::memory_order_release);
+      } while ((c = claimed.fetch_add(1, std::memory_order_relaxed)) < chunks);
+    }
+    wait_done(done, chunks);
+  }
+
+ private:
+  // Spins briefly, then yields the core (to the thread that holds the last chunk, when they share one).
+  static void wait_done(const std::atomic<int64_t>& done, int64_t chunks);
+  std::vector<std::atomic<int64_t>> claimed_, done_;
+};
+
 // Runs fn(team) once on each of `threads` threads (num_threads() when 0) in one parallel region; on the
 // calling thread alone when threads is 1 or when called inside a parallel region. fn must not throw (an
 // exception cannot leave an OpenMP region): check everything before.

@@ -155,13 +155,16 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   quant::best_kernel_path();  // resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw
   const int64_t levels = quant::activation_levels();
   // Up to this many rows every thread normalizes and quantizes them all for itself: repeating a few rows
-  // costs less than the barrier that sharing them needs (a single decoding sequence is the case).
+  // costs less than the phase that sharing them needs (a single decoding sequence is the case).
   constexpr int64_t kOwnRows = 2;
+  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), small enough that
+  // a thread descheduled while holding one delays the step little.
+  constexpr int64_t kChunk = 32, kHeadChunk = 256;
   const int threads = num_threads();
 
   // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's
-  // output; o [R, C] a projection's output; g, u, h [R, F]; act the split rows' quantized blocks.
-  const int64_t blocks_c = levels * C / 32, blocks_f = levels * F / 32, blocks = std::max(blocks_c, blocks_f);
+  // output; o [R, C] a projection's output; g, u, h [R, F]; shared_act the shared rows' quantized blocks.
+  const int64_t blocks = levels * std::max(C, F) / 32;
   std::vector<float> shared(static_cast<size_t>(R * (C + H * D + 2 * Hkv * D + H * D + C + 3 * F)));
   float* x = shared.data();
   float* q = x + R * C;
@@ -184,6 +187,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   for (int64_t r = 0; r < R; ++r) {
     std::memcpy(x + r * C, m.token_embeddings + static_cast<int64_t>(tokens[r]) * C, static_cast<size_t>(C) * sizeof(float));
   }
+  // Phases a layer: q/k/v, attention, output_proj, w1/w3, w2, and before each of the four matmuls' one
+  // that quantizes the rows when they are shared; then the head's two.
+  ClaimedPhases phases(9 * L + 2);
 
   parallel_team(threads, [&](Team& team) {
     const int t = team.rank();
@@ -191,16 +197,25 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     float* my_scores = my_xn + C;
     float* my_acc = my_scores + max_pos + 1;
     quant::ActBlock* my_act = own_act.data() + t * own_blocks;
-    // The quantized rows [M, K] of row(i, scratch) for i in [0, M) (the activation a matmul reads):
-    // every thread all of them, or each its share and a barrier.
-    auto quantize = [&](int64_t M, int64_t K, auto&& row) -> const quant::ActBlock* {
+    int64_t phase = 0;
+    auto nothing = [] {};
+    // A matmul phase over `chunks` chunks that reads the quantized rows [M, K] of row(i, scratch), i in
+    // [0, M): each thread that takes part quantizes them all for itself (prepared before its first
+    // chunk), or a phase before quantizes one shared copy, a row a chunk.
+    auto matmul_phase = [&](int64_t M, int64_t K, auto&& row, int64_t chunks, auto&& chunk) {
       const int64_t stride = levels * K / 32;
-      const bool share = M > kOwnRows;
-      quant::ActBlock* out = share ? shared_act.data() : my_act;
-      const auto [i0, i1] = share ? team.share(M) : std::pair<int64_t, int64_t>{0, M};
-      for (int64_t i = i0; i < i1; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, out + i * stride);
-      if (share) team.barrier();
-      return out;
+      if (M > kOwnRows) {
+        phases.run(phase++, M, nothing, [&](int64_t i) {
+          quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
+        });
+        phases.run(phase++, chunks, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
+      } else {
+        ++phase;  // the shared quantization's phase, unused: every thread numbers the phases alike
+        auto prepare = [&] {
+          for (int64_t i = 0; i < M; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, my_act + i * stride);
+        };
+        phases.run(phase++, chunks, prepare, [&](int64_t c) { chunk(my_act, c); });
+      }
     };
     auto normed = [&](const float* gain, float eps, const int64_t* which) {
       return [=](int64_t i, float* out) {
@@ -211,20 +226,19 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     auto plain = [](const float* base, int64_t K) {
       return [=](int64_t i, float*) { return base + i * K; };
     };
-    const auto [h0, h1] = team.share(H + 2 * Hkv);  // q, k, v heads
-    const auto [a0, a1] = team.share(R * H);        // attention: (row, query head)
-    const auto [c0, c1] = team.share(C, 16);        // output_proj, w2 rows
-    const auto [f0, f1] = team.share(F, 16);        // w1, w3 rows
-    const auto [v0, v1] = team.share(V, 16);        // head rows
+    // [c * size, min(total, (c + 1) * size)): chunk c of `total` rows.
+    auto span = [](int64_t c, int64_t size, int64_t total) {
+      return std::pair<int64_t, int64_t>{c * size, std::min(total, (c + 1) * size)};
+    };
+    auto chunks_of = [](int64_t total, int64_t size) { return (total + size - 1) / size; };
     for (int64_t li = 0; li < L; ++li) {
       const DecodeLayer& b = m.layers[static_cast<size_t>(li)];
       float* kc = k_cache[li];  // [NB, Hkv, S, D]
       float* vc = v_cache[li];
 
-      // 1. q/k/v of every row: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of v_proj; k and v
-      // into each row's slot.
-      const quant::ActBlock* a = quantize(R, C, normed(b.attn_norm, b.attn_norm_eps, nullptr));
-      for (int64_t hd = h0; hd < h1; ++hd) {
+      // 1. q/k/v of every row, a head a chunk: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of
+      // v_proj; k and v into each row's slot.
+      matmul_phase(R, C, normed(b.attn_norm, b.attn_norm_eps, nullptr), H + 2 * Hkv, [&](const quant::ActBlock* a, int64_t hd) {
         if (hd < H) {
           quant::quantized_matmul_rows(a, R, *b.q_proj, hd * D, (hd + 1) * D, q, H * D);
           for (int64_t r = 0; r < R; ++r) {
@@ -247,36 +261,43 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
             std::memcpy(vc + paged_row_offset(p, r, j), vbuf + r * Hkv * D + j * D, static_cast<size_t>(D) * sizeof(float));
           }
         }
-      }
-      team.barrier();
+      });
       // 2. attention of each (row, query head) over its sequence's positions [0, P] (a row of a prompt
       // chunk reads the keys the chunk's earlier rows wrote in 1).
-      for (int64_t i = a0; i < a1; ++i) paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
-      team.barrier();
+      phases.run(phase++, R * H, nothing, [&](int64_t i) {
+        paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
+      });
       // 3. x += output_proj(y).
-      a = quantize(R, H * D, plain(y, H * D));
-      quant::quantized_matmul_rows(a, R, *b.output_proj, c0, c1, o, C);
-      for (int64_t r = 0; r < R; ++r) {
-        for (int64_t c = c0; c < c1; ++c) x[r * C + c] = x[r * C + c] + o[r * C + c];
-      }
-      team.barrier();
+      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, kChunk, C);
+        quant::quantized_matmul_rows(a, R, *b.output_proj, c0, c1, o, C);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
+        }
+      });
       // 4. h = swiglu(w1 x_n, w3 x_n).
-      a = quantize(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr));
-      quant::quantized_matmul_rows(a, R, *b.w1, f0, f1, g, F);
-      quant::quantized_matmul_rows(a, R, *b.w3, f0, f1, u, F);
-      for (int64_t r = 0; r < R; ++r) swiglu_forward(h + r * F + f0, g + r * F + f0, u + r * F + f0, f1 - f0);
-      team.barrier();
+      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [f0, f1] = span(c, kChunk, F);
+        quant::quantized_matmul_rows(a, R, *b.w1, f0, f1, g, F);
+        quant::quantized_matmul_rows(a, R, *b.w3, f0, f1, u, F);
+        for (int64_t r = 0; r < R; ++r) swiglu_forward(h + r * F + f0, g + r * F + f0, u + r * F + f0, f1 - f0);
+      });
       // 5. x += w2 h.
-      a = quantize(R, F, plain(h, F));
-      quant::quantized_matmul_rows(a, R, *b.w2, c0, c1, o, C);
-      for (int64_t r = 0; r < R; ++r) {
-        for (int64_t c = c0; c < c1; ++c) x[r * C + c] = x[r * C + c] + o[r * C + c];
-      }
-      team.barrier();
+      matmul_phase(R, F, plain(h, F), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, kChunk, C);
+        quant::quantized_matmul_rows(a, R, *b.w2, c0, c1, o, C);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
+        }
+      });
     }
     // The head over the rows that want logits.
-    const quant::ActBlock* a = quantize(n, C, normed(m.final_norm, m.final_norm_eps, logit_rows));
-    quant::quantized_matmul_rows(a, n, *m.head, v0, v1, logits, V);
+    matmul_phase(n, C, normed(m.final_norm, m.final_norm_eps, logit_rows), chunks_of(V, kHeadChunk),
+                 [&](const quant::ActBlock* a, int64_t c) {
+      const auto [v0, v1] = span(c, kHeadChunk, V);
+      quant::quantized_matmul_rows(a, n, *m.head, v0, v1, logits, V);
+    });
+    (void)team;
   });
 }
 

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -60,14 +59,17 @@ void TeamBarrier::arrive_and_wait(int team_size) {
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void ClaimedPhases::wait_done(const std::atomic<int64_t>& done, int64_t chunks) {
-  for (int i = 0; done.load(std::memory_order_acquire) < chunks; ++i) {
-    if (i < 4096) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();
-    }
+void ClaimedPhases::wait_done(std::atomic<int64_t>& done, int64_t chunks) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(TeamBarrier::kSpinMicros);
+  for (int i = 1;; ++i) {
+    if (done.load(std::memory_order_acquire) >= chunks) return;
+    cpu_relax();
+    if (i % 64 == 0 && Clock::now() > deadline) break;
   }
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  for (int64_t d; (d = done.load(std::memory_order_seq_cst)) < chunks;) done.wait(d, std::memory_order_seq_cst);
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }

@@ -153,16 +153,22 @@ class ClaimedPhases {
       prepare();
       do {
         chunk(c);
-        done.fetch_add(1, std::memory_order_release);
+        // The last chunk wakes the threads asleep in wait_done (sleepers_ is read after done is bumped,
+        // and a sleeper counts itself before it reads done: one of the two sees the other).
+        if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks && sleepers_.load(std::memory_order_seq_cst) > 0) {
+          done.notify_all();
+        }
       } while ((c = claimed.fetch_add(1, std::memory_order_relaxed)) < chunks);
     }
     wait_done(done, chunks);
   }
 
  private:
-  // Spins briefly, then yields the core (to the thread that holds the last chunk, when they share one).
-  static void wait_done(const std::atomic<int64_t>& done, int64_t chunks);
+  // Spins for up to TeamBarrier::kSpinMicros, then sleeps until the last chunk is done (a thread that
+  // waits for a descheduled one leaves the core to it and to the others).
+  void wait_done(std::atomic<int64_t>& done, int64_t chunks);
   std::vector<std::atomic<int64_t>> claimed_, done_;
+  std::atomic<int> sleepers_{0};
 };
 
 // Runs fn(team) once on each of `threads` threads (num_threads() when 0) in one parallel region; on the

@@ -1,6 +1,7 @@
 // The fused single-token decode step of a Llama-style decoder whose matrices are held quantized: one
 // parallel region per token instead of one per op (backends/cpu/decode_step.h says why and how), with
-// the op-by-op path's logits bit for bit.
+// the op-by-op path's logits bit for bit. And its batched form over a paged cache (paged_decode_step,
+// serving's step): the rows of many sequences in one region, bit for bit nn::paged_decoder_forward's.
 //
 // Legend: C d_model, H query heads, Hkv k/v heads, D head dim, F d_ff, V vocab, L layers, P the new
 // token's position, cap a cache's capacity.

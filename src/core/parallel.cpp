@@ -59,6 +59,19 @@ void TeamBarrier::arrive_and_wait(int team_size) {
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+void ClaimedPhases::wait_done(std::atomic<int64_t>& done, int64_t chunks) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(TeamBarrier::kSpinMicros);
+  for (int i = 1;; ++i) {
+    if (done.load(std::memory_order_acquire) >= chunks) return;
+    cpu_relax();
+    if (i % 64 == 0 && Clock::now() > deadline) break;
+  }
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  for (int64_t d; (d = done.load(std::memory_order_seq_cst)) < chunks;) done.wait(d, std::memory_order_seq_cst);
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
 
 void set_num_threads(int n) {

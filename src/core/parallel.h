@@ -132,6 +132,45 @@ class Team {
   TeamBarrier* barrier_;
 };
 
+// Work in phases whose chunks any thread of a team may claim: for a team that must keep going when the
+// OS deschedules one of its threads (a busy machine). With fixed shares and a barrier, a thread that
+// is not running stalls every phase; here the threads claim phase p's chunks from a counter and wait
+// until all of them are done, so a thread that is not running holds up only a chunk it has claimed.
+// The results must not depend on which thread runs a chunk (each chunk writes outputs of its own,
+// computed the same way by any thread).
+class ClaimedPhases {
+ public:
+  explicit ClaimedPhases(int64_t phases) : claimed_(static_cast<size_t>(phases)), done_(static_cast<size_t>(phases)) {}
+  // Phase p: prepare() once if this thread claims a chunk, then chunk(c) for each c in [0, chunks) it
+  // claims; returns when every chunk of p is done. Every thread calls it for p = 0, 1, ... in order,
+  // with the same `chunks`.
+  template <class Prepare, class Chunk>
+  void run(int64_t p, int64_t chunks, Prepare&& prepare, Chunk&& chunk) {
+    std::atomic<int64_t>& claimed = claimed_[static_cast<size_t>(p)];
+    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)];
+    int64_t c = claimed.fetch_add(1, std::memory_order_relaxed);
+    if (c < chunks) {
+      prepare();
+      do {
+        chunk(c);
+        // The last chunk wakes the threads asleep in wait_done (sleepers_ is read after done is bumped,
+        // and a sleeper counts itself before it reads done: one of the two sees the other).
+        if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks && sleepers_.load(std::memory_order_seq_cst) > 0) {
+          done.notify_all();
+        }
+      } while ((c = claimed.fetch_add(1, std::memory_order_relaxed)) < chunks);
+    }
+    wait_done(done, chunks);
+  }
+
+ private:
+  // Spins for up to TeamBarrier::kSpinMicros, then sleeps until the last chunk is done (a thread that
+  // waits for a descheduled one leaves the core to it and to the others).
+  void wait_done(std::atomic<int64_t>& done, int64_t chunks);
+  std::vector<std::atomic<int64_t>> claimed_, done_;
+  std::atomic<int> sleepers_{0};
+};
+
 // Runs fn(team) once on each of `threads` threads (num_threads() when 0) in one parallel region; on the
 // calling thread alone when threads is 1 or when called inside a parallel region. fn must not throw (an
 // exception cannot leave an OpenMP region): check everything before.

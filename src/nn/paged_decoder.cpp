@@ -70,6 +70,36 @@ void DecoderWeights::check() const {
   check_matrix(head, V, C, "head");
 }
 
+std::string DecoderWeights::fuse() {
+  fused.reset();
+  ops::DecodeStepWeights d;
+  d.num_heads = num_heads;
+  d.num_kv_heads = num_kv_heads;
+  d.context_length = context_length;
+  d.token_embeddings = token_embeddings;
+  d.final_norm = final_norm;
+  d.final_norm_eps = final_norm_eps;
+  if (!head.quantized) return "the head is f32";
+  d.head = head.quantized;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const DecoderLayerWeights& l = layers[i];
+    for (const DecoderMatrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.output_proj, &l.w1, &l.w3, &l.w2}) {
+      if (!m->quantized) return "layer " + std::to_string(i) + " has an f32 matrix";
+    }
+    ops::DecodeStepLayer k;
+    k.q_proj = l.q_proj.quantized, k.k_proj = l.k_proj.quantized, k.v_proj = l.v_proj.quantized;
+    k.output_proj = l.output_proj.quantized, k.w1 = l.w1.quantized, k.w3 = l.w3.quantized, k.w2 = l.w2.quantized;
+    k.attn_norm = l.attn_norm, k.ffn_norm = l.ffn_norm;
+    k.attn_norm_eps = l.attn_norm_eps, k.ffn_norm_eps = l.ffn_norm_eps;
+    k.rope = l.rope;
+    k.rope_style = l.rope_style;
+    d.layers.push_back(std::move(k));
+  }
+  if (std::string why = ops::DecodeStep::unsupported(d); !why.empty()) return why;
+  fused = std::make_shared<const ops::DecodeStep>(std::move(d));
+  return "";
+}
+
 PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t kv_heads, int64_t block_size,
                            int64_t head_dim)
     : num_blocks_(num_blocks), block_size_(block_size) {
@@ -107,6 +137,7 @@ Tensor paged_decoder_forward(const DecoderWeights& w, PagedKVCache& cache, const
   }
   const int64_t R = static_cast<int64_t>(ids.size());
   if (R == 0) return Tensor::empty({0, V});
+  if (w.fused) return ops::paged_decode_step(*w.fused, ids, rows, logit_rows, cache.k, cache.v);
   Tensor x = ops::embedding(Tensor::from_vector<int32_t>({R}, ids), w.token_embeddings);  // [R, C]
   // RoPE positions per (row, head): ops::rope rotates x [R, heads, D] by positions of its leading shape.
   auto positions_for = [&](int64_t heads) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/decode_step.h"
 #include "ops/paged_attention.h"
 #include "ops/rope.h"
 #include "quant/qmatmul.h"
@@ -56,11 +57,20 @@ struct DecoderWeights {
   float final_norm_eps = 1e-5f;
   DecoderMatrix head;  // [V, C]
 
+  // The same pass fused into one parallel region per step (ops::paged_decode_step), set by fuse() when
+  // every matrix is held quantized with integer kernels: run op by op, a small model's step is hundreds
+  // of parallel regions, each forking and joining the threads, which costs more than the arithmetic at
+  // a few rows. Bitwise the op-by-op pass's logits and cache entries (tests/models/llama).
+  std::shared_ptr<const ops::DecodeStep> fused;
+
   int64_t d_model() const { return token_embeddings.size(1); }
   int64_t vocab_size() const { return token_embeddings.size(0); }
   int64_t head_dim() const { return d_model() / num_heads; }
   // Throws loom::Error naming the first shape, dtype or device that does not fit.
   void check() const;
+  // Sets `fused` when the weights allow it and returns ""; else leaves it empty and returns why not
+  // (an f32 matrix, a head dim that is not a multiple of 8, ...).
+  std::string fuse();
 };
 
 // The keys and values of every layer in NB blocks of S positions: k[l], v[l] f32 [NB, Hkv, S, D].
@@ -87,7 +97,7 @@ struct DecoderBatchItem {
 };
 
 // Writes the items' keys and values to their blocks and returns the logits f32 [n, V] of the last
-// token of each item with `logits` set, in item order.
+// token of each item with `logits` set, in item order. Runs w.fused when set, else op by op.
 Tensor paged_decoder_forward(const DecoderWeights& w, PagedKVCache& cache, const std::vector<DecoderBatchItem>& items);
 
 }  // namespace loom::nn

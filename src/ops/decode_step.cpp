@@ -143,4 +143,53 @@ Tensor decode_step(const DecodeStep& step, int32_t token, int64_t position, cons
   return logits;
 }
 
+Tensor paged_decode_step(const DecodeStep& step, std::span<const int32_t> tokens, const PagedRows& rows,
+                         std::span<const int64_t> logit_rows, const std::vector<Tensor>& k_cache,
+                         const std::vector<Tensor>& v_cache) {
+  constexpr const char* op = "paged_decode_step";
+  const cpu::DecodeModel& m = *step.kernel_;
+  const int64_t V = m.V, L = static_cast<int64_t>(m.layers.size()), context = step.weights_.context_length;
+  const int64_t R = rows.size(), n = static_cast<int64_t>(logit_rows.size());
+  LOOM_CHECK(static_cast<int64_t>(tokens.size()) == R, op, ": ", tokens.size(), " tokens for ", R, " rows");
+  LOOM_CHECK(static_cast<int64_t>(k_cache.size()) == L && static_cast<int64_t>(v_cache.size()) == L, op, ": ",
+             k_cache.size(), " k and ", v_cache.size(), " v caches for ", L, " layers");
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t token = tokens[static_cast<size_t>(r)];
+    const int64_t pos = rows.positions[static_cast<size_t>(r)];
+    LOOM_CHECK(token >= 0 && token < V, op, ": row ", r, "'s token id ", token, " is outside the vocabulary [0, ", V, ")");
+    LOOM_CHECK(pos >= 0 && pos < context, op, ": row ", r, "'s position ", pos, " is outside the context [0, ",
+               context, ")");
+  }
+  std::vector<bool> seen(static_cast<size_t>(R), false);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = logit_rows[static_cast<size_t>(i)];
+    LOOM_CHECK(r >= 0 && r < R && !seen[static_cast<size_t>(r)], op, ": logit row ", r,
+               " is outside the step's rows [0, ", R, ") or named twice");
+    seen[static_cast<size_t>(r)] = true;
+  }
+  Tensor logits = Tensor::empty({n, V});
+  if (R == 0) return logits;
+  const std::vector<const int32_t*> tables = paged_row_tables(op, k_cache[0], v_cache[0], m.H, rows);
+  const Shape shape = k_cache[0].shape();
+  LOOM_CHECK(shape[1] == m.Hkv && shape[3] == m.D, op, ": the caches are ", k_cache[0].describe(),
+             "; expected f32 [NB, ", m.Hkv, ", S, ", m.D, "] (Hkv, D)");
+  std::vector<float*> k(static_cast<size_t>(L)), v(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    for (const Tensor* t : {&k_cache[static_cast<size_t>(l)], &v_cache[static_cast<size_t>(l)]}) {
+      LOOM_CHECK(t->defined(), op, ": layer ", l, "'s cache is undefined");
+      require_cpu(op, {t});
+      LOOM_CHECK(t->dtype() == DType::F32 && t->shape() == shape, op, ": layer ", l, "'s cache is ", t->describe(),
+                 "; expected layer 0's ", k_cache[0].describe());
+    }
+    k[static_cast<size_t>(l)] = k_cache[static_cast<size_t>(l)].data<float>();
+    v[static_cast<size_t>(l)] = v_cache[static_cast<size_t>(l)].data<float>();
+  }
+  cpu::PagedAttentionProblem p;
+  p.R = R, p.H = m.H, p.Hkv = m.Hkv, p.D = m.D, p.S = shape[2], p.NB = shape[0];
+  p.positions = rows.positions.data();
+  p.tables = tables.data();
+  cpu::paged_decode_step(m, p, tokens.data(), logit_rows.data(), n, k.data(), v.data(), logits.data<float>());
+  return logits;
+}
+
 }  // namespace loom::ops

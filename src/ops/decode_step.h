@@ -1,6 +1,7 @@
 // The fused single-token decode step of a Llama-style decoder whose matrices are held quantized: one
 // parallel region per token instead of one per op (backends/cpu/decode_step.h says why and how), with
-// the op-by-op path's logits bit for bit.
+// the op-by-op path's logits bit for bit. And its batched form over a paged cache (paged_decode_step,
+// serving's step): the rows of many sequences in one region, bit for bit nn::paged_decoder_forward's.
 //
 // Legend: C d_model, H query heads, Hkv k/v heads, D head dim, F d_ff, V vocab, L layers, P the new
 // token's position, cap a cache's capacity.
@@ -13,10 +14,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/paged_attention.h"
 #include "ops/rope.h"
 #include "quant/qmatmul.h"
 
@@ -72,6 +75,8 @@ class DecodeStep {
 
  private:
   friend Tensor decode_step(const DecodeStep&, int32_t, int64_t, const std::vector<Tensor>&, const std::vector<Tensor>&);
+  friend Tensor paged_decode_step(const DecodeStep&, std::span<const int32_t>, const PagedRows&,
+                                  std::span<const int64_t>, const std::vector<Tensor>&, const std::vector<Tensor>&);
   DecodeStepWeights weights_;
   std::unique_ptr<const cpu::DecodeModel> kernel_;
 };
@@ -82,5 +87,17 @@ class DecodeStep {
 // outside [0, V), a position past context_length or the caches' capacity, and caches of another shape.
 Tensor decode_step(const DecodeStep& step, int32_t token, int64_t position, const std::vector<Tensor>& k_cache,
                    const std::vector<Tensor>& v_cache);
+
+// The same step over the rows of many sequences at once, their keys and values in paged caches (batched
+// serving): row r is tokens[r] at rows.positions[r] of the sequence whose blocks rows.tables[r] lists.
+// Writes every row's rotated key and value to its slot of k_cache[l], v_cache[l] (f32 [NB, Hkv, S, D] on
+// the CPU) and returns the logits f32 [n, V] of rows logit_rows[0..n) (distinct, in [0, R)). A row's
+// logits and cache entries are bitwise those of the op-by-op paged pass (nn::paged_decoder_forward:
+// RMSNorm, quantized_matmul, ops::rope, ops::paged_attention, SwiGLU, adds), whatever the other rows
+// (backends/cpu/decode_step.h). Refuses, by value, a token outside [0, V), a position past
+// context_length, a block outside the caches, caches of another shape, a logit row out of range.
+Tensor paged_decode_step(const DecodeStep& step, std::span<const int32_t> tokens, const PagedRows& rows,
+                         std::span<const int64_t> logit_rows, const std::vector<Tensor>& k_cache,
+                         const std::vector<Tensor>& v_cache);
 
 }  // namespace loom::ops

@@ -47,6 +47,13 @@ cpu::PagedAttentionProblem problem(const char* op, const Tensor& k_cache, const 
 
 }  // namespace
 
+std::vector<const int32_t*> paged_row_tables(const char* op, const Tensor& k_cache, const Tensor& v_cache, int64_t H,
+                                             const PagedRows& rows) {
+  std::vector<const int32_t*> tables;
+  problem(op, k_cache, v_cache, H, rows, tables);
+  return tables;
+}
+
 void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v, const PagedRows& rows) {
   std::vector<const int32_t*> tables;
   const cpu::PagedAttentionProblem p = problem("paged_kv_write", k_cache, v_cache, k_cache.size(1), rows, tables);

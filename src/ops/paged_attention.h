@@ -24,6 +24,12 @@ struct PagedRows {
 // Writes k, v [R, Hkv, D] to row r's slot (positions[r]) of the caches k_cache, v_cache [NB, Hkv, S, D].
 void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v, const PagedRows& rows);
 
+// Checks the caches k_cache, v_cache [NB, Hkv, S, D] and the rows as paged_attention does (every block a
+// row reads is in the cache; H query heads a multiple of Hkv), naming `op`; returns the rows' block tables'
+// data, [R], for a kernel that reads them (the fused paged step, ops/decode_step.h).
+std::vector<const int32_t*> paged_row_tables(const char* op, const Tensor& k_cache, const Tensor& v_cache, int64_t H,
+                                             const PagedRows& rows);
+
 // q: [R, H, D] (rotated). Row r attends to positions 0..positions[r] of its sequence, keys and values
 // already written. Returns [R, H, D].
 Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows);

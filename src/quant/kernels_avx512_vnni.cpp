@@ -27,7 +27,9 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm25
 inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 }  // namespace
 #define LOOM_QUANT_TABLE_NAME avx512_vnni_kernels
+#define LOOM_QUANT_ZMM 1  // the 16-row kernels on 512-bit registers (kernels_x86.inc: group_pair_rows)
 #include "quant/kernels_x86.inc"
+#undef LOOM_QUANT_ZMM
 #undef LOOM_QUANT_TABLE_NAME
 }  // namespace loom::quant::detail
 #if defined(__clang__)

@@ -299,6 +299,42 @@ TEST(QuantizedMatmul, EachRowIsTheSameAloneOrInABatch) {
   }
 }
 
+// A row's result does not depend on where a thread's share starts: shares starting at 8 rows pair the
+// 8-row groups otherwise than whole-matrix calls do (the AVX-512 kernels take two groups at a time), and
+// 1, 2, 3 or 5 activation rows take each of the kernels' row counts. Bitwise on every path.
+TEST(QuantizedMatmul, EachOutputIsTheSameWhateverShareComputesIt) {
+  std::mt19937 gen(29);
+  for (QuantType type : kTypes) {
+    const int64_t K = block_elements(type) == 256 ? 512 : 192, N = 88;
+    const QuantizedMatrix w = random_matrix(type, N, K, gen);
+    for (int64_t M : {1, 2, 3, 5}) {
+      const std::vector<float> x = random_activations(M, K, gen);
+      for (KernelPath path : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni}) {
+        if (!kernel_path_supported(path)) continue;
+        for (ActivationRounding rounding : kRoundings) {
+          SCOPED_TRACE(std::string(quant_type_name(type)) + " " + kernel_path_name(path) + " " +
+                       activation_rounding_name(rounding) + " M=" + std::to_string(M));
+          const int64_t levels = activation_levels(rounding);
+          std::vector<ActBlock> a(static_cast<size_t>(M * levels * K / 32));
+          quantize_activation_rows(x.data(), M, K, a.data(), path, rounding);
+          std::vector<float> whole(static_cast<size_t>(M * N)), parts(whole.size());
+          quantized_matmul_rows(a.data(), M, w, 0, N, whole.data(), N, path, rounding);
+          for (int64_t n0 : {0, 8, 24, 56, 80}) {  // [0, 8), [8, 24), [24, 56), [56, 80), [80, 88)
+            const int64_t n1 = n0 == 0 ? 8 : n0 == 8 ? 24 : n0 == 24 ? 56 : n0 == 56 ? 80 : N;
+            quantized_matmul_rows(a.data(), M, w, n0, n1, parts.data(), N, path, rounding);
+          }
+          EXPECT_EQ(std::memcmp(whole.data(), parts.data(), whole.size() * 4), 0);
+          if (path != KernelPath::Scalar) {
+            std::vector<float> with_path(whole.size());
+            quantized_matmul(x.data(), M, w, with_path.data(), path, rounding);
+            EXPECT_EQ(std::memcmp(whole.data(), with_path.data(), whole.size() * 4), 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantizedMatmul, ActivationRoundingNamesAndDefault) {
   EXPECT_EQ(activation_rounding_from_name("int8", "x"), ActivationRounding::Int8);
   EXPECT_EQ(activation_rounding_from_name("int8x2", "x"), ActivationRounding::Int8x2);

@@ -20,6 +20,7 @@
 #include "serve/engine.h"
 #include "serve/stop_text.h"
 #include "support/errors.h"
+#include "support/model_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -235,63 +236,77 @@ TEST_F(EngineTest, GreedyOutputOfAQuantizedGgufEqualsGenerate) {
 }
 
 TEST_F(EngineTest, SeededRequestsGiveTheSameTokensAndLogprobsAloneOrTogetherInAnyOrder) {
-  // 12 requests of assorted lengths, 4 of them sharing a 16-token prefix (the prefix cache serves them).
-  std::vector<RequestSpec> specs;
-  const std::vector<int32_t> shared = prompt(999, 16);
-  for (int i = 0; i < 12; ++i) {
-    std::vector<int32_t> p = prompt(200 + i, 2 + (i * 5) % 23);
-    if (i % 3 == 0) p.insert(p.begin(), shared.begin(), shared.end());
-    specs.push_back(seeded(p, 6 + i % 5 * 4, 1000 + i));
+  // The f32 model (op by op) and the same model with quantized weights (the fused step: one row alone
+  // or many rows split over the threads).
+  llama::TransformerLM quantized{tiny_config(), 17};
+  for (nn::Linear* l : test::llama_linears(quantized)) {
+    const Tensor& w = l->weight.value;
+    const quant::QuantType type = l == &quantized.lm_head ? quant::QuantType::Q8_0 : quant::QuantType::Q4_1;
+    l->set_quantized(std::make_shared<quant::QuantizedMatrix>(
+        quant::QuantizedMatrix::quantize(type, w.data<float>(), w.size(0), w.size(1))));
   }
-  specs[5].sampling.temperature = 0;  // greedy among the sampled
-  std::vector<Result> alone;
-  {
-    EngineOptions o;
-    o.kv_blocks = 16;
-    o.block_size = 4;
-    Engine engine(model, tok, o);
-    for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
-  }
-  for (const Result& r : alone) {
-    ASSERT_EQ(r.finish, FinishReason::Length) << r.error;
-    ASSERT_EQ(r.top.front().size(), 3u);
-  }
-  // All at once, shuffled, with a budget so small that requests queue and running ones are preempted;
-  // then with a large budget and steps of 8 rows (long prompts spread over many steps).
-  struct Setting {
-    int64_t blocks, max_running, step_tokens;
-  };
-  for (Setting setting : {Setting{24, 64, 256}, Setting{400, 6, 8}}) {
-    SCOPED_TRACE("blocks=" + std::to_string(setting.blocks) + " step_tokens=" + std::to_string(setting.step_tokens));
-    EngineOptions o;
-    o.kv_blocks = setting.blocks;
-    o.block_size = 4;
-    o.max_running = setting.max_running;
-    o.max_step_tokens = setting.step_tokens;
-    o.prefill_chunk = 8;
-    Engine engine(model, tok, o);
-    std::vector<size_t> order(specs.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(setting.blocks)));
-    std::map<size_t, std::shared_ptr<RequestHandle>> handles;
-    for (size_t i : order) handles[i] = engine.submit(specs[i]);
-    for (auto& [i, h] : handles) {
-      Result r = collect(*h);
-      EXPECT_EQ(r.tokens, alone[i].tokens) << "request " << i;
-      EXPECT_EQ(r.logprobs, alone[i].logprobs) << "request " << i;
-      ASSERT_EQ(r.top.size(), alone[i].top.size());
-      for (size_t t = 0; t < r.top.size(); ++t) {
-        for (size_t k = 0; k < r.top[t].size(); ++k) {
-          EXPECT_EQ(r.top[t][k].token, alone[i].top[t][k].token);
-          EXPECT_EQ(r.top[t][k].logprob, alone[i].top[t][k].logprob);
+  ASSERT_TRUE(quantized.decoder_weights()->fused != nullptr);
+  for (const llama::TransformerLM* m : {&model, &quantized}) {
+    SCOPED_TRACE(m == &model ? "f32" : "quantized");
+    const llama::TransformerLM& model = *m;
+    // 12 requests of assorted lengths, 4 of them sharing a 16-token prefix (the prefix cache serves them).
+    std::vector<RequestSpec> specs;
+    const std::vector<int32_t> shared = prompt(999, 16);
+    for (int i = 0; i < 12; ++i) {
+      std::vector<int32_t> p = prompt(200 + i, 2 + (i * 5) % 23);
+      if (i % 3 == 0) p.insert(p.begin(), shared.begin(), shared.end());
+      specs.push_back(seeded(p, 6 + i % 5 * 4, 1000 + i));
+    }
+    specs[5].sampling.temperature = 0;  // greedy among the sampled
+    std::vector<Result> alone;
+    {
+      EngineOptions o;
+      o.kv_blocks = 16;
+      o.block_size = 4;
+      Engine engine(model, tok, o);
+      for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
+    }
+    for (const Result& r : alone) {
+      ASSERT_EQ(r.finish, FinishReason::Length) << r.error;
+      ASSERT_EQ(r.top.front().size(), 3u);
+    }
+    // All at once, shuffled, with a budget so small that requests queue and running ones are preempted;
+    // then with a large budget and steps of 8 rows (long prompts spread over many steps).
+    struct Setting {
+      int64_t blocks, max_running, step_tokens;
+    };
+    for (Setting setting : {Setting{24, 64, 256}, Setting{400, 6, 8}}) {
+      SCOPED_TRACE("blocks=" + std::to_string(setting.blocks) + " step_tokens=" + std::to_string(setting.step_tokens));
+      EngineOptions o;
+      o.kv_blocks = setting.blocks;
+      o.block_size = 4;
+      o.max_running = setting.max_running;
+      o.max_step_tokens = setting.step_tokens;
+      o.prefill_chunk = 8;
+      Engine engine(model, tok, o);
+      std::vector<size_t> order(specs.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(setting.blocks)));
+      std::map<size_t, std::shared_ptr<RequestHandle>> handles;
+      for (size_t i : order) handles[i] = engine.submit(specs[i]);
+      for (auto& [i, h] : handles) {
+        Result r = collect(*h);
+        EXPECT_EQ(r.tokens, alone[i].tokens) << "request " << i;
+        EXPECT_EQ(r.logprobs, alone[i].logprobs) << "request " << i;
+        ASSERT_EQ(r.top.size(), alone[i].top.size());
+        for (size_t t = 0; t < r.top.size(); ++t) {
+          for (size_t k = 0; k < r.top[t].size(); ++k) {
+            EXPECT_EQ(r.top[t][k].token, alone[i].top[t][k].token);
+            EXPECT_EQ(r.top[t][k].logprob, alone[i].top[t][k].logprob);
+          }
         }
       }
+      settle(engine);
+      const EngineStats s = engine.stats();
+      EXPECT_EQ(s.kv_blocks_free, setting.blocks);
+      EXPECT_GT(s.prefix_hits, 0);
+      if (setting.blocks == 24) EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
     }
-    settle(engine);
-    const EngineStats s = engine.stats();
-    EXPECT_EQ(s.kv_blocks_free, setting.blocks);
-    EXPECT_GT(s.prefix_hits, 0);
-    if (setting.blocks == 24) EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
   }
 }
 

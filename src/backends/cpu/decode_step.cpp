@@ -144,3 +144,161 @@ void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, fl
 }
 
 }  // namespace loom::cpu
+
+namespace loom::cpu {
+
+void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, const int32_t* tokens,
+                       const int64_t* logit_rows, int64_t n, float* const* k_cache, float* const* v_cache,
+                       float* logits) {
+  const int64_t C = m.C, H = m.H, Hkv = m.Hkv, D = m.D, F = m.F, V = m.V, R = p.R;
+  const int64_t L = static_cast<int64_t>(m.layers.size()), half = D / 2;
+  quant::best_kernel_path();  // resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw
+  const int64_t levels = quant::activation_levels();
+  // Up to this many rows every thread normalizes and quantizes them all for itself: repeating a few rows
+  // costs less than the phase that sharing them needs (a single decoding sequence is the case).
+  constexpr int64_t kOwnRows = 2;
+  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), small enough that
+  // a thread descheduled while holding one delays the step little.
+  constexpr int64_t kChunk = 32, kHeadChunk = 256;
+  const int threads = num_threads();
+
+  // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's
+  // output; o [R, C] a projection's output; g, u, h [R, F]; shared_act the shared rows' quantized blocks.
+  const int64_t blocks = levels * std::max(C, F) / 32;
+  std::vector<float> shared(static_cast<size_t>(R * (C + H * D + 2 * Hkv * D + H * D + C + 3 * F)));
+  float* x = shared.data();
+  float* q = x + R * C;
+  float* kbuf = q + R * H * D;
+  float* vbuf = kbuf + R * Hkv * D;
+  float* y = vbuf + R * Hkv * D;
+  float* o = y + R * H * D;
+  float* g = o + R * C;
+  float* u = g + R * F;
+  float* h = u + R * F;
+  std::vector<quant::ActBlock> shared_act(R > kOwnRows ? static_cast<size_t>(R * blocks) : 0);
+  // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch, scores
+  // [max position + 1] and acc [D].
+  int64_t max_pos = 0;
+  for (int64_t r = 0; r < R; ++r) max_pos = std::max(max_pos, p.positions[r]);
+  const int64_t own_blocks = kOwnRows * blocks;
+  const int64_t scratch = C + max_pos + 1 + D;
+  std::vector<float> per_thread(static_cast<size_t>(threads * scratch));
+  std::vector<quant::ActBlock> own_act(static_cast<size_t>(threads * own_blocks));
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(x + r * C, m.token_embeddings + static_cast<int64_t>(tokens[r]) * C, static_cast<size_t>(C) * sizeof(float));
+  }
+  // Phases a layer: q/k/v, attention, output_proj, w1/w3, w2, and before each of the four matmuls' one
+  // that quantizes the rows when they are shared; then the head's two.
+  ClaimedPhases phases(9 * L + 2);
+
+  parallel_team(threads, [&](Team& team) {
+    const int t = team.rank();
+    float* my_xn = per_thread.data() + t * scratch;
+    float* my_scores = my_xn + C;
+    float* my_acc = my_scores + max_pos + 1;
+    quant::ActBlock* my_act = own_act.data() + t * own_blocks;
+    int64_t phase = 0;
+    auto nothing = [] {};
+    // A matmul phase over `chunks` chunks that reads the quantized rows [M, K] of row(i, scratch), i in
+    // [0, M): each thread that takes part quantizes them all for itself (prepared before its first
+    // chunk), or a phase before quantizes one shared copy, a row a chunk.
+    auto matmul_phase = [&](int64_t M, int64_t K, auto&& row, int64_t chunks, auto&& chunk) {
+      const int64_t stride = levels * K / 32;
+      if (M > kOwnRows) {
+        phases.run(phase++, M, nothing, [&](int64_t i) {
+          quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
+        });
+        phases.run(phase++, chunks, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
+      } else {
+        ++phase;  // the shared quantization's phase, unused: every thread numbers the phases alike
+        auto prepare = [&] {
+          for (int64_t i = 0; i < M; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, my_act + i * stride);
+        };
+        phases.run(phase++, chunks, prepare, [&](int64_t c) { chunk(my_act, c); });
+      }
+    };
+    auto normed = [&](const float* gain, float eps, const int64_t* which) {
+      return [=](int64_t i, float* out) {
+        rms_norm_forward(out, nullptr, x + (which ? which[i] : i) * C, gain, 1, C, eps);
+        return static_cast<const float*>(out);
+      };
+    };
+    auto plain = [](const float* base, int64_t K) {
+      return [=](int64_t i, float*) { return base + i * K; };
+    };
+    // [c * size, min(total, (c + 1) * size)): chunk c of `total` rows.
+    auto span = [](int64_t c, int64_t size, int64_t total) {
+      return std::pair<int64_t, int64_t>{c * size, std::min(total, (c + 1) * size)};
+    };
+    auto chunks_of = [](int64_t total, int64_t size) { return (total + size - 1) / size; };
+    for (int64_t li = 0; li < L; ++li) {
+      const DecodeLayer& b = m.layers[static_cast<size_t>(li)];
+      float* kc = k_cache[li];  // [NB, Hkv, S, D]
+      float* vc = v_cache[li];
+
+      // 1. q/k/v of every row, a head a chunk: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of
+      // v_proj; k and v into each row's slot.
+      matmul_phase(R, C, normed(b.attn_norm, b.attn_norm_eps, nullptr), H + 2 * Hkv, [&](const quant::ActBlock* a, int64_t hd) {
+        if (hd < H) {
+          quant::quantized_matmul_rows(a, R, *b.q_proj, hd * D, (hd + 1) * D, q, H * D);
+          for (int64_t r = 0; r < R; ++r) {
+            float* qh = q + r * H * D + hd * D;
+            const int64_t P = p.positions[r];
+            rope_rotate_row(qh, qh, b.rope_cos + P * half, b.rope_sin + P * half, D, b.rope_interleaved, false);
+          }
+        } else if (hd < H + Hkv) {
+          const int64_t j = hd - H;
+          quant::quantized_matmul_rows(a, R, *b.k_proj, j * D, (j + 1) * D, kbuf, Hkv * D);
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t P = p.positions[r];
+            rope_rotate_row(kc + paged_row_offset(p, r, j), kbuf + r * Hkv * D + j * D, b.rope_cos + P * half,
+                            b.rope_sin + P * half, D, b.rope_interleaved, false);
+          }
+        } else {
+          const int64_t j = hd - H - Hkv;
+          quant::quantized_matmul_rows(a, R, *b.v_proj, j * D, (j + 1) * D, vbuf, Hkv * D);
+          for (int64_t r = 0; r < R; ++r) {
+            std::memcpy(vc + paged_row_offset(p, r, j), vbuf + r * Hkv * D + j * D, static_cast<size_t>(D) * sizeof(float));
+          }
+        }
+      });
+      // 2. attention of each (row, query head) over its sequence's positions [0, P] (a row of a prompt
+      // chunk reads the keys the chunk's earlier rows wrote in 1).
+      phases.run(phase++, R * H, nothing, [&](int64_t i) {
+        paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
+      });
+      // 3. x += output_proj(y).
+      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, kChunk, C);
+        quant::quantized_matmul_rows(a, R, *b.output_proj, c0, c1, o, C);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
+        }
+      });
+      // 4. h = swiglu(w1 x_n, w3 x_n).
+      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [f0, f1] = span(c, kChunk, F);
+        quant::quantized_matmul_rows(a, R, *b.w1, f0, f1, g, F);
+        quant::quantized_matmul_rows(a, R, *b.w3, f0, f1, u, F);
+        for (int64_t r = 0; r < R; ++r) swiglu_forward(h + r * F + f0, g + r * F + f0, u + r * F + f0, f1 - f0);
+      });
+      // 5. x += w2 h.
+      matmul_phase(R, F, plain(h, F), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, kChunk, C);
+        quant::quantized_matmul_rows(a, R, *b.w2, c0, c1, o, C);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
+        }
+      });
+    }
+    // The head over the rows that want logits.
+    matmul_phase(n, C, normed(m.final_norm, m.final_norm_eps, logit_rows), chunks_of(V, kHeadChunk),
+                 [&](const quant::ActBlock* a, int64_t c) {
+      const auto [v0, v1] = span(c, kHeadChunk, V);
+      quant::quantized_matmul_rows(a, n, *m.head, v0, v1, logits, V);
+    });
+    (void)team;
+  });
+}
+
+}  // namespace loom::cpu

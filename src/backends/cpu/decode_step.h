@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/paged_attention.h"
 #include "quant/qmatmul.h"
 
 namespace loom::cpu {
@@ -66,5 +67,25 @@ struct DecodeModel {
 // below the RoPE tables' rows. Checks nothing: ops::decode_step does.
 void decode_step(const DecodeModel& model, int32_t token, int64_t P, int64_t cap, float* const* k_cache,
                  float* const* v_cache, float* logits);
+
+// The step over R rows of any number of sequences at once (batched serving, ops::paged_decode_step): row
+// r is token tokens[r] at rows.positions[r] of the sequence whose blocks rows.tables[r] lists, its keys
+// and values written to that position's slot of the paged caches k_cache[l], v_cache[l] [NB, Hkv, S, D]
+// (rows.H and rows.D must be the model's; rows.R the rows). logits [n, V]: the logits of rows
+// logit_rows[0..n).
+//
+// One team again, every matrix read once per step for all rows, but no fixed shares: each phase (the
+// q/k/v heads, the attention's (row, head) pairs, chunks of 32 rows of output_proj, w1/w3 and w2, of
+// 256 rows of the head) is a list of chunks the threads claim (core/parallel.h ClaimedPhases), so on a
+// busy machine a descheduled thread delays only a chunk it holds, not every barrier of the step. Each
+// row's arithmetic is the op-by-op paged pass's (nn::paged_decoder_forward with its weights quantized):
+// the same RMSNorm, activation quantization, quantized_matmul_rows over ranges starting on multiples of
+// 8 rows, RoPE from the same table rows, ops::paged_attention's per-(row, head) kernel
+// (paged_attention_head), SwiGLU and adds; so a row's logits are bitwise those of that pass, which are
+// the same whatever other rows share the step, and whichever thread computes a chunk. The rows'
+// normed and quantized activations are computed by every thread for itself when the rows are few, else
+// once, a row a chunk, in a phase of their own.
+void paged_decode_step(const DecodeModel& model, const PagedAttentionProblem& rows, const int32_t* tokens,
+                       const int64_t* logit_rows, int64_t n, float* const* k_cache, float* const* v_cache, float* logits);
 
 }  // namespace loom::cpu

@@ -28,6 +28,21 @@ struct PagedAttentionProblem {
 
 void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
                              const float* v_cache, float* out);
+// One (row r, head h) of it, on the calling thread: out[r, h] from q[r, h]. scores: scratch of at least
+// positions[r] + 1 floats; acc: scratch of D floats. paged_attention_forward is this over every (r, h),
+// so a caller running its own team of threads (the fused paged step, decode_step.h) gets its bits.
+void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
+                          const float* v_cache, float* out, float* scores, float* acc);
+
+// The offset of (block, kv head g, slot) in a [NB, Hkv, S, D] cache.
+inline int64_t paged_slot_offset(const PagedAttentionProblem& p, int32_t block, int64_t g, int64_t slot) {
+  return ((static_cast<int64_t>(block) * p.Hkv + g) * p.S + slot) * p.D;
+}
+// Where row r's key or value of kv head g goes: the slot of its position in its sequence's block.
+inline int64_t paged_row_offset(const PagedAttentionProblem& p, int64_t r, int64_t g) {
+  const int64_t pos = p.positions[r];
+  return paged_slot_offset(p, p.tables[r][pos / p.S], g, pos % p.S);
+}
 // Copies k, v [R, Hkv, D] to each row's slot in the caches.
 void paged_kv_write(const PagedAttentionProblem& p, const float* k, const float* v, float* k_cache, float* v_cache);
 

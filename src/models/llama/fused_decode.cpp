@@ -131,6 +131,7 @@ std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& m, std
     w.layers.push_back(std::move(l));
   }
   w.check();
+  w.fuse();  // the one-region step when every matrix is quantized; op by op (the same bits) otherwise
   return w;
 }
 

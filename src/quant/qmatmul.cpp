@@ -39,13 +39,13 @@ QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std
   packed_ = packed_copy(type_, bytes_, rows_, cols_);
 }
 
-QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data)
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data, bool interleaved_copy)
     : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)) {
   LOOM_CHECK(data != nullptr || rows == 0, "QuantizedMatrix: no data for a [", rows, ", ", cols, "] ",
              quant_type_name(type), " matrix");
   bytes_.resize(static_cast<size_t>(rows * row_bytes_));
   if (!bytes_.empty()) std::memcpy(bytes_.data(), data, bytes_.size());
-  packed_ = packed_copy(type_, bytes_, rows_, cols_);
+  if (interleaved_copy) packed_ = packed_copy(type_, bytes_, rows_, cols_);
 }
 
 QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {

@@ -40,7 +40,9 @@ namespace loom::quant {
 class QuantizedMatrix {
  public:
   // Copies rows * row_bytes(type, cols) bytes of `data` (the tensor's bytes as stored in a GGUF file).
-  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data);
+  // interleaved_copy = false keeps those bytes only (half the memory): the kernels then read the rows as
+  // stored, the same integer sums, slower (a QLoRA base, which multiplies by dequantized tiles anyway).
+  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data, bool interleaved_copy = true);
   // Quantizes an f32 [rows, cols] matrix with the reference quantizer (type: Q8_0, Q4_0 or Q4_1).
   static QuantizedMatrix quantize(QuantType type, const float* w, int64_t rows, int64_t cols);
 

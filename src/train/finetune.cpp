@@ -255,7 +255,8 @@ Finetuner::Finetuner(FinetuneConfig config, std::string run_dir, const runs::Mem
   LOOM_CHECK(!config_.quantized || config_.weights.ends_with(".gguf"), "finetune: base.quantized needs a GGUF base, got ",
              config_.weights);
   runs::LoadedRun loaded = runs::load_for_job(run ? config_.weights : "", run ? "" : config_.weights, memory,
-                                              runs::model_memory, "finetune", config_.quantized);
+                                              runs::model_memory, "finetune", config_.quantized,
+                                              /*quantized_only=*/config_.quantized);
   LOOM_CHECK(loaded.tokenizer.has_value(), "finetune: ", config_.weights,
              " has no tokenizer (a GGUF with tokenizer metadata, an HF directory with tokenizer.json, or a loom run)");
   const runs::ChatSettings chat = runs::chat_settings(loaded, fs::is_directory(config_.weights) ? config_.weights : "");

@@ -41,8 +41,8 @@ enum class GgufMatrices {
   AlsoQuantized,  // and held quantized beside them, for inference (loom chat, generate, serve)
   // Held quantized only: never dequantized whole, their f32 parameters left empty ([0]); the layers
   // multiply by the blocks (integer kernels, or dequantized tiles with dequantized_matmul). One copy of
-  // the blocks, without the interleaved one the integer kernels read faster (QLoRA: the memory is the
-  // point). Such a model cannot be exported or trained in those layers.
+  // the blocks: the file's mapping, read in place, without the interleaved copy the integer kernels read
+  // faster (QLoRA: the memory is the point). Such a model cannot be exported or trained in those layers.
   QuantizedOnly,
 };
 

@@ -149,6 +149,16 @@ void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const ggu
       in.mark_held(*s, file.path());
       continue;
     }
+    // Decoded straight into its parameter when stored as loom keeps it (the common case): a whole stored
+    // copy beside the parameter would raise the peak memory of loading by the largest tensor (SmolLM2's
+    // embedding: 113 MiB), and stay in the allocator's cache afterwards.
+    if (Tensor dst = in.destination(*s); dst.defined()) {
+      quant::dequantize(t.type, file.bytes(t.name).data(), dst.numel(), dst.data<float>());
+      nn::Parameter& p = model.parameter(s->loom[0]);
+      p.value_changed();
+      in.mark_held(*s, file.path());
+      continue;
+    }
     in.load(*s, file.dequantized(t.name), file.path());
   }
   in.finish(file.path(), notes);

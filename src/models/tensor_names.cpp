@@ -455,6 +455,14 @@ void TensorImport::mark_held(const StoredTensor& t, const std::string& where) {
   e.loaded = true;
 }
 
+Tensor TensorImport::destination(const StoredTensor& t) const {
+  const Expected& e = expected_[by_name_.at(t.name)];
+  if (!e.present || t.change != Change::None || t.loom.size() != 1 || state_.count(t.loom[0])) return Tensor();
+  const nn::Parameter& p = model_.parameter(t.loom[0]);
+  if (p.dist || p.value.dtype() != DType::F32 || !p.value.device().is_cpu() || p.value.shape() != e.shape) return Tensor();
+  return p.value;
+}
+
 void TensorImport::finish(const std::string& where, std::vector<std::string>& notes) {
   for (const auto& [loom, v] : slices_) put(loom, v);
   auto value_of = [&](const std::string& loom) -> Tensor {

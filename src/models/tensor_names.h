@@ -147,6 +147,10 @@ class TensorImport {
   // Whether every loom tensor of `t` is in options.held_elsewhere; then mark_held() stands for load().
   bool held_elsewhere(const StoredTensor& t) const;
   void mark_held(const StoredTensor& t, const std::string& where);
+  // The f32 parameter `t` fills as stored (no change, one loom tensor of the stored shape, not sharded),
+  // for a format that decodes straight into it and then calls mark_held(): no stored copy of the tensor
+  // exists beside the parameter while loading. Undefined when `t` needs load().
+  Tensor destination(const StoredTensor& t) const;
   // Ties, slices and duplicates, and the tensors the file lacked: an error naming the first one (`where`
   // leads the message), or a note.
   void finish(const std::string& where, std::vector<std::string>& notes);

@@ -118,8 +118,10 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, m
       const std::string name = stored_name(linear->weight.name);
       const gguf::TensorInfo& t = file.info(name);
       const Shape s = file.shape(name);
-      linear->set_quantized(std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data(),
-                                                                     /*interleaved_copy=*/!only));
+      // QuantizedOnly: the blocks are read in place from the file's mapping, the one copy there is.
+      linear->set_quantized(only ? std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.owner(),
+                                                                            file.bytes(name).data())
+                                 : std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data()));
       if (only) {
         LOOM_ASSERT(skip.count(linear->weight.name) == 1);
         linear->weight.value = Tensor::empty({0});  // never filled: the constructor's untouched buffer goes

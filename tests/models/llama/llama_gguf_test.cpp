@@ -325,7 +325,8 @@ TEST(LlamaGguf, QuantizedInferenceRunsOnTheFileBlocksWithinActivationRounding) {
 TEST(LlamaGguf, AQuantizedOnlyImportHoldsOneCopyOfTheBlocksAndNoF32Weights) {
   // QLoRA's import (GgufMatrices::QuantizedOnly): the held matrices' f32 parameters are never filled and
   // are released, so the allocator holds less than the AlsoQuantized import by exactly their f32 bytes
-  // (each left a [0] tensor: one 64-byte block), and the blocks are held once (no interleaved copy).
+  // (each left a [0] tensor: one 64-byte block), and the blocks are held once: read in place from the
+  // file's mapping, with no interleaved copy.
   Allocator& cpu = allocator_for(Device::cpu());
   const int64_t start = cpu.stats().bytes_in_use;
   models::GgufImport also = models::import_gguf(kTiny, /*quantized=*/true);

@@ -41,6 +41,11 @@ struct AttentionProblem {
   int64_t kv_group = 1;
   HeadLayout q, k, v, out;  // gradients use the layout of the tensor they belong to
   RopeTables rope;          // flash kernels only; cos == nullptr means no RoPE
+  // Document masking (several documents packed into one row): query row i of batch entry b sees no key
+  // before key_begin[b * tq + i] (the first position of its document), on top of the causal rule, so the
+  // mask is block-diagonal causal without a [Tq, Tk] tensor. nullptr: every row from key 0. CPU flash
+  // kernels only.
+  const int32_t* key_begin = nullptr;
   // Inverted dropout on the probabilities, as F.dropout(softmax(S), p) (flash kernels only): out_i =
   // sum_j Z_ij P_ij v_j with Z_ij = keep(n, i, j) / (1 - p), P the softmax normalised WITHOUT dropout,
   // keep(n, i, j) = !(random_uniform(dropout_key, attention_dropout_counter(*this, n, i, j)) < p).

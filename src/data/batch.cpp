@@ -42,7 +42,9 @@ std::vector<int64_t> random_starts(RngKey key, int64_t n, int64_t batch_size, in
 Batch gather_batch(const TokenFile& tokens, const std::vector<int64_t>& starts, int64_t context_length) {
   const auto B = static_cast<int64_t>(starts.size());
   const int64_t T = context_length;
-  Batch batch{Tensor::empty({B, T}, DType::I32), Tensor::empty({B, T}, DType::I32)};
+  Batch batch;
+  batch.inputs = Tensor::empty({B, T}, DType::I32);
+  batch.targets = Tensor::empty({B, T}, DType::I32);
   int32_t* x = batch.inputs.data<int32_t>();   // [B, T]
   int32_t* y = batch.targets.data<int32_t>();  // [B, T]
   for (int64_t b = 0; b < B; ++b) {

@@ -35,6 +35,10 @@ inline Sampling sampling_from_name(const std::string& name) {
 struct Batch {
   Tensor inputs;   // i32 [B, T]
   Tensor targets;  // i32 [B, T]: inputs shifted by one token
+  // Rows packing several documents (fine-tuning's data.packing, train/sft_data.h): i32 [B, T] positions
+  // restarting at 0 per document, and the first position of each position's document (what attention may
+  // see: models::ForwardContext). Undefined for one sequence per row.
+  Tensor positions, key_begin;
 };
 
 // Uniform integer in [0, range) for element `index` of the stream named by `key`: 64 random bits,

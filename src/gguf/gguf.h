@@ -33,8 +33,10 @@ class GgufFile {
   const Header& header() const { return header_; }
   // The tensor's info; throws naming the file and the tensor if absent.
   const TensorInfo& info(const std::string& name) const;
-  // Its stored bytes (blocks for quantized types), valid while this object lives.
+  // Its stored bytes (blocks for quantized types), valid while this object lives, or while a copy of
+  // owner() does: what keeps the bytes (the mapping) alive, for a holder that reads them in place.
   std::span<const uint8_t> bytes(const std::string& name) const;
+  std::shared_ptr<const void> owner() const { return owner_; }
   // Its loom shape: ne reversed (outermost first).
   Shape shape(const std::string& name) const;
   // The tensor as f32 (quant::dequantize), shape as shape(name).

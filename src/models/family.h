@@ -34,6 +34,18 @@ struct GgufTensorOut {
   bool matrix = false;  // a weight matrix, stored in the export's type; others (norm gains) stay F32
 };
 
+// What a GGUF import does with the matrices stored in a type src/quant has kernels for (Q8_0, Q4_0, Q4_1,
+// Q4_K, Q6_K) and that a family can hold quantized (nn::Linear::set_quantized).
+enum class GgufMatrices {
+  F32,            // dequantized into the f32 parameters, like every other tensor
+  AlsoQuantized,  // and held quantized beside them, for inference (loom chat, generate, serve)
+  // Held quantized only: never dequantized whole, their f32 parameters left empty ([0]); the layers
+  // multiply by the blocks (integer kernels, or dequantized tiles with dequantized_matmul). One copy of
+  // the blocks: the file's mapping, read in place, without the interleaved copy the integer kernels read
+  // faster (QLoRA: the memory is the point). Such a model cannot be exported or trained in those layers.
+  QuantizedOnly,
+};
+
 // Every member has an initializer, so a family's designated initializers (family_of) may leave any out.
 struct Family {
   std::string arch{};     // model.arch: "llama", "gpt2"
@@ -53,11 +65,12 @@ struct Family {
   std::function<HfImport(const std::string& dir, const nlohmann::json& hf_config)> import_hf{};
 
   // GGUF (models/gguf.h): the general.architecture this family reads and writes, the reader (the
-  // model only; the tokenizer is the caller's, `notes` gets what was adapted; with `quantized`, layers
-  // whose weights are stored in a type with kernels also keep them quantized for inference) and the writer
+  // model only; the tokenizer is the caller's, `notes` gets what was adapted; `matrices` says what
+  // becomes of the layers whose weights are stored in a type with kernels: GgufMatrices) and the writer
   // of the architecture's metadata and tensors (the caller adds general.*, the tokenizer, and quantizes).
   std::string gguf_arch{};
-  std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, bool quantized, std::vector<std::string>& notes)>
+  std::function<std::unique_ptr<LanguageModel>(const gguf::GgufFile& file, GgufMatrices matrices,
+                                               std::vector<std::string>& notes)>
       import_gguf{};
   std::function<void(const LanguageModel& model, std::vector<gguf::KeyValue>& metadata, std::vector<GgufTensorOut>& tensors)>
       export_gguf{};

@@ -21,7 +21,7 @@ bool is_gguf_file(const std::string& path) {
   return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-GgufImport import_gguf(const std::string& path, bool quantized) {
+GgufImport import_gguf(const std::string& path, bool quantized, bool quantized_only) {
   const gguf::GgufFile file = gguf::GgufFile::open(path);
   const gguf::Header& h = file.header();
   std::string arch;
@@ -39,7 +39,10 @@ GgufImport import_gguf(const std::string& path, bool quantized) {
     LOOM_FAIL(path, ": general.architecture ", gguf::quoted(arch), " is not supported (loom reads: ", known, ")");
   }
   GgufImport out;
-  out.model = f->import_gguf(file, quantized, out.notes);
+  const GgufMatrices matrices = !quantized        ? GgufMatrices::F32
+                                : quantized_only ? GgufMatrices::QuantizedOnly
+                                                 : GgufMatrices::AlsoQuantized;
+  out.model = f->import_gguf(file, matrices, out.notes);
   if (gguf::has_tokenizer(h)) {
     try {
       gguf::GgufTokenizer t = gguf::tokenizer_from_gguf(h);
@@ -132,14 +135,30 @@ void gguf_tensors_of(const LanguageModel& model, const TensorTable& table, std::
 }
 
 void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const gguf::GgufFile& file,
-                       std::vector<std::string>& notes) {
-  TensorImport in(table, TensorFormat::Gguf, model);
+                       std::vector<std::string>& notes, const std::set<std::string>& held_quantized) {
+  TensorImportOptions options;
+  options.held_elsewhere = held_quantized;
+  TensorImport in(table, TensorFormat::Gguf, model, options);
   for (const gguf::TensorInfo& t : file.header().tensors) {
     const StoredTensor* s = in.find(t.name);
     LOOM_CHECK(s != nullptr, file.path(), ": tensor ", gguf::quoted(t.name), " (", quant::quant_type_name(t.type),
                ") is not part of loom's ", table.family);
     LOOM_CHECK(file.shape(t.name) == in.shape(*s), file.path(), ": tensor ", gguf::quoted(t.name), " has shape ",
                file.shape(t.name), " (ne reversed) but the metadata implies ", in.shape(*s));
+    if (in.held_elsewhere(*s)) {  // never dequantized: the caller holds its blocks
+      in.mark_held(*s, file.path());
+      continue;
+    }
+    // Decoded straight into its parameter when stored as loom keeps it (the common case): a whole stored
+    // copy beside the parameter would raise the peak memory of loading by the largest tensor (SmolLM2's
+    // embedding: 113 MiB), and stay in the allocator's cache afterwards.
+    if (Tensor dst = in.destination(*s); dst.defined()) {
+      quant::dequantize(t.type, file.bytes(t.name).data(), dst.numel(), dst.data<float>());
+      nn::Parameter& p = model.parameter(s->loom[0]);
+      p.value_changed();
+      in.mark_held(*s, file.path());
+      continue;
+    }
     in.load(*s, file.dequantized(t.name), file.path());
   }
   in.finish(file.path(), notes);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 
 #include "gguf/tokenizer.h"
@@ -30,8 +31,9 @@ struct GgufImport {
 bool is_gguf_file(const std::string& path);
 // Reads a GGUF model of any registered family. Errors name the file and the value. With `quantized`,
 // matrices stored in a type src/quant has kernels for are also kept quantized for inference (see the
-// family's import_gguf); without, everything is f32.
-GgufImport import_gguf(const std::string& path, bool quantized = false);
+// family's import_gguf); without, everything is f32. With `quantized_only` too, those matrices are held
+// quantized only and never dequantized whole (GgufMatrices::QuantizedOnly).
+GgufImport import_gguf(const std::string& path, bool quantized = false, bool quantized_only = false);
 
 struct GgufExportOptions {
   // Storage of the weight matrices (embedding, projections, head); norm gains stay F32. F32, F16, BF16,
@@ -51,9 +53,10 @@ quant::QuantType gguf_export_type(const std::string& name);
 // marked for the export's storage type. A head equal to its tied embedding is left out.
 void gguf_tensors_of(const LanguageModel& model, const TensorTable& table, std::vector<GgufTensorOut>& tensors);
 // Loads every tensor of `file` (dequantized) into `model` through the family's table: a tensor the
-// model has no place for, one of the wrong shape, or one it lacks is an error naming it.
+// model has no place for, one of the wrong shape, or one it lacks is an error naming it. The loom
+// tensors in `held_quantized` are the caller's (held quantized only): theirs are checked but not read.
 void gguf_load_tensors(LanguageModel& model, const TensorTable& table, const gguf::GgufFile& file,
-                       std::vector<std::string>& notes);
+                       std::vector<std::string>& notes, const std::set<std::string>& held_quantized = {});
 
 // A family's size key: an unsigned integer in [1, 2^40], or an error naming the key and its value.
 int64_t gguf_positive_key(const gguf::Header& h, const std::string& key);
@@ -64,7 +67,8 @@ int64_t gguf_vocab_size(const gguf::Header& h, const std::string& arch);
 // model built without initializing its parameters, and every tensor loaded through the family's table.
 template <class Model, class ReadConfig>
 std::unique_ptr<Model> gguf_build_model(const gguf::GgufFile& file, ReadConfig read_config, const TensorTable& table,
-                                        std::vector<std::string>& notes) {
+                                        std::vector<std::string>& notes,
+                                        const std::set<std::string>& held_quantized = {}) {
   decltype(read_config(file.header())) cfg;
   try {
     cfg = read_config(file.header());
@@ -76,7 +80,7 @@ std::unique_ptr<Model> gguf_build_model(const gguf::GgufFile& file, ReadConfig r
     nn::SkipInitGuard no_init;  // every parameter is loaded below, or the import fails
     model = std::make_unique<Model>(cfg, 0);
   }
-  gguf_load_tensors(*model, table, file, notes);
+  gguf_load_tensors(*model, table, file, notes, held_quantized);
   return model;
 }
 

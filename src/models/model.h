@@ -45,8 +45,13 @@ struct ForwardContext {
   bool training = false;
   RngKey dropout_key;
   Recompute recompute = Recompute::None;
+  // Packed rows (several documents per row, train/sft_data.h): i32 [B, T] positions restarting at 0 per
+  // document, and key_begin, the first position of each position's document (attention is then
+  // block-diagonal causal: ops::causal_self_attention). Undefined: one sequence per row from position 0.
+  // Llama and GPT-2 take them; DeepSeek-V3 refuses them.
+  Tensor positions, key_begin;
 
-  static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute}; }
+  static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute, {}, {}}; }
 };
 
 // One transformer block of a training forward under ctx.recompute: fn(inputs) directly (None, or no

@@ -444,6 +444,25 @@ void TensorImport::load(const StoredTensor& t, const Tensor& stored, const std::
   }
 }
 
+bool TensorImport::held_elsewhere(const StoredTensor& t) const {
+  if (options_.held_elsewhere.empty() || t.loom.empty()) return false;
+  return std::all_of(t.loom.begin(), t.loom.end(), [&](const std::string& n) { return options_.held_elsewhere.count(n) > 0; });
+}
+
+void TensorImport::mark_held(const StoredTensor& t, const std::string& where) {
+  Expected& e = expected(t);
+  LOOM_CHECK(!e.loaded, where, ": '", t.name, "' appears twice");
+  e.loaded = true;
+}
+
+Tensor TensorImport::destination(const StoredTensor& t) const {
+  const Expected& e = expected_[by_name_.at(t.name)];
+  if (!e.present || t.change != Change::None || t.loom.size() != 1 || state_.count(t.loom[0])) return Tensor();
+  const nn::Parameter& p = model_.parameter(t.loom[0]);
+  if (p.dist || p.value.dtype() != DType::F32 || !p.value.device().is_cpu() || p.value.shape() != e.shape) return Tensor();
+  return p.value;
+}
+
 void TensorImport::finish(const std::string& where, std::vector<std::string>& notes) {
   for (const auto& [loom, v] : slices_) put(loom, v);
   auto value_of = [&](const std::string& loom) -> Tensor {
@@ -453,7 +472,7 @@ void TensorImport::finish(const std::string& where, std::vector<std::string>& no
     return model_.parameter(loom).value;
   };
   for (Expected& e : expected_) {
-    if (e.loaded || !e.present) continue;
+    if (e.loaded || !e.present || held_elsewhere(e.tensor)) continue;
     const Conversion& how = e.tensor.row->how;
     if (how.tied_to) {
       // A tied head in a model that holds its own: loom's head becomes a copy, the same logits.

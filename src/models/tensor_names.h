@@ -124,6 +124,10 @@ struct TensorImportOptions {
   bool rope_rows_as_stored = false;    // the file's RoPE rows are already in loom's order
   std::vector<std::string> ignored{};  // more stored names to skip (as TensorTable::hf_ignored)
   std::string unknown_hint{};          // appended to "is not part of loom's <family>"
+  // Loom tensors the caller fills itself (matrices a GGUF import holds quantized only): their stored
+  // tensors are not loaded (held_elsewhere() tells the format's loop to skip them, before converting
+  // anything), and a tie that would copy into one of them is not made.
+  std::set<std::string> held_elsewhere{};
 };
 
 // Loads the stored tensors of one model, in any order: the format's loop asks find() and shape() for
@@ -140,6 +144,13 @@ class TensorImport {
   const Shape& shape(const StoredTensor& t) const;
   // Undoes the change and loads; `where` (the file) names it in errors.
   void load(const StoredTensor& t, const Tensor& stored, const std::string& where);
+  // Whether every loom tensor of `t` is in options.held_elsewhere; then mark_held() stands for load().
+  bool held_elsewhere(const StoredTensor& t) const;
+  void mark_held(const StoredTensor& t, const std::string& where);
+  // The f32 parameter `t` fills as stored (no change, one loom tensor of the stored shape, not sharded),
+  // for a format that decodes straight into it and then calls mark_held(): no stored copy of the tensor
+  // exists beside the parameter while loading. Undefined when `t` needs load().
+  Tensor destination(const StoredTensor& t) const;
   // Ties, slices and duplicates, and the tensors the file lacked: an error naming the first one (`where`
   // leads the message), or a note.
   void finish(const std::string& where, std::vector<std::string>& notes);

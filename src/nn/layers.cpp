@@ -230,7 +230,8 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(const std::string& name, int64_t 
   add_child(&output_proj);
 }
 
-Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout) const {
+Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout,
+                                       const Tensor& key_begin) const {
   check_ndim(x, 3, "MultiHeadSelfAttention", "x");
   LOOM_CHECK(x.size(2) == d_model, "MultiHeadSelfAttention: x has C=", x.size(2), " but d_model=", d_model);
   Tensor q = q_proj.forward(x);  // [B, T, C]
@@ -242,7 +243,7 @@ Tensor MultiHeadSelfAttention::forward(const Tensor& x, const Tensor& positions,
   const int64_t D = d_model / num_heads;
   // Mixed precision reaches the attention products too (as SDPA under autocast): q_proj's precision.
   Tensor y = ops::causal_self_attention(q, k, v, static_cast<int>(q.size(2) / D), rope_options,
-                                        static_cast<int>(k.size(2) / D), dropout, q_proj.precision);
+                                        static_cast<int>(k.size(2) / D), dropout, q_proj.precision, key_begin);
   return output_proj.forward(y);
 }
 
@@ -282,10 +283,10 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t d_model, int
   add_child(&ffn);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions) const {
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions, const Tensor& key_begin) const {
   // h = x + attn(ln1(x)) and ln2(h) in one fused pass.
   // Under bf16 the norms round their outputs for the GEMMs that read them (q, k, v; w1, w3).
-  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x, attn.q_proj), positions), x, ln2.weight.value,
+  ops::AddRmsNorm h = ops::add_rms_norm(attn.forward(ln1.forward(x, attn.q_proj), positions, {}, key_begin), x, ln2.weight.value,
                                         ln2.eps, ln2.output_dtype(x, ffn.w1));
   return ops::add(h.sum, ffn.forward(h.normed));
 }

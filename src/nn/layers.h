@@ -152,7 +152,9 @@ class MultiHeadSelfAttention : public Module {
   MultiHeadSelfAttention(const std::string& name, int64_t d_model, int64_t num_heads, RngKey key,
                          AttentionOptions options);
   // x: [B, T, C]; positions: i32 [T] or [B, T] (only used with RoPE). Returns [B, T, C].
-  Tensor forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout = {}) const;
+  // key_begin: document masking of packed rows (ops::causal_self_attention), or undefined.
+  Tensor forward(const Tensor& x, const Tensor& positions, const AttentionDropout& dropout = {},
+                 const Tensor& key_begin = Tensor()) const;
   // Incremental decoding (no autodiff): x: [B, t, C] are the next t tokens at `positions` [t]; their
   // rotated keys and values are appended to `cache` layer `layer`, and they attend causally to
   // everything cached before them. Returns [B, t, C].
@@ -167,7 +169,7 @@ class TransformerBlock : public Module {
  public:
   TransformerBlock(const std::string& name, int64_t d_model, int64_t num_heads, int64_t d_ff,
                    int64_t max_seq_len, float rope_theta, float norm_eps, RngKey key, int64_t num_kv_heads = 0);
-  Tensor forward(const Tensor& x, const Tensor& positions) const;  // x: [B, T, C]
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& key_begin = Tensor()) const;  // x: [B, T, C]
   Tensor forward_cached(const Tensor& x, const Tensor& positions, nn::KVCache& cache, int64_t layer) const;
   MultiHeadSelfAttention attn;
   RMSNorm ln1, ln2;

@@ -223,9 +223,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return out;
 }
 
+namespace {
+// key_begin of causal_self_attention: i32 [B, T] with 0 <= key_begin[b, t] <= t (on the CPU).
+void check_key_begin(const Tensor& key_begin, int64_t b, int64_t t, const char* op) {
+  check_dtype(key_begin, DType::I32, op, "key_begin");
+  LOOM_CHECK(key_begin.device().is_cpu(), op, ": key_begin (document masking) is CPU only, got ",
+             key_begin.describe());
+  LOOM_CHECK(key_begin.shape() == (Shape{b, t}), op, ": key_begin has shape ", key_begin.shape(), " but needs [",
+             b, ", ", t, "]");
+  const int32_t* kb = key_begin.data<int32_t>();
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t i = 0; i < t; ++i)
+      LOOM_CHECK(kb[r * t + i] >= 0 && kb[r * t + i] <= i, op, ": key_begin[", r, ", ", i, "] = ", kb[r * t + i],
+                 " is not in [0, ", i, "] (a position's document starts at or before it)");
+}
+}  // namespace
+
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                              const std::optional<RopeOptions>& rope, int num_kv_heads,
-                             const AttentionDropout& dropout, MatmulPrecision precision) {
+                             const AttentionDropout& dropout, MatmulPrecision precision, const Tensor& key_begin) {
   const char* op = "causal_self_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
@@ -278,6 +294,12 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.dropout_key = dropout.key;
   p.bf16_products = precision == MatmulPrecision::BF16;
 
+  if (key_begin.defined()) {
+    LOOM_CHECK(!device.is_cuda(), op, ": document masking (key_begin) runs on the CPU only, got q on ",
+               q.describe());
+    check_key_begin(key_begin, b, t, op);
+    p.key_begin = key_begin.data<int32_t>();
+  }
   if (device.is_cuda()) return causal_self_attention_cuda(p, q, k, v, *state, num_heads, num_kv_heads);
 
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
@@ -287,7 +309,7 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
                                lse.data<float>());
   autograd::record(op, {q, k, v}, {out},
                    [p, state, q = q.detach(), k = k.detach(), v = v.detach(), saved_out = out.detach(),
-                    lse](const autograd::BackwardContext& ctx) {
+                    lse, key_begin](const autograd::BackwardContext& ctx) {
                      const Tensor& dout = ctx.grad_output(0);
                      Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(v.shape());
                      AttentionProblem pb = p;
@@ -389,7 +411,7 @@ Tensor attention_with_dropout(const Tensor& qh, const Tensor& kh, const Tensor& 
 
 Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                                        const std::optional<RopeOptions>& rope, int num_kv_heads,
-                                       const AttentionDropout& dropout) {
+                                       const AttentionDropout& dropout, const Tensor& key_begin) {
   LOOM_CHECK(q.ndim() == 3, "causal_self_attention_reference: q must be [B, T, H*D], got ", q.shape());
   check_dropout(dropout, "causal_self_attention_reference");
   if (num_kv_heads == 0) num_kv_heads = num_heads;
@@ -409,6 +431,20 @@ Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const T
     };
     qh = ops::rope(qh, over_heads(num_heads), rope->theta, rope->style);
     kh = ops::rope(kh, over_heads(num_kv_heads), rope->theta, rope->style);
+  }
+  if (key_begin.defined()) {
+    const int64_t b = q.size(0), t = q.size(1);
+    check_key_begin(key_begin, b, t, "causal_self_attention_reference");
+    LOOM_CHECK(dropout.p == 0.0f, "causal_self_attention_reference: key_begin takes no dropout");
+    // [B, H, T, T]: query i of row r sees keys key_begin[r, i] <= j <= i.
+    Tensor mask = Tensor::empty({b, num_heads, t, t}, DType::Bool);
+    bool* m = mask.data<bool>();
+    const int32_t* kb = key_begin.data<int32_t>();
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t h = 0; h < num_heads; ++h)
+        for (int64_t i = 0; i < t; ++i)
+          for (int64_t j = 0; j < t; ++j) m[((r * num_heads + h) * t + i) * t + j] = j >= kb[r * t + i] && j <= i;
+    return merge_heads(scaled_dot_product_attention(qh, kh, vh, mask, /*causal=*/false));
   }
   if (dropout.p > 0.0f) return merge_heads(attention_with_dropout(qh, kh, vh, dropout));
   Tensor o = scaled_dot_product_attention(qh, kh, vh, causal_mask(q.size(1)), /*causal=*/false);

@@ -60,10 +60,15 @@ struct AttentionDropout {
 //   dropout: on the attention probabilities (see AttentionDropout); p = 0 (the default) runs exactly
 //   the kernels and gives exactly the bits of a call without it.
 //   precision: as scaled_dot_product_attention's (the model passes its projections' GEMM precision).
+//   key_begin: document masking for rows that pack several documents (fine-tuning's packing): i32
+//   [B, T], key_begin[b, t] in [0, t] the first position of t's document; query t then attends keys
+//   key_begin[b, t] <= j <= t only (block-diagonal causal; RoPE positions restarting per document come
+//   through rope.positions [B, T]). Applied inside the flash kernels, key blocks wholly before a query
+//   block's documents skipped: no [T, T] mask exists. Undefined: ordinary causal attention. CPU only.
 Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                              const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0,
                              const AttentionDropout& dropout = {},
-                             MatmulPrecision precision = MatmulPrecision::F32);
+                             MatmulPrecision precision = MatmulPrecision::F32, const Tensor& key_begin = Tensor());
 
 // ---- helpers and the composite reference (MLX-style fallback and test oracle) --------------------
 
@@ -79,9 +84,10 @@ Tensor causal_mask(int64_t t);
 // rounding) as the fused op, but materialises [T, T] scores per head: the reference, not the fast path.
 // With dropout (p > 0) the attention itself is spelled out instead: scores = q k^T * scale (matmul),
 // -inf above the diagonal, softmax, times the [B, H, T, T] tensor keep/(1-p) drawn with random_uniform
-// at the indices above, matmul with v; autodiff gives its backward.
+// at the indices above, matmul with v; autodiff gives its backward. key_begin (no dropout with it) becomes
+// a dense [B, H, T, T] mask.
 Tensor causal_self_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
                                        const std::optional<RopeOptions>& rope = std::nullopt, int num_kv_heads = 0,
-                                       const AttentionDropout& dropout = {});
+                                       const AttentionDropout& dropout = {}, const Tensor& key_begin = Tensor());
 
 }  // namespace loom::ops

@@ -48,6 +48,14 @@ QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, con
   packed_ = packed_copy(type_, bytes_, rows_, cols_);
 }
 
+QuantizedMatrix::QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::shared_ptr<const void> owner,
+                                 const uint8_t* data)
+    : type_(type), rows_(rows), cols_(cols), row_bytes_(checked_row_bytes(type, rows, cols)), owner_(std::move(owner)),
+      borrowed_(data) {
+  LOOM_CHECK(owner_ != nullptr && (data != nullptr || rows == 0), "QuantizedMatrix: no data for a [", rows, ", ", cols,
+             "] ", quant_type_name(type), " matrix");
+}
+
 QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_t rows, int64_t cols) {
   const int64_t rb = checked_row_bytes(type, rows, cols);
   std::vector<uint8_t> bytes(static_cast<size_t>(rows * rb));
@@ -59,7 +67,7 @@ QuantizedMatrix QuantizedMatrix::quantize(QuantType type, const float* w, int64_
 
 void QuantizedMatrix::dequantize(float* out) const {
   parallel_for(0, rows_, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) quant::dequantize(type_, bytes_.data() + r * row_bytes_, cols_, out + r * cols_);
+    for (int64_t r = r0; r < r1; ++r) quant::dequantize(type_, data() + r * row_bytes_, cols_, out + r * cols_);
   });
 }
 
@@ -68,7 +76,7 @@ void QuantizedMatrix::dequantize_rows(int64_t first, int64_t count, float* out) 
              ") of a matrix of ", rows_);
   parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      quant::dequantize(type_, bytes_.data() + (first + r) * row_bytes_, cols_, out + r * cols_);
+      quant::dequantize(type_, data() + (first + r) * row_bytes_, cols_, out + r * cols_);
     }
   });
 }

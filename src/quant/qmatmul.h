@@ -41,6 +41,11 @@ class QuantizedMatrix {
  public:
   // Copies rows * row_bytes(type, cols) bytes of `data` (the tensor's bytes as stored in a GGUF file).
   QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, const void* data);
+  // Reads rows * row_bytes(type, cols) bytes at `data` in place, kept alive by `owner` (a GGUF file's
+  // mapping: gguf::GgufFile::owner), with no interleaved copy: the file's pages are the only copy of the
+  // matrix (a QLoRA base; clean pages the kernel may drop and read again under memory pressure). The
+  // integer kernels then read the rows as stored: the same integer sums, summed in another order, slower.
+  QuantizedMatrix(QuantType type, int64_t rows, int64_t cols, std::shared_ptr<const void> owner, const uint8_t* data);
   // Quantizes an f32 [rows, cols] matrix with the reference quantizer (type: Q8_0, Q4_0 or Q4_1).
   static QuantizedMatrix quantize(QuantType type, const float* w, int64_t rows, int64_t cols);
 
@@ -48,8 +53,8 @@ class QuantizedMatrix {
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   int64_t row_bytes() const { return row_bytes_; }
-  const uint8_t* data() const { return bytes_.data(); }
-  int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
+  const uint8_t* data() const { return owner_ ? borrowed_ : bytes_.data(); }
+  int64_t nbytes() const { return rows_ * row_bytes_; }
   // The reference dequantization, [rows, cols] into out.
   void dequantize(float* out) const;
   // Rows [first, first + count) of it, [count, cols] into out.
@@ -63,6 +68,8 @@ class QuantizedMatrix {
   QuantType type_;
   int64_t rows_, cols_, row_bytes_;
   std::vector<uint8_t> bytes_, packed_;
+  std::shared_ptr<const void> owner_;  // set: the bytes are borrowed_, not bytes_
+  const uint8_t* borrowed_ = nullptr;
 };
 
 // Whether quantized_matmul has kernels for this weight type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).

@@ -90,7 +90,7 @@ void check_weights_finite(models::LanguageModel& model, const std::string& where
 }
 
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, const ModelJobMemory& job,
-                       bool quantized_gguf) {
+                       bool quantized_gguf, bool quantized_only) {
   LOOM_CHECK(fs::exists(path), "weights file \"", path, "\" does not exist");
   LoadedRun run;
   if (models::is_hf_dir(path)) {  // a Hugging Face directory (models/hf.h)
@@ -107,7 +107,7 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory, cons
     return run;
   }
   if (models::is_gguf_file(path)) {  // a GGUF file (models/gguf.h): dequantized to f32
-    models::GgufImport g = models::import_gguf(path, quantized_gguf);
+    models::GgufImport g = models::import_gguf(path, quantized_gguf, quantized_only);
     check_memory(job(g.model->model_config()), memory, str("import ", path));
     run.model = std::move(g.model);
     run.tokenizer = std::move(g.tokenizer);
@@ -144,8 +144,10 @@ LoadedRun load_run(const std::string& dir, const MemoryBudget& memory, const Mod
 }
 
 LoadedRun load_for_job(const std::string& run, const std::string& weights, const MemoryBudget& memory,
-                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf) {
-  LoadedRun loaded = run.empty() ? load_weights(weights, memory, job, quantized_gguf) : load_run(run, memory, job);
+                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf,
+                       bool quantized_only) {
+  LoadedRun loaded =
+      run.empty() ? load_weights(weights, memory, job, quantized_gguf, quantized_only) : load_run(run, memory, job);
   check_memory(job(loaded.model->model_config()), memory, job_name);  // an HF import's model
   return loaded;
 }

@@ -54,8 +54,10 @@ LoadedRun load_run(const std::string& dir, const MemoryBudget& memory = MemoryBu
 // (models/hf.h), or a GGUF file with its tokenizer (models/gguf.h; dequantized to f32).
 // With quantized_gguf, a GGUF's quantized matrices are also kept quantized for inference
 // (models::import_gguf); such a model cannot be trained.
+// quantized_only too: those matrices are held quantized only, never in f32 (models::GgufMatrices).
 LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = MemoryBudget::of_machine(),
-                       const ModelJobMemory& job = model_memory, bool quantized_gguf = false);
+                       const ModelJobMemory& job = model_memory, bool quantized_gguf = false,
+                       bool quantized_only = false);
 
 // A model for `job`: the run directory `run` when it is given, else `weights` (load_weights; with
 // quantized_gguf a GGUF stays quantized). `job` estimates what the caller will do with the model
@@ -63,7 +65,8 @@ LoadedRun load_weights(const std::string& path, const MemoryBudget& memory = Mem
 // config the files describe, and again after, from the model built (a Hugging Face directory is checked
 // before as its import). `job_name` names the job in that error ("generate", "chat").
 LoadedRun load_for_job(const std::string& run, const std::string& weights, const MemoryBudget& memory,
-                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf = false);
+                       const ModelJobMemory& job, const std::string& job_name, bool quantized_gguf = false,
+                       bool quantized_only = false);
 
 // What a conversation with a model needs beside the weights: its chat template and end-of-sequence token.
 struct ChatSettings {

@@ -54,7 +54,7 @@ std::vector<std::string> split_targets(const std::string& text) {
 json FinetuneConfig::to_json() const {
   return json{
       {"base", {{"weights", weights}, {"context_length", context_length}, {"quantized", quantized}}},
-      {"data", {{"train", data}, {"val", val_data}, {"val_fraction", val_fraction}}},
+      {"data", {{"train", data}, {"val", val_data}, {"val_fraction", val_fraction}, {"packing", packing}}},
       {"lora",
        {{"full", full},
         {"rank", adapter.lora.rank},
@@ -76,7 +76,8 @@ json FinetuneConfig::to_json() const {
         {"grad_accum_steps", grad_accum_steps},
         {"seed", seed},
         {"threads", threads},
-        {"precision", precision}}},
+        {"precision", precision},
+        {"recompute", recompute}}},
       {"eval", {{"interval", eval_interval}, {"exact_match", exact_match}, {"max_new_tokens", max_new_tokens}}},
       {"checkpoint", {{"interval", checkpoint_interval}, {"keep_last", keep_last}}},
       {"logging", {{"interval", log_interval}, {"progress", progress}}},
@@ -93,6 +94,7 @@ FinetuneConfig FinetuneConfig::from_json(const json& j) {
   c.data = m["data"]["train"].get<std::string>();
   c.val_data = m["data"]["val"].get<std::string>();
   c.val_fraction = m["data"]["val_fraction"].get<double>();
+  c.packing = m["data"]["packing"].get<bool>();
   const json& l = m["lora"];
   c.full = l["full"].get<bool>();
   c.adapter.lora.rank = l["rank"].get<int64_t>();
@@ -115,6 +117,7 @@ FinetuneConfig FinetuneConfig::from_json(const json& j) {
   c.seed = t["seed"].get<uint64_t>();
   c.threads = t["threads"].get<int64_t>();
   c.precision = t["precision"].get<std::string>();
+  c.recompute = t["recompute"].get<std::string>();
   c.eval_interval = m["eval"]["interval"].get<int64_t>();
   c.exact_match = m["eval"]["exact_match"].get<int64_t>();
   c.max_new_tokens = m["eval"]["max_new_tokens"].get<int64_t>();
@@ -156,6 +159,7 @@ void FinetuneConfig::validate() const {
   LOOM_CHECK(!data.empty(), "config: data.train must name a JSON Lines file (--data)");
   LOOM_CHECK(val_fraction >= 0 && val_fraction < 1, "config: data.val_fraction must be in [0, 1), got ", val_fraction);
   non_negative(static_cast<double>(context_length), "base.context_length");
+  models::recompute_from_name(recompute);  // "none", "full" or "selective", else an error naming it
   LOOM_CHECK(!(quantized && full), "config: base.quantized keeps the base's matrices quantized and frozen, so it "
              "takes LoRA adapters only, not lora.full");
   if (!full) {
@@ -251,7 +255,8 @@ Finetuner::Finetuner(FinetuneConfig config, std::string run_dir, const runs::Mem
   LOOM_CHECK(!config_.quantized || config_.weights.ends_with(".gguf"), "finetune: base.quantized needs a GGUF base, got ",
              config_.weights);
   runs::LoadedRun loaded = runs::load_for_job(run ? config_.weights : "", run ? "" : config_.weights, memory,
-                                              runs::model_memory, "finetune", config_.quantized);
+                                              runs::model_memory, "finetune", config_.quantized,
+                                              /*quantized_only=*/config_.quantized);
   LOOM_CHECK(loaded.tokenizer.has_value(), "finetune: ", config_.weights,
              " has no tokenizer (a GGUF with tokenizer metadata, an HF directory with tokenizer.json, or a loom run)");
   const runs::ChatSettings chat = runs::chat_settings(loaded, fs::is_directory(config_.weights) ? config_.weights : "");
@@ -310,20 +315,24 @@ Finetuner::Finetuner(FinetuneConfig config, std::string run_dir, const runs::Mem
       trained_, AdamWOptions{static_cast<float>(config_.lr), static_cast<float>(config_.beta1),
                              static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
                              static_cast<float>(config_.weight_decay)});
-  loader_ = std::make_unique<SftLoader>(train_, config_.batch_size, root.fold_in("sft-batches"));
+  pack_length_ = config_.packing ? ctx : 0;
+  loader_ = std::make_unique<SftLoader>(train_, config_.batch_size, root.fold_in("sft-batches"), pack_length_);
 }
 
 Finetuner::~Finetuner() = default;
 
 double Finetuner::loss_of(const data::Batch& b, const models::ForwardContext& ctx) {
-  return model_->loss(b.inputs, b.targets, ctx).item();
+  models::ForwardContext c = ctx;
+  c.positions = b.positions;
+  c.key_begin = b.key_begin;
+  return model_->loss(b.inputs, b.targets, c).item();
 }
 
 double Finetuner::validation_loss() {
   autograd::NoGradGuard no_grad;
   double total = 0;
   int64_t tokens = 0;
-  for (const data::Batch& b : sft_fixed_batches(held_out_, config_.batch_size)) {
+  for (const data::Batch& b : sft_fixed_batches(held_out_, config_.batch_size, pack_length_)) {
     const int64_t n = trained_targets(b);
     total += loss_of(b, {}) * static_cast<double>(n);
     tokens += n;
@@ -514,6 +523,7 @@ FinetuneSummary Finetuner::run(const StopSignal* stop) {
     if (config_.exact_match > 0) exact_before_ = exact("before");
   }
   const RngKey dropout_root = RngKey::from_seed(config_.seed).fold_in("dropout");
+  const models::Recompute recompute = models::recompute_from_name(config_.recompute);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   int64_t run_tokens = 0, window_tokens = 0;
@@ -530,7 +540,10 @@ FinetuneSummary Finetuner::run(const StopSignal* stop) {
       const data::Batch batch = loader_->next();
       const RngKey key = dropout_root.fold_in(static_cast<uint64_t>(step_)).fold_in(static_cast<uint64_t>(micro));
       nn::LoraDropoutScope scope(key.fold_in("lora"));
-      Tensor loss = model_->loss(batch.inputs, batch.targets, models::ForwardContext::train(key));
+      models::ForwardContext ctx = models::ForwardContext::train(key, recompute);
+      ctx.positions = batch.positions;  // packed rows (data.packing), else undefined
+      ctx.key_begin = batch.key_begin;
+      Tensor loss = model_->loss(batch.inputs, batch.targets, ctx);
       loss_sum += loss.item();
       window_tokens += trained_targets(batch);
       const Tensor scaled = config_.grad_accum_steps > 1

@@ -46,6 +46,12 @@ struct FinetuneConfig {
   std::string data;        // JSON Lines (train/sft_data.h)
   std::string val_data;    // held-out JSON Lines; "" holds out val_fraction of `data`
   double val_fraction = 0.1;
+  // Pack each batch's examples into rows of the context length (train/sft_data.h: sft_packed_batch), with
+  // document masking and positions restarting per example. The same examples and trained tokens as
+  // without it, so the same run up to rounding, less the padding. Off by default: with examples of similar
+  // lengths (most chat SFT sets) the padding it removes is small, and unpacked batches are what PEFT and
+  // TRL's SFTTrainer run by default (packing=False), so comparisons with them hold as they are.
+  bool packing = false;
   // method
   bool full = false;       // every weight trained, instead of LoRA adapters
   models::AdapterConfig adapter;
@@ -56,6 +62,7 @@ struct FinetuneConfig {
   uint64_t seed = 1337;
   int64_t threads = 0;
   std::string precision = "f32";  // or "bf16" (mixed-precision GEMMs)
+  std::string recompute = "none"; // activation recomputation, as loom train's (models::Recompute)
   // evaluation
   int64_t eval_interval = 50;     // steps between held-out losses (and one at the start and the end); 0: none
   int64_t exact_match = 64;       // held-out examples whose last reply is generated greedily at the end; 0: none
@@ -136,6 +143,7 @@ class Finetuner {
   SftRenderer renderer_;
   std::vector<SftExample> train_, held_out_;
   std::unique_ptr<SftLoader> loader_;
+  int64_t pack_length_ = 0;  // data.packing: the context length; else 0
   std::vector<nn::Parameter*> trained_;
   std::unique_ptr<AdamW> optimizer_;
   int64_t step_ = 0;

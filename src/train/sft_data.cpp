@@ -199,7 +199,9 @@ data::Batch sft_batch(const std::vector<const SftExample*>& examples, int32_t pa
   int64_t T = 0;
   for (const SftExample* e : examples) T = std::max<int64_t>(T, static_cast<int64_t>(e->ids.size()) - 1);
   const auto B = static_cast<int64_t>(examples.size());
-  data::Batch b{Tensor::empty({B, T}, DType::I32), Tensor::empty({B, T}, DType::I32)};
+  data::Batch b;
+  b.inputs = Tensor::empty({B, T}, DType::I32);
+  b.targets = Tensor::empty({B, T}, DType::I32);
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   for (int64_t row = 0; row < B; ++row) {
@@ -214,10 +216,60 @@ data::Batch sft_batch(const std::vector<const SftExample*>& examples, int32_t pa
   return b;
 }
 
-SftLoader::SftLoader(const std::vector<SftExample>& examples, int64_t batch_size, RngKey key)
-    : examples_(examples), batch_size_(batch_size), key_(key) {
+data::Batch sft_packed_batch(const std::vector<const SftExample*>& examples, int64_t row_length, int32_t pad) {
+  LOOM_CHECK(!examples.empty(), "sft_packed_batch: no example");
+  LOOM_CHECK(row_length > 0, "sft_packed_batch: the row length must be positive, got ", row_length);
+  // First fit, in order: row_of[e] and the example's first position in its row.
+  std::vector<int64_t> fill;  // positions used per row
+  std::vector<std::pair<int64_t, int64_t>> place;
+  for (const SftExample* e : examples) {
+    const auto n = static_cast<int64_t>(e->ids.size()) - 1;
+    LOOM_CHECK(n >= 1 && n <= row_length, "sft_packed_batch: an example of ", n,
+               " positions does not fit a packed row of ", row_length, " (line ", e->line, ")");
+    size_t r = 0;
+    while (r < fill.size() && fill[r] + n > row_length) ++r;
+    if (r == fill.size()) fill.push_back(0);
+    place.emplace_back(static_cast<int64_t>(r), fill[r]);
+    fill[r] += n;
+  }
+  const auto R = static_cast<int64_t>(fill.size());
+  const int64_t T = *std::max_element(fill.begin(), fill.end());
+  data::Batch b{Tensor::empty({R, T}, DType::I32), Tensor::empty({R, T}, DType::I32),
+                Tensor::empty({R, T}, DType::I32), Tensor::empty({R, T}, DType::I32)};
+  int32_t* in = b.inputs.data<int32_t>();
+  int32_t* tg = b.targets.data<int32_t>();
+  int32_t* pos = b.positions.data<int32_t>();
+  int32_t* kb = b.key_begin.data<int32_t>();
+  // Padding first: each row's tail [fill, T) is one document of its own.
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t f = fill[static_cast<size_t>(r)];
+    for (int64_t t = f; t < T; ++t) {
+      in[r * T + t] = pad;
+      tg[r * T + t] = kIgnoreTarget;
+      pos[r * T + t] = static_cast<int32_t>(t - f);
+      kb[r * T + t] = static_cast<int32_t>(f);
+    }
+  }
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const SftExample& e = *examples[i];
+    const auto [r, start] = place[i];
+    const auto n = static_cast<int64_t>(e.ids.size()) - 1;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t at = r * T + start + t;
+      in[at] = e.ids[static_cast<size_t>(t)];
+      tg[at] = e.trained[static_cast<size_t>(t + 1)] ? e.ids[static_cast<size_t>(t + 1)] : kIgnoreTarget;
+      pos[at] = static_cast<int32_t>(t);
+      kb[at] = static_cast<int32_t>(start);
+    }
+  }
+  return b;
+}
+
+SftLoader::SftLoader(const std::vector<SftExample>& examples, int64_t batch_size, RngKey key, int64_t pack_length)
+    : examples_(examples), batch_size_(batch_size), key_(key), pack_length_(pack_length) {
   LOOM_CHECK(!examples.empty(), "fine-tuning: no training example");
   LOOM_CHECK(batch_size > 0, "fine-tuning: the batch size must be positive, got ", batch_size);
+  LOOM_CHECK(pack_length >= 0, "fine-tuning: the packed row length must be >= 0, got ", pack_length);
   order_ = order(0);
 }
 
@@ -236,7 +288,7 @@ data::Batch SftLoader::next() {
   for (; state_.position < n && static_cast<int64_t>(rows.size()) < batch_size_; ++state_.position) {
     rows.push_back(&examples_[static_cast<size_t>(order_[static_cast<size_t>(state_.position)])]);
   }
-  return sft_batch(rows);
+  return pack_length_ > 0 ? sft_packed_batch(rows, pack_length_) : sft_batch(rows);
 }
 
 void SftLoader::restore(const State& s) {
@@ -251,12 +303,13 @@ SftLoader::State SftLoader::state_from_json(const json& j) {
   return {j.at("epoch").get<int64_t>(), j.at("position").get<int64_t>()};
 }
 
-std::vector<data::Batch> sft_fixed_batches(const std::vector<SftExample>& examples, int64_t batch_size) {
+std::vector<data::Batch> sft_fixed_batches(const std::vector<SftExample>& examples, int64_t batch_size,
+                                           int64_t pack_length) {
   std::vector<data::Batch> out;
   for (size_t i = 0; i < examples.size(); i += static_cast<size_t>(batch_size)) {
     std::vector<const SftExample*> rows;
     for (size_t j = i; j < std::min(examples.size(), i + static_cast<size_t>(batch_size)); ++j) rows.push_back(&examples[j]);
-    out.push_back(sft_batch(rows));
+    out.push_back(pack_length > 0 ? sft_packed_batch(rows, pack_length) : sft_batch(rows));
   }
   return out;
 }

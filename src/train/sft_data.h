@@ -91,11 +91,22 @@ SftSplit split_sft(std::vector<SftExample> examples, double fraction, RngKey key
 // Examples padded into one batch: inputs padded with `pad` and targets with -100 up to the longest.
 data::Batch sft_batch(const std::vector<const SftExample*>& examples, int32_t pad = 0);
 
+// The same examples packed into rows of at most `row_length` positions (data.packing): each example, in
+// order, goes into the first row with room for it (first fit), so a batch of short examples becomes one or
+// a few rows instead of B rows padded to the longest. Each example keeps its own positions (0, 1, ... in
+// batch.positions) and attends only to itself (batch.key_begin: block-diagonal causal attention); its
+// targets are its own, so the trained tokens, and the loss as their mean, are those of sft_batch. The
+// rows are padded to the longest row (pad, target -100, a document of their own). Every example must fit
+// row_length (read_sft_file checked it against the context length).
+data::Batch sft_packed_batch(const std::vector<const SftExample*>& examples, int64_t row_length, int32_t pad = 0);
+
 // Batches of B examples, epoch after epoch, each epoch in its own seeded order (key.fold_in(epoch)); the
 // last batch of an epoch may be short. The state is (epoch, position), so a resume continues exactly.
+// pack_length > 0: each batch's examples are packed into rows of that many positions (sft_packed_batch);
+// the examples of a step, and the loader's state, are the same as without packing.
 class SftLoader {
  public:
-  SftLoader(const std::vector<SftExample>& examples, int64_t batch_size, RngKey key);
+  SftLoader(const std::vector<SftExample>& examples, int64_t batch_size, RngKey key, int64_t pack_length = 0);
   data::Batch next();
   struct State {
     int64_t epoch = 0, position = 0;
@@ -111,11 +122,13 @@ class SftLoader {
   const std::vector<SftExample>& examples_;
   int64_t batch_size_;
   RngKey key_;
+  int64_t pack_length_;
   State state_;
   std::vector<int64_t> order_;  // of state_.epoch
 };
 
-// Fixed batches of B examples in file order (validation).
-std::vector<data::Batch> sft_fixed_batches(const std::vector<SftExample>& examples, int64_t batch_size);
+// Fixed batches of B examples in file order (validation), packed as SftLoader's when pack_length > 0.
+std::vector<data::Batch> sft_fixed_batches(const std::vector<SftExample>& examples, int64_t batch_size,
+                                           int64_t pack_length = 0);
 
 }  // namespace loom::train

@@ -470,3 +470,78 @@ TEST(Attention, Bf16ProductsWithTqNotTkAndDvNotD) {
     }
   }
 }
+
+// ---- document masking (packed rows) --------------------------------------------------------------
+
+namespace {
+// key_begin [B, T] of rows packing documents of the given lengths (the rest of a row: one more document).
+Tensor key_begin_of(const std::vector<std::vector<int64_t>>& docs, int64_t t) {
+  Tensor kb = Tensor::empty({static_cast<int64_t>(docs.size()), t}, DType::I32);
+  for (size_t r = 0; r < docs.size(); ++r) {
+    int64_t start = 0;
+    for (int64_t n : docs[r]) {
+      for (int64_t i = start; i < start + n; ++i) kb.data<int32_t>()[r * t + i] = static_cast<int32_t>(start);
+      start += n;
+    }
+    for (int64_t i = start; i < t; ++i) kb.data<int32_t>()[r * t + i] = static_cast<int32_t>(start);
+  }
+  return kb;
+}
+}  // namespace
+
+TEST(Attention, DocumentMaskingEqualsTheDenseBlockDiagonalMask) {
+  // Rows of 300 positions: documents that cross the kernels' 128-key and 32-query blocks and start
+  // mid-block (the skipped leading key blocks, the partly masked ones), grouped-query heads, RoPE
+  // positions restarting per document ([B, T]), and a row holding one document (the plain causal case).
+  const int64_t b = 2, t = 300, h = 4, hkv = 2, d = 16;
+  Tensor kb = key_begin_of({{45, 150, 70}, {300}}, t);
+  Tensor pos = Tensor::empty({b, t}, DType::I32);
+  for (int64_t i = 0; i < b * t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i % t - kb.data<int32_t>()[i]);
+  ops::RopeOptions rope{pos, 10000.0f, ops::RopeStyle::RotateHalf, {}};
+  TensorList qkv = {test::randn({b, t, h * d}, 80), test::randn({b, t, hkv * d}, 81), test::randn({b, t, hkv * d}, 82)};
+  Tensor dy = test::randn({b, t, h * d}, 83);
+  auto fused = run_with_grads([&](const TensorList& in) {
+    return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(h), rope, static_cast<int>(hkv), {},
+                                      ops::MatmulPrecision::F32, kb);
+  }, qkv, dy);
+  auto dense = run_with_grads([&](const TensorList& in) {
+    return ops::causal_self_attention_reference(in[0], in[1], in[2], static_cast<int>(h), rope, static_cast<int>(hkv),
+                                                {}, kb);
+  }, qkv, dy);
+  expect_all_close(fused, dense, 3e-5f, 3e-4f, "document-masked flash vs dense mask");
+  // And each document alone is ordinary causal attention: row 0's second document (positions 45..194).
+  auto slice = [&](const Tensor& x, int64_t from, int64_t n) {
+    const int64_t c = x.size(2);
+    Tensor out = Tensor::empty({1, n, c});
+    std::copy(x.data<float>() + from * c, x.data<float>() + (from + n) * c, out.data<float>());
+    return out;
+  };
+  Tensor pos_doc = Tensor::empty({150}, DType::I32);
+  for (int i = 0; i < 150; ++i) pos_doc.data<int32_t>()[i] = i;
+  Tensor alone = ops::causal_self_attention(slice(qkv[0], 45, 150), slice(qkv[1], 45, 150), slice(qkv[2], 45, 150),
+                                            static_cast<int>(h), ops::RopeOptions{pos_doc, 10000.0f, ops::RopeStyle::RotateHalf, {}},
+                                            static_cast<int>(hkv));
+  EXPECT_LT(max_abs_diff(alone, slice(fused[0], 45, 150)), 1e-5f);
+  // Determinism over threads holds with the mask too.
+  auto f = [&](const TensorList& in) {
+    return ops::causal_self_attention(in[0], in[1], in[2], static_cast<int>(h), rope, static_cast<int>(hkv), {},
+                                      ops::MatmulPrecision::F32, kb);
+  };
+  const auto [one, two, three] = test::run_on_1_2_3_threads(f, qkv, dy);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(max_abs_diff(one[i], two[i]), 0.0f) << i;
+    EXPECT_EQ(max_abs_diff(one[i], three[i]), 0.0f) << i;
+  }
+}
+
+TEST(Attention, DocumentMaskingRefusesKeyBeginsAfterTheirPosition) {
+  TensorList qkv = {test::randn({1, 4, 8}, 90), test::randn({1, 4, 8}, 91), test::randn({1, 4, 8}, 92)};
+  Tensor kb = Tensor::from_vector<int32_t>({1, 4}, {0, 0, 3, 2});  // position 2 cannot start at 3
+  test::expect_error_mentions([&] { ops::causal_self_attention(qkv[0], qkv[1], qkv[2], 2, std::nullopt, 0, {},
+                                                               ops::MatmulPrecision::F32, kb); },
+                              {"key_begin[0, 2] = 3"});
+  Tensor wrong = Tensor::from_vector<int32_t>({4}, {0, 0, 0, 0});
+  test::expect_error_mentions([&] { ops::causal_self_attention(qkv[0], qkv[1], qkv[2], 2, std::nullopt, 0, {},
+                                                               ops::MatmulPrecision::F32, wrong); },
+                              {"key_begin has shape", "[1, 4]"});
+}

@@ -117,14 +117,15 @@ TEST(Finetune, TrainsOnlyTheAdaptersAndCheckpointsOnlyThem) {
   EXPECT_FALSE(fs::exists(ck.back().path + "/model.safetensors"));
 }
 
-TEST(Finetune, ATinyRunResumesBitForBit) {
-  TempDir dir;
-  const std::string data = write_data(dir);
-  train::Finetuner whole(tiny_config(data), dir / "whole");
+namespace {
+// A run of `c` resumed by a fresh Finetuner from its step-3 checkpoint ends with the uninterrupted run's
+// adapter and moment bits and metrics lines.
+void expect_resumes_bit_for_bit(const TempDir& dir, const train::FinetuneConfig& c) {
+  train::Finetuner whole(c, dir / "whole");
   whole.run();
   // Another run of the same config, continued by a fresh Finetuner from its step-3 checkpoint.
-  { train::Finetuner(tiny_config(data), dir / "split").run(); }
-  train::Finetuner resumed(tiny_config(data), dir / "split");
+  { train::Finetuner(c, dir / "split").run(); }
+  train::Finetuner resumed(c, dir / "split");
   runs::CheckpointRef ref = runs::list_checkpoints(dir / "split").front();
   ASSERT_EQ(ref.step, 3);
   resumed.load_checkpoint(ref.path);
@@ -151,6 +152,43 @@ TEST(Finetune, ATinyRunResumesBitForBit) {
     return out;
   };
   EXPECT_EQ(losses(dir / "split/metrics.jsonl"), losses(dir / "whole/metrics.jsonl"));
+}
+}  // namespace
+
+TEST(Finetune, ATinyRunResumesBitForBit) {
+  TempDir dir;
+  expect_resumes_bit_for_bit(dir, tiny_config(write_data(dir)));
+}
+
+TEST(Finetune, APackedRunResumesBitForBit) {
+  TempDir dir;
+  train::FinetuneConfig c = tiny_config(write_data(dir));
+  c.packing = true;
+  expect_resumes_bit_for_bit(dir, c);
+}
+
+TEST(Finetune, APackedRunFollowsTheUnpackedOne) {
+  // Packing keeps each step's examples and trained tokens: without dropout (whose masks are drawn over
+  // the rows' layout) the packed run is the unpacked one up to rounding.
+  TempDir dir;
+  train::FinetuneConfig c = tiny_config(write_data(dir));
+  c.adapter.lora.dropout = 0;
+  c.exact_match = 0;
+  c.checkpoint_interval = 0;
+  train::Finetuner padded(c, dir / "padded");
+  const auto sp = padded.run();
+  c.packing = true;
+  train::Finetuner packed(c, dir / "packed");
+  const data::Batch first = train::SftLoader(packed.train_examples(), c.batch_size, RngKey::from_seed(1), 1000).next();
+  ASSERT_TRUE(first.key_begin.defined());
+  const auto sk = packed.run();
+  ASSERT_TRUE(sp.last_val_loss && sk.last_val_loss);
+  EXPECT_NEAR(*sk.first_val_loss, *sp.first_val_loss, 1e-5);
+  EXPECT_NEAR(*sk.last_val_loss, *sp.last_val_loss, 1e-4);
+  EXPECT_NE(*sk.last_val_loss, *sk.first_val_loss);
+  auto a = models::adapters_of(padded.model()), b = models::adapters_of(packed.model());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) test::expect_close(b[i]->B.value, a[i]->B.value, 1e-4f, 1e-3f, a[i]->B.name);
 }
 
 TEST(Finetune, PeftFilesRoundTripWithPeftsNamesAndMergingKeepsTheFunction) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include "core/autograd.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
+#include "models/family.h"
 #include "runs/load.h"
 #include "support/errors.h"
 #include "support/files.h"
@@ -199,6 +201,102 @@ TEST(SftData, APaddedBatchEqualsTheExamplesRunOneByOne) {
     Tensor want = Tensor::from_vector<float>(params[i]->value.shape(), want_grads[i]);
     test::expect_close(params[i]->value.grad(), want, 2e-5f, 1e-4f, params[i]->name);
   }
+}
+
+namespace {
+// Token-weighted loss and gradients of `examples` run one by one (each alone in its batch) against the
+// same examples packed into rows of `row_length` (sft_packed_batch): positions restart per example and
+// attention does not cross examples, so they must agree.
+void expect_packed_equals_separate(models::LanguageModel& model, const std::vector<train::SftExample>& ex,
+                                   int64_t row_length, int64_t want_rows) {
+  std::vector<nn::Parameter*> params = model.parameters();
+  for (nn::Parameter* p : params) p->value.set_requires_grad(true);
+  double want_loss = 0;
+  int64_t tokens = 0;
+  std::vector<std::vector<float>> want_grads(params.size());
+  for (const auto& e : ex) {
+    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+    const data::Batch one = train::sft_batch({&e});
+    Tensor l = model.loss(one.inputs, one.targets);
+    const auto n = e.trained_tokens();
+    ops::scale(l, static_cast<float>(n)).backward();
+    want_loss += l.item() * static_cast<double>(n);
+    tokens += n;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i]->value.grad().to_vector<float>();
+      if (want_grads[i].empty()) want_grads[i].assign(g.size(), 0.0f);
+      for (size_t k = 0; k < g.size(); ++k) want_grads[i][k] += g[k];
+    }
+  }
+  for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+  std::vector<const train::SftExample*> ptrs;
+  for (const auto& e : ex) ptrs.push_back(&e);
+  const data::Batch packed = train::sft_packed_batch(ptrs, row_length);
+  ASSERT_EQ(packed.inputs.size(0), want_rows);
+  models::ForwardContext ctx;
+  ctx.positions = packed.positions;
+  ctx.key_begin = packed.key_begin;
+  Tensor l = model.loss(packed.inputs, packed.targets, ctx);
+  ops::scale(l, static_cast<float>(tokens)).backward();
+  EXPECT_NEAR(l.item(), want_loss / static_cast<double>(tokens), 2e-6);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor want = Tensor::from_vector<float>(params[i]->value.shape(), want_grads[i]);
+    test::expect_close(params[i]->value.grad(), want, 2e-5f, 1e-4f, params[i]->name);
+  }
+  // Without the document mask and positions the packed row is one long sequence: a different loss
+  // (the check above is not vacuous).
+  EXPECT_GT(std::fabs(model.loss(packed.inputs, packed.targets).item() - l.item()), 1e-4);
+}
+
+// Examples of `lengths` ids over a vocabulary of 64, the second half of each trained.
+std::vector<train::SftExample> synthetic_examples(const std::vector<int64_t>& lengths) {
+  std::vector<train::SftExample> out;
+  uint32_t x = 12345;
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    train::SftExample e;
+    e.line = static_cast<int64_t>(k + 1);
+    for (int64_t i = 0; i < lengths[k]; ++i) {
+      x = x * 1664525u + 1013904223u;
+      e.ids.push_back(static_cast<int32_t>(1 + (x >> 16) % 63));
+      e.trained.push_back(i >= lengths[k] / 2 ? 1 : 0);
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::unique_ptr<models::LanguageModel> tiny_model(const std::string& arch, const nlohmann::json& shape) {
+  nlohmann::json j = models::family(arch).defaults;
+  j.update(shape);
+  j["arch"] = arch;
+  return models::family(arch).build(models::ModelConfig::from_json(j), 7);
+}
+}  // namespace
+
+// Packing (data.packing): examples of 40, 150 and 90 positions in rows of 200 make two rows (40 + 150,
+// then 90), documents crossing the attention kernels' 128-key blocks and starting mid-block.
+TEST(SftData, APackedBatchEqualsTheExamplesRunSeparatelyLlama) {
+  auto model = tiny_model("llama", {{"vocab_size", 64}, {"context_length", 256}, {"d_model", 32}, {"num_layers", 2},
+                                    {"num_heads", 4}, {"num_kv_heads", 2}, {"d_ff", 48}});
+  expect_packed_equals_separate(*model, synthetic_examples({41, 151, 91}), 200, 2);
+}
+
+TEST(SftData, APackedBatchEqualsTheExamplesRunSeparatelyGpt2) {
+  auto model = tiny_model("gpt2", {{"vocab_size", 64}, {"context_length", 256}, {"d_model", 32}, {"num_layers", 2},
+                                   {"num_heads", 4}});
+  expect_packed_equals_separate(*model, synthetic_examples({41, 151, 91}), 200, 2);
+}
+
+TEST(SftData, PackedRowsRestartPositionsAndPadAsADocumentOfTheirOwn) {
+  auto ex = synthetic_examples({5, 4, 6});  // 4, 3 and 5 positions
+  const data::Batch b = train::sft_packed_batch({&ex[0], &ex[1], &ex[2]}, 8);
+  // First fit: [0: 4 positions, 1: 3 positions] then [2: 5 positions], rows padded to 7.
+  ASSERT_EQ(b.inputs.shape(), (Shape{2, 7}));
+  EXPECT_EQ(b.positions.to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 1}));
+  EXPECT_EQ(b.key_begin.to_vector<int32_t>(), (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 0, 0, 0, 0, 0, 5, 5}));
+  EXPECT_EQ(b.inputs.to_vector<int32_t>()[4], ex[1].ids[0]);
+  EXPECT_EQ(b.targets.to_vector<int32_t>()[12], train::kIgnoreTarget);  // padding
+  test::expect_error_mentions([&] { train::sft_packed_batch({&ex[2]}, 4); }, {"5 positions", "row of 4"});
 }
 
 TEST(SftData, TheHeldOutSplitIsSeededAndDisjoint) {

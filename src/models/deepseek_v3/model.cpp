@@ -205,6 +205,9 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets, 
   check_ids(ids, config_.context_length, "DeepSeekV3::losses");
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::losses: targets ", targets.describe(),
              " do not match ids ", ids.describe());
+  // Packed rows would need MLA's attention and the MTP modules' shifted sequences to respect documents.
+  LOOM_CHECK(!ctx.positions.defined() && !ctx.key_begin.defined(),
+             "DeepSeekV3: packed rows (data.packing) are not supported for deepseek_v3; set data.packing=false");
   const int64_t T = ids.size(1);
   LOOM_CHECK(T > config_.n_mtp, "DeepSeekV3::losses: sequence length ", T, " leaves no position for model.n_mtp=",
              config_.n_mtp, " prediction modules (needs T > n_mtp)");

@@ -35,10 +35,10 @@ Config config_from_gguf(const gguf::Header& h) {
   return c;
 }
 
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, models::GgufMatrices matrices,
                                                    std::vector<std::string>& notes) {
   auto model = models::gguf_build_model<GPT2>(file, config_from_gguf, tensor_names(), notes);
-  if (quantized) notes.push_back("gpt2: every matrix dequantized to f32 (loom's GPT-2 has no quantized kernels path)");
+  if (matrices != models::GgufMatrices::F32) notes.push_back("gpt2: every matrix dequantized to f32 (loom's GPT-2 has no quantized kernels path)");
   return model;
 }
 

@@ -24,7 +24,7 @@
 namespace loom::gpt2 {
 
 Config config_from_gguf(const gguf::Header& h);
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, models::GgufMatrices matrices,
                                                    std::vector<std::string>& notes);
 void export_gguf(const models::LanguageModel& model, std::vector<gguf::KeyValue>& metadata,
                  std::vector<models::GgufTensorOut>& tensors);

@@ -67,7 +67,7 @@ Tensor Block::forward(const Tensor& x, const models::ForwardContext& ctx, int64_
   const RngKey key = ctx.dropout_key.fold_in(static_cast<uint64_t>(layer));
   nn::AttentionDropout attn_dropout;
   if (ctx.training) attn_dropout = {p, key.fold_in("attn_probs")};
-  Tensor h = ops::add(x, dropout_at(attn.forward(ln1_forward(x), Tensor(), attn_dropout), p, ctx,
+  Tensor h = ops::add(x, dropout_at(attn.forward(ln1_forward(x), Tensor(), attn_dropout, ctx.key_begin), p, ctx,
                                     key.fold_in("attn_out")));
   return ops::add(h, dropout_at(mlp.forward(ln2_forward(h)), p, ctx, key.fold_in("mlp_out")));
 }
@@ -122,8 +122,19 @@ Tensor GPT2::embed(const Tensor& ids, int64_t start, const models::ForwardContex
   // the position table sums over the batch in the embedding's fixed order.
   Tensor positions = Tensor::empty({B, t}, DType::I32);
   int32_t* p = positions.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < t; ++i) p[b * t + i] = static_cast<int32_t>(start + i);
+  if (ctx.positions.defined()) {  // packed rows: positions restarting per document
+    LOOM_CHECK(start == 0 && ctx.positions.shape() == ids.shape() && ctx.positions.dtype() == DType::I32,
+               "GPT2: packed positions ", ctx.positions.describe(), " do not match ids ", ids.describe());
+    const int32_t* src = ctx.positions.data<int32_t>();
+    for (int64_t i = 0; i < B * t; ++i) {
+      LOOM_CHECK(src[i] >= 0 && src[i] < config_.context_length, "GPT2: position ", src[i],
+                 " is outside the learned positions 0..", config_.context_length - 1);
+      p[i] = src[i];
+    }
+  } else {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < t; ++i) p[b * t + i] = static_cast<int32_t>(start + i);
+    }
   }
   // The position ids go where the ids are (a no-op on the CPU), so the lookup runs on the model's device.
   Tensor x = ops::add(token_embeddings.forward(ids), position_embeddings.forward(positions.to(ids.device())));

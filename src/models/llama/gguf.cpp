@@ -1,6 +1,7 @@
 #include "models/llama/gguf.h"
 
 #include <cmath>
+#include <set>
 
 #include "models/gguf.h"
 #include "models/llama/names.h"
@@ -64,27 +65,73 @@ Config config_from_gguf(const gguf::Header& h) {
   return c;
 }
 
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, models::GgufMatrices matrices,
                                                    std::vector<std::string>& notes) {
-  auto model = models::gguf_build_model<TransformerLM>(file, config_from_gguf, tensor_names(), notes);
-  if (quantized) {
-    std::vector<std::pair<nn::Linear*, std::string>> linears = {{&model->lm_head, gguf_tensor_name("lm_head.weight")}};
-    if (!file.header().find_tensor(linears[0].second)) linears[0].second = gguf_tensor_name("token_embeddings.weight");
-    for (const auto& b : model->layers) {
+  const bool quantized = matrices != models::GgufMatrices::F32;
+  const bool only = matrices == models::GgufMatrices::QuantizedOnly;
+  // The GGUF tensor of a projection or the head (the embedding's when the head is tied), and whether it
+  // is held quantized: stored in a type with kernels.
+  auto stored_name = [&](const std::string& weight) {
+    const std::string name = gguf_tensor_name(weight);
+    if (weight == "lm_head.weight" && !file.header().find_tensor(name)) return gguf_tensor_name("token_embeddings.weight");
+    return name;
+  };
+  auto held = [&](const std::string& weight) {
+    const gguf::TensorInfo* t = file.header().find_tensor(stored_name(weight));
+    return quantized && t != nullptr && quant::has_matmul_kernels(t->type);
+  };
+  auto matrices_of = [](TransformerLM& m) {
+    std::vector<nn::Linear*> out = {&m.lm_head};
+    for (const auto& b : m.layers) {
       for (nn::Linear* linear : {&b->attn.q_proj, &b->attn.k_proj, &b->attn.v_proj, &b->attn.output_proj, &b->ffn.w1,
                                  &b->ffn.w3, &b->ffn.w2}) {
-        linears.emplace_back(linear, gguf_tensor_name(linear->weight.name));
+        out.push_back(linear);
       }
     }
+    return out;
+  };
+  // QuantizedOnly: the held matrices' f32 parameters are never filled (the loader skips their tensors),
+  // so no f32 copy of them exists at any time, not even while loading.
+  std::set<std::string> skip;
+  if (only) {
+    int64_t layers = -1;
+    try {
+      layers = config_from_gguf(file.header()).num_layers;
+    } catch (const Error&) {  // gguf_build_model reports it, naming the file
+    }
+    std::vector<std::string> weights = {"lm_head.weight"};
+    for (int64_t i = 0; i < layers; ++i) {
+      for (const char* p : {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.output_proj", "ffn.w1", "ffn.w3", "ffn.w2"}) {
+        weights.push_back(str("layers.", i, ".", p, ".weight"));
+      }
+    }
+    for (const std::string& w : weights) {
+      if (held(w)) skip.insert(w);
+    }
+  }
+  auto model = models::gguf_build_model<TransformerLM>(file, config_from_gguf, tensor_names(), notes, skip);
+  if (quantized) {
+    const std::vector<nn::Linear*> linears = matrices_of(*model);
     size_t kept = 0;
-    for (auto& [linear, name] : linears) {
+    for (nn::Linear* linear : linears) {
+      if (!held(linear->weight.name)) continue;
+      const std::string name = stored_name(linear->weight.name);
       const gguf::TensorInfo& t = file.info(name);
-      if (!quant::has_matmul_kernels(t.type)) continue;
       const Shape s = file.shape(name);
-      linear->set_quantized(std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data()));
+      // QuantizedOnly: the blocks are read in place from the file's mapping, the one copy there is.
+      linear->set_quantized(only ? std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.owner(),
+                                                                            file.bytes(name).data())
+                                 : std::make_shared<quant::QuantizedMatrix>(t.type, s[0], s[1], file.bytes(name).data()));
+      if (only) {
+        LOOM_ASSERT(skip.count(linear->weight.name) == 1);
+        linear->weight.value = Tensor::empty({0});  // never filled: the constructor's untouched buffer goes
+        linear->weight.bf16_copy = Tensor();
+        linear->weight.value_changed();
+      }
       ++kept;
     }
-    notes.push_back(str(kept, " of ", linears.size(), " matrices kept quantized for inference (the others in f32)"));
+    notes.push_back(str(kept, " of ", linears.size(), " matrices kept quantized ",
+                        only ? "only, never in f32" : "for inference", " (the others in f32)"));
   }
   return model;
 }

@@ -34,10 +34,13 @@ namespace loom::llama {
 std::string gguf_tensor_name(const std::string& loom_name);
 
 Config config_from_gguf(const gguf::Header& h);
-// With `quantized`, every projection and the head whose tensor is Q8_0, Q4_0, Q4_1, Q4_K or Q6_K also
+// With AlsoQuantized, every projection and the head whose tensor is Q8_0, Q4_0, Q4_1, Q4_K or Q6_K also
 // holds it quantized (nn::Linear::set_quantized): inference then runs src/quant's integer kernels on the
-// file's blocks; the f32 parameters are still there (export, training).
-std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, bool quantized,
+// file's blocks; the f32 parameters are still there (export, training). With QuantizedOnly, those
+// layers hold the blocks only (one copy, no interleaved one): their f32 weights are never built and
+// their parameters are left empty ([0]), the blocks read in place from the file's mapping — a QLoRA base
+// (train/finetune.h).
+std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, models::GgufMatrices matrices,
                                                    std::vector<std::string>& notes);
 void export_gguf(const models::LanguageModel& model, std::vector<gguf::KeyValue>& metadata,
                  std::vector<models::GgufTensorOut>& tensors);

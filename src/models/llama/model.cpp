@@ -70,11 +70,13 @@ Tensor TransformerLM::hidden(const Tensor& ids, const Tensor& positions, const m
   const int64_t T = ids.size(1);
   LOOM_CHECK(T >= 1 && T <= config_.context_length, "TransformerLM: sequence length ", T,
              " exceeds context_length ", config_.context_length);
-  Tensor pos = positions.defined() ? positions : default_positions(T);
+  Tensor pos = positions.defined() ? positions : ctx.positions.defined() ? ctx.positions : default_positions(T);
+  const Tensor key_begin = ctx.key_begin;  // packed rows: RoPE positions [B, T] restart per document
   Tensor x = token_embeddings.forward(ids);  // [B, T, C]
   for (const auto& layer : layers) {
     const nn::TransformerBlock* block = layer.get();
-    x = models::recompute_block(ctx, x, [block, pos](const Tensor& in) { return block->forward(in, pos); });
+    x = models::recompute_block(ctx, x,
+                                [block, pos, key_begin](const Tensor& in) { return block->forward(in, pos, key_begin); });
   }
   return ln_final.forward(x, lm_head);  // [B, T, C]
 }
@@ -138,7 +140,7 @@ Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const model
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
   // A quantized head (inference only) goes through its own kernels: the fused op reads weight.value.
-  if (lm_head.quantized) return ops::cross_entropy(lm_head.forward(hidden(ids)), targets, -100);
+  if (lm_head.quantized) return ops::cross_entropy(lm_head.forward(hidden(ids, Tensor(), ctx)), targets, -100);
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
   // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
   const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -88,7 +89,8 @@ loom::cli::Register reg("chat", "Chat with a model through its ChatML chat templ
     }();
     LOOM_CHECK(loaded.tokenizer.has_value(), "chat: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
-    const loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
+    const loom::runs::ChatSettings settings = loom::runs::chat_settings(
+        loaded, !a.run.empty() || !std::filesystem::is_directory(a.weights) ? a.run : a.weights);  // an HF directory's tokenizer_config.json
     auto tmpl = loom::generate::ChatTemplate::from_jinja(settings.chat_template);
     loom::generate::GenerateOptions g;
     g.max_new_tokens = a.max_new_tokens;

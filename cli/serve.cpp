@@ -98,7 +98,8 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
     auto loaded = loom::runs::load_for_job(a.run, a.weights, budget, job, "serve", /*quantized_gguf=*/!a.f32);
     LOOM_CHECK(loaded.tokenizer.has_value(), "serve: no tokenizer found beside the weights");
     const auto& tok = *loaded.tokenizer;
-    loom::runs::ChatSettings settings = loom::runs::chat_settings(loaded, a.run);
+    loom::runs::ChatSettings settings = loom::runs::chat_settings(
+        loaded, !a.run.empty() || !std::filesystem::is_directory(a.weights) ? a.run : a.weights);  // an HF directory's tokenizer_config.json
     if (!a.chat_template.empty()) {
       LOOM_CHECK(std::filesystem::is_regular_file(a.chat_template), "serve: --chat-template ", a.chat_template,
                  std::filesystem::exists(a.chat_template) ? " is not a file" : " does not exist");

@@ -23,6 +23,18 @@ void tell(const NoteFn& note, const std::string& text) {
 
 // A run directory, or a weights file (with a tokenizer.json beside it).
 LoadedRun load_source(const std::string& run) { return fs::is_directory(run) ? load_run(run) : load_weights(run); }
+
+// bos, eos and the chat template an export carries: a GGUF's own, else the run's tokenizer_config.json
+// (written by `import --gguf` and `finetune`), else <|endoftext|> as both ends (GPT-2's tokenizers).
+void find_special_tokens(const std::string& run, const LoadedRun& loaded, models::GgufExportOptions& o) {
+  const std::string tok_dir = fs::is_directory(run) ? run : fs::path(run).parent_path().string();
+  if (!models::is_gguf_file(run)) models::read_tokenizer_config(tok_dir.empty() ? "." : tok_dir, *loaded.tokenizer, o);
+  if (loaded.eos) o.eos = loaded.eos;
+  if (!loaded.chat_template.empty()) o.chat_template = loaded.chat_template;
+  if (!o.eos) {
+    if (auto eot = loaded.tokenizer->special_token_id("<|endoftext|>")) o.bos = o.eos = *eot;
+  }
+}
 }  // namespace
 
 ImportResult import_gguf_run(const std::string& gguf, const std::string& out, bool overwrite, const MemoryBudget& memory,
@@ -89,20 +101,10 @@ ExportResult export_run_gguf(const std::string& run, const std::string& out, qua
              " is not a GGUF file; --overwrite replaces only a GGUF export, so nothing was changed: choose another --out");
   io::check_output_apart("export --out", out, "--run", run);
   io::check_output_outside_runs("export --out", out);
-  const bool dir = fs::is_directory(run);
   auto loaded = load_source(run);
   if (!loaded.tokenizer) tell(note, "no tokenizer.json in " + run + ": exporting the weights only");
   o.name = fs::path(run).filename().string();
-  if (loaded.tokenizer) {
-    const std::string tok_dir = dir ? run : fs::path(run).parent_path().string();
-    // bos/eos/chat template: a GGUF's own, else the run's tokenizer_config.json (from `import --gguf`).
-    if (!models::is_gguf_file(run)) models::read_tokenizer_config(tok_dir.empty() ? "." : tok_dir, *loaded.tokenizer, o);
-    if (loaded.eos) o.eos = loaded.eos;
-    if (!loaded.chat_template.empty()) o.chat_template = loaded.chat_template;
-    if (!o.eos) {
-      if (auto eot = loaded.tokenizer->special_token_id("<|endoftext|>")) o.bos = o.eos = *eot;
-    }
-  }
+  if (loaded.tokenizer) find_special_tokens(run, loaded, o);
   models::export_gguf(*loaded.model, loaded.tokenizer ? &*loaded.tokenizer : nullptr, out, o);
   return {loaded.tokenizer.has_value()};
 }
@@ -115,6 +117,19 @@ ExportResult export_run_hf(const std::string& run, const std::string& out, bool 
   if (!loaded.tokenizer) tell(note, "no tokenizer.json in " + run + ": exporting the weights only");
   out_dir.start();
   models::export_hf(*loaded.model, loaded.tokenizer ? &*loaded.tokenizer : nullptr, out);
+  if (loaded.tokenizer) {
+    // The family's export writes a tokenizer_config.json of its own; the run's ends of text and chat
+    // template go into it too, so that transformers' apply_chat_template, `loom finetune --weights` and
+    // `loom chat` on the export render chats as they did on the run.
+    models::GgufExportOptions special;
+    find_special_tokens(run, loaded, special);
+    const fs::path config = fs::path(out) / "tokenizer_config.json";
+    nlohmann::json tc = fs::exists(config) ? models::hf_read_json(config) : nlohmann::json::object();
+    if (special.bos) tc["bos_token"] = loaded.tokenizer->token_bytes(*special.bos);
+    if (special.eos) tc["eos_token"] = loaded.tokenizer->token_bytes(*special.eos);
+    if (!special.chat_template.empty()) tc["chat_template"] = special.chat_template;
+    models::hf_write_json(config, tc);
+  }
   out_dir.finish(RunState::Finished);
   return {loaded.tokenizer.has_value()};
 }

@@ -72,3 +72,29 @@ TEST(FinetuneCli, ABadLineIsNamed) {
   EXPECT_NE(r.output.find("d.jsonl:2: messages[0].role must be \"system\", \"user\" or \"assistant\", got \"robot\""),
             std::string::npos) << r.output;
 }
+
+// An HF export carries the run's chat template and ends of text in its tokenizer_config.json (the family's
+// export wrote one without them), so fine-tuning from the export takes chat data and `loom chat` on it
+// finds the template, as they do on the GGUF it came from.
+TEST(FinetuneCli, AnHfExportKeepsTheChatTemplateForFinetuneAndChat) {
+  TempDir dir;
+  const std::string base = chatml_tiny(dir);
+  auto r = run_cli("import --gguf " + base + " --out " + (dir / "imported"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_cli("export --run " + (dir / "imported") + " --format hf --out " + (dir / "hf"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto run_config = test::read_json(dir / "imported/tokenizer_config.json");
+  const auto hf_config = test::read_json(dir / "hf/tokenizer_config.json");
+  ASSERT_TRUE(run_config.contains("chat_template"));
+  EXPECT_EQ(hf_config.value("chat_template", ""), run_config["chat_template"].get<std::string>());
+  EXPECT_EQ(hf_config.value("eos_token", ""), run_config.value("eos_token", "?"));
+  test::write_file(dir / "d.jsonl",
+                   R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" "\n"
+                   R"({"messages": [{"role": "user", "content": "ho"}, {"role": "assistant", "content": "ya"}]})" "\n");
+  r = run_cli("finetune --weights " + (dir / "hf") + " --data " + (dir / "d.jsonl") + " --val-data " + (dir / "d.jsonl") +
+              " --out " + (dir / "ft") + " --max-steps 1 --set logging.progress=none --set eval.exact_match=0");
+  EXPECT_EQ(r.status, 0) << r.output;
+  test::write_file(dir / "say.txt", "hi\n");
+  r = run_cli("chat --weights " + (dir / "hf") + " --max-new-tokens 2 --temperature 0 < " + (dir / "say.txt"));
+  EXPECT_EQ(r.status, 0) << r.output;
+}

@@ -33,7 +33,8 @@ sources_of() {
         src/io/json_checked.cpp src/models/model_config.cpp src/models/llama/family.cpp src/models/gpt2/family.cpp ;;
     tokenizer_json)
       echo fuzz/tokenizer_json_fuzz.cpp src/tokenizer/formats.cpp src/tokenizer/tokenizer.cpp \
-        src/tokenizer/pretokenizer.cpp src/tokenizer/byte_level.cpp src/tokenizer/sha256.cpp src/io/json.cpp ;;
+        src/tokenizer/pretokenizer.cpp src/tokenizer/byte_level.cpp src/tokenizer/sha256.cpp src/io/json.cpp \
+        src/io/file.cpp ;;
     gguf) echo fuzz/gguf_fuzz.cpp src/gguf/format.cpp src/quant/quant.cpp src/io/safetensors_format.cpp src/io/json.cpp ;;
     *) echo "fuzz.sh: unknown target $1" >&2; exit 2 ;;
   esac

@@ -167,6 +167,36 @@ TEST(SftData, MaskedPositionsGetZeroGradient) {
   EXPECT_GT(masked, trained);  // prompts, headers and the padding of the shorter row
 }
 
+namespace {
+// Each example alone in its batch: the token-weighted sum of their losses (scaled back to a mean by the
+// caller), the number of trained tokens, and the sum of the token-weighted gradients of `params`.
+struct OneByOne {
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  std::vector<std::vector<float>> grads;
+};
+OneByOne run_one_by_one(models::LanguageModel& model, const std::vector<nn::Parameter*>& params,
+                        const std::vector<train::SftExample>& ex) {
+  OneByOne r;
+  r.grads.resize(params.size());
+  for (const auto& e : ex) {
+    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+    const data::Batch one = train::sft_batch({&e});
+    Tensor l = model.loss(one.inputs, one.targets);
+    const auto n = e.trained_tokens();
+    ops::scale(l, static_cast<float>(n)).backward();
+    r.loss_sum += l.item() * static_cast<double>(n);
+    r.tokens += n;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i]->value.grad().to_vector<float>();
+      if (r.grads[i].empty()) r.grads[i].assign(g.size(), 0.0f);
+      for (size_t k = 0; k < g.size(); ++k) r.grads[i][k] += g[k];
+    }
+  }
+  return r;
+}
+}  // namespace
+
 TEST(SftData, APaddedBatchEqualsTheExamplesRunOneByOne) {
   Base b;
   auto& model = *b.loaded.model;
@@ -175,23 +205,7 @@ TEST(SftData, APaddedBatchEqualsTheExamplesRunOneByOne) {
                                       render(b, R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "v w"}]})")};
   std::vector<nn::Parameter*> params = model.parameters();
   // Token-weighted sum of the separate losses and their gradients.
-  double want_loss = 0;
-  int64_t tokens = 0;
-  std::vector<std::vector<float>> want_grads(params.size());
-  for (const auto& e : ex) {
-    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
-    const data::Batch one = train::sft_batch({&e});
-    Tensor l = model.loss(one.inputs, one.targets);
-    const auto n = e.trained_tokens();
-    ops::scale(l, static_cast<float>(n)).backward();
-    want_loss += l.item() * static_cast<double>(n);
-    tokens += n;
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto g = params[i]->value.grad().to_vector<float>();
-      if (want_grads[i].empty()) want_grads[i].assign(g.size(), 0.0f);
-      for (size_t k = 0; k < g.size(); ++k) want_grads[i][k] += g[k];
-    }
-  }
+  auto [want_loss, tokens, want_grads] = run_one_by_one(model, params, ex);
   for (nn::Parameter* p : params) p->value.set_grad(Tensor());
   const data::Batch all = train::sft_batch({&ex[0], &ex[1], &ex[2]});
   Tensor l = model.loss(all.inputs, all.targets);
@@ -211,23 +225,7 @@ void expect_packed_equals_separate(models::LanguageModel& model, const std::vect
                                    int64_t row_length, int64_t want_rows) {
   std::vector<nn::Parameter*> params = model.parameters();
   for (nn::Parameter* p : params) p->value.set_requires_grad(true);
-  double want_loss = 0;
-  int64_t tokens = 0;
-  std::vector<std::vector<float>> want_grads(params.size());
-  for (const auto& e : ex) {
-    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
-    const data::Batch one = train::sft_batch({&e});
-    Tensor l = model.loss(one.inputs, one.targets);
-    const auto n = e.trained_tokens();
-    ops::scale(l, static_cast<float>(n)).backward();
-    want_loss += l.item() * static_cast<double>(n);
-    tokens += n;
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto g = params[i]->value.grad().to_vector<float>();
-      if (want_grads[i].empty()) want_grads[i].assign(g.size(), 0.0f);
-      for (size_t k = 0; k < g.size(); ++k) want_grads[i][k] += g[k];
-    }
-  }
+  auto [want_loss, tokens, want_grads] = run_one_by_one(model, params, ex);
   for (nn::Parameter* p : params) p->value.set_grad(Tensor());
   std::vector<const train::SftExample*> ptrs;
   for (const auto& e : ex) ptrs.push_back(&e);

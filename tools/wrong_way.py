@@ -630,6 +630,12 @@ def judge(case, status, timed_out, rss_mib, stderr, args):
     return "refused", ""
 
 
+
+def remove_scratch(scratch):
+    """Removes the scratch tree, its read-only places included."""
+    subprocess.run(["chmod", "-R", "u+w", scratch])
+    shutil.rmtree(scratch, ignore_errors=True)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--loom", default=os.path.join(ROOT, "build", "loom"))
@@ -710,8 +716,7 @@ def main():
             json.dump([{"case": c.label(), "command": c.command, "option": c.option, "class": c.cls,
                         "verdict": v, "detail": d, "seconds": round(s, 2)} for c, v, d, s in results], f, indent=1)
     if not args.keep:
-        subprocess.run(["chmod", "-R", "u+w", scratch])
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_scratch(scratch)
     return 1 if fails else 0
 
 

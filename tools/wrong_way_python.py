@@ -957,8 +957,7 @@ def main():
             json.dump([{"case": label(c), "verdict": v, "detail": d, "reason": r, "seconds": s}
                        for c, v, d, r, s in sorted(results)], f, indent=1)
     if not args.keep:
-        subprocess.run(["chmod", "-R", "u+w", scratch])
-        shutil.rmtree(scratch, ignore_errors=True)
+        ww.remove_scratch(scratch)
     return 1 if fails else 0
 
 

@@ -114,14 +114,6 @@ TrainRun train_sharded(const std::string& arch, const Mesh& mesh, ParallelMode m
   return run;
 }
 
-void expect_equivalent(const TrainRun& ref, const TrainRun& got) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    test::expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
-  }
-  test::expect_parameters_near(ref.params, got.params);
-}
-
 class Equivalence : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() { set_num_threads(1); }  // one thread per rank; results do not depend on it
@@ -141,7 +133,7 @@ TEST_P(Equivalence, EveryModeMatchesOneProcess) {
   };
   for (const auto& [mesh, mode] : cases) {
     SCOPED_TRACE(std::string(dist::parallel_mode_name(mode)) + " on " + mesh.str());
-    expect_equivalent(ref, train_sharded(arch, mesh, mode));
+    test::expect_run_equivalent(ref, train_sharded(arch, mesh, mode));
   }
 }
 

@@ -130,14 +130,6 @@ TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode
   return run;
 }
 
-void expect_equivalent(const TrainRun& ref, const TrainRun& got) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    test::expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
-  }
-  test::expect_parameters_near(ref.params, got.params);
-}
-
 class PipeEquivalence : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() { set_num_threads(1); }
@@ -273,7 +265,7 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
     SCOPED_TRACE(k.schedule + " on " + k.mesh.str() + ", " + std::to_string(k.micro) + " micro-batches, recompute " +
                  models::recompute_name(k.recompute));
     const TrainRun got = train_pipelined(arch, k.mesh, k.mode, k.schedule, k.micro, k.bounds, k.recompute);
-    expect_equivalent(ref, got);
+    test::expect_run_equivalent(ref, got);
     // Rank 0 (stage 0) sends each micro-batch's activations [b, T, C] once per step, nothing else.
     const int64_t rows = k.mode == ParallelMode::Tp ? kBatch : kBatch / k.mesh.data;
     EXPECT_EQ(got.send_bytes, int64_t{kSteps} * k.micro * rows * kSeq * 32 * 4);

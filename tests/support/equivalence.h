@@ -45,4 +45,13 @@ inline void expect_parameters_near(const WholeParameters& ref, const WholeParame
   }
 }
 
+// A sharded run against one process's: every step's loss and gradient norm, then every parameter. `Run`
+// has `losses`, `norms` (one per step) and `params` (WholeParameters).
+template <class Run>
+void expect_run_equivalent(const Run& ref, const Run& got) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) expect_step_near(s, got.losses[s], ref.losses[s], got.norms[s], ref.norms[s]);
+  expect_parameters_near(ref.params, got.params);
+}
+
 }  // namespace loom::test

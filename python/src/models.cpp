@@ -45,7 +45,7 @@ nb::dict weights_of(nn::Module& module, bool live) {
 
 void load_weight(nn::Module& module, const std::string& name, const Tensor& values) {
   nn::Parameter& p = module.parameter(name);
-  LOOM_CHECK(values.shape() == p.value.shape(), "load_state_dict: '", name, "' has shape ", p.value.shape(),
+  LOOM_CHECK(values.shape() == p.value.shape(), "the model's '", name, "' has shape ", p.value.shape(),
              " but the given array has shape ", values.shape());
   p.value.copy_from(values);
   p.value_changed();  // a mixed-precision bf16 copy no longer matches

@@ -34,8 +34,8 @@ std::vector<TokenId> checked_ids(const Tokenizer& tok, const std::vector<int64_t
   std::vector<TokenId> out;
   out.reserve(ids.size());
   for (int64_t id : ids) {
-    LOOM_CHECK(id >= 0 && static_cast<uint64_t>(id) < tok.vocab_size(), "decode: id ", id,
-               " is outside the vocabulary of ", tok.vocab_size(), " tokens");
+    LOOM_CHECK(id >= 0 && static_cast<uint64_t>(id) < tok.vocab_size(), "decode: ids[", out.size(), "]=", id,
+               " is outside the vocabulary [0, vocab_size=", tok.vocab_size(), ")");
     out.push_back(static_cast<TokenId>(id));
   }
   return out;

@@ -63,8 +63,8 @@ class PyAdamW {
       if (!grads[i].is_none()) {
         keep.push_back(nb::cast<InOut<float>>(grads[i], false));
         g = wrap_array(keep.back());
-        LOOM_CHECK(g.shape() == ps[i].shape(), "AdamW.step: gradient ", i, " has shape ", g.shape(),
-                   " but its parameter has shape ", ps[i].shape());
+        LOOM_CHECK(g.shape() == ps[i].shape(), "AdamW.step: grads[", i, "] has shape ", g.shape(), " but params[", i,
+                   "] has shape ", ps[i].shape());
       }
       gs.push_back(g);
     }

@@ -267,8 +267,8 @@ Tensor causal_self_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     const Tensor& pos = rope->positions;
     LOOM_CHECK(pos.defined(), op, ": rope positions are undefined");
     check_dtype(pos, DType::I32, op, "rope.positions");
-    LOOM_CHECK(d % 2 == 0, op, ": RoPE needs an even head dimension, got D=", d, " (", c, " / ", num_heads,
-               " heads)");
+    LOOM_CHECK(d % 2 == 0, op, ": RoPE needs an even head dimension, got D=", d, " (width ", c, " / num_heads=",
+               num_heads, ")");
     LOOM_CHECK(rope->theta > 0.0f, op, ": rope theta must be positive, got ", rope->theta);
     const bool shared = pos.shape() == Shape{t};
     const bool per_batch = pos.shape() == Shape{b, t};

@@ -38,8 +38,9 @@ void validate(const TrainOptions& options) {
     LOOM_CHECK(seen.insert(s).second, "train: special token \"", s, "\" is given twice");
   }
   const size_t minimum = 256 + options.special_tokens.size();
-  LOOM_CHECK(options.vocab_size >= minimum, "train: vocab size ", options.vocab_size, " is smaller than 256 bytes + ",
-             options.special_tokens.size(), " special tokens = ", minimum);
+  LOOM_CHECK(options.vocab_size >= minimum, "train: vocab size (--vocab-size, vocab_size) ", options.vocab_size,
+             " is smaller than 256 bytes + ", options.special_tokens.size(),
+             " special tokens (--special-token, special_tokens) = ", minimum);
 }
 
 int resolve_threads(int threads) { return resolve_thread_count(threads, "train: threads"); }

@@ -61,7 +61,8 @@ void Config::validate() const {
   LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=", num_heads);
   LOOM_CHECK(num_kv_heads == 0 || num_heads % num_kv_heads == 0, "model.num_kv_heads=", num_kv_heads,
              " must divide model.num_heads=", num_heads, " (0 means the same as num_heads)");
-  LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got d_model/num_heads=", head_dim());
+  LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got model.d_model=", d_model, " / model.num_heads=",
+             num_heads, " = ", head_dim());
 }
 
 json Config::to_json() const { return models::fields_to_json(fields(), *this); }

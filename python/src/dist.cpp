@@ -162,6 +162,7 @@ class ShardedModel {
 
   const dist::Mesh& mesh() const { return mesh_; }
   std::string mode() const { return dist::parallel_mode_name(mode_); }
+  std::string config_json() const { return ranks_[0].model->model_config().json().dump(); }
 
  private:
   struct Rank {
@@ -253,7 +254,8 @@ void bind_dist(nb::module_& m) {
       .def("layout", &ShardedModel::layout)
       .def("state", &ShardedModel::state)
       .def_prop_ro("mesh", &ShardedModel::mesh)
-      .def_prop_ro("mode", &ShardedModel::mode);
+      .def_prop_ro("mode", &ShardedModel::mode)
+      .def_prop_ro("config_json", &ShardedModel::config_json);
 }
 
 }  // namespace loom::python

@@ -148,13 +148,192 @@ class Writes:
 
 
 class ArrayOf:
-    """An array-like parameter converted to "float" (float32), "int" (int32 ids) or "bool"."""
+    """An array-like parameter converted to "float" (float32), "int" (int32 ids) or "bool", and what its
+    shape and values must agree with (relations between the arrays and values of one call):
 
-    def __init__(self, kind):
-        self.kind = kind
+      shape        one symbol per dimension, "..., T, C"; "..." stands for any leading dimensions. Arrays of
+                   one call that share a symbol must agree on it ("..." too: equal leading dimensions).
+      equal        {symbol: path}: the dimension equals that quantity ({"C": "self.config.d_model"});
+      at_most      {symbol: path}: the dimension is at most it ({"T": "self.config.context_length"});
+      multiple_of  {symbol: path}: the dimension divides by it ({"B": "self.mesh.data*self.mesh.expert"});
+      below        a symbol or path: every value (an id) lies in [0, it) ("V", "self.config.vocab_size");
+                   `ignore`: a value exempt from it (cross_entropy's ignore_index).
+
+    A path names a parameter, an attribute or key of one ("model.config.vocab_size"), self's, or a
+    symbol; "*" multiplies (see `quantity`)."""
+
+    def __init__(self, kind, shape=None, equal=None, at_most=None, multiple_of=None, below=None, ignore=None):
+        self.kind, self.below, self.ignore = kind, below, ignore
+        self.shape = tuple(d.strip() for d in shape.split(",")) if shape else None
+        self.equal, self.at_most, self.multiple_of = dict(equal or {}), dict(at_most or {}), dict(multiple_of or {})
 
     def __repr__(self):
-        return f"ArrayOf({self.kind!r})"
+        extra = "".join(f", {k}={v!r}" for k, v in (("shape", ",".join(self.shape) if self.shape else None),
+                                                     ("equal", self.equal), ("at_most", self.at_most),
+                                                     ("multiple_of", self.multiple_of), ("below", self.below))
+                        if v)
+        return f"ArrayOf({self.kind!r}{extra})"
+
+
+# ---- relations between the parameters of one call ----
+# Declared in a parameter's annotation next to its Range, as ArrayOf declares its shape: what the value
+# must agree with among the other arguments (or self). A value may be right alone and wrong together:
+# n_head must divide n_embd, min_lr may not pass max_lr, a tokenizer's ids must fit the model's vocab.
+# `checked` enforces those between two plain numbers of one call (or between given and None); the others
+# (arrays, objects, self) the function itself checks, where it knows the shapes. tools/wrong_way_python.py
+# reads every one and calls each callable with a value that breaks it while every value alone is right.
+
+
+def quantity(path: str, args: dict, symbols: dict | None = None):
+    """The value `path` names among the call's arguments `args` (self included): "d_model" (a parameter or
+    a shape symbol), "model.config.vocab_size" (then attributes, or keys of a mapping), "special_tokens.len"
+    (a length), "self.mesh.data*self.mesh.expert" (a product), or an integer literal."""
+    if "*" in path:
+        out = 1
+        for part in path.split("*"):
+            out *= quantity(part.strip(), args, symbols)
+        return out
+    if path.lstrip("-").isdigit():
+        return int(path)
+    head, *rest = path.split(".")
+    if head in args:
+        v = args[head]
+    elif symbols is not None and head in symbols:
+        v = symbols[head]
+    else:
+        raise KeyError(path)
+    for part in rest:
+        if part == "len":
+            v = len(v)
+        elif isinstance(v, collections.abc.Mapping):
+            v = v[part]
+        else:
+            v = getattr(v, part)
+    return v
+
+
+class Relation:
+    """This parameter's value (or its attribute `of`) against the quantity `target` (a path, see quantity).
+    `unless`: a value of this parameter for which it always holds (num_kv_heads=0: as many as num_heads).
+    A parameter given None takes no part."""
+
+    words = "?"
+
+    def __init__(self, target: str, of: str | None = None, unless=None, times: int = 1, plus: int = 0):
+        self.target, self.of, self.unless, self.times, self.plus = target, of, unless, times, plus
+
+    def holds(self, value, target) -> bool:
+        raise NotImplementedError
+
+    def check(self, value, target) -> bool:
+        if value is None or target is None or (self.unless is not None and value == self.unless):
+            return True
+        return self.holds(value, target)
+
+    def text(self) -> str:
+        times = f"{self.times} x " if self.times != 1 else ""
+        plus = f" + {self.plus}" if self.plus else ""
+        return f"{times}{{}} {self.words} {self.target}{plus}"
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.target!r}{f', of={self.of!r}' if self.of else ''})"
+
+
+class Divides(Relation):
+    """times x this divides target (num_heads divides d_model; times=2: heads of even size)."""
+    words = "must divide"
+
+    def holds(self, value, target):
+        return value > 0 and target % (self.times * value) == 0
+
+
+class MultipleOf(Relation):
+    """this is a multiple of target (n_routed of mesh.expert)."""
+    words = "must be a multiple of"
+
+    def holds(self, value, target):
+        return target > 0 and value % target == 0
+
+
+class AtMost(Relation):
+    words = "must be at most"
+
+    def holds(self, value, target):
+        return value <= target + self.plus
+
+
+class AtLeast(Relation):
+    words = "must be at least"
+
+    def holds(self, value, target):
+        return value >= target + self.plus
+
+
+class Below(Relation):
+    words = "must be below"
+
+    def holds(self, value, target):
+        return value < target + self.plus
+
+
+class Equal(Relation):
+    words = "must equal"
+
+    def holds(self, value, target):
+        return value == target + self.plus
+
+
+class Axis(Relation):
+    """An axis of an array of target dimensions: in [-target, target) (softmax's dim)."""
+    words = "must be an axis: in [-n, n) for n ="
+
+    def holds(self, value, target):
+        return -target <= value < target
+
+
+class Requires(Relation):
+    """Given (not None) only together with the parameter `target` (positions needs theta)."""
+    words = "is used only with"
+
+    def check(self, value, target):
+        return value is None or target is not None
+
+    def message(self, name, value, target):
+        return f"{name} is used only with {self.target}, which is None: give {self.target} too"
+
+
+class SameShapes(Relation):
+    """Arrays (a sequence or a mapping of them; with `of`, the value's entry `of`) with the shapes of
+    target's, one for one: gradients of their parameters, a state dict of its module ("self")."""
+    words = "must have the shapes of"
+
+    def holds(self, value, target):
+        def shapes(v):
+            if hasattr(v, "state_dict"):
+                v = v.state_dict()
+            items = v.items() if isinstance(v, collections.abc.Mapping) else enumerate(v)
+            return {k: None if a is None else np.shape(a) for k, a in items}
+        a, b = shapes(value), shapes(target)
+        return a.keys() == b.keys() and all(a[k] is None or b[k] is None or a[k] == b[k] for k in a)
+
+
+class Keys(Relation):
+    """Relations between keys of a config mapping, each (key, Relation whose target is a key):
+    Keys(("num_heads", Divides("d_model")), ...). With `base`, the mapping holds overrides of the config
+    given as that parameter (a preset, a file or a mapping; "section.key" names)."""
+    words = "must keep"
+
+    def __init__(self, *pairs, base: str | None = None):
+        super().__init__(base or "self")
+        self.pairs, self.base = pairs, base
+
+    def check(self, value, target):
+        return True  # the config's own validation (train/config.cpp) checks them, naming the keys
+
+
+def _relation_error(fn_name, name, value, rel, target):
+    said = rel.message(name, value, target) if hasattr(rel, "message") else f"{rel.text().format(name)}={shown(target)}"
+    return ValueError(f"{fn_name}: {name}={shown(value)}: {said}")
 
 
 FloatArray = Annotated[ArrayLike, ArrayOf("float")]
@@ -192,7 +371,16 @@ def shown(value, limit: int = 80) -> str:
 
 
 def _arms(hint):
-    return typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    """The arms of a union; Annotated[A | B, meta] as Annotated[A, meta], Annotated[B, meta]."""
+    if typing.get_origin(hint) is Annotated:
+        inner, *meta = typing.get_args(hint)
+        # (a Path and an ArrayLike are unions too, but each one kind)
+        if typing.get_origin(inner) in (Union, types.UnionType) and inner != Path and inner != ArrayLike:
+            return tuple(Annotated[(a, *meta)] for a in typing.get_args(inner))
+        return (hint,)
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return tuple(a for h in typing.get_args(hint) for a in _arms(h))
+    return (hint,)
 
 
 def _fits(hint, value) -> bool:
@@ -281,6 +469,15 @@ def _check(fn_name: str, name: str, hint, value):
         return
 
 
+def relations_of(hint) -> list:
+    """The Relation declarations in an annotation (in any arm of a union)."""
+    out = []
+    for a in _arms(hint):
+        if typing.get_origin(a) is Annotated:
+            out += [m for m in typing.get_args(a)[1:] if isinstance(m, Relation) and not any(m is o for o in out)]
+    return out
+
+
 def _bare(hint):
     return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
 
@@ -330,12 +527,20 @@ def checked(fn):
             return lambda name, value: optional or value is not None or _check(fn_name, name, hint, value)
         return lambda name, value: _check(fn_name, name, hint, value)
 
+    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    relations = None
+    array_params = set()
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        nonlocal hints
+        nonlocal hints, relations
         if hints is None:
             found = typing.get_type_hints(fn, include_extras=True)
             hints = {n: plan_of(h) for n, h in found.items() if n not in ("self", "return")}
+            # The relations between two plain arguments (no attribute, no self, no array symbol).
+            relations = [(n, r) for n, h in found.items() for r in relations_of(h)
+                         if r.of is None and r.target in sig.parameters and r.target != "self" and not isinstance(r, Keys)]
+            array_params.update(n for n, h in found.items() if any(_bare(a) is ArrayLike for a in _arms(h)))
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
@@ -345,15 +550,25 @@ def checked(fn):
             check = hints.get(name)
             if check is not None:
                 check(name, value)
+        for name, rel in relations:
+            value = arguments.get(name, defaults.get(name))
+            target = arguments.get(rel.target, defaults.get(rel.target))
+            # Between numbers only (and given / None): objects and arrays are the function's to check.
+            if not isinstance(rel, Requires) and not (isinstance(value, numbers.Real) and isinstance(target, numbers.Real)):
+                continue
+            if not rel.check(value, target):
+                raise _relation_error(fn_name, name, value, rel, target)
         # The texts and paths given, which a library error names by their value (as the CLI's do): the
         # error then also names the parameter; and the arrays, whose shapes a shape error is given.
         texts, arrays = {}, {}
         for n, v in arguments.items():
             if isinstance(v, np.ndarray):
                 arrays[n] = v
+            elif n in array_params and isinstance(v, numbers.Number):  # a number given as an array is a 0-d one
+                arrays[n] = np.asarray(v)
             elif isinstance(v, (str, os.PathLike)) and n != "self" and isinstance(os.fspath(v), str):
                 texts[n] = os.fspath(v)
-        bound = arguments = name = value = v = None
+        bound = arguments = name = value = v = target = rel = None
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, OSError, RuntimeError) as e:

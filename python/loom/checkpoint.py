@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _loom
-from ._arrays import COUNT, Path, Reads, Writes, checked
+from ._arrays import COUNT, Path, Reads, Relation, Writes, checked, shown
 from .model import Model, TransformerBlock
 from .optim import AdamW
 
@@ -60,11 +60,48 @@ def _model_state(model):
     return model if isinstance(model, dict) else model.state_dict()
 
 
+class MomentsOf(Relation):
+    """An optimizer whose moments belong to the parameters of the model `target`, one for one in order
+    (moments of parameters not yet updated excepted)."""
+    words = "must hold the moments of"
+
+    @staticmethod
+    def mismatch(optimizer, model) -> str:
+        shapes = [np.shape(v) for v in (model if isinstance(model, dict) else model.parameters()).values()]
+        moments = optimizer.state_dict()["exp_avg"]
+        if moments and len(moments) != len(shapes):
+            return f"it holds moments for {len(moments)} parameters, the model has {len(shapes)}"
+        for i, (m, s) in enumerate(zip(moments, shapes)):
+            if m is not None and m.shape != s:
+                return f"its moment {i} has shape {m.shape}, the model's parameter {i} has shape {s}"
+        return ""
+
+    def holds(self, value, target):
+        return not self.mismatch(value, target)
+
+
+class FitsCheckpoint(Relation):
+    """A model whose parameters have the names and shapes of the weights in the checkpoint file `target`."""
+    words = "must match the weights in"
+
+    def holds(self, value, target):
+        tensors, _ = _loom.load_safetensors(os.fspath(target))
+        mine = {k: np.shape(v) for k, v in _model_state(value).items()}
+        theirs = {k[len("model."):]: tuple(v.shape) for k, v in dict(tensors).items() if k.startswith("model.")}
+        return mine == theirs
+
+
 @checked
-def save_checkpoint(model: Model | TransformerBlock | Mapping[str, ArrayLike], optimizer: AdamW | None, iteration: Annotated[int, COUNT],
+def save_checkpoint(model: Model | TransformerBlock | Mapping[str, ArrayLike],
+                    optimizer: Annotated[AdamW, MomentsOf("model")] | None, iteration: Annotated[int, COUNT],
                     out: Annotated[Path, Writes("file")]) -> None:
     """Saves model (a TransformerLM/TransformerBlock, or a dict of arrays), optimizer (an AdamW or None)
     and the iteration to the path `out`."""
+    # An optimizer stepped on another model's parameters would be written beside this model's weights,
+    # and a resume would fail (or, with equal counts, apply another model's moments).
+    wrong = "" if optimizer is None else MomentsOf.mismatch(optimizer, model)
+    if wrong:
+        raise ValueError(f"save_checkpoint: optimizer does not belong to model: {wrong}")
     tensors = {f"model.{k}": v for k, v in _model_state(model).items()}
     meta = {"loom.iteration": str(int(iteration))}
     if hasattr(model, "config"):
@@ -82,7 +119,8 @@ def save_checkpoint(model: Model | TransformerBlock | Mapping[str, ArrayLike], o
 
 
 @checked
-def load_checkpoint(src: Annotated[Path, Reads("checkpoint")], model: Model | TransformerBlock | Mapping[str, ArrayLike],
+def load_checkpoint(src: Annotated[Path, Reads("checkpoint")],
+                    model: Annotated[Model | TransformerBlock | Mapping[str, ArrayLike], FitsCheckpoint("src")],
                     optimizer: AdamW | None = None) -> int:
     """Restores what save_checkpoint wrote into `model` (load_state_dict, or a dict updated in place)
     and `optimizer`; returns the iteration."""
@@ -96,6 +134,15 @@ def load_checkpoint(src: Annotated[Path, Reads("checkpoint")], model: Model | Tr
                 raise ValueError(f"load_checkpoint: the checkpoint has '{k}', which the model dict lacks")
             np.copyto(model[k], v)
     else:
+        # Another model's checkpoint: said with both parameters, not as load_state_dict's missing names.
+        mine = {k: v.shape for k, v in model.parameters().items()}  # live views: no copy of the weights
+        theirs = {k: v.shape for k, v in weights.items()}
+        if mine != theirs:
+            missing = [k for k in mine if k not in theirs]
+            unexpected = [k for k in theirs if k not in mine]
+            shapes = [f"{k} {mine[k]} here, {theirs[k]} there" for k in mine if k in theirs and mine[k] != theirs[k]]
+            raise ValueError(f"load_checkpoint: model does not match the weights in src={shown(os.fspath(src))}: "
+                             f"missing {shown(missing)}, unexpected {shown(unexpected)}, shapes {shown(shapes)}")
         model.load_state_dict(weights)
     if optimizer is not None:
         if "loom.optimizer" not in meta:

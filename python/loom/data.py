@@ -10,7 +10,7 @@ import numpy as np
 from . import _loom
 from numpy.typing import ArrayLike
 
-from ._arrays import SEED, SIZE, ArrayOf, Text, checked, fits_budget
+from ._arrays import SEED, SIZE, ArrayOf, Below, Text, checked, fits_budget
 
 
 @checked
@@ -33,7 +33,8 @@ def check_device(device: str, what: Annotated[str, Text()] = "get_batch") -> str
 
 
 @checked
-def get_batch(dataset: Annotated[ArrayLike, ArrayOf("int64")], batch_size: Annotated[int, SIZE], context_length: Annotated[int, SIZE],
+def get_batch(dataset: Annotated[ArrayLike, ArrayOf("int64")], batch_size: Annotated[int, SIZE],
+              context_length: Annotated[int, SIZE, Below("dataset.len")],
               device: str = "cpu", *, seed: Annotated[int, SEED] | None = None,
               index: Annotated[int, SEED] = 0) -> tuple[np.ndarray, np.ndarray]:
     """batch_size windows of context_length tokens, each starting uniformly in [0, n - context_length - 1]:

@@ -11,17 +11,29 @@ import numpy as np
 from . import _loom
 from typing import Annotated
 
-from ._arrays import INT32, NONNEGATIVE, POSITIVE, SIZE, BoolArray, FloatArray, IntArray, boolean, checked, f32, i32, shown
+from numpy.typing import ArrayLike
+
+from ._arrays import (INT32, NONNEGATIVE, POSITIVE, SIZE, ArrayOf, Axis, Divides, FloatArray, Requires, boolean, checked,
+                      f32, i32)
+
+
+def _f(shape, **relations):
+    """A float array of this shape (ArrayOf's symbols: arrays of one call that share a symbol agree on it)."""
+    return Annotated[ArrayLike, ArrayOf("float", shape, **relations)]
+
+
+def _ids(shape, **relations):
+    return Annotated[ArrayLike, ArrayOf("int", shape, **relations)]
 
 
 @checked
-def linear(x: FloatArray, weight: FloatArray) -> np.ndarray:
+def linear(x: _f("..., K"), weight: _f("N, K")) -> np.ndarray:
     """x @ weight.T. x: [..., d_in]; weight: [d_out, d_in] (PyTorch's layout). Returns [..., d_out]."""
     return _loom.linear(f32(x), f32(weight, "weight"))
 
 
 @checked
-def embedding(ids: IntArray, weight: FloatArray) -> np.ndarray:
+def embedding(ids: _ids("...", below="V"), weight: _f("V, C")) -> np.ndarray:
     """Rows of weight [V, C] for integer ids [...]. Returns [..., C]. An id outside [0, V) is a ValueError."""
     return _loom.embedding(i32(ids), f32(weight, "weight"))
 
@@ -33,19 +45,19 @@ def silu(x: FloatArray) -> np.ndarray:
 
 
 @checked
-def softmax(x: FloatArray, dim: Annotated[int, INT32] = -1) -> np.ndarray:
+def softmax(x: FloatArray, dim: Annotated[int, INT32, Axis("x.ndim")] = -1) -> np.ndarray:
     """Numerically stable softmax over dimension `dim` (negative counts from the end)."""
     return _loom.softmax(f32(x), int(dim))
 
 
 @checked
-def rms_norm(x: FloatArray, weight: FloatArray, eps: Annotated[float, NONNEGATIVE] = 1e-5) -> np.ndarray:
+def rms_norm(x: _f("..., C"), weight: _f("C"), eps: Annotated[float, NONNEGATIVE] = 1e-5) -> np.ndarray:
     """x / sqrt(mean(x^2, last dim) + eps) * weight. x: [..., C]; weight: [C]."""
     return _loom.rms_norm(f32(x), f32(weight, "weight"), float(eps))
 
 
 @checked
-def swiglu(x: FloatArray, w1: FloatArray, w2: FloatArray, w3: FloatArray) -> np.ndarray:
+def swiglu(x: _f("..., C"), w1: _f("F, C"), w2: _f("C, F"), w3: _f("F, C")) -> np.ndarray:
     """The SwiGLU feed-forward: w2(silu(x w1^T) * (x w3^T)). x: [..., C]; w1, w3: [F, C]; w2: [C, F]."""
     x, w1, w2, w3 = f32(x), f32(w1, "w1"), f32(w2, "w2"), f32(w3, "w3")
     c = x.shape[-1] if x.ndim else None
@@ -59,10 +71,12 @@ def swiglu(x: FloatArray, w1: FloatArray, w2: FloatArray, w3: FloatArray) -> np.
 
 
 @checked
-def scaled_dot_product_attention(q: FloatArray, k: FloatArray, v: FloatArray, mask: BoolArray | None = None) -> np.ndarray:
+def scaled_dot_product_attention(q: _f("..., Tq, D"), k: _f("..., Tk, D"), v: _f("..., Tk, Dv"),
+                                 mask: Annotated[ArrayLike, ArrayOf("bool", "Tq, Tk")] | None = None) -> np.ndarray:
     """softmax(q k^T / sqrt(D) + mask) v.
 
-    q: [..., Tq, D]; k: [..., Tk, D]; v: [..., Tk, Dv], with equal leading dimensions. mask: boolean,
+    q: [..., Tq, D]; k: [..., Tk, D]; v: [..., Tk, Dv], with equal leading dimensions, except that k and v
+    may have fewer heads than q in the last one (a divisor of q's: grouped-query attention). mask: boolean,
     True where a query may attend a key, broadcastable to [..., Tq, Tk] (a [Tq, Tk] mask is shared by
     all leading dimensions). A query that may attend no key gets zeros. Returns [..., Tq, Dv].
     """
@@ -82,7 +96,7 @@ def scaled_dot_product_attention(q: FloatArray, k: FloatArray, v: FloatArray, ma
 
 
 @checked
-def rope(x: FloatArray, positions: IntArray, theta: Annotated[float, POSITIVE] = 10000.0,
+def rope(x: _f("..., T, D", multiple_of={"D": "2"}), positions: _ids("T"), theta: Annotated[float, POSITIVE] = 10000.0,
          style: str = "interleaved") -> np.ndarray:
     """Rotary position embedding. x: [..., T, D] (D even); positions: integer [T], or broadcastable to
     x's leading shape [..., T]. Pair i at position p turns by p * theta^(-2i/D). style "interleaved"
@@ -95,9 +109,10 @@ def rope(x: FloatArray, positions: IntArray, theta: Annotated[float, POSITIVE] =
 
 
 @checked
-def multihead_self_attention(x: FloatArray, q_proj: FloatArray, k_proj: FloatArray, v_proj: FloatArray,
-                             o_proj: FloatArray, num_heads: Annotated[int, SIZE],
-                             theta: Annotated[float, POSITIVE] | None = None, positions: IntArray | None = None) -> np.ndarray:
+def multihead_self_attention(x: _f("..., T, C"), q_proj: _f("C, C"), k_proj: _f("C, C"), v_proj: _f("C, C"),
+                             o_proj: _f("C, C"), num_heads: Annotated[int, SIZE, Divides("C"), Divides("C", times=2)],
+                             theta: Annotated[float, POSITIVE] | None = None,
+                             positions: Annotated[ArrayLike, ArrayOf("int", "T"), Requires("theta")] | None = None) -> np.ndarray:
     """Causal multi-head self-attention from the four projection matrices ([d_model, d_model] each,
     [out, in]). x: [..., T, d_model]. With `theta`, RoPE (interleaved) turns queries and keys at
     `positions` (integer [T] or [..., T]; default 0..T-1). Returns [..., T, d_model]."""
@@ -113,9 +128,7 @@ def multihead_self_attention(x: FloatArray, q_proj: FloatArray, k_proj: FloatArr
         if p.ndim > 1:
             p = np.broadcast_to(p, lead + (t,)).reshape((rows, t))
         pos = i32(p, "positions")
-    elif positions is not None:
-        raise ValueError(f"multihead_self_attention: positions={shown(positions)} given without theta: positions are "
-                         "only used with RoPE; give theta too")
+    # positions without theta: refused by `checked` (Requires("theta")).
     projs = {n: f32(w, n) for n, w in (("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj), ("o_proj", o_proj))}
     for n, w in projs.items():
         if w.shape != (c, c):
@@ -128,7 +141,7 @@ def multihead_self_attention(x: FloatArray, q_proj: FloatArray, k_proj: FloatArr
 
 
 @checked
-def cross_entropy(logits: FloatArray, targets: IntArray, ignore_index: Annotated[int, INT32] = -100) -> float:
+def cross_entropy(logits: _f("..., V"), targets: _ids("...", below="V", ignore="ignore_index"), ignore_index: Annotated[int, INT32] = -100) -> float:
     """Mean cross-entropy of logits [..., V] against integer targets [...]; targets equal to
     ignore_index count in neither the sum nor the mean."""
     return float(_loom.cross_entropy(f32(logits, "logits"), i32(targets, "targets"), int(ignore_index)))

@@ -32,7 +32,10 @@ import json
 from typing import Annotated, Mapping, Sequence
 
 from . import _loom
-from ._arrays import COUNT, NONNEGATIVE, POSITIVE, SEED, SIZE, IntArray, Range, checked, i32
+from numpy.typing import ArrayLike
+
+from ._arrays import (COUNT, NONNEGATIVE, POSITIVE, SEED, SIZE, ArrayOf, Below, Divides, Equal, MultipleOf, Range,
+                      Relation, checked, i32)
 
 MESH_AXIS = Range(1, 1 << 20)  # a million devices on one axis is past any machine; the product stays in int64
 DEVICE = Range(0, 2**63 - 1)
@@ -55,17 +58,30 @@ class Mesh(_loom.Mesh):
         return cls(m.data, m.tensor, m.expert)
 
     @checked
-    def coords(self, device: Annotated[int, DEVICE]) -> tuple:
+    def coords(self, device: Annotated[int, DEVICE, Below("self.size")]) -> tuple:
         """(data, tensor) coordinates of `device`, and expert's when the mesh has that axis."""
         return super().coords(device)
 
     @checked
-    def coord(self, device: Annotated[int, DEVICE], axes: str | Sequence[str]) -> int:
+    def coord(self, device: Annotated[int, DEVICE, Below("self.size")], axes: str | Sequence[str]) -> int:
         """`device`'s coordinate on one axis ("data"), or its block index on folded axes (("data", "expert"))."""
         return super().coord(device, axes if isinstance(axes, str) else list(axes))
 
 
 MODES = ("dp", "fsdp", "tp", "fsdp_tp", "dp_ep", "fsdp_ep")
+
+
+class FitsMode(Relation):
+    """A mesh the parallel mode `target` can run on (dist::validate_mesh_for_mode): dp and fsdp need
+    tensor=1, tp data=1, fsdp_tp data and tensor > 1; dp_ep and fsdp_ep tensor=1 and expert > 1; every
+    other mode expert=1."""
+    words = "must suit the mode"
+
+    def holds(self, mesh, mode):
+        d, t, e = mesh.data, mesh.tensor, mesh.expert
+        return {"dp": t == 1 and e == 1, "fsdp": t == 1 and e == 1, "tp": d == 1 and e == 1,
+                "fsdp_tp": d > 1 and t > 1 and e == 1, "dp_ep": t == 1 and e > 1,
+                "fsdp_ep": t == 1 and e > 1}.get(mode, True)
 
 
 @checked
@@ -75,21 +91,21 @@ def validate_mode(mode: str) -> None:
 
 
 @checked
-def validate_mesh_for_mode(mesh: _loom.Mesh, mode: str) -> None:
+def validate_mesh_for_mode(mesh: Annotated[_loom.Mesh, FitsMode("mode")], mode: str) -> None:
     """dp and fsdp need tensor=1, tp needs data=1, fsdp_tp needs both > 1, dp_ep and fsdp_ep need tensor=1
     and expert > 1, and every other mode expert=1; else ValueError."""
     _loom.validate_mesh_for_mode(mesh, str(mode))
 
 
 @checked
-def validate_experts_for_mesh(n_routed: Annotated[int, SIZE], mesh: _loom.Mesh, mode: str) -> None:
+def validate_experts_for_mesh(n_routed: Annotated[int, SIZE, MultipleOf("mesh.expert")], mesh: _loom.Mesh, mode: str) -> None:
     """Under dp_ep and fsdp_ep each expert device holds whole experts: ``n_routed`` must divide by
     ``mesh.expert``; else ValueError naming model.n_routed."""
     _loom.validate_experts_for_mesh(int(n_routed), mesh, str(mode))
 
 
 @checked
-def validate_mesh_for_devices(mesh: _loom.Mesh, devices: Annotated[int, SIZE]) -> None:
+def validate_mesh_for_devices(mesh: _loom.Mesh, devices: Annotated[int, SIZE, Equal("mesh.size")]) -> None:
     """The mesh must use exactly ``devices`` devices; a larger (or smaller) one raises ValueError."""
     try:
         _loom.validate_mesh_for_devices(mesh, int(devices))
@@ -113,7 +129,9 @@ class ShardedModel:
     sends more raises ValueError naming both counts (0: no cap)."""
 
     @checked
-    def __init__(self, config: Mapping, mesh: _loom.Mesh, mode: str, seed: Annotated[int, SEED] = 0,
+    def __init__(self, config: Mapping,
+                 mesh: Annotated[_loom.Mesh, FitsMode("mode"), Divides("config.num_heads", of="tensor")], mode: str,
+                 seed: Annotated[int, SEED] = 0,
                  lr: Annotated[float, NONNEGATIVE] = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  eps: Annotated[float, POSITIVE] = 1e-8, weight_decay: Annotated[float, NONNEGATIVE] = 0.1,
                  grad_clip: Annotated[float, NONNEGATIVE] = 1.0, overlap: bool = True,
@@ -128,11 +146,20 @@ class ShardedModel:
         return self._native.mesh
 
     @property
+    def config(self) -> dict:
+        """The complete model section, "arch" included."""
+        return json.loads(self._native.config_json)
+
+    @property
     def mode(self) -> str:
         return self._native.mode
 
     @checked
-    def step(self, ids: IntArray, targets: IntArray, lr: Annotated[float, NONNEGATIVE] | None = None) -> float:
+    def step(self, ids: Annotated[ArrayLike, ArrayOf("int", "B, T", multiple_of={"B": "self.mesh.data*self.mesh.expert"},
+                                                   at_most={"T": "self.config.context_length"},
+                                                   below="self.config.vocab_size")],
+             targets: Annotated[ArrayLike, ArrayOf("int", "B, T", below="self.config.vocab_size")],
+             lr: Annotated[float, NONNEGATIVE] | None = None) -> float:
         """One training step on the global batch ``ids``/``targets`` (int [B, T]), as ``loom train`` takes
         it: each data (x expert) device reads its rows; the forward is a training one (dropout,
         DeepSeek-V3's MTP and balance losses) and DeepSeek-V3's routing biases move afterwards on the
@@ -141,6 +168,21 @@ class ShardedModel:
         if x.ndim != 2 or x.shape != y.shape or x.size == 0:
             raise ValueError(f"ShardedModel.step: ids {x.shape} and targets {y.shape} must be [B, T] of one "
                              "shape, with B and T at least 1")
+        # Checked here, before any rank starts: a rank that fails mid-step abandons the others' collectives,
+        # and the model is then broken for every later step.
+        c, mesh = self.config, self.mesh
+        rows = mesh.data * mesh.expert
+        if x.shape[0] % rows:
+            raise ValueError(f"ShardedModel.step: ids has {x.shape[0]} rows (shape {x.shape}), not a multiple of the "
+                             f"{rows} data devices (mesh.data={mesh.data} x mesh.expert={mesh.expert})")
+        if x.shape[1] > c["context_length"]:
+            raise ValueError(f"ShardedModel.step: ids has T={x.shape[1]} (shape {x.shape}), more than the model's "
+                             f"context_length={c['context_length']}")
+        for name, a in (("ids", x), ("targets", y)):
+            lo, hi = int(a.min()), int(a.max())
+            if lo < 0 or hi >= c["vocab_size"]:
+                raise ValueError(f"ShardedModel.step: {name} holds {hi if hi >= c['vocab_size'] else lo}, outside the "
+                                 f"model's vocabulary [0, vocab_size={c['vocab_size']})")
         return self._native.step(x, y, self._lr if lr is None else float(lr))
 
     def layout(self) -> dict:

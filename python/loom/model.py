@@ -18,25 +18,41 @@ from typing import Annotated, Mapping
 import numpy as np
 
 from . import _loom
-from ._arrays import (COUNT, INT32, NONNEGATIVE, POSITIVE, SEED, SIZE, FloatArray, IntArray, Path, Range, Reads,
-                      Text, Writes, checked, f32, i32, shown)
+from numpy.typing import ArrayLike
+
+from ._arrays import (COUNT, INT32, NONNEGATIVE, POSITIVE, SEED, SIZE, ArrayOf, AtMost, Below, Divides, FloatArray,
+                      IntArray, Keys, Path, Range, Reads, Relation, SameShapes, Text, Writes, checked, f32, i32, shown)
 
 MAX_NEW_TOKENS = Range(0, 1_000_000)  # generate/generate.h's kMaxNewTokens
 TOP_P = Range(0, 1, lo_open=True)
+# What a module's weights must match: its own parameters' shapes, one for one.
+Weights = Annotated[Mapping[str, FloatArray], SameShapes("self")]
+# Ids a model takes: [B, T] with T at most its context and every id in its vocabulary.
+Ids = Annotated[ArrayLike, ArrayOf("int", "B, T", at_most={"T": "self.config.context_length"},
+                                   below="self.config.vocab_size")]
+Targets = Annotated[ArrayLike, ArrayOf("int", "B, T", below="self.config.vocab_size")]
+# A Llama's heads: num_heads splits d_model into heads of even size (RoPE turns pairs); num_kv_heads
+# divides num_heads (0: as many).
+LLAMA_HEADS = (("num_heads", Divides("d_model")), ("num_heads", Divides("d_model", times=2)),
+               ("num_kv_heads", Divides("num_heads", unless=0)))
 from .data import check_device
 from .tokenizer import Tokenizer
 
 
-def _load_state(module, state: Mapping[str, np.ndarray], strict: bool) -> None:
+def _load_state(module, state: Mapping[str, np.ndarray], strict: bool, param: str = "state") -> None:
+    """Copies `state` in; errors name the parameter it was given as (`state`, `weights`) and the entry."""
     names = list(module.parameter_names())
     if strict:
         missing = [n for n in names if n not in state]
         unexpected = [n for n in state if n not in names]
         if missing or unexpected:
-            raise ValueError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+            raise ValueError(f"load_state_dict: {param} is missing {missing}, has unexpected {unexpected}")
     for name, value in state.items():
         if name in names:
-            module.load_parameter(name, f32(value, name))
+            try:
+                module.load_parameter(name, f32(value, name))
+            except ValueError as e:
+                raise ValueError(f"{param}['{name}']: {e}") from None
 
 
 class _Module:
@@ -54,7 +70,7 @@ class _Module:
         return dict(self._m.parameters())
 
     @checked
-    def load_state_dict(self, state: Mapping[str, FloatArray], strict: bool = True) -> None:
+    def load_state_dict(self, state: Weights, strict: bool = True) -> None:
         """Copies weights in by name. strict: every parameter must be given, and nothing else."""
         _load_state(self._m, state, strict)
 
@@ -64,21 +80,32 @@ class TransformerBlock(_Module):
     Weights: attn.{q,k,v,output}_proj.weight, ln1.weight, ln2.weight, ffn.{w1,w2,w3}.weight."""
 
     @checked
-    def __init__(self, d_model: Annotated[int, SIZE], num_heads: Annotated[int, SIZE], d_ff: Annotated[int, SIZE],
-                 max_seq_len: Annotated[int, SIZE], rope_theta: Annotated[float, POSITIVE] = 10000.0,
-                 norm_eps: Annotated[float, POSITIVE] = 1e-5, seed: Annotated[int, SEED] = 0,
-                 weights: Mapping[str, FloatArray] | None = None):
+    def __init__(self, d_model: Annotated[int, SIZE],
+                 num_heads: Annotated[int, SIZE, Divides("d_model"), Divides("d_model", times=2)],
+                 d_ff: Annotated[int, SIZE], max_seq_len: Annotated[int, SIZE],
+                 rope_theta: Annotated[float, POSITIVE] = 10000.0, norm_eps: Annotated[float, POSITIVE] = 1e-5,
+                 seed: Annotated[int, SEED] = 0, weights: Weights | None = None):
+        self._config = {"d_model": int(d_model), "num_heads": int(num_heads), "d_ff": int(d_ff),
+                        "max_seq_len": int(max_seq_len), "rope_theta": float(rope_theta), "norm_eps": float(norm_eps)}
         self._m = _loom.TransformerBlock(int(d_model), int(num_heads), int(d_ff), int(max_seq_len),
                                          float(rope_theta), float(norm_eps), int(seed))
         if weights is not None:
-            self.load_state_dict(weights)
+            _load_state(self._m, weights, True, "weights")
+
+    @property
+    def config(self) -> dict:
+        """d_model, num_heads, d_ff, max_seq_len, rope_theta, norm_eps."""
+        return dict(self._config)
 
     @checked
-    def forward(self, x: FloatArray, positions: IntArray | None = None) -> np.ndarray:
-        """x: [..., T, d_model]; positions: integer [T] or [..., T] (default 0..T-1)."""
+    def forward(self, x: Annotated[ArrayLike, ArrayOf("float", "..., T, C", equal={"C": "self.config.d_model"})],
+                positions: Annotated[ArrayLike, ArrayOf("int", "T", below="self.config.max_seq_len")] | None = None
+                ) -> np.ndarray:
+        """x: [..., T, d_model]; positions: integer [T] or [..., T] (default 0..T-1), each below max_seq_len."""
         x = f32(x)
-        if x.ndim < 2:
-            raise ValueError(f"TransformerBlock.forward: x must be [..., T, d_model], got shape {x.shape}")
+        if x.ndim < 2 or x.shape[-1] != self._config["d_model"]:
+            raise ValueError(f"TransformerBlock.forward: x must be [..., T, d_model={self._config['d_model']}], got "
+                             f"shape {x.shape}")
         lead, (t, c) = x.shape[:-2], x.shape[-2:]
         rows = int(np.prod(lead, dtype=np.int64))  # not -1: an empty x cannot infer it
         p = None
@@ -119,15 +146,15 @@ class Model(_Module):
 
     @classmethod
     @checked
-    def from_config(cls, config: Mapping, seed: Annotated[int, SEED] = 0, weights: Mapping[str, FloatArray] | None = None,
-                    device: str = "cpu") -> "Model":
+    def from_config(cls, config: Annotated[Mapping, Keys(("num_heads", Divides("d_model")))],
+                    seed: Annotated[int, SEED] = 0, weights: Weights | None = None, device: str = "cpu") -> "Model":
         """From a dict of the model section's keys: "arch" picks the family (default "llama"); missing
         keys take the family's defaults. Weights are drawn from `seed` unless `weights` are given.
         device: "cpu"; "cuda[:N]" raises RuntimeError with the reason (see check_device)."""
         check_device(device, "Model")
         m = cls._wrap_native(_loom.build_model(json.dumps(dict(config)), int(seed)))
         if weights is not None:
-            m.load_state_dict(weights)
+            _load_state(m._m, weights, True, "weights")
         return m
 
     @classmethod
@@ -163,7 +190,7 @@ class Model(_Module):
         return int(self._m.num_params)
 
     @checked
-    def forward(self, ids: IntArray) -> np.ndarray:
+    def forward(self, ids: Ids) -> np.ndarray:
         """ids: integer [B, T] (or [T]), T <= context_length. Returns logits [B, T, V] (or [T, V])."""
         a, squeeze = _ids_2d(ids, "ids")
         y = self._m.forward(a)
@@ -172,29 +199,35 @@ class Model(_Module):
     __call__ = forward
 
     @checked
-    def loss(self, inputs: IntArray, targets: IntArray) -> float:
+    def loss(self, inputs: Ids, targets: Targets) -> float:
         """Mean next-token cross-entropy of forward(inputs) against targets (same shape)."""
         x, y = _pair(inputs, targets)
         return float(self._m.loss(x, y))
 
     @checked
-    def loss_and_grads(self, inputs: IntArray, targets: IntArray) -> tuple[float, dict[str, np.ndarray]]:
+    def loss_and_grads(self, inputs: Ids, targets: Targets) -> tuple[float, dict[str, np.ndarray]]:
         """The mean loss and its gradient for every parameter, by name (new arrays each call)."""
         x, y = _pair(inputs, targets)
         loss, grads = self._m.loss_and_grads(x, y)
         return float(loss), dict(grads)
 
     @checked
-    def generate(self, prompt: IntArray, max_new_tokens: Annotated[int, MAX_NEW_TOKENS] = 100,
+    def generate(self, prompt: Annotated[ArrayLike, ArrayOf("int", "T", below="self.config.vocab_size")],
+                 max_new_tokens: Annotated[int, MAX_NEW_TOKENS] = 100,
                  temperature: Annotated[float, NONNEGATIVE] = 1.0, top_k: Annotated[int, COUNT] = 0,
                  top_p: Annotated[float, TOP_P] = 1.0, seed: Annotated[int, SEED] = 0,
-                 stop_token: Annotated[int, INT32] | None = None) -> list[int]:
+                 stop_token: Annotated[int, INT32, Below("self.config.vocab_size")] | None = None) -> list[int]:
         """New token ids after `prompt` (ids), sampled with the decoding cache. temperature 0 is greedy;
         top_k 0 and top_p 1 are off; generation ends after stop_token when it is given."""
         p = i32(prompt, "prompt")
         if p.ndim != 1 or p.size == 0:
             raise ValueError(f"Model.generate: prompt must be a 1-D sequence of at least one id, got shape {p.shape}")
         p = p.tolist()
+        vocab = self.config["vocab_size"]
+        if stop_token is not None and stop_token >= vocab:
+            # No id the model can sample: the generation would never stop there, silently.
+            raise ValueError(f"Model.generate: stop_token={stop_token} is outside the model's vocabulary [0, "
+                             f"vocab_size={vocab}): it could never be generated")
         args = (int(max_new_tokens), float(temperature), int(top_k), float(top_p), int(seed),
                 -1 if stop_token is None else int(stop_token))
         # A KeyboardInterrupt's traceback keeps this frame, and a REPL keeps the last traceback
@@ -214,10 +247,12 @@ class TransformerLM(Model):
 
     @checked
     def __init__(self, vocab_size: Annotated[int, SIZE], context_length: Annotated[int, SIZE],
-                 d_model: Annotated[int, SIZE], num_layers: Annotated[int, SIZE], num_heads: Annotated[int, SIZE],
+                 d_model: Annotated[int, SIZE], num_layers: Annotated[int, SIZE],
+                 num_heads: Annotated[int, SIZE, Divides("d_model"), Divides("d_model", times=2)],
                  d_ff: Annotated[int, SIZE], rope_theta: Annotated[float, POSITIVE] = 10000.0,
                  norm_eps: Annotated[float, POSITIVE] = 1e-5, seed: Annotated[int, SEED] = 0,
-                 weights: Mapping[str, FloatArray] | None = None, num_kv_heads: Annotated[int, COUNT] = 0,
+                 weights: Weights | None = None,
+                 num_kv_heads: Annotated[int, COUNT, Divides("num_heads", unless=0)] = 0,
                  _wrap: object = None, device: str = "cpu"):
         check_device(device, "TransformerLM")
         if _wrap is not None:
@@ -227,12 +262,12 @@ class TransformerLM(Model):
                                       int(num_heads), int(d_ff), float(rope_theta), float(norm_eps), int(seed),
                                       int(num_kv_heads))
         if weights is not None:
-            self.load_state_dict(weights)
+            _load_state(self._m, weights, True, "weights")
 
     @classmethod
     @checked
-    def from_config(cls, config: Mapping, seed: Annotated[int, SEED] = 0, weights: Mapping[str, FloatArray] | None = None,
-                    device: str = "cpu") -> "TransformerLM":
+    def from_config(cls, config: Annotated[Mapping, Keys(*LLAMA_HEADS)], seed: Annotated[int, SEED] = 0,
+                    weights: Weights | None = None, device: str = "cpu") -> "TransformerLM":
         """From a dict with the keys of `config` (a training config's "model" section works too)."""
         keys = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
                 "rope_theta", "norm_eps")
@@ -257,11 +292,37 @@ class TransformerLM(Model):
         return c
 
 
+class Describes(Relation):
+    """A training config (its "model" section) that describes the model `target`: every key both have is
+    equal."""
+    words = "must describe"
+
+    @staticmethod
+    def differences(config, model) -> dict:
+        mine = json.loads(model._m.config_json)
+        section = config.get("model", {}) if isinstance(config, Mapping) else {}
+        return {k: (v, mine[k]) for k, v in section.items() if k in mine and mine[k] != v}
+
+    def holds(self, value, target):
+        return not self.differences(value, target)
+
+
 class Run:
     """A trained run: its model, tokenizer and training config (when the run has them)."""
 
     @checked
-    def __init__(self, model: Model, tokenizer: Tokenizer | None, config: Mapping | None):
+    def __init__(self, model: Model,
+                 tokenizer: Annotated[Tokenizer, AtMost("model.config.vocab_size", of="vocab_size")] | None,
+                 config: Annotated[Mapping, Describes("model")] | None):
+        # The tokenizer's ids must be rows of the model's embedding, and a config must describe this model:
+        # a run assembled from two runs' parts would generate garbage or index past the vocabulary.
+        vocab = model.config["vocab_size"]
+        if tokenizer is not None and tokenizer.vocab_size > vocab:
+            raise ValueError(f"Run: tokenizer has {tokenizer.vocab_size} tokens (vocab_size={tokenizer.vocab_size}), "
+                             f"more than the model's vocab_size={vocab}: its ids past {vocab - 1} have no embedding")
+        if config is not None and not Describes("model").check(config, model):
+            raise ValueError(f"Run: config's model section disagrees with the model on {Describes.differences(config, model)} "
+                             "(config value, model value): give the config the model was trained with")
         self.model = model
         self.tokenizer = tokenizer
         self.config = config

@@ -13,7 +13,7 @@ from typing import Annotated, Mapping, Sequence
 import numpy as np
 
 from . import _loom
-from ._arrays import COUNT, NONNEGATIVE, POSITIVE, checked, f32, inplace_f32
+from ._arrays import COUNT, NONNEGATIVE, POSITIVE, AtMost, SameShapes, checked, f32, inplace_f32
 
 
 class AdamW:
@@ -24,7 +24,7 @@ class AdamW:
         self.lr = float(lr)
 
     @checked
-    def step(self, params: Sequence | Mapping, grads: Sequence | Mapping,
+    def step(self, params: Sequence | Mapping, grads: Annotated[Sequence, SameShapes("params")] | Mapping,
              lr: Annotated[float, NONNEGATIVE] | None = None) -> None:
         """One update of every parameter whose gradient is not None. params and grads are lists in the
         same order, or dicts by name (a gradient missing from the dict counts as None). The optimizer
@@ -53,7 +53,7 @@ class AdamW:
         return s
 
     @checked
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Annotated[Mapping, SameShapes("state.exp_avg", of="exp_avg_sq")]) -> None:
         """Restores the step count and moments (the hyperparameters stay the constructor's)."""
         m = [None if a is None else f32(a, "exp_avg") for a in state["exp_avg"]]
         v = [None if a is None else f32(a, "exp_avg_sq") for a in state["exp_avg_sq"]]
@@ -70,8 +70,10 @@ def clip_grad_norm(grads: Sequence, max_norm: Annotated[float, POSITIVE]) -> flo
 
 
 @checked
-def cosine_lr(it: Annotated[int, COUNT], max_lr: Annotated[float, NONNEGATIVE], min_lr: Annotated[float, NONNEGATIVE],
-              warmup_iters: Annotated[int, COUNT], cosine_cycle_iters: Annotated[int, COUNT]) -> float:
+def cosine_lr(it: Annotated[int, COUNT], max_lr: Annotated[float, NONNEGATIVE],
+              min_lr: Annotated[float, NONNEGATIVE, AtMost("max_lr")],
+              warmup_iters: Annotated[int, COUNT, AtMost("cosine_cycle_iters")],
+              cosine_cycle_iters: Annotated[int, COUNT]) -> float:
     """CS336's schedule: linear warmup from 0 to max_lr over warmup_iters, cosine decay to min_lr at
     cosine_cycle_iters, min_lr afterwards."""
     return float(_loom.cosine_lr(int(it), float(max_lr), float(min_lr), int(warmup_iters), int(cosine_cycle_iters)))

@@ -8,10 +8,28 @@ from typing import Annotated, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _loom
-from ._arrays import THREADS, Path, Range, Reads, Text, Writes, _check, checked, shown
+from ._arrays import THREADS, AtLeast, Below, Path, Range, Reads, Relation, Text, Writes, _check, checked, shown
 
 CHUNK = Range(1, 1 << 40)
-VOCAB = Range(1, 2**31 - 1)
+VOCAB = Range(256, 2**31 - 1)  # the 256 bytes come first
+
+
+class MergesIn(Relation):
+    """Merges whose two sides and result are tokens of the vocabulary `target`: a mapping id -> bytes, or
+    (for paths) GPT-2's vocab.json beside a merges.txt."""
+    words = "must name tokens of"
+
+    def holds(self, merges, vocab):
+        if isinstance(vocab, (str, os.PathLike)):
+            import json
+            with open(vocab, encoding="utf-8") as f:
+                tokens = set(json.load(f))
+            with open(merges, encoding="utf-8") as f:
+                pairs = [line.split() for line in f if line.strip() and not line.startswith("#version")]
+        else:
+            tokens = {bytes(b) for b in vocab.values()}
+            pairs = [(bytes(a), bytes(b)) for a, b in merges]
+        return all(len(p) == 2 and p[0] in tokens and p[1] in tokens and p[0] + p[1] in tokens for p in pairs)
 
 
 class Tokenizer:
@@ -19,7 +37,7 @@ class Tokenizer:
     tokens (text that always becomes its own id and never takes part in a merge)."""
 
     @checked
-    def __init__(self, vocab: Mapping[int, bytes], merges: Sequence[tuple[bytes, bytes]],
+    def __init__(self, vocab: Mapping[int, bytes], merges: Annotated[Sequence[tuple[bytes, bytes]], MergesIn("vocab")],
                  special_tokens: Sequence[str] | None = None):
         n = len(vocab)
         if sorted(vocab) != list(range(n)):
@@ -34,8 +52,10 @@ class Tokenizer:
                 table.append(b)
         pairs = []
         for rank, (a, b) in enumerate(merges):
-            if a not in ids or b not in ids:
-                raise ValueError(f"Tokenizer: merge {rank} ({a!r}, {b!r}) names a token outside the vocabulary")
+            outside = [t for t in (a, b, a + b) if t not in ids]
+            if outside:
+                raise ValueError(f"Tokenizer: merges[{rank}] = ({a!r}, {b!r}) needs {outside[0]!r}, which is not in vocab "
+                                 f"({n} tokens): a merge joins two tokens of the vocabulary into a third")
             pairs.append((ids[a], ids[b]))
         self._t = _loom.Tokenizer(table, pairs, specials)
 
@@ -56,7 +76,7 @@ class Tokenizer:
     @classmethod
     @checked
     def from_files(cls, vocab_filepath: Annotated[Path, Reads("gpt2-vocab")],
-                   merges_filepath: Annotated[Path, Reads("gpt2-merges")],
+                   merges_filepath: Annotated[Path, Reads("gpt2-merges"), MergesIn("vocab_filepath")],
                    special_tokens: Sequence[str] | None = None) -> "Tokenizer":
         """GPT-2's vocab.json (byte-level text -> id) and merges.txt ("a b" per line)."""
         t = cls._wrap(_loom.tokenizer_from_gpt2_files(os.fspath(vocab_filepath), os.fspath(merges_filepath)))
@@ -121,12 +141,12 @@ class Tokenizer:
         yield from enc.finish().tolist()
 
     @checked
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Annotated[Iterable[int], Below("self.vocab_size", of="each")]) -> str:
         """The text of the ids; invalid UTF-8 becomes U+FFFD (Python's errors="replace")."""
         return self._t.decode([int(i) for i in ids])
 
     @checked
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+    def decode_bytes(self, ids: Annotated[Iterable[int], Below("self.vocab_size", of="each")]) -> bytes:
         return self._t.decode_bytes([int(i) for i in ids])
 
     @checked
@@ -141,7 +161,8 @@ class Tokenizer:
 
 
 @checked
-def train_bpe(input_path: Annotated[Path, Reads("text")] | Sequence[Path], vocab_size: Annotated[int, VOCAB],
+def train_bpe(input_path: Annotated[Path, Reads("text")] | Sequence[Path],
+              vocab_size: Annotated[int, VOCAB, AtLeast("special_tokens.len", plus=256)],
               special_tokens: Sequence[str] = (), threads: Annotated[int, THREADS] = 0
               ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Byte-level BPE training with CS336's semantics: the vocabulary starts with the special tokens, then

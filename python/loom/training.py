@@ -8,12 +8,19 @@ import os
 from typing import Annotated, Mapping, Sequence
 
 from . import _loom
-from ._arrays import Path, Reads, Writes, checked
+from ._arrays import AtMost, Divides, Keys, Path, Reads, Writes, checked
+
+# Keys of a training config that must agree with each other (train/config.cpp and the model families
+# check them, naming the keys): overrides that are right alone may break them together with the config.
+CONFIG_KEYS = Keys(("optimizer.min_lr", AtMost("optimizer.lr")), ("model.num_heads", Divides("model.d_model")),
+                   ("model.num_heads", Divides("model.d_model", times=2)),
+                   ("model.num_kv_heads", Divides("model.num_heads", unless=0)), base="config")
+Overrides = Annotated[Mapping, CONFIG_KEYS] | Sequence[str] | None
 
 
 @checked
 def resolve_config(config: Annotated[Path, Reads("config")] | Mapping = "default",
-                   overrides: Mapping | Sequence[str] | None = None) -> dict:
+                   overrides: Overrides = None) -> dict:
     """The complete, checked training config: a preset name ("tiny", "default", "cs336-tinystories"), a
     JSON file, or a dict (missing keys take the defaults), then overrides as {"optimizer.lr": 3e-4} or
     ["optimizer.lr=3e-4"]. A wrong key, type or value is a ValueError naming the key."""
@@ -42,7 +49,7 @@ def _parse_value(v: str):
 
 @checked
 def train(config: Annotated[Path, Reads("config")] | Mapping = "default", out_dir: Annotated[Path, Writes("run")] | None = None,
-          overrides: Mapping | Sequence[str] | None = None, overwrite: bool = False) -> dict:
+          overrides: Overrides = None, overwrite: bool = False) -> dict:
     """Trains as `loom train --config CONFIG --out OUT_DIR --set ...` does: prepares the tokenizer and
     token files the config names when missing, trains, and writes OUT_DIR/model.safetensors,
     config.json and tokenizer.json. Runs entirely in C++ with the GIL released; Ctrl-C stops cleanly

@@ -9,15 +9,25 @@ annotation, or a callable without a base call below, is an error of the harness.
 
 Every parameter is given, one at a time in an otherwise valid call (BASE), the values of its kind: None, a
 value of the wrong type, negative, zero, huge (2^63-1, 2^64, 10^30, 1e308, 10^400), the top of its declared
-Range, NaN, +-inf, a fraction for an integer, empty, 20,000-character, NUL-holding and not-UTF-8 (lone surrogate) strings; for arrays a
-0-d one, empty ones (a zero leading and a zero last dimension), a non-contiguous view, a nested list, NaN
-values, floats for ids, ids past int32, complex, object and string dtypes, a 2^44-element broadcast view;
-for paths None, an int, bytes that are not UTF-8, empty, missing, a 5,000-byte name, a directory for a
-file and a file for a directory, every other artifact of the scratch tree (a run, its weights, a run whose
-weights are NaN, a GGUF and a Hugging Face export, a tokenizer, token files, a config, a checkpoint, GPT-2
-vocab/merges, a user's text), and for outputs the run's own directory, a file inside it, a new file inside
+Range, NaN, +-inf, a fraction for an integer, empty, 20,000-character, NUL-holding and not-UTF-8 (lone
+surrogate) strings; for arrays a 0-d one, a Python number, empty ones (a zero leading and a zero last
+dimension), a non-contiguous view, a nested list, NaN values, floats for ids, ids past int32, complex,
+object and string dtypes, a 2^44-element broadcast view; for paths None, an int, bytes that are not UTF-8,
+empty, missing, a 5,000-byte name, a directory for a file and a file for a directory, every other artifact
+of the scratch tree (a run, its weights, a run whose weights are NaN, a GGUF and a Hugging Face export, a
+tokenizer, token files, a config, a checkpoint, GPT-2 vocab/merges, a user's text), and for outputs the run's own directory, a file inside it, a new file inside
 it, a user's file and directory, the token directory, a read-only directory and file, a new place. Every
 `generate` is also called on a model whose weights were set to NaN.
+
+Conflicting values: every relation an annotation declares between parameters (ArrayOf's shape symbols and
+its equal / at_most / multiple_of / below, Relation subclasses such as Divides, AtMost, Requires,
+SameShapes, Keys) is broken once while every value alone is right: an array one longer on a shared
+symbol, an id equal to the vocabulary size, num_heads that does not divide d_model, a tokenizer larger
+than the model, a mesh its mode cannot use. The values are searched among small numbers, valid objects of
+the same kind (tokenizers, models, meshes, optimizers, configs) and files of the kinds a path reads, and
+one is taken only if every other declared relation of the call still holds. Such a call must be refused,
+naming the parameter changed and the other side (its name, or for a quantity of self, its value) and
+showing the value. A relation for which no such value is found is an error of the harness.
 
 Verdicts:
   refused   a ValueError, TypeError, OSError or RuntimeError (or a subclass) whose message, at most 2,000
@@ -112,9 +122,9 @@ OUTPUTS = {
 
 
 class Param:
-    def __init__(self, name, kind, meta=(), optional=False, positional=False, hint=None):
+    def __init__(self, name, kind, meta=(), optional=False, positional=False, hint=None, rels=()):
         self.name, self.kind, self.meta, self.optional, self.positional = name, kind, tuple(meta), optional, positional
-        self.hint = hint
+        self.hint, self.rels = hint, list(rels)
 
     def find(self, cls):
         return next((m for m in self.meta if type(m).__name__ == cls), None)
@@ -127,7 +137,7 @@ def kind_of(hint, loom_arrays):
     from numpy.typing import ArrayLike
 
     optional = False
-    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    arms = loom_arrays._arms(hint)
     if type(None) in arms:
         optional = True
         arms = tuple(a for a in arms if a is not type(None))
@@ -186,7 +196,8 @@ def api(loom):
             if p.name not in hints:
                 return f"parameter {p.name} has no annotation: declare what it takes"
             kind, meta, optional = kind_of(hints[p.name], _arrays)
-            out.append(Param(p.name, kind, meta, optional, p.kind == p.POSITIONAL_ONLY, hints[p.name]))
+            out.append(Param(p.name, kind, meta, optional, p.kind == p.POSITIONAL_ONLY, hints[p.name],
+                             _arrays.relations_of(hints[p.name])))
         return out
 
     items = []
@@ -257,7 +268,12 @@ class Ctx:
         return self.get("nan_run", make)
 
     def adamw(self):
-        return self.get("adamw", lambda: self.loom.AdamW())
+        """An AdamW that has taken one step on one parameter of shape (3,)."""
+        def make():
+            o = self.loom.AdamW()
+            o.step([self.np.zeros(3, self.np.float32)], [self.np.ones(3, self.np.float32)])
+            return o
+        return self.get("adamw", make)
 
     def mesh(self):
         return self.get("mesh", lambda: self.loom.Mesh(data=2))
@@ -302,7 +318,7 @@ def base_calls(c):
                                                                 "num_layers": 1, "num_heads": 2, "d_ff": 32})
     B["TransformerBlock.__init__"] = lambda: (loom.TransformerBlock, {"d_model": 8, "num_heads": 2, "d_ff": 16,
                                                                       "max_seq_len": 8})
-    B["TransformerBlock.forward"] = lambda: (c.block().forward, {"x": c.f(1, 4, 8)})
+    B["TransformerBlock.forward"] = lambda: (c.block().forward, {"x": c.f(1, 4, 8), "positions": np.arange(4)})
     for m in ("parameter_names", "state_dict", "parameters"):
         B[f"TransformerBlock.{m}"] = (lambda m=m: (getattr(c.block(), m), {}))
     B["TransformerBlock.load_state_dict"] = lambda: (c.block().load_state_dict, {"state": c.block().state_dict()})
@@ -314,10 +330,11 @@ def base_calls(c):
     B["Mesh.parse"] = lambda: (loom.Mesh.parse, {"text": "data=2"})
     B["Mesh.coords"] = lambda: (c.mesh().coords, {"device": 1})
     B["Mesh.coord"] = lambda: (c.mesh().coord, {"device": 1, "axes": "data"})
-    B["Run.__init__"] = lambda: (loom.Run, {"model": c.lm(), "tokenizer": c.tok(), "config": None})
+    B["Run.__init__"] = lambda: (loom.Run, {"model": c.run().model, "tokenizer": c.tok(), "config": None})
     B["Run.loss"] = lambda: (c.run().loss, {"text": "It is a truth universally acknowledged."})
     B["Run.generate"] = lambda: (c.run().generate, {"prompt": "It is", "max_new_tokens": 4})
-    B["ShardedModel.__init__"] = lambda: (loom.ShardedModel, {"config": LLAMA, "mesh": c.mesh(), "mode": "dp"})
+    # Tensor parallel, so that the mesh's relations to the mode and to the heads can each be broken alone.
+    B["ShardedModel.__init__"] = lambda: (loom.ShardedModel, {"config": LLAMA, "mesh": loom.Mesh(tensor=2), "mode": "tp"})
     B["ShardedModel.step"] = lambda: (c.sharded().step, {"ids": np.array([[1, 2, 3, 4], [2, 3, 4, 5]]),
                                                          "targets": np.array([[2, 3, 4, 5], [3, 4, 5, 6]])})
     B["ShardedModel.layout"] = lambda: (c.sharded().layout, {})
@@ -352,7 +369,7 @@ def base_calls(c):
     B["load_safetensors"] = lambda: (loom.load_safetensors, {"path": "runs/t/model.safetensors"})
     B["multihead_self_attention"] = lambda: (loom.multihead_self_attention, {
         "x": c.f(1, 4, 8), "q_proj": c.f(8, 8, seed=1), "k_proj": c.f(8, 8, seed=2), "v_proj": c.f(8, 8, seed=3),
-        "o_proj": c.f(8, 8, seed=4), "num_heads": 2})
+        "o_proj": c.f(8, 8, seed=4), "num_heads": 2, "theta": 10000.0, "positions": np.arange(4)})
     B["resolve_config"] = lambda: (loom.resolve_config, {"config": "tiny"})
     B["rms_norm"] = lambda: (loom.rms_norm, {"x": c.f(2, 8), "weight": np.ones(8, np.float32)})
     B["rope"] = lambda: (loom.rope, {"x": c.f(1, 4, 8), "positions": np.arange(4)})
@@ -360,13 +377,14 @@ def base_calls(c):
                                                            "out": "new/case/out"})
     B["save_safetensors"] = lambda: (loom.save_safetensors, {"path": "new/case/out", "tensors": {"a": np.ones(3)}})
     B["scaled_dot_product_attention"] = lambda: (loom.scaled_dot_product_attention, {
-        "q": c.f(1, 4, 8), "k": c.f(1, 4, 8, seed=1), "v": c.f(1, 4, 8, seed=2)})
+        "q": c.f(2, 4, 8), "k": c.f(2, 4, 8, seed=1), "v": c.f(2, 4, 8, seed=2), "mask": np.tril(np.ones((4, 4), bool))})
     B["silu"] = lambda: (loom.silu, {"x": c.f(2, 3)})
     B["softmax"] = lambda: (loom.softmax, {"x": c.f(2, 3)})
     B["swiglu"] = lambda: (loom.swiglu, {"x": c.f(2, 8), "w1": c.f(16, 8, seed=1), "w2": c.f(8, 16, seed=2),
                                          "w3": c.f(16, 8, seed=3)})
     B["train"] = lambda: (loom.train, {"config": "tiny", "out_dir": "new/case/out", "overrides": dict(TRAIN_OVERRIDES)})
-    B["train_bpe"] = lambda: (loom.train_bpe, {"input_path": "text/small.txt", "vocab_size": 300})
+    B["train_bpe"] = lambda: (loom.train_bpe, {"input_path": "text/small.txt", "vocab_size": 300,
+                                               "special_tokens": ["<|endoftext|>"]})
     B["validate_experts_for_mesh"] = lambda: (loom.validate_experts_for_mesh, {"n_routed": 4, "mesh": loom.Mesh(expert=2),
                                                                                "mode": "dp_ep"})
     B["validate_mesh_for_devices"] = lambda: (loom.validate_mesh_for_devices, {"mesh": c.mesh(), "devices": 2})
@@ -388,7 +406,7 @@ SCALAR_VARIANTS = {
     "sequence": ["none", "int"],
     "object": ["none", "int", "str"],
 }
-ARRAY_VARIANTS = ["none", "str", "dict", "0-d", "empty-lead", "empty-last", "noncontig", "nested-list", "nan",
+ARRAY_VARIANTS = ["none", "str", "dict", "0-d", "py-scalar", "empty-lead", "empty-last", "noncontig", "nested-list", "nan",
                   "float-for-int", "past-int32", "complex", "object", "strings", "huge-view"]
 PATH_IN_VARIANTS = ["none", "int", "bytes-not-utf8", "empty", "missing", "dir-for-file", "overlong", "surrogate"] + \
     [f"artifact:{a}" for a in ARTIFACTS]
@@ -433,7 +451,7 @@ def expectation(p, variant, base_value):
         return True, "bytes: any bytes are a token's bytes (None when it is no token)"
     if p.kind == "array":
         kind = p.find("ArrayOf").kind if p.find("ArrayOf") else "float"
-        if variant in ("0-d", "empty-lead", "empty-last"):
+        if variant in ("0-d", "py-scalar", "empty-lead", "empty-last"):
             return True, "numpy's semantics: an array of any shape the op takes (checked: shape kept, result finite)"
         if variant in ("noncontig", "nested-list"):
             return True, "the same values as the base call (checked: the same result)"
@@ -472,6 +490,7 @@ def make_value(variant, p, base_value, np):
             "str": lambda: "abc",
             "dict": lambda: {},
             "0-d": lambda: np.array(base.reshape(-1)[0]),
+            "py-scalar": lambda: base.reshape(-1)[0].item(),  # a Python number, as numpy takes one
             "empty-lead": lambda: base[:0],
             "empty-last": lambda: base[..., :0],
             "noncontig": lambda: np.repeat(base, 2, axis=-1)[..., ::2] if base.ndim else base,
@@ -517,12 +536,360 @@ def generate_cases(items):
                 cases.append((qual, p.name, v))
         if qual.endswith(".generate"):
             cases.append((qual, "self", "nan-weights"))
+        cases += [(qual, pname, v) for pname, v in conflict_variants(params)]
         floats = [p for p in params if p.kind == "array" and p.find("ArrayOf") and p.find("ArrayOf").kind == "float"]
         if len(floats) >= 2:
             # Every float array emptied along its last axis at once: a product over K = 0 (numpy gives
             # zeros), an empty feature axis; a refusal must come from the function, not from a kernel below.
             cases.append((qual, "*", "all-empty-last"))
     return [(i,) + c for i, c in enumerate(cases)]
+
+
+# ---------------------------------------------------------------- conflicting values: relations broken
+#
+# Generated from the relations the annotations declare (python/loom/_arrays.py: ArrayOf's shape symbols and
+# equal/at_most/multiple_of/below, and Relation subclasses such as Divides, AtMost, Requires, SameShapes,
+# Keys): for each, one call that breaks it while every value alone is right. Such a call must be refused
+# with a message that names the parameter and the other side of the relation and shows the value.
+
+
+def conflict_variants(params):
+    """[(param, "conflict:...")] for every relation declared among `params`."""
+    out = []
+    arrays = [p for p in params if p.kind == "array" and p.find("ArrayOf") is not None
+              and p.find("ArrayOf").shape]
+    for p in params:
+        a = p.find("ArrayOf")
+        if a is not None and a.shape:
+            for sym in dict.fromkeys(a.shape):
+                shared = any(sym in q.find("ArrayOf").shape for q in arrays if q is not p)
+                if shared:
+                    out.append((p.name, f"conflict:shape:{sym}"))
+            for what in ("equal", "at_most", "multiple_of"):
+                for sym in getattr(a, what):
+                    out.append((p.name, f"conflict:{what}:{sym}"))
+        if a is not None and a.below:
+            out.append((p.name, "conflict:below"))
+        for i, rel in enumerate(p.rels):
+            if type(rel).__name__ == "Keys":
+                out += [(p.name, f"conflict:keys:{i}:{j}") for j in range(len(rel.pairs))]
+            else:
+                out.append((p.name, f"conflict:rel:{i}"))
+    return out
+
+
+class NoBreak(Exception):
+    """No value found that breaks the relation while each value alone is right: an error of the harness."""
+
+
+def bind_symbols(params, kwargs, np):
+    """Shape symbols -> sizes ("..." -> the leading dimensions) from the base call's arrays."""
+    symbols = {}
+    for p in params:
+        a = p.find("ArrayOf")
+        if a is None or not a.shape or kwargs.get(p.name) is None:
+            continue
+        for sym, (axis, size) in axes_of(a.shape, np.shape(kwargs[p.name])).items():
+            symbols.setdefault(sym, size)
+    return symbols
+
+
+def axes_of(shape, actual):
+    """{symbol: (axis, size)} for a declared shape ("...", "T", "C") against an actual shape; "..." maps to
+    (0, the leading dimensions). The first axis of a repeated symbol ("C, C") is the one taken."""
+    out = {}
+    lead = len(actual) - (len(shape) - (1 if shape[0] == "..." else 0))
+    if lead < 0 or (lead > 0 and shape[0] != "..."):
+        raise NoBreak(f"the base value's shape {tuple(actual)} is not the declared {', '.join(shape)}")
+    axis = 0
+    for sym in shape:
+        if sym == "...":
+            out.setdefault(sym, (0, tuple(actual[:lead])))
+            axis = lead
+        else:
+            out.setdefault(sym, (axis, actual[axis]))
+            axis += 1
+    return out
+
+
+def resized(a, axis, size, np):
+    """`a` with `size` entries along `axis`, repeating its own (valid) values."""
+    a = np.asarray(a)
+    return np.take(a, [i % a.shape[axis] for i in range(size)], axis=axis)
+
+
+def number_candidates(p, base, target):
+    """Numbers to try for p: small ones, around the target and the base value, in p's declared Range."""
+    cands = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
+    for t in (target, base):
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            cands += [t - 1, t, t + 1, 2 * t, 3 * t, t * 1.5, t / 2]
+    r = p.find("Range") if p is not None else None
+    kind = p.kind if p is not None else ("int" if isinstance(base, int) else "float")
+    out = []
+    for c in cands:
+        if kind == "int":
+            if c != int(c):
+                continue
+            c = int(c)
+        else:
+            c = float(c)
+        if (r is None and c < 0) or (r is not None and c not in r) or c in out:
+            continue
+        out.append(c)
+    return out
+
+
+def object_pool(c, value):
+    """Valid objects of the kind of `value` (a base call's value) to try against a relation."""
+    loom, np = c.loom, c.np
+    if isinstance(value, loom.Tokenizer):
+        return [c.get("tok-bytes", lambda: loom.Tokenizer({i: bytes([i]) for i in range(256)}, [])), c.tok()]
+    if isinstance(value, loom.TransformerBlock):
+        return [c.block(), c.get("block16", lambda: loom.TransformerBlock(16, 2, 16, 8, seed=1))]
+    if isinstance(value, loom.Model):
+        return [c.lm(), c.gpt2(), c.run().model,
+                c.get("lm32", lambda: loom.TransformerLM(64, 16, 32, 1, 2, 32, seed=1))]
+    if isinstance(value, loom.Mesh) or type(value).__name__ == "Mesh":
+        return [loom.Mesh(data=2), loom.Mesh(tensor=2), loom.Mesh(tensor=4), loom.Mesh(expert=2), loom.Mesh(data=3),
+                loom.Mesh(data=2, tensor=2), loom.Mesh(expert=3)]
+    if isinstance(value, loom.AdamW):
+        def stepped_on_lm():
+            o = loom.AdamW()
+            ps = list(c.lm().parameters().values())
+            o.step(ps, [np.zeros_like(p) for p in ps])
+            return o
+        return [c.adamw(), c.get("adamw-lm", stepped_on_lm)]
+    if isinstance(value, dict) and "model" in value:  # a training config
+        return [value, c.get("default-config", lambda: loom.resolve_config("default"))]
+    if isinstance(value, list) and all(isinstance(m, tuple) for m in value):  # BPE merges
+        return [[], c.tok().merges]
+    return []
+
+
+# Paths read only by the relation cases: GPT-2 files of a tokenizer of the 256 bytes (no merges), whose
+# vocabulary another tokenizer's merges.txt does not fit.
+RELATION_PATHS = {"py/gpt2-bytes/vocab.json": {"gpt2-vocab"}, "py/gpt2-bytes/merges.txt": {"gpt2-merges"}}
+
+
+def pool_of(ctx, param, value):
+    """Valid values to try for `param`: for a path, every file of a kind it Reads; for an object given
+    None in the base call, those of the first class its annotation names."""
+    if param is not None and param.kind == "path":
+        reads = set(param.find("Reads").kinds) if param.find("Reads") else set()
+        return [path for path, kinds in list(ARTIFACTS.values()) + list(RELATION_PATHS.items()) if kinds & reads]
+    if value is None and param is not None:
+        import typing
+        from loom import _arrays
+        for arm in _arrays._arms(param.hint):
+            cls = typing.get_args(arm)[0] if typing.get_origin(arm) is typing.Annotated else arm
+            proto = {"AdamW": ctx.adamw, "Tokenizer": ctx.tok, "Mesh": ctx.mesh,
+                     "Mapping": lambda: ctx.run().config}.get(getattr(cls, "__name__", ""))
+            if proto is not None:
+                return object_pool(ctx, proto())
+    return object_pool(ctx, value)
+
+
+def path_get(value, path):
+    """A dotted key path into a config mapping ("optimizer.lr")."""
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+def words_of(path):
+    """The words a message may name the other side of a relation by ("model.config.vocab_size": model,
+    vocab_size)."""
+    return [w for w in re.split(r"[.*]", path) if w and w not in ("self", "config", "len") and not w.isdigit()]
+
+
+def break_relation(ctx, qual, params, fn, kwargs, pname, variant, np):
+    """(kwargs that break the relation `variant` of parameter `pname`, the names one of which the message
+    must name for the value changed (its parameter first), the texts one of which it must show, the words
+    one of which it must name for the other side)."""
+    from loom import _arrays
+    kwargs = dict(kwargs)
+    p = next(q for q in params if q.name == pname)
+    args = dict(kwargs)
+    if hasattr(fn, "__self__") and not isinstance(fn.__self__, type):
+        args["self"] = fn.__self__
+    symbols = bind_symbols(params, kwargs, np)
+    _, what, *rest = variant.split(":")
+    a = p.find("ArrayOf")
+
+    if what == "shape":
+        sym = rest[0]
+        if kwargs.get(pname) is None:
+            raise NoBreak(f"the base call gives no {pname}")
+        base = np.asarray(kwargs[pname])
+        axis, size = axes_of(a.shape, base.shape)[sym]
+        if sym == "...":
+            if not size:
+                raise NoBreak(f"the base {pname} has no leading dimensions")
+            size = size[0]
+        kwargs[pname] = resized(base, axis, size + 1, np)
+        others = [q.name for q in params if q is not p and q.find("ArrayOf") is not None and q.find("ArrayOf").shape
+                  and sym in q.find("ArrayOf").shape]
+        return kwargs, [pname], [str(kwargs[pname].shape), str(list(kwargs[pname].shape))], others
+
+    if what in ("equal", "at_most", "multiple_of"):
+        sym = rest[0]
+        path = getattr(a, what)[sym]
+        bound = _arrays.quantity(path, args, symbols)
+        if what == "multiple_of":
+            if bound < 2:
+                raise NoBreak(f"{path} = {bound}: every size is a multiple")
+            size = bound + 1
+        else:
+            size = bound + 1
+        # Every array of the call with that symbol takes the new size, so that only this relation breaks.
+        for q in params:
+            qa = q.find("ArrayOf")
+            if qa is not None and qa.shape and sym in qa.shape and kwargs.get(q.name) is not None:
+                axis, _ = axes_of(qa.shape, np.shape(kwargs[q.name]))[sym]
+                kwargs[q.name] = resized(kwargs[q.name], axis, size, np)
+        return kwargs, [pname], [str(size), str(bound)], words_of(path) + [str(bound)] + (["even"] if bound == 2 else [])
+
+    if what == "below":
+        bound = int(_arrays.quantity(a.below, args, symbols))
+        if kwargs.get(pname) is None:
+            raise NoBreak(f"the base call gives no {pname}")
+        v = np.array(kwargs[pname], dtype=np.int64)
+        v.reshape(-1)[-1] = bound
+        kwargs[pname] = v
+        # The bound is a model's or a table's size: its value, which the offending id equals, may name it.
+        others = words_of(a.below) + [str(bound)] + [q.name for q in params if q.find("ArrayOf") is not None
+                                                      and q.find("ArrayOf").shape and a.below in q.find("ArrayOf").shape]
+        return kwargs, [pname], [str(bound)], others
+
+    if what == "keys":
+        rel = p.rels[int(rest[0])]
+        key, r = rel.pairs[int(rest[1])]
+        if rel.base:
+            full = ctx.loom.resolve_config(kwargs.get(rel.base, "default"), kwargs.get(pname))
+            given = dict(kwargs.get(pname) or {})
+        else:  # the mapping itself, its missing keys as the model built from it has them
+            given = dict(kwargs[pname])
+            full = dict(fn(**kwargs).config, **given)
+        here, target = path_get(full, key), path_get(full, r.target)
+        same_key = [r2 for k2, r2 in rel.pairs if k2 == key and r2 is not r]
+        cands = [v for v in number_candidates(None, here, target) if v > 0]
+        found = ([v for v in cands if not r.check(v, target) and all(
+            r2.check(v, path_get(full, r2.target)) for r2 in same_key)] or [v for v in cands if not r.check(v, target)])
+        if not found:
+            raise NoBreak(f"no value of {key} breaks {r.text().format(key)}")
+        given[key] = found[0]
+        kwargs[pname] = given
+        return kwargs, [pname, key, key.split(".")[-1]], [str(found[0])], [r.target, r.target.split(".")[-1]]
+
+    rel = p.rels[int(rest[0])]
+    name = type(rel).__name__
+    if name == "Requires":
+        if kwargs.get(pname) is None or kwargs.get(rel.target) is None:
+            raise NoBreak(f"the base call must give both {pname} and {rel.target}")
+        kwargs[rel.target] = None
+        return kwargs, [pname], ["None"], [rel.target]
+    if name == "SameShapes":
+        base = kwargs.get(pname)
+        if base is None and rel.target == "self":  # the module the base call builds: its own weights
+            built = fn(**kwargs)
+            base = built.state_dict()
+        if base is None:
+            raise NoBreak(f"the base call gives no {pname}")
+        whole = dict(base) if isinstance(base, dict) else list(base)
+        inner = whole[rel.of] if rel.of else whole
+        inner = dict(inner) if isinstance(inner, dict) else list(inner)
+        keys = list(inner) if isinstance(inner, dict) else range(len(inner))
+        key = next((k for k in keys if inner[k] is not None and np.ndim(inner[k]) >= 1), None)
+        if key is None:
+            raise NoBreak(f"no array in the base {pname}")
+        arr = np.asarray(inner[key])
+        inner[key] = np.ascontiguousarray(resized(arr, 0, arr.shape[0] + 1, np))
+        if rel.of:
+            whole[rel.of] = inner
+        else:
+            whole = inner
+        kwargs[pname] = whole
+        # The entry changed may name the parameter for it ("token_embeddings.weight has shape ...").
+        return (kwargs, [pname, str(key)] + ([rel.of] if rel.of else []),
+                [str(inner[key].shape), str(list(inner[key].shape))], words_of(rel.target) + [pname])
+
+    # Relations of values: search this parameter's valid values, then the other side's, for a pair that
+    # breaks it (preferring one that keeps this parameter's other relations).
+    def this_of(v):
+        if rel.of in (None, "each"):
+            return v
+        return _arrays.quantity("v." + rel.of, {"v": v})
+
+    def holds(v, t, r=rel):
+        if r.of == "each":
+            return all(r.check(x, t) for x in v)
+        return r.check(this_of(v) if r is rel else (v if r.of is None else _arrays.quantity("v." + r.of, {"v": v})), t)
+
+    def target_of(args_):
+        try:
+            return _arrays.quantity(rel.target, args_, symbols)
+        except (KeyError, AttributeError) as e:
+            raise NoBreak(f"{rel.target} cannot be read from the base call ({e})")
+
+    base = kwargs.get(pname)
+    target = target_of(args)
+    if p.kind in ("int", "float") or rel.of == "each":
+        probe = base[-1] if rel.of == "each" and base else base
+        bound = target + rel.plus if isinstance(target, (int, float)) else target
+        nums = number_candidates(None if rel.of == "each" else p, probe, bound)
+        cands = [list(base) + [n] for n in nums] if rel.of == "each" else nums
+    else:
+        cands = pool_of(ctx, p, base)
+    # Every other relation of the call must still hold, so that a refusal is this relation's.
+    # (Those of this parameter against the same target are one rule in two strengths: 2 x num_heads divides
+    # d_model cannot hold when num_heads does not.)
+    others = [(q, r) for q in params for r in q.rels
+              if r is not rel and type(r).__name__ not in ("Keys", "Requires", "SameShapes")
+              and not (q is p and r.target == rel.target)]
+
+    def isolated(args_):
+        for q, r in others:
+            try:
+                v = args_.get(q.name)
+                t = _arrays.quantity(r.target, args_, symbols)
+                if v is not None and not holds(v, t, r):
+                    return False
+            except (KeyError, AttributeError, TypeError):  # a relation that cannot be read here does not decide
+                pass
+        return True
+
+    def shown_of(v):
+        if rel.of == "each":
+            return [str(v[-1])]
+        q = this_of(v)
+        return [str(q)] if isinstance(q, (int, float, str)) else []
+
+    # The other side: its name, or for a quantity that is no parameter of the call (self's, an attribute,
+    # a shape symbol), its value.
+    other_words = words_of(rel.target)
+    if rel.target.split(".")[0] not in kwargs and isinstance(target, (int, float)):
+        other_words.append(str(target))
+    pick = next((v for v in cands if not holds(v, target) and isolated(dict(args, **{pname: v}))), None)
+    if pick is not None:
+        kwargs[pname] = pick
+        # An attribute of the value changed (a mesh's tensor=4) may name it.
+        return kwargs, [pname] + ([rel.of] if rel.of not in (None, "each") else []), shown_of(pick), other_words
+    # The other side: a parameter named by the target, given another valid value.
+    head = rel.target.split(".")[0]
+    if head in kwargs and head != pname:
+        other = next((q for q in params if q.name == head), None)
+        if other is not None and other.kind in ("int", "float"):
+            pool = number_candidates(other, kwargs[head], base)
+        else:
+            pool = pool_of(ctx, other, kwargs[head])
+        for v in pool:
+            args2 = dict(args, **{head: v})
+            if not holds(base, target_of(args2)) and isolated(args2):
+                kwargs[head] = v
+                t2 = target_of(args2)
+                return kwargs, [head], [str(t2)] if isinstance(t2, (int, float, str)) else [], [pname] + words_of(rel.of or "")
+    raise NoBreak(f"no valid value of {pname} or {head} breaks {rel.text().format(pname)}")
 
 
 # ---------------------------------------------------------------- judging (in the child)
@@ -691,6 +1058,12 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
     if variant == "nan-weights":
         fn = getattr(ctx.nan_run() if qual.startswith("Run.") else ctx.nan_lm(), qual.split(".")[-1])
         value, may, reason = None, False, ""
+    elif variant.startswith("conflict:"):
+        try:
+            kwargs, changed, shown_texts, other_words = break_relation(ctx, qual, params, fn, kwargs, pname, variant, np)
+        except NoBreak as e:
+            return "FAIL-harness", f"{variant}: {e}", ""
+        value, may, reason = kwargs.get(changed[0]), False, ""
     elif variant == "all-empty-last":
         kwargs = dict(kwargs)
         for p in params:
@@ -728,7 +1101,14 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
         problems = []
         if len(msg) > 2000:
             problems.append(f"{len(msg)} characters long")
-        if variant == "all-empty-last":
+        if variant.startswith("conflict:"):
+            if not any(names(n, msg) for n in changed):
+                problems.append(f"names no {' or '.join(repr(n) for n in changed)}")
+            if shown_texts and not any(t in msg or ww.shows_number(t, msg) for t in shown_texts):
+                problems.append(f"does not show the value ({' or '.join(shown_texts)})")
+            if other_words and not any(names(w, msg) for w in other_words):
+                problems.append(f"names no {' or '.join(repr(w) for w in other_words)} (the other side)")
+        elif variant == "all-empty-last":
             if not msg.startswith(qual.split(".")[-1]):
                 problems.append(f"the message is not {qual.split('.')[-1]}'s own (a kernel's, below it)")
         elif variant != "nan-weights":
@@ -742,7 +1122,7 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
             return "FAIL-message", "; ".join(problems) + f": {type(e).__name__}: {ww.escaped(msg)[:300]}", ""
         if peak_rss_mib() > ARGS_MAX_RSS[0]:
             return "FAIL-memory", f"peak RSS {peak_rss_mib()} MiB", ""
-        return "refused", type(e).__name__, ""
+        return "refused", f"{type(e).__name__}: {ww.escaped(msg)[:300]}", ""
     except BaseException as e:  # noqa: BLE001 - any other type is a finding
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
@@ -752,8 +1132,10 @@ def judge_case(ctx, items, bases, base_results, qual, pname, variant, np, iterto
     if peak_rss_mib() > ARGS_MAX_RSS[0]:
         return "FAIL-memory", f"peak RSS {peak_rss_mib()} MiB", ""
     if not may:
+        if variant.startswith("conflict:"):
+            return "FAIL-accepted", f"returned {ww.escaped(repr(result))[:120]} for values that break {variant}", ""
         return "FAIL-accepted", f"returned {ww.escaped(repr(result))[:120]} for a value that is never right", ""
-    if variant == "0-d" and isinstance(result, np.ndarray) and result.shape == (1,):
+    if variant in ("0-d", "py-scalar") and isinstance(result, np.ndarray) and result.shape == (1,):
         return "FAIL-result", "a 0-d array came back as shape (1,)", ""
     if variant.startswith(("empty-", "all-empty")) and not finite(result, np):
         return "FAIL-result", f"an empty array gave a non-finite result {ww.escaped(repr(result))[:120]}", ""
@@ -783,7 +1165,8 @@ def make_python_scratch(root, pythonpath):
     code = ("import loom, numpy as np\n"
             "m = loom.TransformerLM(64, 16, 16, 1, 2, 32, seed=1)\n"
             "loom.save_checkpoint(m, None, 3, 'py/ckpt.safetensors')\n"
-            "loom.Tokenizer.from_file('data/austen_bpe512/tokenizer.json').save_gpt2('py/gpt2')\n")
+            "loom.Tokenizer.from_file('data/austen_bpe512/tokenizer.json').save_gpt2('py/gpt2')\n"
+            "loom.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_gpt2('py/gpt2-bytes')\n")
     os.makedirs(os.path.join(root, "py"))
     env = ww.child_env()
     env["PYTHONPATH"] = pythonpath

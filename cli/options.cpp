@@ -9,6 +9,9 @@
 
 #include "cli/command.h"
 #include "core/version.h"
+#include "models/family.h"
+#include "train/config.h"
+#include "train/finetune.h"
 
 namespace loom::cli {
 std::map<const CLI::Option*, PathTag>& path_tags() {
@@ -110,6 +113,15 @@ loom::cli::Register reg("options", "", [](CLI::App& cmd) {
     ordered_json commands = ordered_json::array();
     describe_app(root, {}, commands);
     ordered_json out = {{"loom", loom::kVersion}, {"commands", commands}};
+    // The relations between config keys that validation checks (train/config.h, each family's fields):
+    // tools/wrong_way.py breaks each one alone.
+    ordered_json model = ordered_json::object();
+    for (const loom::models::Family* f : loom::models::families()) {
+      model[f->arch] = loom::io::relations_json(f->relations, "model.");
+    }
+    out["config_relations"] = {{"train", loom::io::relations_json(loom::train::TrainConfig::relations(), "")},
+                               {"finetune", loom::io::relations_json(loom::train::FinetuneConfig::relations(), "")},
+                               {"model", model}};
     std::printf("%s\n", out.dump(1).c_str());
   });
 });

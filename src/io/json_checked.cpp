@@ -78,4 +78,64 @@ void merge_checked(json& base, const json& overlay, const std::string& prefix) {
   }
 }
 
+const char* relation_name(Relation r) {
+  switch (r) {
+    case Relation::Divides: return "divides";
+    case Relation::AtMost: return "at_most";
+    case Relation::Below: return "below";
+  }
+  return "?";
+}
+
+namespace {
+const json& at_path(const json& values, const std::string& path) {
+  const json* slot = &values;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    LOOM_CHECK(slot->is_object() && slot->contains(part), "config relation names ", path, ", which is not a key");
+    slot = &(*slot)[part];
+    if (dot == std::string::npos) return *slot;
+    start = dot + 1;
+  }
+}
+}  // namespace
+
+void check_relations(const json& values, const std::vector<KeyRelation>& relations, const std::string& prefix,
+                     const char* lead) {
+  for (const KeyRelation& r : relations) {
+    const json& ja = at_path(values, r.a);
+    const json& jb = at_path(values, r.b);
+    LOOM_CHECK(ja.is_number() && jb.is_number(), "config relation between ", r.a, " and ", r.b, " needs numbers");
+    const std::string a = prefix + r.a + "=" + ja.dump(), b = prefix + r.b + "=" + jb.dump();
+    if (r.zero_exempt && ja.get<double>() == 0) continue;
+    switch (r.kind) {
+      case Relation::Divides: {
+        LOOM_CHECK(ja.is_number_integer() && jb.is_number_integer(), "config relation ", r.a, " divides ", r.b,
+                   " needs integers");
+        const int64_t x = ja.get<int64_t>(), y = jb.get<int64_t>();
+        if (x <= 0) continue;  // the divisor's own bound says it
+        LOOM_CHECK(y % x == 0, lead, b, " is not divisible by ", a, r.why);
+        break;
+      }
+      case Relation::AtMost:
+        LOOM_CHECK(ja.get<double>() <= jb.get<double>(), lead, a, " must be at most ", b, r.why);
+        break;
+      case Relation::Below:
+        LOOM_CHECK(ja.get<double>() < jb.get<double>(), lead, a, " must be below ", b, r.why);
+        break;
+    }
+  }
+}
+
+json relations_json(const std::vector<KeyRelation>& relations, const std::string& prefix) {
+  json out = json::array();
+  for (const KeyRelation& r : relations) {
+    out.push_back({{"kind", relation_name(r.kind)}, {"a", prefix + r.a}, {"b", prefix + r.b},
+                   {"zero_exempt", r.zero_exempt}});
+  }
+  return out;
+}
+
 }  // namespace loom::io

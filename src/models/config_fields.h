@@ -1,7 +1,9 @@
 // A family's model config as one list of fields, from which its `model` section is read and written
 // (to_json; from_json with the struct's defaults for missing keys, type checks and unknown keys named,
 // as io::merge_checked does for a whole config file) and its one-key bounds are checked, instead of code
-// per key. The defaults stay where the struct declares them; checks across keys stay in validate().
+// per key. The defaults stay where the struct declares them; the relations between keys (io::KeyRelation:
+// num_heads divides d_model) are declared beside the fields and checked by check_relations; checks across
+// keys that are not such a relation stay in validate().
 //
 //   const models::ConfigFields<Config> kFields = {"llama", {
 //       {"vocab_size", &Config::vocab_size, models::Bound::Positive},
@@ -35,6 +37,7 @@ template <typename Config>
 struct ConfigFields {
   const char* arch;
   std::vector<ConfigField<Config>> fields;
+  std::vector<io::KeyRelation> relations = {};  // between fields, keys without "model."
 };
 
 namespace detail {
@@ -85,6 +88,13 @@ void check_fields(const ConfigFields<Config>& f, const Config& c) {
   for (const ConfigField<Config>& field : f.fields) {
     std::visit([&](auto member) { detail::check_bound(field.key, field.bound, field.why, c.*member); }, field.member);
   }
+}
+
+// The declared relations between fields (validate() calls it once the one-key checks have passed):
+// "model.d_model=64 is not divisible by model.num_heads=3".
+template <typename Config>
+void check_relations(const ConfigFields<Config>& f, const Config& c) {
+  io::check_relations(fields_to_json(f, c), f.relations, "model.");
 }
 
 }  // namespace loom::models

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "io/json_checked.h"
 #include "models/model.h"
 #include "models/stats.h"
 #include "tokenizer/tokenizer.h"
@@ -56,6 +57,8 @@ struct Family {
   nlohmann::json defaults{};
   // Checks a complete model section; throws loom::Error naming "model.<key>" and the value.
   std::function<void(const nlohmann::json& model)> validate{};
+  // The relations between keys that validate checks (the family's ConfigFields), for `loom options --json`.
+  std::vector<io::KeyRelation> relations{};
   std::function<std::unique_ptr<LanguageModel>(const ModelConfig& config, uint64_t seed)> build{};
   std::function<ModelStats(const nlohmann::json& model)> stats{};
 

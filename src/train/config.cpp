@@ -96,6 +96,15 @@ std::pair<std::string, json> parse_override(const std::string& assignment) {
   return {path, value};
 }
 
+const std::vector<io::KeyRelation>& TrainConfig::relations() {
+  // warmup_steps, eval.interval and checkpoint.interval above max_steps are no relation: the run then ends
+  // inside the warmup, or before its first evaluation or checkpoint, and a resumed run may go further.
+  static const std::vector<io::KeyRelation> r = {
+      {io::Relation::AtMost, "optimizer.min_lr", "optimizer.lr", " (the cosine decays from lr to min_lr)"},
+  };
+  return r;
+}
+
 json TrainConfig::defaults_json(const std::string& arch) {
   TrainConfig c;
   c.model = models::ModelConfig::from_json(json{{"arch", arch}});
@@ -200,8 +209,7 @@ void TrainConfig::validate() const {
 
   LOOM_CHECK(std::isfinite(optimizer.lr) && optimizer.lr >= 0, "config: optimizer.lr must be >= 0, got ",
              optimizer.lr);
-  LOOM_CHECK(optimizer.min_lr >= 0 && optimizer.min_lr <= optimizer.lr, "config: optimizer.min_lr must be in [0, ",
-             "optimizer.lr=", optimizer.lr, "], got ", optimizer.min_lr);
+  check_non_negative(optimizer.min_lr, "optimizer.min_lr");
   LOOM_CHECK(optimizer.beta1 >= 0 && optimizer.beta1 < 1, "config: optimizer.beta1 must be in [0, 1), got ",
              optimizer.beta1);
   LOOM_CHECK(optimizer.beta2 >= 0 && optimizer.beta2 < 1, "config: optimizer.beta2 must be in [0, 1), got ",
@@ -289,6 +297,7 @@ void TrainConfig::validate() const {
   } catch (const Error& e) {
     throw Error(std::string("config: parallel: ") + e.what());
   }
+  io::check_relations(to_json(), relations(), "", "config: ");
 }
 
 void TrainConfig::check_data_size(int64_t train_tokens, int64_t val_tokens) const {

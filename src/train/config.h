@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "io/json_checked.h"
 #include "models/model_config.h"
 
 namespace loom::train {
@@ -118,6 +119,9 @@ struct TrainConfig {
   static TrainConfig from_json(const nlohmann::json& j);
   // Every key with its default, the model section that of `arch`'s family.
   static nlohmann::json defaults_json(const std::string& arch = "llama");
+  // The relations between keys of sections other than `model` (the family declares those), checked by
+  // validate() and listed by `loom options --json`: optimizer.min_lr at most optimizer.lr.
+  static const std::vector<io::KeyRelation>& relations();
   // The complete, resolved configuration.
   nlohmann::json to_json() const;
   // Writes to_json() to <run_dir>/config.json (creating run_dir); returns the path.

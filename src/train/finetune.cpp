@@ -51,6 +51,13 @@ std::vector<std::string> split_targets(const std::string& text) {
 }
 }  // namespace
 
+const std::vector<io::KeyRelation>& FinetuneConfig::relations() {
+  static const std::vector<io::KeyRelation> r = {
+      {io::Relation::AtMost, "optimizer.min_lr", "optimizer.lr", " (the cosine decays from lr to min_lr)"},
+  };
+  return r;
+}
+
 json FinetuneConfig::to_json() const {
   return json{
       {"base", {{"weights", weights}, {"context_length", context_length}, {"quantized", quantized}}},
@@ -170,7 +177,7 @@ void FinetuneConfig::validate() const {
     LOOM_CHECK(!adapter.targets.empty(), "config: lora.targets must name at least one layer (q_proj, v_proj, ...; all-linear)");
   }
   LOOM_CHECK(std::isfinite(lr) && lr >= 0, "config: optimizer.lr must be >= 0, got ", lr);
-  LOOM_CHECK(min_lr >= 0 && min_lr <= lr, "config: optimizer.min_lr must be in [0, optimizer.lr], got ", min_lr);
+  non_negative(min_lr, "optimizer.min_lr");
   LOOM_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "config: optimizer.beta1 and beta2 must be in [0, 1)");
   LOOM_CHECK(eps > 0, "config: optimizer.eps must be positive, got ", eps);
   non_negative(weight_decay, "optimizer.weight_decay");
@@ -190,6 +197,7 @@ void FinetuneConfig::validate() const {
   positive(log_interval, "logging.interval");
   LOOM_CHECK(progress == "auto" || progress == "bar" || progress == "lines" || progress == "none",
              "config: logging.progress must be \"auto\", \"bar\", \"lines\" or \"none\", got \"", progress, "\"");
+  io::check_relations(to_json(), relations(), "", "config: ");
 }
 
 // ---- the fine-tuner --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "io/json_checked.h"
 #include "models/adapters.h"
 #include "models/model.h"
 #include "runs/memory.h"
@@ -75,6 +76,8 @@ struct FinetuneConfig {
   // Every key with its default (the JSON's sections: base, data, lora, optimizer, training, eval,
   // checkpoint, logging).
   nlohmann::json to_json() const;
+  // The relations between its keys, checked by validate() and listed by `loom options --json`.
+  static const std::vector<io::KeyRelation>& relations();
   // Defaults <- j (partial), checked key by key (an unknown key or a wrong type is an error naming it).
   static FinetuneConfig from_json(const nlohmann::json& j);
   // from_json of `j` with "section.key=value" overrides applied.

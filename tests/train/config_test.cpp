@@ -96,7 +96,7 @@ TEST(Config, ImpossibleValuesAreRejectedByName) {
            {"training.grad_accum_steps=0", "training.grad_accum_steps"},
            {"training.threads=-1", "training.threads"},
            {"optimizer.lr=-0.1", "optimizer.lr must be >= 0"},
-           {"optimizer.min_lr=1", "optimizer.min_lr must be in [0, optimizer.lr=0.003]"},
+           {"optimizer.min_lr=1", "optimizer.min_lr=1 must be at most optimizer.lr=0.003"},
            {"optimizer.beta1=1", "optimizer.beta1"},
            {"optimizer.beta2=-0.5", "optimizer.beta2"},
            {"optimizer.eps=0", "optimizer.eps must be positive"},

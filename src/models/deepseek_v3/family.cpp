@@ -75,7 +75,7 @@ const models::ConfigFields<Config>& fields() {
           {"context_length", &Config::context_length, Bound::Positive},
           {"d_model", &Config::d_model},  // with num_layers, num_heads: positive, in validate()
           {"num_layers", &Config::num_layers},
-          {"n_dense", &Config::n_dense},  // in [0, num_layers]: validate()
+          {"n_dense", &Config::n_dense, Bound::NonNegative},  // at most num_layers: a relation
           {"num_heads", &Config::num_heads},
           {"q_rank", &Config::q_rank, Bound::Positive},
           {"kv_rank", &Config::kv_rank, Bound::Positive, " (the latent the cache holds)"},
@@ -85,7 +85,7 @@ const models::ConfigFields<Config>& fields() {
           {"d_ff", &Config::d_ff, Bound::NonNegative},  // positive with dense SwiGLUs: validate()
           {"n_shared", &Config::n_shared, Bound::NonNegative},
           {"n_routed", &Config::n_routed},  // >= 1: validate()
-          {"top_k", &Config::top_k},        // in [1, n_routed]: validate()
+          {"top_k", &Config::top_k, Bound::Positive},  // at most n_routed: a relation
           {"d_expert", &Config::d_expert, Bound::Positive},
           {"route_scale", &Config::route_scale, Bound::Positive},
           {"gamma", &Config::gamma, Bound::NonNegative},
@@ -95,6 +95,11 @@ const models::ConfigFields<Config>& fields() {
           {"rope_theta", &Config::rope_theta, Bound::Positive},
           {"init_std", &Config::init_std, Bound::Positive},
           {"norm_eps", &Config::norm_eps, Bound::Positive},
+      },
+      {
+          {io::Relation::AtMost, "n_dense", "num_layers"},
+          {io::Relation::AtMost, "top_k", "n_routed"},
+          {io::Relation::Below, "n_mtp", "context_length", " (module k predicts k+1 tokens ahead)"},
       }};
   return f;
 }
@@ -105,18 +110,13 @@ void Config::validate() const {
   models::check_fields(fields(), *this);
   LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0, "model dimensions must be positive: d_model=", d_model,
              " num_heads=", num_heads, " num_layers=", num_layers);
-  LOOM_CHECK(n_dense >= 0 && n_dense <= num_layers, "model.n_dense=", n_dense, " must be in [0, model.num_layers=",
-             num_layers, "]");
   LOOM_CHECK(d_rope > 0 && d_rope % 2 == 0, "model.d_rope must be positive and even (RoPE rotates pairs), got ",
              d_rope);
   // Dense SwiGLUs run in the first n_dense layers and in every MTP module's block.
   LOOM_CHECK(d_ff > 0 || (n_dense == 0 && n_mtp == 0), "model.d_ff must be positive (model.n_dense=", n_dense,
              ", model.n_mtp=", n_mtp, " use dense SwiGLUs), got ", d_ff);
   LOOM_CHECK(n_routed >= 1, "model.n_routed must be >= 1, got ", n_routed);
-  LOOM_CHECK(top_k >= 1 && top_k <= n_routed, "model.top_k=", top_k, " must be in [1, model.n_routed=", n_routed,
-             "]");
-  LOOM_CHECK(n_mtp < context_length, "model.n_mtp=", n_mtp, " must be below model.context_length=", context_length,
-             " (module k predicts k+1 tokens ahead)");
+  models::check_relations(fields(), *this);
 }
 
 int64_t Config::attention_params() const {
@@ -159,6 +159,7 @@ const models::Family& family() {
       .arch = "deepseek_v3",
       .summary = "DeepSeek-V3: multi-head latent attention, routed MoE with aux-loss-free balancing, multi-token "
                  "prediction",
+      .relations = fields().relations,
       .stats = stats_of,
       .hf_model_type = "deepseek_v3",
       .export_hf = export_hf,

@@ -54,6 +54,9 @@ const models::ConfigFields<Config>& fields() {
           {"output_proj_bias", &Config::output_proj_bias},
           {"tie_embeddings", &Config::tie_embeddings},
           {"dropout", &Config::dropout},  // in [0, 1): validate()
+      },
+      {
+          {io::Relation::Divides, "num_heads", "d_model"},
       }};
   return f;
 }
@@ -64,7 +67,7 @@ void Config::validate() const {
   models::check_fields(fields(), *this);
   LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0, "model dimensions must be positive: d_model=", d_model,
              " num_heads=", num_heads, " num_layers=", num_layers);
-  LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=", num_heads);
+  models::check_relations(fields(), *this);
   LOOM_CHECK(dropout >= 0 && dropout < 1, "model.dropout must be in [0, 1), got ", dropout);
 }
 
@@ -90,6 +93,7 @@ const models::Family& family() {
   static const models::Family f = models::family_of<Config, GPT2>({
       .arch = "gpt2",
       .summary = "GPT-2: LayerNorm, GELU MLP, learned positions, biases, dropout, tied or untied head",
+      .relations = fields().relations,
       .stats = stats_of,
       .hf_model_type = "gpt2",
       .export_hf = export_hf,

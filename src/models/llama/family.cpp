@@ -48,6 +48,10 @@ const models::ConfigFields<Config>& fields() {
           {"d_ff", &Config::d_ff},
           {"rope_theta", &Config::rope_theta, Bound::Positive},
           {"norm_eps", &Config::norm_eps, Bound::Positive},
+      },
+      {
+          {io::Relation::Divides, "num_heads", "d_model"},
+          {io::Relation::Divides, "num_kv_heads", "num_heads", " (0 means the same as num_heads)", true},
       }};
   return f;
 }
@@ -58,9 +62,7 @@ void Config::validate() const {
   models::check_fields(fields(), *this);
   LOOM_CHECK(d_model > 0 && num_heads > 0 && num_layers > 0 && d_ff > 0, "model dimensions must be positive: d_model=",
              d_model, " num_heads=", num_heads, " num_layers=", num_layers, " d_ff=", d_ff);
-  LOOM_CHECK(d_model % num_heads == 0, "model.d_model=", d_model, " is not divisible by model.num_heads=", num_heads);
-  LOOM_CHECK(num_kv_heads == 0 || num_heads % num_kv_heads == 0, "model.num_kv_heads=", num_kv_heads,
-             " must divide model.num_heads=", num_heads, " (0 means the same as num_heads)");
+  models::check_relations(fields(), *this);
   LOOM_CHECK(head_dim() % 2 == 0, "RoPE needs an even head dimension, got model.d_model=", d_model, " / model.num_heads=",
              num_heads, " = ", head_dim());
 }
@@ -73,6 +75,7 @@ const models::Family& family() {
   static const models::Family f = models::family_of<Config, TransformerLM>({
       .arch = "llama",
       .summary = "Llama-style (CS336): RMSNorm, SwiGLU, RoPE, untied head, grouped-query attention",
+      .relations = fields().relations,
       .stats = stats_of,
       .hf_model_type = "llama",
       .export_hf = export_hf,

@@ -169,12 +169,12 @@ TEST(Dsv3, BadConfigsAreRefusedNamingTheValues) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  refused({{"top_k", 5}}, "model.top_k=5 must be in [1, model.n_routed=4]");
-  refused({{"top_k", 0}}, "model.top_k=0");
+  refused({{"top_k", 5}}, "model.top_k=5 must be at most model.n_routed=4");
+  refused({{"top_k", 0}}, "model.top_k must be positive, got 0");
   refused({{"kv_rank", 0}}, "model.kv_rank must be positive (the latent the cache holds), got 0");
   refused({{"kv_rank", -3}}, "got -3");
   refused({{"d_rope", 5}}, "model.d_rope must be positive and even (RoPE rotates pairs), got 5");
-  refused({{"n_dense", 3}}, "model.n_dense=3 must be in [0, model.num_layers=2]");
+  refused({{"n_dense", 3}}, "model.n_dense=3 must be at most model.num_layers=2");
   refused({{"n_routed", 0}}, "model.n_routed must be >= 1, got 0");
   refused({{"q_rank", 0}}, "model.q_rank must be positive, got 0");
   refused({{"n_mtp", 32}}, "model.n_mtp=32 must be below model.context_length=32");

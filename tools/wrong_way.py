@@ -7,8 +7,10 @@ wrong type, negative, zero, huge, NaN and infinite numbers, an overlong value, b
 missing path, a directory where a file is read and a file where a directory is, another command's output,
 every output pointed at the run's own directory, inside it, at the command's own input, at a user's file, at
 another command's output and at a read-only place (with --overwrite too where the command has it), every
-pair of excluding options together, every required option left out, an unknown option and command, and for
-`train` every config key (`--set`) given a wrong value.
+pair of excluding options together, every required option left out, an unknown option and command, for
+`train` every config key (`--set`) given a wrong value, and for `train` (each model family) and `finetune`
+every declared relation between config keys (`loom options --json` "config_relations": num_heads divides
+d_model, min_lr at most lr, ...) broken alone, by values each valid alone: refused, naming both keys and values.
 
 Each case runs build/loom in a scratch directory that holds a real small run (tokenizer, token files, a
 2-step `train --config tiny`, its plots, its GGUF and Hugging Face exports), a user's files and a
@@ -162,6 +164,7 @@ class Case:
         self.note = note
         self.is_path = cls.startswith(("in:", "out:"))
         self.own_output = ""  # set for `--overwrite` of an output of the writer's own kind
+        self.all_of = []      # a broken relation: both keys and both values must appear in the message
 
     def label(self):
         v = "" if self.value is None else " " + repr(escaped(self.value)[:40])
@@ -322,6 +325,86 @@ def generate_cases(desc, config_keys, have):
             for cls, v in [("set:unknown-key", "training.no_such_key=1"), ("set:no-equals", "training.max_steps"),
                            ("set:empty", "")]:
                 cases.append(Case(path, "--set", cls, base + ["--set", v], v, True, ["--set", "set", "key"]))
+    return cases
+
+
+# The config each model family's relations are broken in (`train --config X`): a family without one
+# stops the harness, as a command without a BASE line does.
+FAMILY_CONFIG = {"llama": "tiny", "gpt2": "gpt2-austen", "deepseek_v3": "dsv3-tiny"}
+
+
+def relation_holds(rel, vals):
+    a, b = vals[rel["a"]], vals[rel["b"]]
+    if rel["zero_exempt"] and a == 0:
+        return True
+    if rel["kind"] == "divides":
+        return a <= 0 or b % a == 0  # a divisor that is not positive is its own key's error
+    if rel["kind"] == "at_most":
+        return a <= b
+    if rel["kind"] == "below":
+        return a < b
+    raise SystemExit(f"wrong_way: unknown relation kind {rel['kind']!r}: teach relation_holds and break_relation it")
+
+
+def break_relation(rel, rels, vals):
+    """A value for rel["a"] that breaks `rel` and keeps every other relation of `rels` (and is positive, as a
+    valid value of such a key is alone), or None."""
+    a, b = vals[rel["a"]], vals[rel["b"]]
+    if rel["kind"] == "divides":
+        candidates = range(max(a, 0) + 1, max(a, 0) + 1 + 4 * abs(b) + 8)
+    elif rel["kind"] == "at_most":
+        candidates = [b + 1] if isinstance(b, int) else [b * 10 if b else 1.0]
+    else:
+        candidates = [b]
+    for v in candidates:
+        new = dict(vals, **{rel["a"]: v})
+        if v > 0 and not relation_holds(rel, new) and all(relation_holds(r, new) for r in rels if r is not rel):
+            return v
+    return None
+
+
+def relation_cases(command, base, rels, vals):
+    """One case per declared relation: its first key given a value that breaks it alone."""
+    cases = []
+    for rel in rels:
+        v = break_relation(rel, rels, vals)
+        if v is None:
+            raise SystemExit(f"wrong_way: no value of {rel['a']} breaks only `{rel['a']} {rel['kind']} {rel['b']}`")
+        text = str(v)
+        c = Case(command, f"{rel['a']}/{rel['b']}", "relation:" + rel["kind"], base + ["--set", f"{rel['a']}={text}"],
+                 text, True, [rel["a"]])
+        c.all_of = [rel["a"], rel["b"], str(vals[rel["b"]])]
+        cases.append(c)
+    return cases
+
+
+def flatten(prefix, v, out):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            flatten(f"{prefix}.{k}" if prefix else k, x, out)
+    else:
+        out[prefix] = v
+    return out
+
+
+def all_relation_cases(desc, loom, pristine):
+    rels = desc["config_relations"]
+    cases = []
+    train_tail = BASE["train"][2:]  # after --config tiny
+    assert BASE["train"][:2] == ["--config", "tiny"]
+    for family, family_rels in rels["model"].items():
+        if family not in FAMILY_CONFIG:
+            print(f"wrong_way: no config for the {family} family: add one to FAMILY_CONFIG", file=sys.stderr)
+            sys.exit(2)
+        config = json.loads(subprocess.run([loom, "config", "--config", FAMILY_CONFIG[family]], capture_output=True,
+                                           check=True, text=True).stdout)
+        vals = flatten("", config, {})
+        base = ["--config", FAMILY_CONFIG[family]] + train_tail
+        cases += relation_cases("train", base, family_rels + (rels["train"] if family == "llama" else []), vals)
+    # finetune's values: the config the scratch's 1-step fine-tune wrote
+    with open(os.path.join(pristine, "runs/ft/config.json")) as f:
+        vals = flatten("", json.load(f), {})
+    cases += relation_cases("finetune", BASE["finetune"], rels["finetune"], vals)
     return cases
 
 
@@ -625,6 +708,9 @@ def judge(case, status, timed_out, rss_mib, stderr, args):
         problems.append("names none of " + ", ".join(case.names))
     if shown and shown not in line and not shows_number(case.value, line):
         problems.append(f"does not show the value {shown!r}")
+    for want in case.all_of:
+        if want not in line and not shows_number(want, line):
+            problems.append(f"does not say {want!r}")
     if problems:
         return "FAIL-message", "; ".join(problems) + ": " + line[:300]
     return "refused", ""
@@ -672,7 +758,7 @@ def main():
     os.makedirs(pristine)
     t0 = time.time()
     have = make_scratch(loom, pristine, log)
-    cases = generate_cases(desc, keys, have)
+    cases = generate_cases(desc, keys, have) + all_relation_cases(desc, loom, pristine)
     cases = [c for c in cases if args.only in c.label()]
     if args.list:
         for c in cases:

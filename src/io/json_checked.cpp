@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <sstream>
 
 #include "core/error.h"
 #include "io/json.h"
@@ -100,6 +101,13 @@ const json& at_path(const json& values, const std::string& path) {
     start = dot + 1;
   }
 }
+// As the one-key messages show numbers (1, not JSON's 1.0).
+std::string show_number(const json& v) {
+  if (!v.is_number_float()) return v.dump();
+  std::ostringstream s;
+  s << v.get<double>();
+  return s.str();
+}
 }  // namespace
 
 void check_relations(const json& values, const std::vector<KeyRelation>& relations, const std::string& prefix,
@@ -108,7 +116,7 @@ void check_relations(const json& values, const std::vector<KeyRelation>& relatio
     const json& ja = at_path(values, r.a);
     const json& jb = at_path(values, r.b);
     LOOM_CHECK(ja.is_number() && jb.is_number(), "config relation between ", r.a, " and ", r.b, " needs numbers");
-    const std::string a = prefix + r.a + "=" + ja.dump(), b = prefix + r.b + "=" + jb.dump();
+    const std::string a = prefix + r.a + "=" + show_number(ja), b = prefix + r.b + "=" + show_number(jb);
     if (r.zero_exempt && ja.get<double>() == 0) continue;
     switch (r.kind) {
       case Relation::Divides: {

@@ -11,6 +11,8 @@
 #include "nn/lora.h"
 #include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/moe.h"
 #include "quant/qmatmul.h"
@@ -233,6 +235,42 @@ TEST(Qlora, AQuantizedBaseTrainsItsAdapterAsItsDequantizedTwinDoes) {
     expect_close(p.q->lora->A.value.grad(), p.f->lora->A.value.grad(), 1e-5f, 1e-5f, "dA");
     expect_close(p.q->lora->B.value.grad(), p.f->lora->B.value.grad(), 1e-5f, 1e-5f, "dB");
   }
+}
+
+TEST(Qlora, TheQuantizedHeadAndItsLossFusedEqualTheLogitsThenTheLoss) {
+  // V = 600: two whole tiles of 256 vocabulary rows and a partial one; two rows ignored.
+  QuantizedPair p = quantized_pair(quant::QuantType::Q4_1, 64, 600);
+  const Tensor x0 = randn({2, 7, 64}, 31);
+  std::vector<int32_t> t;
+  for (int i = 0; i < 14; ++i) t.push_back(i == 3 || i == 11 ? -100 : (i * 97 + 5) % 600);
+  const Tensor targets = Tensor::from_vector<int32_t>({2, 7}, t);
+  Tensor xa = param(x0), xb = param(x0);
+  Tensor fused = ops::dequantized_linear_cross_entropy(xa, p.q->quantized, targets);
+  Tensor unfused = ops::cross_entropy(ops::dequantized_linear(xb, p.q->quantized), targets);
+  EXPECT_NEAR(fused.item(), unfused.item(), 2e-6);
+  ops::scale(fused, 3.0f).backward();
+  ops::scale(unfused, 3.0f).backward();
+  expect_close(xa.grad(), xb.grad(), 1e-6f, 1e-5f, "dx");
+  TensorList inputs = {param(randn({3, 64}, 32))};
+  const Tensor t3 = Tensor::from_vector<int32_t>({3}, {5, 300, 599});
+  gradcheck([&](const TensorList& in) { return ops::dequantized_linear_cross_entropy(in[0], p.q->quantized, t3); }, inputs);
+  autograd::NoGradGuard no_grad;
+  EXPECT_NEAR(ops::dequantized_linear_cross_entropy(x0, p.q->quantized, targets).item(), unfused.item(), 2e-6);
+  expect_error_mentions([&] { ops::dequantized_linear_cross_entropy(x0, p.q->quantized, Tensor::from_vector<int32_t>({2, 7}, std::vector<int32_t>(14, 600))); },
+                        {"600"});
+}
+
+TEST(Qlora, AnEmbeddingHeldQuantizedLooksUpItsDequantizedRows) {
+  const Tensor w = randn({40, 64}, 41, 0.2f);
+  auto qm = std::make_shared<quant::QuantizedMatrix>(quant::QuantizedMatrix::quantize(quant::QuantType::Q4_1, w.data<float>(), 40, 64));
+  Tensor deq = Tensor::empty({40, 64});
+  qm->dequantize(deq.data<float>());
+  nn::Embedding e("token_embeddings", 40, 64, RngKey{});
+  e.quantized = qm;
+  e.weight.value = Tensor::empty({0});  // as the QuantizedOnly import leaves it: never read
+  const Tensor ids = Tensor::from_vector<int32_t>({2, 3}, {0, 39, 7, 7, 12, 1});
+  expect_bitwise(e.forward(ids), ops::embedding(ids, deq), "rows dequantized from the blocks");
+  expect_error_mentions([&] { e.forward(Tensor::from_vector<int32_t>({1}, {40})); }, {"id 40", "V=40"});
 }
 
 TEST(Qlora, DequantizedLinearMatchesFiniteDifferencesAndTheIntegerPathWithoutGrad) {

@@ -266,6 +266,19 @@ bool blocked_leads_on_avx512(const GemmKey& k) {
   return k.trans_a && !k.trans_b && k.M >= 10000 && k.K >= 256 && cpu_has_avx512_bf16();
 }
 
+// On AVX-512 CPUs with AMX (a 2-vCPU Sapphire Rapids measured: docs/gemm.md, "Sapphire Rapids"), oneDNN 2.6
+// keeps bf16 (its AMX kernels run at 2-4x the FMA peak), but its f32 kernels fall far behind the
+// blocked kernel's on a few training shapes (medians of 3 interleaved repetitions, 1 and 2 threads):
+//   B untransposed with N >= 3072: GPT-2's MLP down-projection backward, dx (1024, 3072, 768) and dW
+//   (768, 3072, 1024): 21-30% of the FMA peak against 63-67% (2.2-3.0x);
+//   the LM head's dx, K = the vocabulary >= 16384: 1.16-1.43x (GPT-2's 50257);
+//   the LM head's dW, A transposed, M = the vocabulary >= 16384: 1.46-1.70x.
+bool blocked_leads_on_amx_cpu(const GemmKey& k) {
+  if (cpu_isa() != CpuIsa::Avx512 || !cpu_has_amx_bf16() || k.dtype != DType::F32 || k.trans_b) return false;
+  if (k.N >= 3072 && k.M >= 256 && k.K >= 256) return true;
+  return k.trans_a ? k.M >= 16384 && k.K >= 256 : k.K >= 16384 && k.M >= 256;
+}
+
 bool use_blocked(const GemmKey& k) {
   switch (gemm_kernel()) {
     case GemmKernel::Blocked:
@@ -277,7 +290,7 @@ bool use_blocked(const GemmKey& k) {
       // LM-head shapes where the AVX-512 copy leads (above); in f32, the shapes where oneDNN's AVX2
       // kernel is measurably slow; in bf16 on a CPU without oneDNN bf16 kernels, every GEMM, since
       // oneDNN would first copy both operands to f32 in full (the blocked kernel widens them while it packs).
-      if (blocked_leads_on_avx512(k)) return true;
+      if (blocked_leads_on_avx512(k) || blocked_leads_on_amx_cpu(k)) return true;
       if (k.dtype == DType::F32) return cpu_isa() == CpuIsa::Avx2 && onednn_avx2_is_slow_at(k);
       return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);
   }

@@ -486,8 +486,9 @@ TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
   // Where oneDNN has no bf16 kernels (Gemm.OnAnAvx2OnlyCpu caps it at AVX2) the blocked kernel takes every
   // bf16 GEMM, on an AMX CPU too, where the rule itself does not apply.
   const bool onednn_has_bf16 = !blocked(false, true, 64, 96, 80, DType::BF16);
-  // GPT-2's LM head: dx in f32 (K = 50257), dW in bf16 (M = 50257) and CS336's dW (M = 10000).
-  EXPECT_EQ(blocked(false, false, 1024, 768, 50257, DType::F32), rule_applies);
+  const bool amx = cpu::cpu_has_amx_bf16();  // f32: blocked_leads_on_amx_cpu's shapes
+  // GPT-2's LM head: dx in f32 (K = 50257; both rules), dW in bf16 (M = 50257) and CS336's dW (M = 10000).
+  EXPECT_TRUE(blocked(false, false, 1024, 768, 50257, DType::F32));
   EXPECT_EQ(blocked(true, false, 50257, 768, 1024, DType::BF16),
             !onednn_has_bf16 || (rule_applies && cpu::cpu_has_avx512_bf16()));
   EXPECT_EQ(blocked(true, false, 10000, 512, 2048, DType::BF16),
@@ -496,7 +497,12 @@ TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
   // only where oneDNN has bf16 kernels: Gemm.OnAnAvx2OnlyCpu caps it at AVX2, and the blocked kernel
   // then takes every bf16 GEMM).
   EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::F32));
-  EXPECT_FALSE(blocked(true, false, 50257, 768, 1024, DType::F32));
+  // With AMX, f32: the head's dW, and GPT-2's MLP down-projection backward (B untransposed, N = 3072).
+  EXPECT_EQ(blocked(true, false, 50257, 768, 1024, DType::F32), amx);
+  EXPECT_EQ(blocked(false, false, 1024, 3072, 768, DType::F32), amx);
+  EXPECT_EQ(blocked(true, false, 768, 3072, 1024, DType::F32), amx);
+  EXPECT_FALSE(blocked(false, true, 1024, 50257, 768, DType::F32));  // the head's forward: B transposed
+  EXPECT_FALSE(blocked(false, false, 1, 3072, 768, DType::F32));     // decoding: one row
   if (onednn_has_bf16) {
     EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::BF16));
     EXPECT_FALSE(blocked(true, false, 512, 512, 2048, DType::BF16));

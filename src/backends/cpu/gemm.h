@@ -113,8 +113,10 @@ GemmCacheStats gemm_cache_stats();
 //   Auto (the default): oneDNN, which the blocked kernel only matches on most shapes (docs/gemm.md),
 //        except where the blocked kernel was measured ahead: for bf16 operands on a CPU where oneDNN has
 //        no bf16 kernels (AVX2 only: Zen 1-3, Haswell to Alder Lake; it widens them while packing instead
-//        of copying both to f32), the weight gradients of d_model-512 models on AVX2, and two LM-head
-//        products of a large vocabulary on AVX-512 CPUs without AMX (gemm.cpp names the shapes).
+//        of copying both to f32), the weight gradients of d_model-512 models on AVX2, two LM-head
+//        products of a large vocabulary on AVX-512 CPUs without AMX, and on AVX-512 CPUs with AMX the f32
+//        products oneDNN 2.6 is slow at there (B untransposed with N >= 3072, the LM head's dx and dW at
+//        a vocabulary >= 16384; gemm.cpp names the shapes).
 //   OneDnn, Blocked: every GEMM on that kernel (Blocked needs AVX2 + FMA; on an AVX-512 CPU it runs the
 //        AVX-512 copy, with bf16 pairs by vdpbf16ps where the CPU has AVX512-BF16).
 // LOOM_GEMM=auto|onednn|blocked sets it for the process, set_gemm_kernel for tests and benchmarks.

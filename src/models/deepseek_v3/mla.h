@@ -68,6 +68,9 @@ class MultiHeadLatentAttention : public nn::Module {
   // Decoding (no autodiff): x [B, t, C] are the next t tokens at `positions` [t]; their latents are
   // appended to `cache` layer `layer` and they attend causally to everything cached.
   Tensor forward_cached(const Tensor& x, const Tensor& positions, LatentCache& cache, int64_t layer) const;
+  // The absorbed form's folded weights, from wkv_b and wo (f32, unsharded): the decode cache's, and
+  // batched serving's (DeepSeekV3::decoder_weights).
+  LatentCache::Absorbed absorb() const;
 
   int64_t num_heads, d_nope, d_rope, d_v, kv_rank;
   float scale;  // 1/sqrt(d_nope + d_rope)
@@ -90,7 +93,6 @@ class MultiHeadLatentAttention : public nn::Module {
   // The absorbed form, decoding only: [B, T, C] after the folded output projection.
   Tensor attend_absorbed(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents,
                          const LatentCache::Absorbed& w) const;
-  LatentCache::Absorbed absorb() const;
 };
 
 }  // namespace loom::deepseek_v3

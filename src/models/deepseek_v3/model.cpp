@@ -403,6 +403,94 @@ Tensor DeepSeekV3::decode(const Tensor& ids, nn::DecodeCache& cache_base) const 
   return lm_head.forward(ln_final.forward(x, lm_head));
 }
 
+std::optional<nn::DecoderWeights> DeepSeekV3::decoder_weights() const {
+  const Config& c = config_;
+  nn::DecoderWeights w;
+  w.num_heads = c.num_heads;
+  w.num_kv_heads = 1;  // one latent slot per position
+  w.context_length = c.context_length;
+  // Any part that cannot be described leaves the model to the per-sequence path.
+  auto ok = [](const std::string& why) { return why.empty(); };
+  if (!ok(nn::describe_plain(token_embeddings.weight, w.token_embeddings)) ||
+      !ok(nn::describe_plain(ln_final.weight, w.final_norm)) || !ok(nn::describe_linear(lm_head, w.head))) {
+    return std::nullopt;
+  }
+  w.final_norm_eps = ln_final.eps;
+  // A matrix split per expert: expert e's [rows, cols] slice of an [E, rows, cols] parameter.
+  auto expert = [](const nn::Parameter& p, int64_t e) {
+    nn::DecoderMatrix m;
+    m.f32 = p.value.slice(e, 1).view({p.value.size(1), p.value.size(2)});
+    return m;
+  };
+  for (const auto& layer : layers) {
+    const Block& b = *layer;
+    const MultiHeadLatentAttention& a = b.attn;
+    nn::DecoderLayerWeights l;
+    nn::LatentAttentionWeights m;
+    m.q_rank = c.q_rank, m.kv_rank = c.kv_rank, m.d_nope = c.d_nope, m.d_rope = c.d_rope;
+    // The folded weights are computed from wkv_b's and wo's f32 values.
+    nn::DecoderMatrix wkv_b, wo;
+    if (!ok(nn::describe_linear(a.wq_a, m.wq_a)) || !ok(nn::describe_linear(a.wq_b, m.wq_b)) ||
+        !ok(nn::describe_linear(a.wkv_a, m.wkv_a)) || !ok(nn::describe_linear(a.wkv_b, wkv_b)) ||
+        !ok(nn::describe_linear(a.wo, wo)) || !wkv_b.f32.defined() || !wo.f32.defined() ||
+        !ok(nn::describe_plain(a.q_norm.weight, m.q_norm)) || !ok(nn::describe_plain(a.kv_norm.weight, m.kv_norm)) ||
+        !ok(nn::describe_plain(b.attn_norm.weight, l.attn_norm)) || !ok(nn::describe_plain(b.ffn_norm.weight, l.ffn_norm))) {
+      return std::nullopt;
+    }
+    m.q_norm_eps = a.q_norm.eps;
+    m.kv_norm_eps = a.kv_norm.eps;
+    const LatentCache::Absorbed folded = a.absorb();  // w_uk [H, N, Rk], wo_abs [C, H*Rk]
+    const int64_t N = c.d_nope, Rk = c.kv_rank;
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      nn::DecoderMatrix t;  // W_UK[h] transposed: [Rk, N], so that q_abs = row_linear(q_nope, t)
+      t.f32 = Tensor::empty({Rk, N});
+      const float* src = folded.w_uk.data<float>() + h * N * Rk;
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t r = 0; r < Rk; ++r) t.f32.data<float>()[r * N + n] = src[n * Rk + r];
+      }
+      m.w_uk.push_back(std::move(t));
+    }
+    m.wo_abs.f32 = folded.wo_abs;
+    m.scale = a.scale;
+    m.rope = a.rope_cache;
+    l.mla = std::move(m);
+    l.attn_norm_eps = b.attn_norm.eps;
+    l.ffn_norm_eps = b.ffn_norm.eps;
+    if (b.mlp) {
+      if (!ok(nn::describe_linear(b.mlp->w1, l.w1)) || !ok(nn::describe_linear(b.mlp->w3, l.w3)) ||
+          !ok(nn::describe_linear(b.mlp->w2, l.w2))) {
+        return std::nullopt;
+      }
+    } else {
+      const MoE& moe = *b.moe;
+      for (const nn::Parameter* p : {&moe.w1, &moe.w3, &moe.w2}) {
+        if (p->dist || p->value.dtype() != DType::F32 || !p->value.device().is_cpu()) return std::nullopt;
+      }
+      nn::MoeWeights e;
+      if (!ok(nn::describe_linear(moe.router, e.router))) return std::nullopt;
+      e.bias = moe.bias;
+      e.top_k = moe.top_k;
+      e.route_scale = moe.route_scale;
+      for (int64_t i = 0; i < c.n_routed; ++i) {
+        e.w1.push_back(expert(moe.w1, i));
+        e.w3.push_back(expert(moe.w3, i));
+        e.w2.push_back(expert(moe.w2, i));
+      }
+      if (moe.shared) {
+        if (!ok(nn::describe_linear(moe.shared->w1, e.shared_w1)) || !ok(nn::describe_linear(moe.shared->w3, e.shared_w3)) ||
+            !ok(nn::describe_linear(moe.shared->w2, e.shared_w2))) {
+          return std::nullopt;
+        }
+      }
+      l.ffn = nn::DecoderFfn::MoE;
+      l.moe = std::move(e);
+    }
+    w.layers.push_back(std::move(l));
+  }
+  w.check();
+  return w;
+}
+
 void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {
   // The norms and SwiGLU gates that feed only bf16 GEMMs write their outputs in bf16 themselves.
   const bool bf16 = precision == ops::MatmulPrecision::BF16;

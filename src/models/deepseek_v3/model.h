@@ -127,6 +127,8 @@ class DeepSeekV3 : public models::LanguageModel {
   // `absorbed` false: the naive form that rebuilds per-head keys and values (tests compare the two).
   std::unique_ptr<LatentCache> make_latent_cache(int64_t batch, bool absorbed) const;
   Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
+  // Batched serving's description: MLA in the absorbed form over a paged latent cache, dense and MoE layers.
+  std::optional<nn::DecoderWeights> decoder_weights() const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
   // The pipe axis: a stage runs its blocks (the first also the embedding; the last ln_final, the head,
   // the MTP modules, which read the token table too: tied over the first and last stage). The expert

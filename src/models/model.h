@@ -48,7 +48,7 @@ struct ForwardContext {
   // Packed rows (several documents per row, train/sft_data.h): i32 [B, T] positions restarting at 0 per
   // document, and key_begin, the first position of each position's document (attention is then
   // block-diagonal causal: ops::causal_self_attention). Undefined: one sequence per row from position 0.
-  // Llama and GPT-2 take them; DeepSeek-V3 refuses them.
+  // Every family takes them (DeepSeek-V3 in MLA and its MTP modules too; not on a pipe axis).
   Tensor positions, key_begin;
 
   static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute, {}, {}}; }

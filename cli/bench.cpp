@@ -45,16 +45,17 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   loom::cli::in_range(qm->add_option("-m", qm_m, "rows of x (1: decode)"), 1, 65536);
   loom::cli::in_range(qm->add_option("-n", qm_n, "rows of W (out features)"), 1, 65536);
   loom::cli::in_range(qm->add_option("-k", qm_k, "columns of W (in features)"), 32, 65536);
-  qm->add_option("--path", qm_path, "kernels: auto, scalar, avx2, avx512-vnni");
+  qm->add_option("--path", qm_path, "kernels: auto, scalar, avx2, avx512-vnni, amx");
   qm->add_option("--threads", qm_threads, "threads (default: all)");
   loom::cli::in_range(qm->add_option("--calls", qm_calls, "timed calls (their median is reported)"), 1, 1000000);
   qm->callback([] {
     loom::quant::KernelPath path = loom::quant::KernelPath::Auto;
     bool known = qm_path == "auto";
-    for (auto p : {loom::quant::KernelPath::Scalar, loom::quant::KernelPath::Avx2, loom::quant::KernelPath::Avx512Vnni}) {
+    for (auto p : {loom::quant::KernelPath::Scalar, loom::quant::KernelPath::Avx2, loom::quant::KernelPath::Avx512Vnni,
+                   loom::quant::KernelPath::Amx}) {
       if (qm_path == loom::quant::kernel_path_name(p)) path = p, known = true;
     }
-    if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2 or avx512-vnni");
+    if (!known) throw loom::Error("--path " + qm_path + ": expected auto, scalar, avx2, avx512-vnni or amx");
     const int threads = loom::threads_or_default(qm_threads, "bench qmatmul: --threads");
     auto r = loom::bench::bench_quantized_matmul(qm_type, qm_m, qm_n, qm_k, path, threads, qm_calls);
     std::printf("%s\n", r.to_json().c_str());

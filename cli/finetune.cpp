@@ -48,7 +48,7 @@ loom::cli::Register reg("finetune", "Fine-tune a pretrained model on chat data (
   loom::cli::in_range(cmd.add_option("--lora-dropout", args.dropout, "dropout on the adapters' input (default 0)"), 0, 1, false);
   cmd.add_option("--lora-targets", args.targets,
                  "layers that get adapters, comma-separated, loom's or Hugging Face's names: q_proj,k_proj,v_proj,o_proj "
-                 "(default), gate_proj, up_proj, down_proj, ..., or all-linear");
+                 "(default), gate_proj, up_proj, down_proj, ..., experts (DeepSeek-V3's routed experts), or all-linear");
   loom::cli::in_range(cmd.add_option("--max-steps", args.max_steps, "optimizer steps (default 100)"), 1, 100000000);
   loom::cli::in_range(cmd.add_option("--lr", args.lr, "peak learning rate (default 2e-4)"), 0, 10);
   cmd.add_option("--set", args.sets, "override a setting: --set training.batch_size=8 (repeatable)");

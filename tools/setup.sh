@@ -9,6 +9,7 @@ packages=(
   build-essential cmake pkg-config
   libdnnl-dev            # oneDNN: the CPU GEMM (see docs/gemm.md for the measurement behind the choice)
   libopenblas-dev        # OpenBLAS: measured against oneDNN in bench/gemm.cpp
+  libblis-dev            # BLIS (its OpenMP build): measured too, loaded by bench/gemm.cpp at run time only
   libomp-dev             # OpenMP
   nlohmann-json3-dev     # JSON
   libcli11-dev           # CLI11

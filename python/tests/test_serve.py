@@ -5,7 +5,9 @@ to `loom generate`, the official `openai` client (skipped when it is not install
 headless chromium (skipped when chromium is missing).
 
 The model is tests/models/llama/fixtures/tiny_llama.gguf (a 2-layer Llama with Q8_0/Q4_1 weights and a
-ChatML tokenizer), served with a ChatML template given by --chat-template (its own template is not ChatML).
+ChatML tokenizer), served with a ChatML template given by --chat-template (its own template is not ChatML);
+and tiny GPT-2 and DeepSeek-V3 models made by the test (the `loom` module), which are served batched too.
+A burst of 128 simultaneous connections must all be served (the listen backlog).
 """
 
 import base64
@@ -40,12 +42,12 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="the CLI is buil
 class Server:
     """A `loom serve` process on a free port (--port 0: it prints the one it bound)."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, weights=MODEL):
         self.dir = tempfile.mkdtemp(prefix="loom_serve_")
         template = os.path.join(self.dir, "chatml.jinja")
         with open(template, "w") as f:
             f.write(CHATML)
-        cmd = [CLI, "serve", "--weights", MODEL, "--port", "0", "--chat-template", template, "--threads", "2",
+        cmd = [CLI, "serve", "--weights", weights, "--port", "0", "--chat-template", template, "--threads", "2",
                "--model-name", "tiny", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
@@ -417,7 +419,7 @@ def test_a_client_that_disconnects_leaves_no_blocks_behind(server):
     assert server.settle() == base
 
 
-def test_batch_invariance_32_seeded_requests(server):
+def check_batch_invariance(server):
     """32 seeded requests one at a time, then all at once in shuffled order: the same tokens and logprobs."""
     rng = random.Random(5)
     words = "the a cat dog sat on mat ran far away and then slept quietly under tree".split()
@@ -444,6 +446,87 @@ def test_batch_invariance_32_seeded_requests(server):
     for i in range(32):
         assert together[i] == alone[i], f"request {i} differs beside others"
     assert server.metric("loom_prefix_cache_hits_total") > 0
+
+
+def test_batch_invariance_32_seeded_requests(server):
+    check_batch_invariance(server)
+
+
+def test_a_burst_of_128_connections_is_never_reset(server):
+    """128 clients connect at the same moment: every one is served, none reset or refused (cpp-httplib
+    listens with a backlog of 5; loom serve widens it to the system's maximum)."""
+    if shutil.which("ss"):  # the listening socket's backlog is its Send-Q
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{server.port}"], capture_output=True, text=True).stdout
+        backlogs = [int(line.split()[2]) for line in out.splitlines() if line.strip()]
+        assert backlogs and min(backlogs) >= 128, out
+    n = 128
+    barrier = threading.Barrier(n)
+
+    def client(_):
+        barrier.wait()
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            sock.settimeout(30)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while True:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            sock.close()
+            return data.split(b"\r\n", 1)[0].decode(errors="replace")
+        except OSError as e:
+            return repr(e)
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(client, range(n)))
+    failed = [r for r in results if not r.startswith("HTTP/1.1 200")]
+    assert not failed, f"{len(failed)} of {n} connections failed: {sorted(set(failed))}"
+
+
+# ---- GPT-2 and DeepSeek-V3: batched too ---------------------------------------------------------------
+
+# Every token one printable ASCII character, so texts compare exactly with `loom generate`'s output.
+ASCII_VOCAB = {i: bytes([32 + i]) for i in range(95)}
+
+
+@pytest.fixture(scope="module", params=["gpt2", "deepseek_v3"])
+def family_server(request, tmp_path_factory):
+    """`loom serve` over a tiny model of the family made here (random weights, seeded), with an ASCII tokenizer."""
+    loom = pytest.importorskip("loom", reason="the loom Python module is built by tools/test.sh")
+    if request.param == "gpt2":
+        section = {"arch": "gpt2", "vocab_size": 95, "context_length": 256, "d_model": 32, "num_layers": 2,
+                   "num_heads": 4}
+    else:  # MLA over a latent cache, a dense layer and a MoE layer (a shared expert, routed ones)
+        section = dict(loom.resolve_config("dsv3-tiny")["model"], vocab_size=95, context_length=256)
+    directory = tmp_path_factory.mktemp(request.param)
+    weights = str(directory / "model.safetensors")
+    loom.Model.from_config(section, seed=11).save(weights)
+    loom.Tokenizer(ASCII_VOCAB, []).save(directory / "tokenizer.json")
+    s = Server("--kv-blocks", "128", "--block-size", "8", "--max-running", "32", weights=weights)
+    s.weights = weights
+    yield s
+    assert s.stop() == 0, s.proc.stderr.read()
+
+
+def test_families_are_served_batched_and_greedy_equals_loom_generate(family_server):
+    status, _, body = family_server.request("GET", "/health")
+    assert status == 200 and body["mode"] == "batched", body
+    for prompt in ["The cat", "Once upon a time there was", "hello"]:
+        out = subprocess.run([CLI, "generate", "--weights", family_server.weights, "--prompt", prompt,
+                              "--max-new-tokens", "12", "--temperature", "0"], capture_output=True, text=True,
+                             check=True).stdout
+        status, _, body = family_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        assert status == 200, body
+        assert body["choices"][0]["finish_reason"] == "length"  # no end-of-text token in this vocabulary
+        assert out == prompt + body["choices"][0]["text"] + "\n"
+
+
+def test_families_batch_invariance_32_seeded_requests(family_server):
+    base = family_server.settle()
+    check_batch_invariance(family_server)
+    assert family_server.settle() == base
 
 
 # ---- the official client ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 #include "backends/moe_dispatch.h"
 
-#include <algorithm>
+#include <cstddef>
 
 namespace loom {
 
@@ -22,11 +22,9 @@ MoeDispatch moe_dispatch(const int32_t* expert_index, int64_t N, int64_t K, int6
     d.slot_of_row[static_cast<size_t>(row)] = static_cast<int32_t>(s);
     d.row_of_slot[static_cast<size_t>(s)] = static_cast<int32_t>(row);
   }
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t b = d.offsets[static_cast<size_t>(e)]; b < d.offsets[static_cast<size_t>(e + 1)]; b += kMoeRowTile) {
-      d.tiles.push_back({static_cast<int32_t>(e), b, std::min(b + kMoeRowTile, d.offsets[static_cast<size_t>(e + 1)])});
-    }
-  }
+  d.token_of_row.resize(static_cast<size_t>(P));
+  for (int64_t p = 0; p < P; ++p)
+    d.token_of_row[static_cast<size_t>(p)] = static_cast<int32_t>(d.slot_of_row[static_cast<size_t>(p)] / K);
   return d;
 }
 

@@ -13,6 +13,7 @@
 #include "models/family.h"
 #include "models/tensor_names.h"
 #include "ops/elementwise.h"
+#include "ops/shape.h"
 
 namespace loom::models {
 namespace fs = std::filesystem;
@@ -80,7 +81,48 @@ std::pair<Tensor, Tensor> convert_factors(const LanguageModel& model, const Tens
   return {a, b};
 }
 
+void collect_expert_stacks(nn::Module& m, std::vector<ExpertStack>& out) {
+  if (auto* e = dynamic_cast<nn::ExpertAdaptable*>(&m)) {
+    for (nn::Parameter* w : e->expert_weights()) out.push_back({e, w});
+  }
+  for (nn::Module* child : m.children()) collect_expert_stacks(*child, out);
+}
+
+// Every adapter in module order: a layer's, and an expert stack's after its MoE's other layers'.
+void collect_adapters(nn::Module& m, std::vector<nn::LoRA*>& out) {
+  if (auto* l = dynamic_cast<nn::Linear*>(&m); l != nullptr && l->lora) out.push_back(l->lora.get());
+  for (nn::Module* child : m.children()) collect_adapters(*child, out);
+  if (auto* e = dynamic_cast<nn::ExpertAdaptable*>(&m)) {
+    for (nn::Parameter* w : e->expert_weights()) {
+      if (nn::LoRA* a = e->expert_lora(*w)) out.push_back(a);
+    }
+  }
+}
+
+// Expert e's HF layer name, "model.layers.1.mlp.experts.3.gate_proj" (the family's Slice row), per expert.
+std::vector<std::string> hf_expert_names(const LanguageModel& model, const nn::Parameter& stack) {
+  std::vector<std::string> out;
+  const TensorTable* table = table_of(model);
+  if (table == nullptr) return out;
+  for (const StoredTensor& t : stored_tensors(*table, TensorFormat::Hf, model.model_config().json())) {
+    if (t.change != Change::Slice || t.loom.size() != 1 || t.loom[0] != stack.name) continue;
+    if (out.size() <= static_cast<size_t>(t.index)) out.resize(static_cast<size_t>(t.index) + 1);
+    out[static_cast<size_t>(t.index)] = t.name.ends_with(".weight") ? t.name.substr(0, t.name.size() - 7) : t.name;
+  }
+  if (static_cast<int64_t>(out.size()) != stack.value.size(0) ||
+      std::any_of(out.begin(), out.end(), [](const std::string& n) { return n.empty(); })) {
+    out.clear();
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<ExpertStack> expert_stacks(LanguageModel& model) {
+  std::vector<ExpertStack> out;
+  collect_expert_stacks(model, out);
+  return out;
+}
 
 std::vector<nn::Linear*> linear_layers(LanguageModel& model) {
   std::vector<nn::Linear*> out;
@@ -111,6 +153,22 @@ std::vector<nn::LoRA*> attach_adapters(LanguageModel& model, const AdapterConfig
     }
     if (hit) out.push_back(&l->attach_lora(config.lora, key));
   }
+  // Routed experts: "experts" takes every stack; a stack's loom name or its last component (w1), or the
+  // HF name of its experts' layers (gate_proj: PEFT's suffix match over model.layers.1.mlp.experts.3.gate_proj)
+  // takes it. A stack is adapted whole: every expert gets its own adapter.
+  const std::vector<ExpertStack> stacks = expert_stacks(model);
+  for (const ExpertStack& s : stacks) {
+    const std::string& loom = s.weight->name;
+    const std::vector<std::string> hf = hf_expert_names(model, *s.weight);
+    bool hit = false;
+    for (const std::string& t : config.targets) {
+      const bool match = t == "all-linear" || t == "experts" || t == loom || t == last_component(loom) ||
+                         (!hf.empty() && t == last_component(hf[0]));
+      if (match) matched_targets.insert(t);
+      hit |= match;
+    }
+    if (hit) out.push_back(&s.owner->attach_expert_lora(*s.weight, config.lora, key));
+  }
   for (const std::string& t : config.targets) {
     if (matched_targets.count(t)) continue;
     std::set<std::string> names;
@@ -119,6 +177,7 @@ std::vector<nn::LoRA*> attach_adapters(LanguageModel& model, const AdapterConfig
       names.insert(last_component(l->name()));
       if (std::string hf = hf_layer_name(model, *l); !hf.empty()) names.insert(last_component(hf));
     }
+    if (!stacks.empty()) names.insert("experts");
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
     LOOM_FAIL("LoRA: target '", t, "' matches no layer of this ", model.arch(), " model; its linear layers are: ", list,
@@ -129,9 +188,7 @@ std::vector<nn::LoRA*> attach_adapters(LanguageModel& model, const AdapterConfig
 
 std::vector<nn::LoRA*> adapters_of(LanguageModel& model) {
   std::vector<nn::LoRA*> out;
-  for (nn::Linear* l : linear_layers(model)) {
-    if (l->lora) out.push_back(l->lora.get());
-  }
+  collect_adapters(model, out);
   return out;
 }
 
@@ -159,6 +216,14 @@ void merge_adapters(LanguageModel& model) {
     l->weight.value_changed();
     l->detach_lora();
   }
+  for (const ExpertStack& s : expert_stacks(model)) {
+    nn::LoRA* a = s.owner->expert_lora(*s.weight);
+    if (a == nullptr) continue;
+    Tensor w = s.weight->value;
+    ops::add_(w, a->merged_delta());  // W + s B A, as LoRA::adapted forms it in the forward
+    s.weight->value_changed();
+    s.owner->detach_expert_lora(*s.weight);
+  }
 }
 
 json peft_adapter_config(LanguageModel& model, const AdapterConfig& config, const std::string& base) {
@@ -173,6 +238,17 @@ json peft_adapter_config(LanguageModel& model, const AdapterConfig& config, cons
     if (l->lora) {
       ++adapted;
       adapted_full.push_back(hf);
+    }
+  }
+  for (const ExpertStack& s : expert_stacks(model)) {  // each expert is a module of its own in HF's model
+    const bool adapted_stack = s.owner->expert_lora(*s.weight) != nullptr;
+    for (const std::string& hf : hf_expert_names(model, *s.weight)) {
+      auto& [adapted, all] = by_short[last_component(hf)];
+      ++all;
+      if (adapted_stack) {
+        ++adapted;
+        adapted_full.push_back(hf);
+      }
     }
   }
   std::set<std::string> targets;
@@ -212,6 +288,21 @@ std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(LanguageModel& 
     auto [a, b] = convert_factors(model, *row, l->lora->A.value.detach(), l->lora->B.value.detach(), true);
     out.emplace_back(hf + ".lora_A.weight", a);
     out.emplace_back(hf + ".lora_B.weight", b);
+  }
+  // An expert stack's adapters as one pair per expert, under that expert's HF layer:
+  // base_model.model.model.layers.1.mlp.experts.3.gate_proj.lora_A.weight [r, in], .lora_B.weight [out, r].
+  for (const ExpertStack& s : expert_stacks(model)) {
+    nn::LoRA* lora = s.owner->expert_lora(*s.weight);
+    if (lora == nullptr) continue;
+    const std::vector<std::string> hf = hf_expert_names(model, *s.weight);
+    LOOM_CHECK(!hf.empty(), s.weight->name, ": the family's tensor table names no Hugging Face layer per expert, so "
+               "PEFT cannot name its adapters; leave the experts out of the targets to save a PEFT adapter");
+    const Tensor A = lora->A.value.detach(), B = lora->B.value.detach();
+    for (size_t e = 0; e < hf.size(); ++e) {
+      const auto i = static_cast<int64_t>(e);
+      out.emplace_back(kPeftPrefix + hf[e] + ".lora_A.weight", ops::reshape(A.slice(i, 1), {A.size(1), A.size(2)}).clone());
+      out.emplace_back(kPeftPrefix + hf[e] + ".lora_B.weight", ops::reshape(B.slice(i, 1), {B.size(1), B.size(2)}).clone());
+    }
   }
   LOOM_CHECK(!out.empty(), "PEFT adapter: the model has no LoRA adapter to save");
   return out;
@@ -256,8 +347,20 @@ AdapterConfig load_peft_adapter(LanguageModel& model, const std::string& dir) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(weights_path);
   const TensorTable* table = table_of(model);
   LOOM_CHECK(table != nullptr, "PEFT adapter: the ", model.arch(), " family has no Hugging Face names");
-  std::map<std::string, nn::Linear*> by_weight;
-  for (nn::Linear* l : linear_layers(model)) by_weight[l->weight.name] = l;
+  // HF layer -> loom's, from the layers' own HF names (the table read forward: a pattern such as
+  // model.layers.{i} would also read DeepSeek-V3's MTP layers, model.layers.{k+num_layers}, as blocks).
+  std::map<std::string, nn::Linear*> by_hf;
+  for (nn::Linear* l : linear_layers(model)) {
+    if (std::string hf = hf_layer_name(model, *l); !hf.empty()) by_hf[hf] = l;
+  }
+  // Routed experts: HF layer -> (stack, expert), and per stack the experts' (A, B) from the file.
+  const std::vector<ExpertStack> stacks = expert_stacks(model);
+  std::map<std::string, std::pair<size_t, int64_t>> expert_by_hf;
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const std::vector<std::string> hf = hf_expert_names(model, *stacks[i].weight);
+    for (size_t e = 0; e < hf.size(); ++e) expert_by_hf[hf[e]] = {i, static_cast<int64_t>(e)};
+  }
+  std::map<size_t, std::map<int64_t, std::pair<Tensor, Tensor>>> expert_factors;
   // Layer -> (A, B) from the file.
   std::map<nn::Linear*, std::pair<Tensor, Tensor>> factors;
   for (const std::string& name : file.names()) {
@@ -265,15 +368,23 @@ AdapterConfig load_peft_adapter(LanguageModel& model, const std::string& dir) {
     LOOM_CHECK(name.rfind(kPeftPrefix, 0) == 0 && (is_a || is_b), weights_path, ": tensor '", name,
                "' is not a LoRA factor (base_model.model.<layer>.lora_A.weight / .lora_B.weight)");
     const std::string hf = name.substr(std::strlen(kPeftPrefix), name.size() - std::strlen(kPeftPrefix) - 14);
-    const auto loom = loom_name(*table, TensorFormat::Hf, hf + ".weight", &model.model_config().json());
-    LOOM_CHECK(loom && by_weight.count(*loom), weights_path, ": tensor '", name, "' adapts '", hf,
+    if (auto it = expert_by_hf.find(hf); it != expert_by_hf.end()) {
+      Tensor t = file.tensor(name);
+      LOOM_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, weights_path, ": ", name, " is ", t.dtype(),
+                 " (f32 or bf16 are read)");
+      auto& ab = expert_factors[it->second.first][it->second.second];
+      (is_a ? ab.first : ab.second) = t.to(DType::F32);
+      continue;
+    }
+    const auto layer = by_hf.find(hf);
+    LOOM_CHECK(layer != by_hf.end(), weights_path, ": tensor '", name, "' adapts '", hf,
                "', which is no linear layer of loom's ", model.arch());
     Tensor t = file.tensor(name);
     LOOM_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, weights_path, ": ", name, " is ", t.dtype(),
                " (f32 or bf16 are read)");
-    (is_a ? factors[by_weight[*loom]].first : factors[by_weight[*loom]].second) = t.to(DType::F32);
+    (is_a ? factors[layer->second].first : factors[layer->second].second) = t.to(DType::F32);
   }
-  LOOM_CHECK(!factors.empty(), weights_path, " holds no LoRA factor");
+  LOOM_CHECK(!factors.empty() || !expert_factors.empty(), weights_path, " holds no LoRA factor");
   for (auto& [layer, ab] : factors) {
     LOOM_CHECK(ab.first.defined() && ab.second.defined(), weights_path, ": ", layer->name(), " has only one of lora_A and lora_B");
     nn::LoRA& lora = layer->attach_lora(config.lora, RngKey{});
@@ -286,6 +397,28 @@ AdapterConfig load_peft_adapter(LanguageModel& model, const std::string& dir) {
     lora.A.value.copy_from(a);
     lora.B.value.copy_from(b);
     config.targets.push_back(layer->name());
+  }
+  // A stack takes adapters on every expert: the experts the file leaves out get A = B = 0, which adds
+  // exactly nothing (W + s * 0 = W).
+  for (auto& [i, experts] : expert_factors) {
+    const ExpertStack& s = stacks[i];
+    nn::LoRA& lora = s.owner->attach_expert_lora(*s.weight, config.lora, RngKey{});
+    const int64_t r = lora.rank;
+    const Shape a_shape{r, lora.A.value.size(2)}, b_shape{lora.B.value.size(1), r};
+    Tensor A = Tensor::zeros(lora.A.value.shape()), B = Tensor::zeros(lora.B.value.shape());
+    const std::vector<std::string> names = hf_expert_names(model, *s.weight);
+    for (auto& [e, ab] : experts) {
+      const std::string& hf = names[static_cast<size_t>(e)];
+      LOOM_CHECK(ab.first.defined() && ab.second.defined(), weights_path, ": ", hf, " has only one of lora_A and lora_B");
+      LOOM_CHECK(ab.first.shape() == a_shape && ab.second.shape() == b_shape, weights_path, ": ", hf, "'s lora_A is ",
+                 ab.first.shape(), " and lora_B ", ab.second.shape(), ", expected ", a_shape, " and ", b_shape, " (r=",
+                 r, ")");
+      std::memcpy(A.data<float>() + e * a_shape.numel(), ab.first.data<float>(), static_cast<size_t>(a_shape.numel()) * sizeof(float));
+      std::memcpy(B.data<float>() + e * b_shape.numel(), ab.second.data<float>(), static_cast<size_t>(b_shape.numel()) * sizeof(float));
+    }
+    lora.A.value.copy_from(A);
+    lora.B.value.copy_from(B);
+    config.targets.push_back(s.weight->name);
   }
   return config;
 }

@@ -6,6 +6,11 @@
 // "gate_proj", "o_proj": the family's tensor table, models/tensor_names.h, gives those), or the whole
 // dotted name; "all-linear" takes every linear layer but the LM head (PEFT's meaning). The LM head and
 // DeepSeek-V3's router never get one. A target that matches no layer is an error listing the names there are.
+// DeepSeek-V3's routed experts, stacked [E, out, in] (nn::ExpertAdaptable), take adapters a stack at a
+// time (one per expert): "experts" takes every stack, and so do "all-linear", the stack's last name
+// component (w1, w3, w2) and its experts' HF one (gate_proj, up_proj, down_proj); a full name
+// (layers.1.moe.experts.w1) takes one stack. PEFT names them per expert:
+//   base_model.model.model.layers.1.mlp.experts.3.gate_proj.lora_A.weight [r, C], .lora_B.weight [F, r].
 //
 // PEFT's files (peft.PeftModel.from_pretrained reads them onto the transformers model):
 //   adapter_config.json        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r", "lora_alpha",
@@ -37,6 +42,13 @@ struct AdapterConfig {
 
 // Every linear layer of the model, in parameter order.
 std::vector<nn::Linear*> linear_layers(LanguageModel& model);
+// Every stack of expert weights [E, out, in] that takes adapters (DeepSeek-V3's routed experts'
+// w1, w3, w2), in module order.
+struct ExpertStack {
+  nn::ExpertAdaptable* owner;
+  nn::Parameter* weight;
+};
+std::vector<ExpertStack> expert_stacks(LanguageModel& model);
 // The HF name of a layer ("model.layers.0.self_attn.q_proj"), "" when the family's table has none for it
 // alone (a fused tensor, or a family without HF names).
 std::string hf_layer_name(const LanguageModel& model, const nn::Linear& layer);

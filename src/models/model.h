@@ -48,7 +48,7 @@ struct ForwardContext {
   // Packed rows (several documents per row, train/sft_data.h): i32 [B, T] positions restarting at 0 per
   // document, and key_begin, the first position of each position's document (attention is then
   // block-diagonal causal: ops::causal_self_attention). Undefined: one sequence per row from position 0.
-  // Llama and GPT-2 take them; DeepSeek-V3 refuses them.
+  // Every family takes them (DeepSeek-V3 in MLA and its MTP modules too; not on a pipe axis).
   Tensor positions, key_begin;
 
   static ForwardContext train(RngKey key, Recompute recompute = Recompute::None) { return {true, key, recompute, {}, {}}; }
@@ -84,9 +84,9 @@ class LanguageModel : public nn::Module {
   // multiply-adds per token). The default slices decode()'s; a family may skip the other rows' head.
   virtual Tensor decode_last(const Tensor& ids, nn::DecodeCache& cache) const;
 
-  // The model as a plain pre-norm RoPE/SwiGLU decoder (nn/paged_decoder.h), for batched serving with a
-  // paged KV cache; nullopt when it is not one (GPT-2, DeepSeek-V3) or cannot be described as one now
-  // (a parameter sharded over a mesh, a bias, a weight type without kernels). The description shares the
+  // The model as nn/paged_decoder.h's decoder (Llama, GPT-2 and DeepSeek-V3 each describe themselves),
+  // for batched serving with a paged KV cache; nullopt when it cannot be described now (a parameter
+  // sharded over a mesh, a LoRA adapter, a weight type without kernels). The description shares the
   // model's tensors: it stays valid while the model lives and its layers do not change.
   virtual std::optional<nn::DecoderWeights> decoder_weights() const { return std::nullopt; }
 

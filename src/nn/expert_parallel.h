@@ -10,7 +10,7 @@
 //   2. exchanges the counts, then the rows, with an all-to-all (members' rows land in member order);
 //                                                                                    [P,C] -> [M,C]
 //   3. runs its own experts on the rows it received: ops::moe_experts with K = 1 and unit gates (the
-//      same tiled, grouped GEMMs as one process);                                     [M,C] -> [M,C]
+//      same grouped GEMMs as one process);                                            [M,C] -> [M,C]
 //   4. sends each result back where it came from (the reverse all-to-all);          [M,C] -> [P,C]
 //   5. combines each token's K results with its gates in k order, as ops::moe_experts does.
 // Every step is recorded for autodiff: the backward runs the same exchanges in reverse (the all-to-all's

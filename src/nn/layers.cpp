@@ -107,7 +107,10 @@ Embedding::Embedding(const std::string& name, int64_t num_embeddings, int64_t di
                      ParamGroup group)
     : weight(add_parameter(make_parameter(join(name, "weight"), {num_embeddings, dim}, init, key, group))) {}
 
-Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, compute_value(weight)); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  if (quantized) return ops::dequantized_embedding(ids, *quantized);
+  return ops::embedding(ids, compute_value(weight));
+}
 
 LayerNorm::LayerNorm(const std::string& name, int64_t dim, float eps_)
     : weight(add_parameter(make_parameter(join(name, "weight"), {dim}, Init::ones(), RngKey{}, ParamGroup::Norm))),

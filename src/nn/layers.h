@@ -63,6 +63,10 @@ class Embedding : public Module {
             ParamGroup group);
   Tensor forward(const Tensor& ids) const;  // ids: i32 [...] -> [..., C]
   Parameter& weight;
+  // The table held in a GGUF block format instead (QLoRA's import, models::GgufMatrices::QuantizedOnly):
+  // forward dequantizes the looked-up rows only (ops::dequantized_embedding), frozen; weight.value is
+  // then left empty. Null: the f32 table.
+  std::shared_ptr<const quant::QuantizedMatrix> quantized;
 };
 
 // Mixed precision: the dtype of an activation computed from x for the bf16 GEMMs (and only those) that

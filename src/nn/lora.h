@@ -17,8 +17,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -36,18 +38,40 @@ struct LoraOptions {
 class LoRA : public Module {
  public:
   // `layer`: the adapted layer's name ("layers.0.attn.q_proj"); A is drawn from key.fold_in(A's name).
-  LoRA(const std::string& layer, int64_t in_features, int64_t out_features, const LoraOptions& options, RngKey key);
+  // experts > 0: the adapters of a stack of `experts` weights [E, out, in] (DeepSeek-V3's routed experts,
+  // `layer` = "layers.1.moe.experts.w1"), one per expert, stacked: A [E, r, in], B [E, out, r], each
+  // expert's A initialised as a layer's.
+  LoRA(const std::string& layer, int64_t in_features, int64_t out_features, const LoraOptions& options, RngKey key,
+       int64_t experts = 0);
   // scale * dropout(x) A^T B^T: x [..., in] -> [..., out] (f32). precision: the base layer's (the adapter's
-  // GEMMs round their operands to bf16 under BF16, as the base's do).
+  // GEMMs round their operands to bf16 under BF16, as the base's do). Not for an expert stack.
   Tensor delta(const Tensor& x, ops::MatmulPrecision precision = ops::MatmulPrecision::F32) const;
-  // scale * B A: [out, in], what merging adds to the base weight (no autodiff).
+  // An expert stack's adapted weights w + scale * B A: [E, out, in], differentiable w.r.t. A and B (and w).
+  // The experts' sparse kernels (ops::moe_experts) then multiply each token by its experts' adapted
+  // weights: per expert exactly x (W + s B A)^T, which merging computes too (no dropout: refused).
+  Tensor adapted(const Tensor& w) const;
+  // scale * B A: [out, in] (an expert stack: [E, out, in]), what merging adds to the base weight (no autodiff).
   Tensor merged_delta() const;
 
   std::string layer;
   int64_t rank;
   float alpha, scale, dropout;
-  Parameter& A;  // [r, in]   <layer>.lora_A.weight
-  Parameter& B;  // [out, r]  <layer>.lora_B.weight
+  int64_t experts;  // 0: one layer's adapter
+  Parameter& A;  // [r, in]   <layer>.lora_A.weight   (an expert stack: [E, r, in])
+  Parameter& B;  // [out, r]  <layer>.lora_B.weight   (an expert stack: [E, out, r])
+};
+
+// A module holding stacked expert weights [E, out, in] whose experts take adapters (DeepSeek-V3's MoE);
+// models/adapters.h finds them through this interface, as it finds nn::Linear layers.
+class ExpertAdaptable {
+ public:
+  virtual ~ExpertAdaptable() = default;
+  // The stacked weights, in parameter order.
+  virtual std::vector<Parameter*> expert_weights() = 0;
+  // The adapter of one of them (null when none); attaching makes it a child module of this one.
+  virtual LoRA* expert_lora(const Parameter& weight) = 0;
+  virtual LoRA& attach_expert_lora(const Parameter& weight, const LoraOptions& options, RngKey key) = 0;
+  virtual std::unique_ptr<LoRA> detach_expert_lora(const Parameter& weight) = 0;
 };
 
 // The dropout key of the adapters' forward passes on this thread while it lives (nestable; nullopt: none).

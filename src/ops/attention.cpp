@@ -112,8 +112,13 @@ Tensor causal_self_attention_cuda(const AttentionProblem& p, const Tensor& q, co
 
 }  // namespace
 
+namespace {
+void check_key_begin(const Tensor& key_begin, int64_t b, int64_t t, const char* op);
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    bool causal, std::optional<float> scale, MatmulPrecision precision) {
+                                    bool causal, std::optional<float> scale, MatmulPrecision precision,
+                                    const Tensor& key_begin) {
   const char* op = "scaled_dot_product_attention";
   check_float(q, op, "q");
   check_float(k, op, "k");
@@ -179,6 +184,22 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     p.v = {hkv * tk * dv, tk * dv, dv};
     p.out = {hq * tq * dv, tq * dv, dv};
   }
+  if (key_begin.defined()) {
+    // Document masking reads key_begin by batch entry: [B, H, T, D] as B entries of H heads each.
+    LOOM_CHECK(q.ndim() == 4 && causal && !mask.defined() && tq == tk && !device.is_cuda(), op,
+               ": key_begin (document masking) needs q, k, v [B, H, T, D] on the CPU, causal and without a mask; got q ",
+               q.describe(), ", causal ", causal, ", mask ", mask.defined() ? mask.describe() : "none");
+    check_key_begin(key_begin, q.size(0), tq, op);
+    const int64_t hq = q.size(1), hkv = k.size(1);
+    p.batches = q.size(0);
+    p.heads_per_batch = hq;
+    p.kv_group = hq / hkv;
+    p.q = {hq * tq * d, tq * d, d};
+    p.k = {hkv * tk * d, tk * d, d};
+    p.v = {hkv * tk * dv, tk * dv, dv};
+    p.out = {hq * tq * dv, tq * dv, dv};
+    p.key_begin = key_begin.data<int32_t>();
+  }
 
   Shape out_shape = lead;
   out_shape.push_back(tq);
@@ -197,7 +218,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   autograd::record(op, {q, k, v}, {out},
                    [p, q = q.detach(), k = k.detach(), v = v.detach(), saved_out = out.detach(), lse, mask,
-                    mask_head_stride](const autograd::BackwardContext& ctx) {
+                    mask_head_stride, key_begin](const autograd::BackwardContext& ctx) {
                      const Tensor& dout = ctx.grad_output(0);
                      const Device device = dispatch_device("scaled_dot_product_attention backward", {&dout, &q});
                      Tensor dq = Tensor::empty(q.shape(), DType::F32, device);

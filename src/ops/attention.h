@@ -26,10 +26,13 @@ namespace loom::ops {
 //   precision: BF16 is mixed precision as SDPA under torch.autocast(bfloat16): f32 tensors in and out,
 //              the flash kernels' products on bf16-rounded operands with f32 accumulation, where the CPU
 //              has a bf16 dot product (AVX512-BF16); elsewhere, with a mask and on CUDA, f32 as F32.
+//   key_begin: document masking for packed rows, as causal_self_attention's: i32 [B, T] for q, k, v
+//              [B, H, T, D] (k and v with H or fewer heads), causal, no mask; every head of row b reads
+//              row b's. In the flash kernels, no [T, T] mask exists. CPU only.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
                                     std::optional<float> scale = std::nullopt,
-                                    MatmulPrecision precision = MatmulPrecision::F32);
+                                    MatmulPrecision precision = MatmulPrecision::F32, const Tensor& key_begin = Tensor());
 
 struct RopeOptions {
   Tensor positions;  // i32 [T] or [B, T]

@@ -65,4 +65,21 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
   return out;
 }
 
+Tensor dequantized_embedding(const Tensor& ids, const quant::QuantizedMatrix& table) {
+  LOOM_CHECK(ids.defined(), "dequantized_embedding: ids must be defined");
+  check_dtype(ids, DType::I32, "dequantized_embedding", "ids");
+  require_cpu("dequantized_embedding", {&ids});
+  const int64_t V = table.rows(), C = table.cols(), N = ids.numel();
+  const int64_t bad = cpu::embedding_first_bad_id(ids.data<int32_t>(), N, V);
+  LOOM_CHECK(bad < 0, "embedding: id ", bad < 0 ? 0 : ids.data<int32_t>()[bad], " at flat position ", bad,
+             " is outside the table's [0, V) with V=", V);
+  Shape out_shape = ids.shape();
+  out_shape.push_back(C);  // [..., C]
+  Tensor out = Tensor::empty(out_shape);
+  const int32_t* pid = ids.data<int32_t>();
+  float* po = out.data<float>();
+  for (int64_t n = 0; n < N; ++n) table.dequantize_rows(pid[n], 1, po + n * C);  // B*T rows: small
+  return out;
+}
+
 }  // namespace loom::ops

@@ -10,6 +10,9 @@
 #include "ops/loss.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/elementwise.h"
@@ -20,6 +23,7 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/loss.h"
 #include "core/autograd.h"
+#include "core/parallel.h"
 
 namespace loom::ops {
 
@@ -276,6 +280,94 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
       if (t.defined() && upstream != 1.0f) cpu::scale_inplace(t.data<float>(), upstream, t.numel());
     }
     return TensorList{dx, dw, Tensor()};
+  });
+  return loss;
+}
+
+Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const quant::QuantizedMatrix> w,
+                                        const Tensor& targets, int32_t ignore_index) {
+  const char* op = "dequantized_linear_cross_entropy";
+  LOOM_CHECK(w != nullptr, op, ": no quantized weight");
+  LOOM_CHECK(x.defined() && x.dtype() == DType::F32 && x.device().is_cpu() && x.ndim() >= 1, op,
+             ": a quantized head multiplies f32 CPU activations [..., C], got ", x.defined() ? x.describe() : "undefined");
+  LOOM_CHECK(targets.defined(), op, ": targets must be defined");
+  check_dtype(targets, DType::I32, op, "targets");
+  const int64_t C = x.size(-1), V = w->rows(), N = targets.numel();
+  LOOM_CHECK(w->cols() == C, op, ": x has C=", C, " but the quantized weight is [", V, ", ", w->cols(), "]");
+  LOOM_CHECK(targets.shape() == x.shape().drop_last(), op, ": targets have shape ", targets.shape(), " but x ",
+             x.shape(), " needs targets of shape ", x.shape().drop_last());
+  LOOM_CHECK(V > 0, op, ": w has V=0 rows");
+  const int32_t* pt = targets.data<int32_t>();
+  const int64_t count = checked_target_count(op, targets, V, ignore_index);
+  const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  const bool need_dx = autograd::any_requires_grad({x});
+  const float* px = x.data<float>();
+  constexpr int64_t kTile = 256;  // vocabulary rows dequantized at once (as dequantized_linear's tiles)
+  const int64_t width = std::min(kTile, V);
+  std::vector<float> tile(static_cast<size_t>(width * C)), logits(static_cast<size_t>(std::max<int64_t>(N, 1) * width));
+  // Row r's running max m, sum of exp(logit - m), and its target's logit.
+  std::vector<float> m(static_cast<size_t>(N), -std::numeric_limits<float>::infinity());
+  std::vector<double> s(static_cast<size_t>(N), 0.0);
+  std::vector<float> target_logit(static_cast<size_t>(N), 0.0f);
+  auto tile_logits = [&](int64_t n0, int64_t n) {  // logits[N, n] = x[N, C] @ w[n0:n0+n]^T
+    w->dequantize_rows(n0, n, tile.data());
+    cpu::gemm(false, true, N, n, C, 1.0f, px, C, tile.data(), C, 0.0f, logits.data(), n);
+  };
+  for (int64_t n0 = 0; N > 0 && n0 < V; n0 += kTile) {
+    const int64_t n = std::min(kTile, V - n0);
+    tile_logits(n0, n);
+    parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int32_t t = pt[r];
+        if (t == ignore_index) continue;
+        const float* row = logits.data() + r * n;
+        float mt = row[0];
+        for (int64_t j = 1; j < n; ++j) mt = std::max(mt, row[j]);
+        const float mn = std::max(m[static_cast<size_t>(r)], mt);
+        double sum = s[static_cast<size_t>(r)] * std::exp(static_cast<double>(m[static_cast<size_t>(r)] - mn));
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(row[j] - mn));
+        s[static_cast<size_t>(r)] = sum;
+        m[static_cast<size_t>(r)] = mn;
+        if (t >= n0 && t < n0 + n) target_logit[static_cast<size_t>(r)] = row[t - n0];
+      }
+    });
+  }
+  double total = 0;
+  std::vector<float> lse(static_cast<size_t>(N), 0.0f);
+  for (int64_t r = 0; r < N; ++r) {
+    if (pt[r] == ignore_index) continue;
+    const double l = static_cast<double>(m[static_cast<size_t>(r)]) + std::log(s[static_cast<size_t>(r)]);
+    lse[static_cast<size_t>(r)] = static_cast<float>(l);
+    total += l - static_cast<double>(target_logit[static_cast<size_t>(r)]);
+  }
+  Tensor dx;
+  if (need_dx) {
+    dx = N > 0 ? Tensor::empty(x.shape()) : Tensor::zeros(x.shape());
+    for (int64_t n0 = 0; N > 0 && n0 < V; n0 += kTile) {
+      const int64_t n = std::min(kTile, V - n0);
+      tile_logits(n0, n);
+      parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {  // the tile's g = (softmax - onehot) / count, in place
+        for (int64_t r = r0; r < r1; ++r) {
+          float* row = logits.data() + r * n;
+          const int32_t t = pt[r];
+          if (t == ignore_index) {
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          const float l = lse[static_cast<size_t>(r)];
+          for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - l) * scale;
+          if (t >= n0 && t < n0 + n) row[t - n0] -= scale;
+        }
+      });
+      // dx[N, C] (+)= g[N, n] @ w[n0:n0+n]
+      cpu::gemm(false, false, N, C, n, 1.0f, logits.data(), n, tile.data(), C, n0 == 0 ? 0.0f : 1.0f, dx.data<float>(), C);
+    }
+  }
+  Tensor loss = mean_loss(total, count, x.device());
+  autograd::record(op, {x, targets}, {loss}, [dx](const autograd::BackwardContext& ctx) {
+    const float upstream = ctx.grad_output(0).item();
+    if (dx.defined() && upstream != 1.0f) cpu::scale_inplace(dx.data<float>(), upstream, dx.numel());
+    return TensorList{dx, Tensor()};
   });
   return loss;
 }

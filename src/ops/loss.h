@@ -1,6 +1,8 @@
 // Losses, differentiable in the logits.
 #pragma once
 
+#include <memory>
+
 #include "core/tensor.h"
 #include "ops/matmul.h"
 
@@ -24,5 +26,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index = -100,
                             MatmulPrecision precision = MatmulPrecision::F32, int64_t chunk_rows = 512,
                             const Tensor& w_bf16 = Tensor());
+
+// linear_cross_entropy with w held in a GGUF block format (QLoRA's head, frozen: ops::dequantized_linear's
+// weights): neither the [N, V] logits nor w in f32 ever exist. w is dequantized 256 vocabulary rows at a
+// time; a first pass over the tiles computes each row's logits tile by tile and keeps a running max and
+// sum (an online log-sum-exp, as flash attention's), a second pass (when autodiff records) recomputes each
+// tile's logits, forms (softmax - onehot) / count from the row's log-sum-exp and adds its dx = g w_tile.
+// w is dequantized twice, as dequantized_linear's forward and backward do; peak memory O(N * 256).
+// Differentiable in x only. x: f32 CPU [..., C]; w: [V, C]; targets: i32 [...] (x's leading shape).
+Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const quant::QuantizedMatrix> w,
+                                        const Tensor& targets, int32_t ignore_index = -100);
 
 }  // namespace loom::ops

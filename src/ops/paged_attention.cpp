@@ -1,5 +1,7 @@
 #include "ops/paged_attention.h"
 
+#include <cmath>
+
 #include "backends/backend.h"
 #include "backends/cpu/paged_attention.h"
 
@@ -66,15 +68,32 @@ void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
   cpu::paged_kv_write(p, k.data<float>(), v.data<float>(), k_cache.data<float>(), v_cache.data<float>());
 }
 
-Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows) {
+void paged_cache_write(Tensor& cache, const Tensor& x, const PagedRows& rows) {
+  std::vector<const int32_t*> tables;
+  const cpu::PagedAttentionProblem p = problem("paged_cache_write", cache, cache, cache.size(1), rows, tables);
+  check_dtype(x, DType::F32, "paged_cache_write", "x");
+  require_cpu("paged_cache_write", {&x});
+  LOOM_CHECK(x.shape() == Shape({p.R, p.Hkv, p.D}), "paged_cache_write: x ", x.describe(), " should be [", p.R, ", ",
+             p.Hkv, ", ", p.D, "] (rows, the cache's heads, its slot width)");
+  cpu::paged_row_write(p, x.data<float>(), cache.data<float>());
+}
+
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows,
+                       const PagedAttentionOptions& options) {
   check_dtype(q, DType::F32, "paged_attention", "q");
   check_ndim(q, 3, "paged_attention", "q");
   require_cpu("paged_attention", {&q});
   std::vector<const int32_t*> tables;
-  const cpu::PagedAttentionProblem p = problem("paged_attention", k_cache, v_cache, q.size(1), rows, tables);
+  cpu::PagedAttentionProblem p = problem("paged_attention", k_cache, v_cache, q.size(1), rows, tables);
   LOOM_CHECK(q.size(0) == p.R && q.size(2) == p.D, "paged_attention: q ", q.describe(), " should be [", p.R,
              ", H, ", p.D, "] (rows, heads, the cache's head dim)");
-  Tensor out = Tensor::empty(q.shape());
+  LOOM_CHECK(options.value_dim >= 0 && options.value_dim <= p.D, "paged_attention: value_dim ", options.value_dim,
+             " is outside [0, ", p.D, "] (0: the cache's head dim ", p.D, ")");
+  LOOM_CHECK(options.scale >= 0 && std::isfinite(options.scale), "paged_attention: scale ", options.scale,
+             " must be finite and >= 0 (0: 1/sqrt(D))");
+  p.Dv = options.value_dim;
+  p.scale = options.scale;
+  Tensor out = Tensor::empty({p.R, q.size(1), p.value_dim()});
   cpu::paged_attention_forward(p, q.data<float>(), k_cache.data<float>(), v_cache.data<float>(), out.data<float>());
   return out;
 }

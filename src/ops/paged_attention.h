@@ -23,6 +23,9 @@ struct PagedRows {
 
 // Writes k, v [R, Hkv, D] to row r's slot (positions[r]) of the caches k_cache, v_cache [NB, Hkv, S, D].
 void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v, const PagedRows& rows);
+// Writes x [R, Hkv, D] to row r's slot of one cache [NB, Hkv, S, D]: a latent cache, whose slots hold
+// a key and, in its first numbers, the value (multi-head latent attention).
+void paged_cache_write(Tensor& cache, const Tensor& x, const PagedRows& rows);
 
 // Checks the caches k_cache, v_cache [NB, Hkv, S, D] and the rows as paged_attention does (every block a
 // row reads is in the cache; H query heads a multiple of Hkv), naming `op`; returns the rows' block tables'
@@ -30,8 +33,17 @@ void paged_kv_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
 std::vector<const int32_t*> paged_row_tables(const char* op, const Tensor& k_cache, const Tensor& v_cache, int64_t H,
                                              const PagedRows& rows);
 
+// The scores' scale (0: 1/sqrt(D)) and the values' width Dv <= D (0: D; a value is the first Dv numbers
+// of its slot). Multi-head latent attention passes its latent cache as both k_cache and v_cache, with
+// Dv = kv_rank and the scale of its per-head dims.
+struct PagedAttentionOptions {
+  float scale = 0;
+  int64_t value_dim = 0;
+};
+
 // q: [R, H, D] (rotated). Row r attends to positions 0..positions[r] of its sequence, keys and values
-// already written. Returns [R, H, D].
-Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows);
+// already written. Returns [R, H, Dv].
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const PagedRows& rows,
+                       const PagedAttentionOptions& options = {});
 
 }  // namespace loom::ops

@@ -198,8 +198,9 @@ std::pair<int64_t, int64_t> stage_layers(int64_t L, int64_t p, int64_t s) {
   const int64_t base = L / p, extra = L % p;
   // The extra layers go to stages 1..extra (or the first ones when p <= extra + 1).
   auto size = [&](int64_t k) { return base + ((p > 2 && k >= 1 && k <= extra) || (p <= 2 && k < extra) ? 1 : 0); };
-  int64_t first = 0;
-  for (int64_t k = 0; k < s; ++k) first += size(k);
+  // The extra layers on the stages before s.
+  const int64_t before = p > 2 ? std::clamp<int64_t>(s - 1, 0, extra) : std::min(s, extra);
+  const int64_t first = s * base + before;
   return {first, first + size(s)};
 }
 
@@ -255,7 +256,7 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
 
 }  // namespace
 
-Estimate estimate(const Request& r, const Layout& l) {
+Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   Estimate e;
   e.layout = l;
   const models::ModelConfig& m = r.model;
@@ -283,38 +284,31 @@ Estimate estimate(const Request& r, const Layout& l) {
   else if (l.pipe > L) e.invalid = str("pipe=", l.pipe, " exceeds the ", L, " layers");
   else if (l.pipe > 1 && l.micro_batches < l.pipe) e.invalid = str("pipe=", l.pipe, " needs at least as many micro-batches, got ", l.micro_batches);
 
-  // ---- memory per device: the most loaded pipeline stage ----
+  // ---- memory per device: pipeline stage `stage` ----
   const std::vector<ParamCount> params = census(m);
   const bool tied = m.arch() == "gpt2" && flag(j, "tie_embeddings", true);
   // Under a pipe axis the last stage reads the token table too: GPT-2's tied head, DeepSeek-V3's MTP.
   const bool table_on_last = tied || (m.arch() == "deepseek_v3" && key(j, "n_mtp") > 0);
-  double worst = -1;
-  double stage_params = 0, stage_dense_whole = 0, largest_weight = 0;
-  int64_t worst_stage = 0, worst_layers = 0;
-  for (int64_t s = 0; s < l.pipe; ++s) {
-    const auto [first, last] = stage_layers(L, l.pipe, s);
-    double elems = 0, largest = 0, moe_layers = 0;
-    for (const ParamCount& p : params) {
-      const bool here = (p.layer >= first && p.layer < last) || (p.layer < 0 && s == 0) ||
-                        (p.layer >= L && s == l.pipe - 1) ||
-                        (tied && p.group == ParamGroup::Embedding && s == l.pipe - 1);  // the tied head's copy
-      if (!here) continue;
-      const Split sp = split_of(p, l);
-      elems += p.count / sp.total();
-      if (p.ndim >= 2 && p.layer >= 0 && p.layer < L && sp.shard > 1) {
-        largest = std::max(largest, p.count / sp.tensor / sp.expert / (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::DenseIn ? 1 : 1));
-      }
-      (void)moe_layers;
-    }
-    if (elems > worst) {
-      worst = elems;
-      worst_stage = s;
-      worst_layers = last - first;
-      largest_weight = largest;
+  const int64_t worst_stage = std::clamp<int64_t>(stage, 0, l.pipe - 1);
+  const auto [stage_first, stage_last] = stage_layers(L, l.pipe, worst_stage);
+  const int64_t worst_layers = stage_last - stage_first;
+  // Whether parameter p lives on this stage: its block's stage, the tables on the first, the head and
+  // what follows the blocks on the last (with the token table where the last stage reads it too).
+  auto on_stage = [&](const ParamCount& p) {
+    return (p.layer >= stage_first && p.layer < stage_last) || (p.layer < 0 && worst_stage == 0) ||
+           (p.layer >= L && worst_stage == l.pipe - 1) ||
+           (table_on_last && p.group == ParamGroup::Embedding && worst_stage == l.pipe - 1);
+  };
+  double stage_params = 0, largest_weight = 0;
+  for (const ParamCount& p : params) {
+    if (!on_stage(p)) continue;
+    const Split sp = split_of(p, l);
+    stage_params += p.count / sp.total();
+    // The largest weight FSDP gathers whole (over its shard axis; still split over tensor and expert).
+    if (p.ndim >= 2 && p.layer >= 0 && p.layer < L && sp.shard > 1) {
+      largest_weight = std::max(largest_weight, p.count / sp.tensor / sp.expert);
     }
   }
-  stage_params = worst;
-  (void)stage_dense_whole;
   e.worst_stage = worst_stage;
   for (int64_t st = 0; st < l.pipe; ++st) e.stage_bounds.push_back(stage_layers(L, l.pipe, st).first);
   e.stage_bounds.push_back(L);
@@ -333,30 +327,53 @@ Estimate estimate(const Request& r, const Layout& l) {
                            : l.schedule == "gpipe" ? static_cast<double>(l.micro_batches)
                                                    : static_cast<double>(std::min(l.pipe - worst_stage, l.micro_batches));
   const bool last_stage = worst_stage == l.pipe - 1;
-  e.activations = in_flight * mb_tokens * act_bytes *
-                  (static_cast<double>(worst_layers) * am.per_layer + (last_stage ? am.head : 1.0 * C));
-  // One layer's recomputed values while its backward runs, and the loss's head chunk (512 rows of logits
-  // and their gradient), and FSDP's gathered weights (the one computing, the prefetched one, and the
-  // whole-size gradient being reduce-scattered).
-  // Pipeline buffers: the activation a stage receives and the gradient it sends back, per micro-batch in flight.
-  if (l.pipe > 1) e.pipeline_buffers = 2 * in_flight * mb_tokens * C * act_bytes;
-  // The step's peak comes in the loss's forward (its chunk of logits and their gradient) or in the
-  // backward (the gradients, one layer's recomputed values, FSDP's gathered weights: the one computing,
-  // the prefetched one and the whole-size gradient being reduce-scattered; and loom's data-axis gradient
-  // buckets, which hold a copy of the gradients they all-reduce: dp, all of them). The gradients exist
-  // in the loss's forward only when micro-batches accumulate into them (runs::step_peak_bytes's rule).
-  const double loss_forward = last_stage ? runs::loss_forward_bytes(m, mb_tokens, l.tensor) : 0;
+  // What one micro-batch keeps from its forward to its backward: its layers' activations, and the stage's
+  // output (a stage before the last: held for the backward's sum(out · g)), or on the last stage the head's
+  // terms (runs::activation_model) and the head's weight gradient, which ops::linear_cross_entropy
+  // computes in the forward and its autograd node holds until the backward (V x C, f32: the table is
+  // gathered whole under tensor parallelism).
+  // Under tensor parallelism the head's table, gathered whole for the loss, is kept by the loss's graph too.
+  const double head_grad = last_stage ? 4 * V * C : 0;
+  const double per_micro = mb_tokens * act_bytes * (static_cast<double>(worst_layers) * am.per_layer + (last_stage ? am.head : C)) +
+                           head_grad * (l.tensor > 1 ? 2 : 1);
+  e.activations = in_flight * per_micro;
+  // The gradient a stage before the last receives for its output, alive through the micro-batch's
+  // backward (the received activations are its first block's input, counted above; the sends are
+  // copies MPI holds outside loom's allocator until they complete).
+  if (l.pipe > 1 && !last_stage) e.pipeline_buffers = mb_tokens * C * act_bytes;
+  // The step's peak comes in one of four phases (measured with the allocator on every stage of pipe=2
+  // and pipe=4 runs under GPipe and 1F1B: bench/plan.cpp, docs/plan.md):
+  //   the loss's forward (the last stage): everything kept, its 512-row chunk of logits and of their
+  //     gradient; the gradients exist then when a backward ran before it (accumulated micro-batches
+  //     without a pipe; under 1F1B a stage that runs forwards after its first backward);
+  //   the first backward: the micro-batches in flight, no gradients yet, the backward's own transient
+  //     values (the gradient flowing back, C per token, and an MLP's hidden gradients, F/t, 2F/t on a
+  //     stage before the last, which also holds the gradient it received; the dW being added to its
+  //     parameter's gradient), one layer's recomputed values, FSDP's gathered weights (the one computing,
+  //     the prefetched one and the whole-size gradient being reduce-scattered);
+  //   a later backward: the same with every gradient, and the micro-batches still in flight then
+  //     (min(in flight, M - 1)), less the head's weight gradient of the one it runs (added to the
+  //     parameter's gradient as the backward starts, and freed);
+  //   the last backward under dp: the gradients, and loom's data-axis buckets, which hold a copy of the
+  //     gradients they all-reduce as they become final (dp: all of them), with the backward's values;
+  //   the end of the last backward: the gradients and the buckets.
+  const double F_hidden = m.arch() == "gpt2" ? (key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C) : key(j, "d_ff");
+  const double loss_chunk = last_stage ? 2 * std::min(mb_tokens, 512.0) * V * 4 : 0;  // ops::linear_cross_entropy's chunk
   const double gathered = l.shard == "fsdp" ? 3 * 4 * largest_weight : 0;
+  const double weight_grad = l.shard == "fsdp" ? 0 : 4 * F_hidden * C / static_cast<double>(l.tensor);
+  const double hidden_grads = (l.pipe > 1 && !last_stage ? 2 : 1) * F_hidden / static_cast<double>(l.tensor);
+  const double backward_values = mb_tokens * act_bytes * (C + hidden_grads + am.recompute) + weight_grad + gathered;
   const double buckets = l.shard == "none" && l.data * l.expert > 1 && r.overlap ? e.grads : 0;
-  const double resident = e.params + e.optimizer + e.bf16_copies + e.pipeline_buffers;
-  const double accumulated = l.micro_batches > 1 ? e.grads : 0;  // gradients alive through the forward
-  // The three phases: the loss's forward (everything kept, the logits' chunk); the backward's start
-  // (everything kept, the gradients, one layer's recomputed values, FSDP's gathers); the backward's end
-  // (the activations gone; the gradients and their bucket copies).
-  const double phase_loss = resident + accumulated + e.activations + loss_forward;
-  const double phase_backward = resident + e.grads + e.activations + mb_tokens * act_bytes * am.recompute + gathered;
+  const double resident = e.params + e.optimizer + e.bf16_copies;
+  const double M = static_cast<double>(l.micro_batches);
+  const bool grads_in_forward = l.pipe == 1 ? M > 1 : l.schedule == "1f1b" && M > in_flight;
+  const double phase_loss = last_stage ? resident + (grads_in_forward ? e.grads : 0) + e.activations + loss_chunk : 0;
+  const double phase_first_backward = resident + e.activations + backward_values;
+  const double phase_later_backward =
+      M > 1 ? resident + e.grads + std::min(in_flight, M - 1) * per_micro - head_grad + backward_values : 0;
+  const double phase_bucketed_backward = buckets > 0 ? resident + e.grads + buckets + backward_values : 0;
   const double phase_end = resident + e.grads + buckets + gathered;
-  e.peak = std::max({phase_loss, phase_backward, phase_end});
+  e.peak = std::max({phase_loss, phase_first_backward, phase_later_backward, phase_bucketed_backward, phase_end});
   e.transient = e.peak - (resident + e.grads + e.activations);
   e.memory_limit = r.memory_per_device > 0 ? r.memory_per_device : r.device.memory_bytes;
 
@@ -377,6 +394,33 @@ Estimate estimate(const Request& r, const Layout& l) {
   const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
   const double N = static_cast<double>(r.devices);
   e.compute_s = e.hardware_flops / N / peak;
+  if (l.pipe > 1) {
+    // A pipeline runs at the pace of its slowest stage: each stage's share of the compute is its blocks'
+    // matmul weights (a routed expert's at top_k / n_routed: the share a token runs), PaLM's attention term
+    // per block (2·H·D·T weight-equivalents), and on the last stage the head (a tied table's too) and what
+    // follows the blocks (DeepSeek-V3's MTP modules). The lookups cost nothing.
+    std::vector<double> cost(static_cast<size_t>(l.pipe), 0.0);
+    std::vector<int64_t> stage_of(static_cast<size_t>(L) + 1, l.pipe - 1);
+    for (int64_t s = 0; s < l.pipe; ++s) {
+      const auto [a, b] = stage_layers(L, l.pipe, s);
+      for (int64_t k = a; k < b; ++k) stage_of[static_cast<size_t>(k)] = s;
+      cost[static_cast<size_t>(s)] += static_cast<double>(b - a) * 2.0 * static_cast<double>(st.attention_width) *
+                                      static_cast<double>(T);
+    }
+    for (const ParamCount& p : params) {
+      if (p.ndim < 2 || p.layer < 0) continue;
+      const bool routed = p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut;
+      const int64_t s = stage_of[static_cast<size_t>(std::min(p.layer, L))];
+      cost[static_cast<size_t>(s)] += p.count * (routed && E > 0 ? topk / E : 1.0);
+    }
+    if (tied) cost.back() += V * C;
+    double total = 0, slowest = 0;
+    for (double c : cost) {
+      total += c;
+      slowest = std::max(slowest, c);
+    }
+    if (total > 0) e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
+  }
 
   // ---- collectives (per device per step) ----
   const double g_data = static_cast<double>(l.data);
@@ -394,18 +438,17 @@ Estimate estimate(const Request& r, const Layout& l) {
     e.collectives.push_back(collective("tensor-parallel activation all-reduces", "all_reduce", "tensor", l.tensor,
                                        act_bytes * n * layers_here * mb_tokens * C * micro, tensor_link, false,
                                        n * layers_here * micro));
-    const double tables = (tied ? 1 : 2) * V * C / static_cast<double>(l.tensor);
+    // The token table gathered for the lookup (the first stage) and the head's for the loss (the last);
+    // one gather for a tied table used by both on one rank.
+    const double tables = (l.pipe == 1 ? (tied ? 1 : 2) : (worst_stage == 0 ? 1 : 0) + (last_stage ? 1 : 0)) * V * C /
+                          static_cast<double>(l.tensor);
     e.collectives.push_back(collective("embedding/head table gathers", "all_gather", "tensor", l.tensor, 4 * tables * micro,
                                        tensor_link, false, 2 * micro));
   }
   // Data-axis gradient sums: the parameters replicated over the batch axes.
   double replicated = 0, sharded_shard = 0, sharded_whole = 0, expert_replicated = 0, sharded_bias = 0;
   for (const ParamCount& p : params) {
-    const auto [first, last] = stage_layers(L, l.pipe, worst_stage);
-    const bool here = (p.layer >= first && p.layer < last) || (p.layer < 0 && worst_stage == 0) ||
-                      (p.layer >= L && worst_stage == l.pipe - 1) ||
-                      (table_on_last && p.group == ParamGroup::Embedding && worst_stage == l.pipe - 1);
-    if (!here) continue;
+    if (!on_stage(p)) continue;
     const Split sp = split_of(p, l);
     const double local = p.count / sp.total();
     if (sp.shard > 1) {
@@ -484,8 +527,10 @@ Estimate estimate(const Request& r, const Layout& l) {
     e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 8 * n,
                                        data_link, false, n));
   } else if (batch_split || l.tensor > 1) {
-    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(),
-                                       8 * (batch_split ? 3 : 2), data_link, false, batch_split ? 3 : 2));
+    // The loss over the batch axes once per micro-batch (the trainer's mean), the stop agreement, the norm.
+    const double n = (batch_split ? micro : 0) + 2;
+    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 8 * n,
+                                       data_link, false, n));
   }
   (void)g_data;
 
@@ -514,6 +559,22 @@ Estimate estimate(const Request& r, const Layout& l) {
   e.mfu = e.model_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
   e.hfu = e.hardware_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
   return e;
+}
+
+Estimate estimate(const Request& r, const Layout& l) {
+  Estimate worst = estimate_stage(r, l, 0);
+  if (!worst.invalid.empty()) return worst;
+  // The candidates: the first stage (the most micro-batches in flight under 1F1B), the first middle one
+  // (the extra layers go to the middle stages from stage 1 on: the most layers, and under 1F1B the most
+  // in flight among them), the last (the head and the loss). Every other stage holds no more than these.
+  std::vector<int64_t> candidates;
+  if (l.pipe >= 2) candidates.push_back(1);
+  if (l.pipe >= 3) candidates.push_back(l.pipe - 1);
+  for (int64_t s : candidates) {
+    Estimate e = estimate_stage(r, l, s);
+    if (e.peak > worst.peak) worst = std::move(e);
+  }
+  return worst;
 }
 
 Plan make_plan(const Request& r) {

@@ -81,7 +81,7 @@ struct Collective {
 struct Estimate {
   Layout layout;
   std::string invalid;   // why the layout cannot run this model at all ("" when it can)
-  // Memory per device (the most loaded rank: a pipeline's first or last stage), bytes.
+  // Memory per device (the most loaded rank: the pipeline stage with the largest peak), bytes.
   double params = 0, grads = 0, optimizer = 0, bf16_copies = 0, activations = 0, pipeline_buffers = 0,
          transient = 0;  // the peak phase's buffers beyond the terms before it
   // The peak over the step's phases (plan.cpp): the loss's forward, the backward, the end of the backward.
@@ -122,7 +122,12 @@ struct ParamCount {
 };
 std::vector<ParamCount> census(const models::ModelConfig& model);
 
+// The layout's estimate for the most loaded pipeline stage (the largest peak memory; without a pipe
+// axis, every rank's).
 Estimate estimate(const Request& request, const Layout& layout);
+// The same for the ranks of pipeline stage `stage` (0 <= stage < layout.pipe): their memory, collectives
+// and point-to-point bytes (bench/plan.cpp compares each rank of a run with its stage's).
+Estimate estimate_stage(const Request& request, const Layout& layout, int64_t stage);
 Plan make_plan(const Request& request);
 
 std::string format_plan(const Plan& plan, int rows = 12);

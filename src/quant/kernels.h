@@ -44,5 +44,8 @@ const KernelTable& scalar_kernels();
 // nullptr when the build has no such kernels (a non-x86 compiler).
 const KernelTable* avx2_kernels();
 const KernelTable* avx512_vnni_kernels();
+// avx512_vnni_kernels' table whose 16-row pair groups take AMX int8 tiles from 8 or 16 activation rows
+// on (kernels_amx.cpp); bitwise the same outputs.
+const KernelTable* amx_kernels();
 
 }  // namespace loom::quant::detail

@@ -5,6 +5,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -168,6 +172,7 @@ const char* kernel_path_name(KernelPath path) {
     case KernelPath::Scalar: return "scalar";
     case KernelPath::Avx2: return "avx2";
     case KernelPath::Avx512Vnni: return "avx512-vnni";
+    case KernelPath::Amx: return "amx";
   }
   return "?";
 }
@@ -178,8 +183,20 @@ namespace {
 // What CPUID and the OS (XCR0: which register state it saves) allow. Read directly rather than through
 // __builtin_cpu_supports, whose feature names differ between compilers (clang 14 lacks avx512vnni).
 struct X86Features {
-  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512_vnni = false;
+  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512_vnni = false, amx_int8 = false;
 };
+
+// AMX's tile data (8 KB of state) is off for a process until it asks: Linux >= 5.16 grants it through
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), for every thread of the process, once. A refusal
+// (an older kernel, a seccomp filter) leaves the AMX path unsupported rather than faulting later.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 X86Features read_x86_features() {
   X86Features f;
@@ -197,6 +214,10 @@ X86Features read_x86_features() {
   // AVX-512 F, BW and VL (EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving zmm state.
   f.avx512 = zmm_state && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
   f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
+  // AMX-TILE and AMX-INT8 (EDX bits 24, 25), with XCR0 saying the OS manages the tile configuration and
+  // data (bits 17, 18), and the process granted the data.
+  const bool tile_state = ((xcr0_lo >> 17) & 3) == 3;
+  f.amx_int8 = f.avx512_vnni && ((d >> 24) & 1) && ((d >> 25) & 1) && tile_state && request_amx_permission();
   return f;
 }
 
@@ -216,8 +237,10 @@ bool kernel_path_supported(KernelPath path) {
       return detail::avx2_kernels() && x86_features().avx2 && x86_features().fma && x86_features().f16c;
     case KernelPath::Avx512Vnni:
       return detail::avx512_vnni_kernels() && kernel_path_supported(KernelPath::Avx2) && x86_features().avx512_vnni;
+    case KernelPath::Amx:
+      return detail::amx_kernels() && kernel_path_supported(KernelPath::Avx512Vnni) && x86_features().amx_int8;
 #else
-    case KernelPath::Avx2: case KernelPath::Avx512Vnni: return false;
+    case KernelPath::Avx2: case KernelPath::Avx512Vnni: case KernelPath::Amx: return false;
 #endif
   }
   return false;
@@ -228,15 +251,16 @@ namespace {
 KernelPath detect_best_path() {
   if (const char* env = std::getenv("LOOM_QUANT_KERNEL"); env && *env) {
     const std::string want = env;
-    for (KernelPath p : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni}) {
+    for (KernelPath p : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni, KernelPath::Amx}) {
       if (want == kernel_path_name(p)) {
         LOOM_CHECK(kernel_path_supported(p), "LOOM_QUANT_KERNEL=", want, ": this CPU cannot run the ", want,
                    " kernels");
         return p;
       }
     }
-    LOOM_FAIL("LOOM_QUANT_KERNEL=", want, " is not a kernel path (expected scalar, avx2 or avx512-vnni)");
+    LOOM_FAIL("LOOM_QUANT_KERNEL=", want, " is not a kernel path (expected scalar, avx2, avx512-vnni or amx)");
   }
+  if (kernel_path_supported(KernelPath::Amx)) return KernelPath::Amx;
   if (kernel_path_supported(KernelPath::Avx512Vnni)) return KernelPath::Avx512Vnni;
   if (kernel_path_supported(KernelPath::Avx2)) return KernelPath::Avx2;
   return KernelPath::Scalar;
@@ -249,6 +273,7 @@ const detail::KernelTable& kernels_for(KernelPath path) {
   switch (path) {
     case KernelPath::Avx2: return *detail::avx2_kernels();
     case KernelPath::Avx512Vnni: return *detail::avx512_vnni_kernels();
+    case KernelPath::Amx: return *detail::amx_kernels();
     default: return detail::scalar_kernels();
   }
 }

@@ -22,9 +22,11 @@
 // d' for d: ~16-bit activations. The two levels are two activation rows for the same kernels (one
 // unpack of a weight block serves both), summed in f32: twice the integer work, no new kernel.
 //
-// Paths: Scalar (portable C++, the test oracle), Avx2, Avx512Vnni (AVX-512 VL + VNNI), chosen at run
+// Paths: Scalar (portable C++, the test oracle), Avx2, Avx512Vnni (AVX-512 VL + VNNI), Amx (the
+// Avx512Vnni kernels, with AMX int8 tiles for the integer dots of many activation rows), chosen at run
 // time by CPUID (Auto). Every path computes the same integer sums and differs from the others only in
-// the order of the f32 accumulation. Results do not depend on the thread count.
+// the order of the f32 accumulation; Amx is bitwise Avx512Vnni (the same f32 operations on the same
+// integers). Results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -75,12 +77,14 @@ class QuantizedMatrix {
 // Whether quantized_matmul has kernels for this weight type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
 bool has_matmul_kernels(QuantType type);
 
-enum class KernelPath { Auto, Scalar, Avx2, Avx512Vnni };
-const char* kernel_path_name(KernelPath path);  // "scalar", "avx2", "avx512-vnni"
-// Whether this CPU (CPUID) can run a path; Auto and Scalar always can.
+enum class KernelPath { Auto, Scalar, Avx2, Avx512Vnni, Amx };
+const char* kernel_path_name(KernelPath path);  // "scalar", "avx2", "avx512-vnni", "amx"
+// Whether this CPU (CPUID) can run a path; Auto and Scalar always can. Amx also needs the OS to grant
+// the process the tile state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, asked once here).
 bool kernel_path_supported(KernelPath path);
 // What Auto resolves to: the widest supported path, unless LOOM_QUANT_KERNEL (scalar, avx2,
-// avx512-vnni) asks for another, which is refused by name if this CPU cannot run it.
+// avx512-vnni, amx) asks for another, which is refused by name if this CPU cannot run it
+// (LOOM_QUANT_KERNEL=avx512-vnni keeps an AMX machine off the tiles).
 KernelPath best_kernel_path();
 
 // How finely activations are rounded (the comment at the top): one 8-bit level, or the value and its

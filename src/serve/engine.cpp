@@ -129,13 +129,12 @@ Engine::Engine(const models::LanguageModel& model, const tokenizer::Tokenizer& t
   if (options_.batched) decoder_ = model.decoder_weights();
   if (decoder_) {
     const nn::DecoderWeights& w = *decoder_;
-    block_bytes = static_cast<double>(nn::PagedKVCache::block_bytes(static_cast<int64_t>(w.layers.size()),
-                                                                    w.num_kv_heads, S, w.head_dim()));
+    block_bytes = static_cast<double>(nn::PagedKVCache::block_bytes(w, S));
     mode_ = "batched";
   } else {
     const double per_token = runs::kv_cache_memory(model.model_config(), 1).total_bytes() / static_cast<double>(ctx);
     block_bytes = per_token * static_cast<double>(S);
-    mode_ = options_.batched ? "per-sequence (the " + model.arch() + " model has no batched decoder)"
+    mode_ = options_.batched ? "per-sequence (the " + model.arch() + " model cannot be described as a batched decoder now)"
                              : "per-sequence (batching turned off)";
   }
   int64_t blocks = options_.kv_blocks;
@@ -152,8 +151,7 @@ Engine::Engine(const models::LanguageModel& model, const tokenizer::Tokenizer& t
              "): give the KV cache more memory");
   pool_ = std::make_unique<BlockPool>(blocks, S);
   if (decoder_) {
-    kv_ = std::make_unique<nn::PagedKVCache>(static_cast<int64_t>(decoder_->layers.size()), blocks,
-                                             decoder_->num_kv_heads, S, decoder_->head_dim());
+    kv_ = std::make_unique<nn::PagedKVCache>(*decoder_, blocks, S);
   }
   counters_.ttft_buckets.assign(std::size(kTtftBounds), 0);
   publish_stats();

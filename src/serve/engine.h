@@ -12,12 +12,14 @@
 //     stop token, a stop string, max_tokens or the context, returning their blocks.
 //
 // Two ways to run a step (Engine::mode says which):
-//   * batched: a model that describes itself as a plain decoder (LanguageModel::decoder_weights: the
-//     Llama family, f32 or quantized) runs every sequence's rows in one nn::paged_decoder_forward pass
-//     (weights read once per step) with its keys and values in the pool's blocks, shared prefixes cached;
-//   * per-sequence: any other model (GPT-2, DeepSeek-V3) runs each sequence through its own decode path
-//     (LanguageModel::decode_last) with a cache of its own, one after the other. Each sequence holds
-//     blocks for its whole context from the pool, so the budget still bounds memory; no prefix cache.
+//   * batched: a model that describes itself as a decoder (LanguageModel::decoder_weights: Llama, f32 or
+//     quantized; GPT-2; DeepSeek-V3, whose blocks hold latents [c | k_rope] instead of keys and values)
+//     runs every sequence's rows in one nn::paged_decoder_forward pass (weights read once per step) with
+//     its keys and values in the pool's blocks, shared prefixes cached;
+//   * per-sequence: a model that cannot be described now (sharded, a LoRA adapter, ...), or
+//     --no-batching, runs each sequence through its own decode path (LanguageModel::decode_last) with a
+//     cache of its own, one after the other. Each sequence holds blocks for its whole context from the
+//     pool, so the budget still bounds memory; no prefix cache.
 //
 // Batch invariance: a request's tokens and logprobs depend on the request alone (its prompt, sampling
 // options and seed), never on what else runs, when it arrived, or in which order. Batched: every row is

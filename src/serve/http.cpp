@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -358,6 +359,7 @@ struct HttpServer::Impl {
   httplib::Server server;
   std::atomic<int64_t> next_id{1}, rejected_queue_full{0}, rejected_draining{0}, disconnects{0};
   std::atomic<bool>* draining = nullptr;
+  socket_t listen_socket = INVALID_SOCKET;  // the last socket the options callback saw: the bound one
 
   Impl(Engine& e, const tokenizer::Tokenizer& t, ChatSetup c, ServerOptions o)
       : engine(e), tok(t), chat(std::move(c)), options(std::move(o)) {}
@@ -608,9 +610,10 @@ HttpServer::HttpServer(Engine& engine, const tokenizer::Tokenizer& tok, ChatSetu
   // cpp-httplib's default socket options add SO_REUSEPORT, with which a second `loom serve` on a port in
   // use binds it too and the kernel splits the clients between the two: keep SO_REUSEADDR only (a restart
   // need not wait for TIME_WAIT), so a busy port is an error naming --port.
-  s.set_socket_options([](socket_t sock) {
+  s.set_socket_options([&im](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    im.listen_socket = sock;  // bind() widens its backlog once it listens
   });
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(o.max_body_bytes);
@@ -702,6 +705,12 @@ int HttpServer::bind() {
                ": cannot listen there (the port is in use, or the host is not an address of this machine)");
     port_ = o.port;
   }
+  // Debian's cpp-httplib (0.11, a compiled library: its CPPHTTPLIB_LISTEN_BACKLOG cannot be set from here)
+  // listens with a backlog of 5. A burst of clients connecting at once overflows it, and the kernel then
+  // drops or resets the connections past it (11 of 64 were reset under load). listen() again on the
+  // listening socket only changes its backlog: to the system's maximum (net.core.somaxconn caps it).
+  LOOM_CHECK(impl_->listen_socket != INVALID_SOCKET && ::listen(impl_->listen_socket, SOMAXCONN) == 0,
+             "serve: cannot widen the listen backlog of --host ", o.host, " port ", port_, ": ", std::strerror(errno));
   return port_;
 }
 

@@ -563,7 +563,10 @@ FinetuneSummary Finetuner::run(const StopSignal* stop) {
     const double norm = config_.grad_clip > 0 ? clip_grad_norm(grads, config_.grad_clip) : global_grad_norm(grads);
     const bool finite = std::isfinite(loss_value) && std::isfinite(norm);
     if (finite) optimizer_->step(lr);
-    model_->end_training_step(finite);
+    // Model state that training moves besides the weights (DeepSeek-V3's routing biases) is part of the
+    // base: LoRA leaves it frozen, as the weights (the adapters' checkpoints and PEFT's files hold no
+    // other tensor); full fine-tuning updates it and checkpoints it with the weights.
+    model_->end_training_step(finite && config_.full);
     ++step_;
     progress.update(step_);
     if (step_ % config_.log_interval == 0 || step_ == config_.max_steps) {

@@ -1,5 +1,6 @@
 // LoRA on a linear layer (nn/lora.h): forward and backward against PyTorch (tests/nn/fixtures/
-// make_lora_fixtures.py), finite differences, PEFT's initialisation, the frozen base, dropout.
+// make_lora_fixtures.py), finite differences, PEFT's initialisation, the frozen base, dropout. And on
+// routed experts (an expert stack's adapters through ops::moe_experts, as DeepSeek-V3's MoE runs them).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,10 @@
 #include "nn/lora.h"
 #include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/loss.h"
 #include "ops/matmul.h"
+#include "ops/moe.h"
 #include "quant/qmatmul.h"
 #include "quant/quant.h"
 #include "support/op_test.h"
@@ -233,6 +237,42 @@ TEST(Qlora, AQuantizedBaseTrainsItsAdapterAsItsDequantizedTwinDoes) {
   }
 }
 
+TEST(Qlora, TheQuantizedHeadAndItsLossFusedEqualTheLogitsThenTheLoss) {
+  // V = 600: two whole tiles of 256 vocabulary rows and a partial one; two rows ignored.
+  QuantizedPair p = quantized_pair(quant::QuantType::Q4_1, 64, 600);
+  const Tensor x0 = randn({2, 7, 64}, 31);
+  std::vector<int32_t> t;
+  for (int i = 0; i < 14; ++i) t.push_back(i == 3 || i == 11 ? -100 : (i * 97 + 5) % 600);
+  const Tensor targets = Tensor::from_vector<int32_t>({2, 7}, t);
+  Tensor xa = param(x0), xb = param(x0);
+  Tensor fused = ops::dequantized_linear_cross_entropy(xa, p.q->quantized, targets);
+  Tensor unfused = ops::cross_entropy(ops::dequantized_linear(xb, p.q->quantized), targets);
+  EXPECT_NEAR(fused.item(), unfused.item(), 2e-6);
+  ops::scale(fused, 3.0f).backward();
+  ops::scale(unfused, 3.0f).backward();
+  expect_close(xa.grad(), xb.grad(), 1e-6f, 1e-5f, "dx");
+  TensorList inputs = {param(randn({3, 64}, 32))};
+  const Tensor t3 = Tensor::from_vector<int32_t>({3}, {5, 300, 599});
+  gradcheck([&](const TensorList& in) { return ops::dequantized_linear_cross_entropy(in[0], p.q->quantized, t3); }, inputs);
+  autograd::NoGradGuard no_grad;
+  EXPECT_NEAR(ops::dequantized_linear_cross_entropy(x0, p.q->quantized, targets).item(), unfused.item(), 2e-6);
+  expect_error_mentions([&] { ops::dequantized_linear_cross_entropy(x0, p.q->quantized, Tensor::from_vector<int32_t>({2, 7}, std::vector<int32_t>(14, 600))); },
+                        {"600"});
+}
+
+TEST(Qlora, AnEmbeddingHeldQuantizedLooksUpItsDequantizedRows) {
+  const Tensor w = randn({40, 64}, 41, 0.2f);
+  auto qm = std::make_shared<quant::QuantizedMatrix>(quant::QuantizedMatrix::quantize(quant::QuantType::Q4_1, w.data<float>(), 40, 64));
+  Tensor deq = Tensor::empty({40, 64});
+  qm->dequantize(deq.data<float>());
+  nn::Embedding e("token_embeddings", 40, 64, RngKey{});
+  e.quantized = qm;
+  e.weight.value = Tensor::empty({0});  // as the QuantizedOnly import leaves it: never read
+  const Tensor ids = Tensor::from_vector<int32_t>({2, 3}, {0, 39, 7, 7, 12, 1});
+  expect_bitwise(e.forward(ids), ops::embedding(ids, deq), "rows dequantized from the blocks");
+  expect_error_mentions([&] { e.forward(Tensor::from_vector<int32_t>({1}, {40})); }, {"id 40", "V=40"});
+}
+
 TEST(Qlora, DequantizedLinearMatchesFiniteDifferencesAndTheIntegerPathWithoutGrad) {
   QuantizedPair p = quantized_pair(quant::QuantType::Q8_0, 32, 270);
   TensorList inputs = {param(randn({3, 32}, 26)), param(randn({270}, 27))};
@@ -255,4 +295,90 @@ TEST(Qlora, TheQuantizedWeightItselfIsNeverTrained) {
 }
 
 }  // namespace
+
+namespace {
+// The three expert stacks of the fixture with their adapters (A, B as drawn there), frozen weights.
+struct ExpertAdapted {
+  std::vector<Tensor> w;                     // w1, w3, w2
+  std::vector<std::unique_ptr<nn::LoRA>> l;  // their adapters
+  Tensor forward(const Tensor& x, const Tensor& index, const Tensor& gates) const {
+    return ops::moe_experts(x, index, gates, l[0]->adapted(w[0]), l[1]->adapted(w[1]), l[2]->adapted(w[2]));
+  }
+};
+
+ExpertAdapted expert_adapted(const Fixture& f) {
+  ExpertAdapted a;
+  nn::LoraOptions o;
+  o.rank = static_cast<int64_t>(f.get("rank").item());
+  o.alpha = f.get("alpha").item();
+  for (const std::string tag : {"w1", "w3", "w2"}) {
+    Tensor w = f.get(tag);  // [E, out, in]
+    a.w.push_back(w);
+    a.l.push_back(std::make_unique<nn::LoRA>("layers.1.moe.experts." + tag, w.size(2), w.size(1), o, RngKey::from_seed(3),
+                                             w.size(0)));
+    a.l.back()->A.value.copy_from(f.get(tag + "_a"));
+    a.l.back()->B.value.copy_from(f.get(tag + "_b"));
+  }
+  return a;
+}
+
+Fixture expert_fixture() { return Fixture::load(std::string(LOOM_TEST_DIR) + "/fixtures/expert_lora.json"); }
+}  // namespace
+
+TEST(ExpertLora, ForwardAndBackwardMatchPyTorch) {
+  const Fixture f = expert_fixture();
+  ExpertAdapted a = expert_adapted(f);
+  EXPECT_EQ(a.l[0]->A.name, "layers.1.moe.experts.w1.lora_A.weight");
+  EXPECT_EQ(a.l[2]->B.value.shape(), (Shape{3, 6, 2}));  // w2 [E, C, F]: B [E, C, r]
+  Tensor x = param(f.get("x")), gates = param(f.get("gates"));
+  Tensor y = a.forward(x, f.get("expert_index"), gates);
+  expect_close(y, f.get("y"), 2e-5f, 1e-4f, "y");
+  autograd::backward(y, f.get("dy"));
+  expect_close(x.grad(), f.get("dx"), 2e-5f, 1e-4f, "dx");
+  expect_close(gates.grad(), f.get("dgates"), 2e-5f, 1e-4f, "dgates");
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string tag = i == 0 ? "w1" : i == 1 ? "w3" : "w2";
+    expect_close(a.l[i]->A.value.grad(), f.get(tag + "_da"), 2e-5f, 1e-4f, tag + " dA");
+    expect_close(a.l[i]->B.value.grad(), f.get(tag + "_db"), 2e-5f, 1e-4f, tag + " dB");
+  }
+}
+
+TEST(ExpertLora, GradientsMatchFiniteDifferences) {
+  const Fixture f = expert_fixture();
+  ExpertAdapted a = expert_adapted(f);
+  TensorList inputs = {param(f.get("x")), param(f.get("gates"))};
+  for (auto& l : a.l) {
+    inputs.push_back(param(l->A.value.clone()));
+    inputs.push_back(param(l->B.value.clone()));
+  }
+  const Tensor index = f.get("expert_index");
+  gradcheck(
+      [&](const TensorList& in) {
+        for (size_t i = 0; i < 3; ++i) {
+          a.l[i]->A.value = in[2 + 2 * i];
+          a.l[i]->B.value = in[3 + 2 * i];
+        }
+        return a.forward(in[0], index, in[1]);
+      },
+      inputs);
+}
+
+TEST(ExpertLora, StartsAtTheBaseMergesAsItAdaptsAndRefusesDropout) {
+  nn::LoraOptions o;
+  o.rank = 2;
+  const Tensor w = randn({4, 5, 6}, 8);
+  nn::LoRA l("layers.1.moe.experts.w1", 6, 5, o, RngKey::from_seed(9), 4);
+  EXPECT_EQ(l.A.value.shape(), (Shape{4, 2, 6}));
+  expect_bitwise(l.adapted(w), w, "B = 0: the base experts");  // PEFT's start: B zero
+  l.B.value.copy_from(randn({4, 5, 2}, 10));
+  autograd::NoGradGuard no_grad;
+  Tensor merged = w.clone();
+  ops::add_(merged, l.merged_delta());
+  expect_bitwise(merged, l.adapted(w), "w + merged_delta() is adapted(w)");
+  expect_error_mentions([&] { l.delta(randn({3, 6}, 11)); }, {"layers.1.moe.experts.w1", "adapted"});
+  o.dropout = 0.1f;
+  expect_error_mentions([&] { nn::LoRA("layers.1.moe.experts.w2", 6, 5, o, RngKey{}, 4); },
+                        {"layers.1.moe.experts.w2", "dropout on routed experts"});
+}
+
 }  // namespace loom::test

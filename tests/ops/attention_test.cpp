@@ -534,6 +534,31 @@ TEST(Attention, DocumentMaskingEqualsTheDenseBlockDiagonalMask) {
   }
 }
 
+TEST(Attention, SdpaDocumentMaskingEqualsTheDenseBlockDiagonalMask) {
+  // scaled_dot_product_attention on [B, H, T, D] heads (MLA's: q/k of width D, v of another Dv) with
+  // key_begin: every head of row b reads row b's documents; the same as the dense [B, H, T, T] mask.
+  const int64_t b = 2, t = 300, h = 3, d = 12, dv = 8;
+  Tensor kb = key_begin_of({{45, 150, 70}, {130, 170}}, t);
+  Tensor mask = Tensor::empty({b, h, t, t}, DType::Bool);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t hh = 0; hh < h; ++hh)
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < t; ++j)
+          mask.data<bool>()[((r * h + hh) * t + i) * t + j] = j <= i && j >= kb.data<int32_t>()[r * t + i];
+  TensorList qkv = {test::randn({b, h, t, d}, 90), test::randn({b, h, t, d}, 91), test::randn({b, h, t, dv}, 92)};
+  Tensor dy = test::randn({b, h, t, dv}, 93);
+  auto fused = run_with_grads([&](const TensorList& in) {
+    return ops::scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), true, 0.3f, ops::MatmulPrecision::F32, kb);
+  }, qkv, dy);
+  auto dense = run_with_grads([&](const TensorList& in) {
+    return ops::scaled_dot_product_attention(in[0], in[1], in[2], mask, false, 0.3f);
+  }, qkv, dy);
+  expect_all_close(fused, dense, 3e-5f, 3e-4f, "sdpa with key_begin vs dense mask");
+  test::expect_error_mentions([&] { ops::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], Tensor(), false, 0.3f,
+                                                                      ops::MatmulPrecision::F32, kb); },
+                              {"key_begin", "causal"});
+}
+
 TEST(Attention, DocumentMaskingRefusesKeyBeginsAfterTheirPosition) {
   TensorList qkv = {test::randn({1, 4, 8}, 90), test::randn({1, 4, 8}, 91), test::randn({1, 4, 8}, 92)};
   Tensor kb = Tensor::from_vector<int32_t>({1, 4}, {0, 0, 3, 2});  // position 2 cannot start at 3

@@ -187,7 +187,8 @@ TEST(MoeExperts, MatchesPyTorch) {
 }
 
 TEST(MoeExperts, MatchesTheDenseReferenceAcrossTiles) {
-  // ~230 rows per expert: two tiles each, the second a tail; expert 3 gets nothing.
+  // ~230 rows per expert: two row blocks of the grouped GEMM each (96-128 rows, by kernel; or two
+  // 128-row tiles on the oneDNN path), the second a tail; expert 3 gets nothing.
   const int64_t N = 350, C = 24, F = 20, E = 4, K = 2;
   ExpertInputs in = expert_inputs(N, C, F, E, K, 31, {3});
   Tensor y = ops::moe_experts(in.x, in.index, in.gates, in.w1, in.w3, in.w2);

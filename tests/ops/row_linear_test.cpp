@@ -170,3 +170,54 @@ TEST(PagedAttention, RefusesRowsItsTablesDoNotCoverNamingThem) {
   Tensor k_wrong = Tensor::zeros({2, c.Hkv, c.D});
   EXPECT_HAS(test::error_of([&] { ops::paged_kv_write(c.k_cache, c.v_cache, k_wrong, k_wrong, rows); }), "should be [1");
 }
+
+// Multi-head latent attention's use: one cache whose slots are the keys, and in their first Dv numbers
+// the values, with a scale of its own. Against the reference in double, and refusals naming the option.
+TEST(PagedAttention, OneLatentCacheServesAsKeysAndValuesWithItsOwnScale) {
+  const int64_t NB = 6, S = 4, W = 8, Dv = 5, H = 3, P = 6;
+  const float scale = 0.3f;
+  Tensor cache = Tensor::zeros({NB, 1, S, W});
+  const std::vector<int32_t> table = {4, 1};
+  Tensor latents = test::randn({P + 1, 1, W}, 21);
+  ops::PagedRows write;
+  for (int64_t p = 0; p <= P; ++p) {
+    write.positions.push_back(p);
+    write.tables.push_back(&table);
+  }
+  ops::paged_cache_write(cache, latents, write);
+  Tensor q = test::randn({2, H, W}, 22);
+  ops::PagedRows rows;
+  rows.positions = {P, 2};
+  rows.tables = {&table, &table};
+  ops::PagedAttentionOptions o;
+  o.scale = scale;
+  o.value_dim = Dv;
+  Tensor out = ops::paged_attention(q, cache, cache, rows, o);
+  ASSERT_EQ(out.shape(), Shape({2, H, Dv}));
+  const float* l = latents.data<float>();
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t at = rows.positions[static_cast<size_t>(r)];
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> s(static_cast<size_t>(at + 1));
+      double max = -1e300, total = 0;
+      for (int64_t j = 0; j <= at; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < W; ++d) dot += static_cast<double>(q.data<float>()[(r * H + h) * W + d]) * l[j * W + d];
+        s[static_cast<size_t>(j)] = dot * scale;
+        max = std::max(max, s[static_cast<size_t>(j)]);
+      }
+      for (double& e : s) total += (e = std::exp(e - max));
+      for (int64_t d = 0; d < Dv; ++d) {
+        double want = 0;
+        for (int64_t j = 0; j <= at; ++j) want += s[static_cast<size_t>(j)] / total * l[j * W + d];
+        EXPECT_NEAR(out.data<float>()[(r * H + h) * Dv + d], want, 1e-5) << "row " << r << ", head " << h << ", " << d;
+      }
+    }
+  }
+  o.value_dim = W + 1;
+  EXPECT_HAS(test::error_of([&] { ops::paged_attention(q, cache, cache, rows, o); }), "value_dim 9");
+  o.value_dim = 0;
+  o.scale = -1;
+  EXPECT_HAS(test::error_of([&] { ops::paged_attention(q, cache, cache, rows, o); }), "scale -1");
+  EXPECT_HAS(test::error_of([&] { ops::paged_cache_write(cache, test::randn({2, 1, W}, 3), write); }), "should be [7");
+}

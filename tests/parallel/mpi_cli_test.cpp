@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -228,6 +229,46 @@ TEST_F(MpiCli, DeepSeekThroughAPipeEqualsOneProcessAndResumesWithoutIt) {
   ASSERT_EQ(r.status, 0) << r.log;
   EXPECT_NE(r.log.find("resuming from step 6"), std::string::npos) << r.log;
   expect_same_run(ref, piped);
+}
+
+// The pipe axis on 8 ranks under mpirun, each mode inside the stages: tiny Llama (4 blocks) on pipe=2 x
+// data=2 x tensor=2 (fsdp_tp, 1F1B) and pipe=2 x data=4 (fsdp, GPipe); GPT-2 with its tied head on
+// pipe=4 x data=2 (dp, 1F1B: the table's gradient summed over the first and last of four stages); dsv3-tiny
+// (4 blocks: 1 dense, 3 MoE) on pipe=2 x data=2 x expert=2 (fsdp_ep, GPipe). Two micro-batches a step,
+// kPipeMpiSteps steps; every loss and the final weights (the routing biases included) equal one process's.
+// Eight ranks on two cores: the steps are few to keep the test's time small; tests/parallel/pipeline_test
+// runs every combination 20 steps in-process.
+TEST_F(MpiCli, PipeOnEightRanksEqualsOneProcessInEveryMode) {
+  Corpus c;
+  constexpr int64_t kPipeMpiSteps = 8;
+  const std::string accum = "--set model.num_layers=4 --set training.grad_accum_steps=2 ";
+  const std::string gpt2 = accum + "--set model.d_model=64 --set model.num_heads=4 --set model.dropout=0 "
+                                   "--set training.precision=f32 --set optimizer.lr=3e-3 ";
+  struct Run {
+    std::string preset, sets, mesh;
+  };
+  const std::vector<Run> runs = {
+      {"tiny", accum, "--mesh pipe=2,data=2,tensor=2 --parallel fsdp_tp --set parallel.schedule=1f1b"},
+      {"tiny", accum, "--mesh pipe=2,data=4 --parallel fsdp --set parallel.schedule=gpipe"},
+      {"gpt2-small", gpt2, "--mesh pipe=4,data=2 --parallel dp --set parallel.schedule=1f1b"},
+      {"dsv3-tiny", accum + kDeepSeekSets + " ", "--mesh pipe=2,data=2,expert=2 --parallel fsdp_ep --set parallel.schedule=gpipe"},
+  };
+  std::map<std::string, fs::path> refs;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& k = runs[i];
+    SCOPED_TRACE(k.preset + " " + k.mesh);
+    if (!refs.count(k.preset)) {
+      const fs::path ref = c.dir / ("ref_" + k.preset);
+      Ran r = sh(c.command(0, ref, kPipeMpiSteps, k.sets, k.preset), c.dir / "ref.log");
+      ASSERT_EQ(r.status, 0) << r.log;
+      refs[k.preset] = ref;
+    }
+    const fs::path got = c.dir / ("run_" + std::to_string(i));
+    Ran r = sh(c.command(8, got, kPipeMpiSteps, k.sets + k.mesh, k.preset), c.dir / "run.log");
+    ASSERT_EQ(r.status, 0) << r.log;
+    EXPECT_NE(r.log.find("8 ranks over mpi"), std::string::npos) << r.log;
+    expect_same_run(refs[k.preset], got);
+  }
 }
 
 TEST_F(MpiCli, AMeshThatDoesNotMatchTheRanksIsRefused) {

@@ -1,7 +1,7 @@
-// quantized_matmul: every kernel path (scalar, AVX2, AVX-512 VNNI where the CPU has it) against the
+// quantized_matmul: every kernel path (scalar, AVX2, AVX-512 VNNI, AMX where the CPU has it) against the
 // double-precision oracle that uses the same activation quantization, the oracle against the exact
 // f32 product within the activation-rounding bound stated in qmatmul.h, the activation quantizer
-// identical on every path, thread-count independence, and refusals.
+// identical on every path, thread-count independence, the AMX path bitwise the VNNI path, and refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,7 +19,7 @@ using namespace loom::quant;
 
 namespace {
 
-const KernelPath kPaths[] = {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni};
+const KernelPath kPaths[] = {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni, KernelPath::Amx};
 const ActivationRounding kRoundings[] = {ActivationRounding::Int8, ActivationRounding::Int8x2};
 const QuantType kTypes[] = {QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q6_K};
 
@@ -309,7 +309,7 @@ TEST(QuantizedMatmul, EachOutputIsTheSameWhateverShareComputesIt) {
     const QuantizedMatrix w = random_matrix(type, N, K, gen);
     for (int64_t M : {1, 2, 3, 5}) {
       const std::vector<float> x = random_activations(M, K, gen);
-      for (KernelPath path : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512Vnni}) {
+      for (KernelPath path : kPaths) {
         if (!kernel_path_supported(path)) continue;
         for (ActivationRounding rounding : kRoundings) {
           SCOPED_TRACE(std::string(quant_type_name(type)) + " " + kernel_path_name(path) + " " +
@@ -330,6 +330,49 @@ TEST(QuantizedMatmul, EachOutputIsTheSameWhateverShareComputesIt) {
             EXPECT_EQ(std::memcmp(whole.data(), with_path.data(), whole.size() * 4), 0);
           }
         }
+      }
+    }
+  }
+}
+
+// The AMX path computes the 16-row pair groups' integer dots with int8 tiles (from a few activation
+// rows on) and must give the AVX-512 VNNI path's bits for every row: 1..33 activation rows (below the
+// tiles' threshold, partial tiles of 16, one and two full tiles, two and a row), N odd (pairs of groups,
+// a lone 8-row group, rows outside the groups), K an odd number of blocks and a single block, each
+// rounding; whole calls and shares that start on a lone group.
+TEST(QuantizedMatmul, AmxIsBitwiseTheVnniPath) {
+  if (!kernel_path_supported(KernelPath::Amx)) {
+    GTEST_SKIP() << "amx kernels: not supported by this CPU (needs amx-tile, amx-int8 and the OS's tile state)";
+  }
+  std::mt19937 gen(31);
+  for (QuantType type : kTypes) {
+    const bool k_quant = block_elements(type) == 256;
+    const std::pair<int64_t, int64_t> shapes[] = {{53, k_quant ? 768 : 160}, {41, k_quant ? 256 : 32}};
+    for (const auto& [N, K] : shapes) {
+      const QuantizedMatrix w = random_matrix(type, N, K, gen);
+      const std::vector<float> x = random_activations(33, K, gen);
+      for (ActivationRounding rounding : kRoundings) {
+        const int64_t levels = activation_levels(rounding);
+        std::vector<ActBlock> a(static_cast<size_t>(33 * levels * K / 32));
+        quantize_activation_rows(x.data(), 33, K, a.data(), KernelPath::Avx512Vnni, rounding);
+        for (int64_t M = 1; M <= 33; ++M) {
+          SCOPED_TRACE(std::string(quant_type_name(type)) + " " + activation_rounding_name(rounding) + " M=" +
+                       std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+          std::vector<float> vnni(static_cast<size_t>(M * N)), amx(vnni.size(), -1.0f), shares(vnni.size(), -1.0f);
+          quantized_matmul_rows(a.data(), M, w, 0, N, vnni.data(), N, KernelPath::Avx512Vnni, rounding);
+          quantized_matmul_rows(a.data(), M, w, 0, N, amx.data(), N, KernelPath::Amx, rounding);
+          const std::pair<int64_t, int64_t> parts[] = {{0, 8}, {8, 40}, {40, N}};
+          for (const auto& [n0, n1] : parts) {
+            quantized_matmul_rows(a.data(), M, w, n0, n1, shares.data(), N, KernelPath::Amx, rounding);
+          }
+          ASSERT_EQ(std::memcmp(vnni.data(), amx.data(), vnni.size() * 4), 0);
+          ASSERT_EQ(std::memcmp(vnni.data(), shares.data(), vnni.size() * 4), 0);
+        }
+        // The same activations through quantized_matmul (its own quantization and thread split).
+        std::vector<float> vnni(static_cast<size_t>(33 * N)), amx(vnni.size());
+        quantized_matmul(x.data(), 33, w, vnni.data(), KernelPath::Avx512Vnni, rounding);
+        quantized_matmul(x.data(), 33, w, amx.data(), KernelPath::Amx, rounding);
+        EXPECT_EQ(std::memcmp(vnni.data(), amx.data(), vnni.size() * 4), 0) << quant_type_name(type);
       }
     }
   }
@@ -392,6 +435,8 @@ TEST(QuantizedMatmul, CpuDetectionAgreesWithTheCompiler) {
   const bool vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   EXPECT_EQ(kernel_path_supported(KernelPath::Avx512Vnni), vnni);
+  // AMX also needs the OS's consent, which GCC does not check; it can only narrow what CPUID says.
+  if (!__builtin_cpu_supports("amx-int8")) EXPECT_FALSE(kernel_path_supported(KernelPath::Amx));
   std::printf("[   INFO   ] best kernel path here: %s\n", kernel_path_name(best_kernel_path()));
 }
 #endif

@@ -433,10 +433,11 @@ TEST_F(EngineTest, DrainFinishesWhatRunsAndRefusesNewRequests) {
   EXPECT_THROW(engine.submit(greedy({1}, 2)), EngineClosed);
 }
 
-// GPT-2 and DeepSeek-V3 have no batched decoder: each sequence runs through the model's own decode path,
-// with its prompt cut at fixed positions. Greedy output still equals generate()'s, and a seeded request's
-// tokens and logprobs are the same alone or beside others.
-TEST(EnginePerSequence, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
+// GPT-2 and DeepSeek-V3, batched (their decoder_weights: one pass over every sequence's rows, DeepSeek-V3's
+// latents in the pool's blocks) and per sequence (each sequence through the model's own decode path, its
+// prompt cut at fixed positions): greedy output equals generate()'s, and a seeded request's tokens and
+// logprobs are the same alone or beside others, in any order, with prompts sharing a prefix.
+TEST(EngineFamilies, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
   tokenizer::Tokenizer tok = byte_tokenizer();
   std::vector<std::unique_ptr<models::LanguageModel>> models_;
   models_.push_back(std::make_unique<gpt2::GPT2>(
@@ -457,34 +458,46 @@ TEST(EnginePerSequence, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
   d.top_k = 2;
   d.d_expert = 16;
   models_.push_back(std::make_unique<deepseek_v3::DeepSeekV3>(d, 4));
+  const std::vector<int32_t> shared = prompt(999, 16);
   for (const auto& m : models_) {
-    SCOPED_TRACE(m->arch());
-    EngineOptions o;
-    o.prefill_chunk = 8;
-    o.block_size = 8;
-    o.kv_blocks = 40;
-    std::vector<RequestSpec> specs;
-    for (int i = 0; i < 5; ++i) specs.push_back(seeded(prompt(300 + i, 3 + 6 * i), 10, 50 + i));
-    std::vector<Result> alone;
-    {
+    for (bool batched : {true, false}) {
+      SCOPED_TRACE(m->arch() + (batched ? " batched" : " per-sequence"));
+      EngineOptions o;
+      o.batched = batched;
+      o.prefill_chunk = 8;
+      o.block_size = 8;
+      o.kv_blocks = 40;
+      std::vector<RequestSpec> specs;
+      for (int i = 0; i < 6; ++i) {
+        std::vector<int32_t> p = prompt(300 + i, 3 + 6 * i);
+        if (i % 2 == 0) p.insert(p.begin(), shared.begin(), shared.end());
+        specs.push_back(seeded(p, 10, 50 + i));
+      }
+      std::vector<Result> alone;
+      {
+        Engine engine(*m, tok, o);
+        EXPECT_EQ(engine.batched(), batched) << engine.mode();
+        EXPECT_HAS(engine.mode(), batched ? "batched" : "per-sequence");
+        for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
+        generate::GenerateOptions g;
+        g.max_new_tokens = 12;
+        g.sampling.temperature = 0;
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<int32_t> p = prompt(7 + i, 5 + 11 * i);
+          EXPECT_EQ(collect(*engine.submit(greedy(p, 12))).tokens, generate::generate(*m, p, g)) << "prompt " << i;
+        }
+        if (batched) EXPECT_GT(engine.stats().prefix_hits, 0);
+      }
       Engine engine(*m, tok, o);
-      EXPECT_FALSE(engine.batched());
-      EXPECT_HAS(engine.mode(), "per-sequence");
-      for (const RequestSpec& s : specs) alone.push_back(collect(*engine.submit(s)));
-      generate::GenerateOptions g;
-      g.max_new_tokens = 12;
-      g.sampling.temperature = 0;
-      EXPECT_EQ(collect(*engine.submit(greedy(prompt(7, 5), 12))).tokens, generate::generate(*m, prompt(7, 5), g));
+      std::vector<std::shared_ptr<RequestHandle>> hs;
+      for (int i = 5; i >= 0; --i) hs.push_back(engine.submit(specs[static_cast<size_t>(i)]));
+      for (int i = 5; i >= 0; --i) {
+        Result r = collect(*hs[static_cast<size_t>(5 - i)]);
+        EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
+        EXPECT_EQ(r.logprobs, alone[static_cast<size_t>(i)].logprobs) << "request " << i;
+      }
+      settle(engine);
+      EXPECT_EQ(engine.stats().kv_blocks_free, 40);
     }
-    Engine engine(*m, tok, o);
-    std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int i = 4; i >= 0; --i) hs.push_back(engine.submit(specs[static_cast<size_t>(i)]));
-    for (int i = 4; i >= 0; --i) {
-      Result r = collect(*hs[static_cast<size_t>(4 - i)]);
-      EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
-      EXPECT_EQ(r.logprobs, alone[static_cast<size_t>(i)].logprobs) << "request " << i;
-    }
-    settle(engine);
-    EXPECT_EQ(engine.stats().kv_blocks_free, 40);
   }
 }

@@ -12,7 +12,10 @@
 #include "core/autograd.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
+#include "models/adapters.h"
+#include "models/deepseek_v3/model.h"
 #include "models/family.h"
+#include "ops/shape.h"
 #include "runs/load.h"
 #include "support/errors.h"
 #include "support/files.h"
@@ -188,7 +191,9 @@ OneByOne run_one_by_one(models::LanguageModel& model, const std::vector<nn::Para
     r.loss_sum += l.item() * static_cast<double>(n);
     r.tokens += n;
     for (size_t i = 0; i < params.size(); ++i) {
-      auto g = params[i]->value.grad().to_vector<float>();
+      // A parameter the loss does not reach (DeepSeek-V3's MTP module under the evaluation loss) has none.
+      const Tensor grad = params[i]->value.grad();
+      auto g = grad.defined() ? grad.to_vector<float>() : std::vector<float>(static_cast<size_t>(params[i]->value.numel()), 0.0f);
       if (r.grads[i].empty()) r.grads[i].assign(g.size(), 0.0f);
       for (size_t k = 0; k < g.size(); ++k) r.grads[i][k] += g[k];
     }
@@ -239,7 +244,8 @@ void expect_packed_equals_separate(models::LanguageModel& model, const std::vect
   EXPECT_NEAR(l.item(), want_loss / static_cast<double>(tokens), 2e-6);
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor want = Tensor::from_vector<float>(params[i]->value.shape(), want_grads[i]);
-    test::expect_close(params[i]->value.grad(), want, 2e-5f, 1e-4f, params[i]->name);
+    const Tensor g = params[i]->value.grad();
+    test::expect_close(g.defined() ? g : Tensor::zeros(want.shape()), want, 2e-5f, 1e-4f, params[i]->name);
   }
   // Without the document mask and positions the packed row is one long sequence: a different loss
   // (the check above is not vacuous).
@@ -283,6 +289,63 @@ TEST(SftData, APackedBatchEqualsTheExamplesRunSeparatelyGpt2) {
   auto model = tiny_model("gpt2", {{"vocab_size", 64}, {"context_length", 256}, {"d_model", 32}, {"num_layers", 2},
                                    {"num_heads", 4}});
   expect_packed_equals_separate(*model, synthetic_examples({41, 151, 91}), 200, 2);
+}
+
+// DeepSeek-V3: MLA attends within each document (its scaled_dot_product_attention with key_begin) and
+// rotates by the documents' positions, and the MTP module's training loss predicts within documents only.
+// The routed experts carry adapters, so the packed rows run through them too. (Eval loss: the main
+// cross-entropy; the balance loss, which counts a row's positions as one sequence, is not compared.)
+TEST(SftData, APackedBatchEqualsTheExamplesRunSeparatelyDeepSeekV3) {
+  auto model = tiny_model("deepseek_v3", {{"vocab_size", 64}, {"context_length", 256}, {"d_model", 32},
+                                          {"num_layers", 2}, {"num_heads", 2}, {"q_rank", 16}, {"kv_rank", 8},
+                                          {"d_nope", 8}, {"d_rope", 4}, {"d_v", 8}, {"d_ff", 48}, {"n_routed", 4},
+                                          {"top_k", 2}, {"d_expert", 16}, {"n_mtp", 1}});
+  models::AdapterConfig a;
+  a.lora.rank = 2;
+  a.targets = {"all-linear"};
+  for (nn::LoRA* l : models::attach_adapters(*model, a, RngKey::from_seed(2))) {
+    l->B.value.copy_from(test::randn(l->B.value.shape(), 3, 0.05f));
+  }
+  const auto ex = synthetic_examples({41, 151, 91});
+  expect_packed_equals_separate(*model, ex, 200, 2);
+
+  // The MTP part of the training objective: module 1 scores position t when t + 1 is trained and in t's
+  // document, so its packed mean is the separate means weighted by their scored positions.
+  auto& ds = dynamic_cast<deepseek_v3::DeepSeekV3&>(*model);
+  std::vector<nn::Parameter*> params = model->parameters();
+  const models::ForwardContext training = models::ForwardContext::train(RngKey::from_seed(1));
+  double want = 0;
+  int64_t scored = 0;
+  std::vector<std::vector<float>> want_grads(params.size());
+  for (const auto& e : ex) {
+    for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+    const data::Batch one = train::sft_batch({&e});
+    const auto t = ops::narrow(one.targets, 1, 1, one.targets.size(1) - 1).to_vector<int32_t>();
+    const auto n = std::count_if(t.begin(), t.end(), [](int32_t v) { return v != train::kIgnoreTarget; });
+    Tensor mtp = ds.losses(one.inputs, one.targets, training).mtp;
+    ops::scale(mtp, static_cast<float>(n)).backward();
+    want += mtp.item() * static_cast<double>(n);
+    scored += n;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor g = params[i]->value.grad();
+      auto v = g.defined() ? g.to_vector<float>() : std::vector<float>(static_cast<size_t>(params[i]->value.numel()), 0.0f);
+      if (want_grads[i].empty()) want_grads[i].assign(v.size(), 0.0f);
+      for (size_t k = 0; k < v.size(); ++k) want_grads[i][k] += v[k];
+    }
+  }
+  for (nn::Parameter* p : params) p->value.set_grad(Tensor());
+  const data::Batch packed = train::sft_packed_batch({&ex[0], &ex[1], &ex[2]}, 200);
+  models::ForwardContext ctx = training;
+  ctx.positions = packed.positions;
+  ctx.key_begin = packed.key_begin;
+  Tensor mtp = ds.losses(packed.inputs, packed.targets, ctx).mtp;
+  ops::scale(mtp, static_cast<float>(scored)).backward();
+  EXPECT_NEAR(mtp.item(), want / static_cast<double>(scored), 2e-6);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = params[i]->value.grad();
+    Tensor w = Tensor::from_vector<float>(params[i]->value.shape(), want_grads[i]);
+    test::expect_close(g.defined() ? g : Tensor::zeros(w.shape()), w, 2e-5f, 1e-4f, "mtp " + params[i]->name);
+  }
 }
 
 TEST(SftData, PackedRowsRestartPositionsAndPadAsADocumentOfTheirOwn) {

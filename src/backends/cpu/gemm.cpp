@@ -5,11 +5,18 @@
 #include "backends/cpu/gemm.h"
 
 #include <omp.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <algorithm>
+#include <type_traits>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
@@ -259,6 +266,19 @@ bool blocked_leads_on_avx512(const GemmKey& k) {
   return k.trans_a && !k.trans_b && k.M >= 10000 && k.K >= 256 && cpu_has_avx512_bf16();
 }
 
+// On AVX-512 CPUs with AMX (a 2-vCPU Sapphire Rapids measured: docs/gemm.md, "Sapphire Rapids"), oneDNN 2.6
+// keeps bf16 (its AMX kernels run at 2-4x the FMA peak), but its f32 kernels fall far behind the
+// blocked kernel's on a few training shapes (medians of 3 interleaved repetitions, 1 and 2 threads):
+//   B untransposed with N >= 3072: GPT-2's MLP down-projection backward, dx (1024, 3072, 768) and dW
+//   (768, 3072, 1024): 21-30% of the FMA peak against 63-67% (2.2-3.0x);
+//   the LM head's dx, K = the vocabulary >= 16384: 1.16-1.43x (GPT-2's 50257);
+//   the LM head's dW, A transposed, M = the vocabulary >= 16384: 1.46-1.70x.
+bool blocked_leads_on_amx_cpu(const GemmKey& k) {
+  if (cpu_isa() != CpuIsa::Avx512 || !cpu_has_amx_bf16() || k.dtype != DType::F32 || k.trans_b) return false;
+  if (k.N >= 3072 && k.M >= 256 && k.K >= 256) return true;
+  return k.trans_a ? k.M >= 16384 && k.K >= 256 : k.K >= 16384 && k.M >= 256;
+}
+
 bool use_blocked(const GemmKey& k) {
   switch (gemm_kernel()) {
     case GemmKernel::Blocked:
@@ -270,7 +290,7 @@ bool use_blocked(const GemmKey& k) {
       // LM-head shapes where the AVX-512 copy leads (above); in f32, the shapes where oneDNN's AVX2
       // kernel is measurably slow; in bf16 on a CPU without oneDNN bf16 kernels, every GEMM, since
       // oneDNN would first copy both operands to f32 in full (the blocked kernel widens them while it packs).
-      if (blocked_leads_on_avx512(k)) return true;
+      if (blocked_leads_on_avx512(k) || blocked_leads_on_amx_cpu(k)) return true;
       if (k.dtype == DType::F32) return cpu_isa() == CpuIsa::Avx2 && onednn_avx2_is_slow_at(k);
       return k.dtype == DType::BF16 && !bf16_kernels_available() && cpu_isa_supported(CpuIsa::Avx2);
   }
@@ -420,7 +440,213 @@ void reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   }
 }
 
+// LOOM_AMX=off, else set_amx_allowed; -1 while unset.
+std::atomic<int> g_amx_override{-1};
+
+bool amx_from_env() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("LOOM_AMX");
+    if (env == nullptr || *env == '\0' || std::strcmp(env, "on") == 0) return true;
+    LOOM_CHECK(std::strcmp(env, "off") == 0, "LOOM_AMX='", env, "' is not one of: on, off");
+    return false;
+  }();
+  return allowed;
+}
+
+// Which grouped kernel runs: the blocked one (and its bf16 path), or one oneDNN GEMM per group.
+enum class GroupedPath { PerGroup, Values, Pairs, Tiles };
+
+GroupedPath grouped_path(DType dtype) {
+  if (gemm_kernel() == GemmKernel::OneDnn || !cpu_isa_supported(CpuIsa::Avx2)) return GroupedPath::PerGroup;
+  if (dtype == DType::F32 || cpu_isa() != CpuIsa::Avx512) return GroupedPath::Values;
+  if (cpu_has_amx_bf16() && amx_allowed() && amx_usable()) return GroupedPath::Tiles;
+  return cpu_has_avx512_bf16() ? GroupedPath::Pairs : GroupedPath::Values;
+}
+
+// Rows per oneDNN call in the per-group path: its primitives are cached by shape, and the experts' row
+// counts change every step, so each group is cut into tiles of at most this many rows (and, where the
+// groups' K differ, K into blocks of as many, accumulated with beta = 1): at most kGroupTile sizes of
+// tail, however the counts move. 128 was measured as the best tile height for the MoE (docs/moe.md).
+constexpr int64_t kGroupTile = 128;
+
+// One oneDNN GEMM per tile, each on one thread (a parallel region over the tiles, heaviest groups
+// first), gathered rows copied into a per-thread buffer first.
+template <typename T>
+void grouped_per_group(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta,
+                       int64_t ldc, const std::vector<GemmGroup>& groups) {
+  if (N == 0) return;
+  const int64_t G = static_cast<int64_t>(groups.size());
+  bool same_k = true;
+  for (const GemmGroup& g : groups) same_k = same_k && g.K == groups.front().K;
+  struct Task {
+    int64_t group, m0, cost;
+  };
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < G; ++i) {
+    const GemmGroup& g = groups[static_cast<size_t>(i)];
+    for (int64_t m0 = 0; m0 < g.M; m0 += kGroupTile)
+      tasks.push_back({i, m0, std::min(kGroupTile, g.M - m0) * std::max<int64_t>(g.K, 1)});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  // A parallel region whenever the work is worth a second thread, so every GEMM in it runs on one
+  // thread (gemm.h) and the result cannot depend on the thread count.
+  double flops = 0;
+  for (const GemmGroup& g : groups) flops += 2.0 * static_cast<double>(g.M) * static_cast<double>(N) * static_cast<double>(g.K);
+  const int threads = flops < kSerialFlops ? 1 : num_threads();  // (each tile then under kSerialFlops too)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    try {
+      const GemmGroup& g = groups[static_cast<size_t>(tasks[t].group)];
+      const int64_t m0 = tasks[t].m0, mc = std::min(kGroupTile, g.M - m0);
+      const T* A = static_cast<const T*>(g.A);
+      const T* B = static_cast<const T*>(g.B);
+      float* C = g.C + m0 * ldc;
+      auto run = [&](const T* a, int64_t a_ld, const T* b, int64_t b_ld, int64_t kc, float beta_k) {
+        if constexpr (std::is_same_v<T, bf16>) {
+          gemm_bf16(trans_a, trans_b, mc, N, kc, alpha, a, a_ld, b, b_ld, beta_k, C, ldc);
+        } else {
+          gemm(trans_a, trans_b, mc, N, kc, alpha, a, a_ld, b, b_ld, beta_k, C, ldc);
+        }
+      };
+      if (g.K == 0) {
+        run(A, 1, B, 1, 0, beta);  // C = beta * C
+        continue;
+      }
+      const int64_t kb = same_k ? g.K : kGroupTile;
+      thread_local std::vector<T> a_rows, b_rows;
+      for (int64_t k0 = 0; k0 < g.K; k0 += kb) {
+        const int64_t kc = std::min(kb, g.K - k0);
+        const T* a = trans_a ? A + k0 * lda + m0 : A + m0 * lda + k0;
+        int64_t a_ld = lda;
+        if (g.a_rows != nullptr) {
+          a_rows.resize(static_cast<size_t>(mc * kc));
+          for (int64_t m = 0; m < mc; ++m)
+            std::memcpy(a_rows.data() + m * kc, A + static_cast<int64_t>(g.a_rows[m0 + m]) * lda + k0,
+                        sizeof(T) * static_cast<size_t>(kc));
+          a = a_rows.data();
+          a_ld = kc;
+        }
+        const T* b = trans_b ? B + k0 : B + k0 * ldb;
+        int64_t b_ld = ldb;
+        if (g.b_rows != nullptr) {
+          b_rows.resize(static_cast<size_t>(kc * N));
+          for (int64_t k = 0; k < kc; ++k)
+            std::memcpy(b_rows.data() + k * N, B + static_cast<int64_t>(g.b_rows[k0 + k]) * ldb,
+                        sizeof(T) * static_cast<size_t>(N));
+          b = b_rows.data();
+          b_ld = N;
+        }
+        run(a, a_ld, b, b_ld, kc, k0 == 0 ? beta : 1.0f);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+template <typename T>
+void grouped(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+             const std::vector<GemmGroup>& groups) {
+  constexpr DType dtype = std::is_same_v<T, bf16> ? DType::BF16 : DType::F32;
+  LOOM_CHECK(N >= 0, "gemm_grouped: negative N=", N);
+  LOOM_CHECK(ldc >= N, "gemm_grouped: ldc=", ldc, " is less than N=", N);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GemmGroup& g = groups[i];
+    LOOM_CHECK(g.M >= 0 && g.K >= 0, "gemm_grouped: group ", i, " has a negative size M=", g.M, " K=", g.K);
+    LOOM_CHECK(g.a_rows == nullptr || !trans_a, "gemm_grouped: group ", i, " gathers the rows of a transposed A");
+    LOOM_CHECK(g.b_rows == nullptr || !trans_b, "gemm_grouped: group ", i, " gathers the rows of a transposed B");
+    if (g.M == 0 || N == 0 || g.K == 0) continue;
+    const int64_t min_lda = trans_a ? g.M : g.K, min_ldb = trans_b ? g.K : N;
+    LOOM_CHECK(lda >= min_lda, "gemm_grouped: lda=", lda, " is less than ", min_lda, " in group ", i, " (M=", g.M,
+               ", K=", g.K, ")");
+    LOOM_CHECK(ldb >= min_ldb, "gemm_grouped: ldb=", ldb, " is less than ", min_ldb, " in group ", i, " (K=", g.K,
+               ", N=", N, ")");
+    LOOM_CHECK(g.A != nullptr && g.B != nullptr && g.C != nullptr, "gemm_grouped: group ", i, " has a null operand");
+  }
+  const GroupedPath path = grouped_path(dtype);
+  if (path == GroupedPath::PerGroup) return grouped_per_group<T>(trans_a, trans_b, N, alpha, lda, ldb, beta, ldc, groups);
+  if (N == 0) return;
+  std::vector<BlockedGemmGroup> blocked(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GemmGroup& g = groups[i];
+    blocked[i] = {g.M, g.K, g.A, g.B, g.C, g.a_rows, g.b_rows};
+  }
+  GroupedBlockedGemm g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.bf16 = dtype == DType::BF16;
+  g.bf16_pairs = path == GroupedPath::Pairs;
+  g.amx = path == GroupedPath::Tiles;
+  g.N = N;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.lda = lda;
+  g.ldb = ldb;
+  g.ldc = ldc;
+  g.groups = blocked.data();
+  g.count = static_cast<int64_t>(blocked.size());
+  // As threads_for: one thread inside a parallel region or for a small problem in all.
+  double flops = 0;
+  for (const GemmGroup& grp : groups) flops += 2.0 * static_cast<double>(grp.M) * static_cast<double>(N) * static_cast<double>(grp.K);
+  g.threads = omp_in_parallel() || flops < kSerialFlops ? 1 : num_threads();
+  if (cpu_isa() == CpuIsa::Avx512) {
+    isa_avx512::grouped_gemm(g);
+  } else {
+    isa_avx2::grouped_gemm(g);
+  }
+}
+
 }  // namespace
+
+void gemm_grouped(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta,
+                  int64_t ldc, const std::vector<GemmGroup>& groups) {
+  grouped<float>(trans_a, trans_b, N, alpha, lda, ldb, beta, ldc, groups);
+}
+
+void gemm_grouped_bf16(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta,
+                       int64_t ldc, const std::vector<GemmGroup>& groups) {
+  grouped<bf16>(trans_a, trans_b, N, alpha, lda, ldb, beta, ldc, groups);
+}
+
+bool amx_usable() {
+  static const bool usable = [] {
+    if (!cpu_has_amx_bf16()) return false;
+#if defined(__linux__) && defined(__x86_64__)
+    // Linux hands out the 8 KiB tile state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA); it
+    // refuses where the kernel or the hypervisor does not enable it.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
+bool amx_allowed() {
+  const int chosen = g_amx_override.load(std::memory_order_relaxed);
+  return chosen >= 0 ? chosen != 0 : amx_from_env();
+}
+
+void set_amx_allowed(bool allowed) { g_amx_override.store(allowed ? 1 : 0, std::memory_order_relaxed); }
+
+std::string gemm_grouped_implementation(DType dtype) {
+  switch (grouped_path(dtype)) {
+    case GroupedPath::PerGroup:
+      return "onednn, one GEMM per group";
+    case GroupedPath::Values:
+      return cpu_isa() == CpuIsa::Avx512 ? "loom blocked avx512 14x32" : "loom blocked avx2 6x16";
+    case GroupedPath::Pairs:
+      return "loom blocked avx512 14x32, bf16 pairs by vdpbf16ps";
+    case GroupedPath::Tiles:
+      return "loom blocked, AMX tiles 32x32";
+  }
+  return "?";
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -56,6 +57,38 @@ void gemm_batched_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int
                        float alpha, const bf16* A, int64_t lda, int64_t stride_a, const bf16* B,
                        int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c);
 
+// A grouped GEMM: products that share the transposes, N, the leading dimensions, alpha and beta, each
+// with its own M, K and operands:  C_g[M_g, N] = alpha * op(A_g)[M_g, K_g] @ op(B_g)[K_g, N] + beta * C_g.
+// A gather may stand in for a copy: a_rows (A not transposed) makes op(A_g) row m the stored row
+// a_rows[m] of A_g, b_rows (B not transposed) makes op(B_g) row k the stored row b_rows[k] of B_g.
+// A group with M = 0 is skipped; one with K = 0 leaves beta * C_g. A and B are float for gemm_grouped,
+// bf16 for gemm_grouped_bf16; C is f32.
+// The MoE's routed experts (backends/cpu/moe.h): one call runs every expert, whatever its row count.
+// Kernel: loom's blocked kernel (gemm_blocked.h) where the CPU has AVX2 and gemm_kernel() is not OneDnn:
+// one parallel region, each group's op(B) packed once for all its row blocks; bf16 by AMX tiles where
+// the CPU has AMX-BF16 and amx_allowed(), else by vdpbf16ps pairs with AVX512-BF16, else widened.
+// Otherwise one oneDNN GEMM per group, each on one thread. Either way the result is bitwise the same
+// for any thread count (it differs between the kernels, and so between CPU kinds).
+struct GemmGroup {
+  int64_t M = 0, K = 0;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  float* C = nullptr;
+  const int32_t* a_rows = nullptr;  // [M] or null
+  const int32_t* b_rows = nullptr;  // [K] or null
+};
+void gemm_grouped(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta,
+                  int64_t ldc, const std::vector<GemmGroup>& groups);
+void gemm_grouped_bf16(bool trans_a, bool trans_b, int64_t N, float alpha, int64_t lda, int64_t ldb, float beta,
+                       int64_t ldc, const std::vector<GemmGroup>& groups);
+
+// Whether grouped bf16 GEMMs may use AMX tiles (on a CPU that has them): true unless LOOM_AMX=off or
+// set_amx_allowed(false) (tests and benchmarks, to run the vdpbf16ps path on an AMX CPU).
+bool amx_allowed();
+void set_amx_allowed(bool allowed);
+// What a grouped GEMM of this dtype runs on here, e.g. "loom blocked avx512 amx 32x32".
+std::string gemm_grouped_implementation(DType dtype);
+
 // The reference: a triple loop accumulating in double, single-threaded. Same contract as gemm().
 // Slow on purpose; the tests' oracle and bench/gemm.cpp's baseline.
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -80,8 +113,10 @@ GemmCacheStats gemm_cache_stats();
 //   Auto (the default): oneDNN, which the blocked kernel only matches on most shapes (docs/gemm.md),
 //        except where the blocked kernel was measured ahead: for bf16 operands on a CPU where oneDNN has
 //        no bf16 kernels (AVX2 only: Zen 1-3, Haswell to Alder Lake; it widens them while packing instead
-//        of copying both to f32), the weight gradients of d_model-512 models on AVX2, and two LM-head
-//        products of a large vocabulary on AVX-512 CPUs without AMX (gemm.cpp names the shapes).
+//        of copying both to f32), the weight gradients of d_model-512 models on AVX2, two LM-head
+//        products of a large vocabulary on AVX-512 CPUs without AMX, and on AVX-512 CPUs with AMX the f32
+//        products oneDNN 2.6 is slow at there (B untransposed with N >= 3072, the LM head's dx and dW at
+//        a vocabulary >= 16384; gemm.cpp names the shapes).
 //   OneDnn, Blocked: every GEMM on that kernel (Blocked needs AVX2 + FMA; on an AVX-512 CPU it runs the
 //        AVX-512 copy, with bf16 pairs by vdpbf16ps where the CPU has AVX512-BF16).
 // LOOM_GEMM=auto|onednn|blocked sets it for the process, set_gemm_kernel for tests and benchmarks.

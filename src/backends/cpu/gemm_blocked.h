@@ -46,13 +46,46 @@ struct BlockedGemm {
   int threads = 1;  // 1: the calling thread only (no parallel region)
 };
 
+// A grouped GEMM (gemm.h, gemm_grouped): products that share the transposes, N, the leading dimensions,
+// alpha and beta, each with its own M, K and operands, in one parallel region. Each group's op(B) is
+// packed once, whole, before any product runs, and read by all of that group's row blocks; the tasks
+// (group x block of kMC rows x share of the panels) then run without a barrier between groups, each
+// walking its K blocks in order. So every element of C sees the same operations as in blocked_gemm:
+// bitwise the same for any thread count.
+struct BlockedGemmGroup {
+  int64_t M = 0, K = 0;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  float* C = nullptr;
+  const int32_t* a_rows = nullptr;  // op(A) row m is row a_rows[m] of A (A not transposed), else m
+  const int32_t* b_rows = nullptr;  // op(B) row k is row b_rows[k] of B (B not transposed), else k
+};
+struct GroupedBlockedGemm {
+  bool trans_a = false, trans_b = false;
+  bool bf16 = false, bf16_pairs = false;  // as BlockedGemm
+  bool amx = false;  // bf16 only, isa_avx512 only, on a CPU with AMX-BF16 whose tiles the OS granted (amx_usable())
+  int64_t N = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const BlockedGemmGroup* groups = nullptr;
+  int64_t count = 0;
+  int threads = 1;
+};
+
+// Whether this process may use AMX tiles: the CPU has AMX-BF16 and Linux granted the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). False elsewhere.
+bool amx_usable();
+
 // The caller (gemm.cpp) has checked the problem (sizes, leading dimensions) and handled the empty and
 // K = 0 cases; M, N, K > 0 here. Each copy runs only on a CPU that cpu_isa_supported() says can.
+// grouped_gemm: every group with M > 0 and N > 0 (a group with K = 0 leaves beta * C).
 namespace isa_avx2 {
 void blocked_gemm(const BlockedGemm& g);
+void grouped_gemm(const GroupedBlockedGemm& g);
 }
 namespace isa_avx512 {
 void blocked_gemm(const BlockedGemm& g);
+void grouped_gemm(const GroupedBlockedGemm& g);
 }
 
 }  // namespace loom::cpu

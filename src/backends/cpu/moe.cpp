@@ -22,10 +22,6 @@ namespace {
 using simd::load;
 using simd::store;
 
-// Rows of output per weight-gradient task (dw1/dw3 split F, dw2 splits C): more tasks than experts,
-// so one heavily loaded expert does not leave the other threads idle.
-constexpr int64_t kWeightGradBlock = 128;
-
 // A buffer from the caching allocator (core/allocator.h): uninitialised, and after the first step the
 // same sizes come back from its free lists, so no step pays page faults for megabytes of scratch.
 template <typename U>
@@ -40,44 +36,6 @@ class Scratch {
  private:
   std::unique_ptr<Storage> storage_;
 };
-
-// Runs fn(i) for i in [0, n) as independent tasks, dynamically spread over num_threads() threads.
-// Always inside a parallel region when more than one thread is configured, so every GEMM a task calls
-// runs single-threaded (gemm.h) and its result cannot depend on the thread count. The first exception
-// a task throws is rethrown here (an exception must not leave an OpenMP region).
-template <typename Fn>
-void run_tasks(int64_t n, Fn&& fn) {
-  if (n <= 0) return;
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads())
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      fn(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
-void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float beta, float* C, int64_t ldc) {
-  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
-void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
-               int64_t ldb, float beta, float* C, int64_t ldc) {
-  gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
-
-// A per-thread buffer of at least n elements, reused across calls (no allocation per tile).
-template <typename U, int Slot>
-U* thread_buffer(int64_t n) {
-  thread_local std::vector<U> buffer;
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
-  return buffer.data();
-}
 
 // Copies one row of C values, converting to the destination's type (f32 -> bf16 rounds to nearest even).
 template <typename S, typename D>
@@ -170,28 +128,58 @@ template void moe_route_backward<bf16>(bf16*, const float*, const float*, const 
 
 // ---- routed experts: forward ---------------------------------------------------------------------
 
+namespace {
+
+void grouped(bool ta, bool tb, int64_t N, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+             const std::vector<GemmGroup>& groups, const float*) {
+  gemm_grouped(ta, tb, N, 1.0f, lda, ldb, beta, ldc, groups);
+}
+void grouped(bool ta, bool tb, int64_t N, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+             const std::vector<GemmGroup>& groups, const bf16*) {
+  gemm_grouped_bf16(ta, tb, N, 1.0f, lda, ldb, beta, ldc, groups);
+}
+
+// One group per expert: rows [offsets[e], offsets[e+1]). make(e, begin, rows) fills the group.
+template <typename Make>
+std::vector<GemmGroup> expert_groups(const MoeDispatch& d, Make&& make) {
+  std::vector<GemmGroup> groups(static_cast<size_t>(d.E));
+  for (int64_t e = 0; e < d.E; ++e) {
+    const int64_t begin = d.offsets[static_cast<size_t>(e)], rows = d.offsets[static_cast<size_t>(e + 1)] - begin;
+    groups[static_cast<size_t>(e)] = make(e, begin, rows);
+  }
+  return groups;
+}
+
+}  // namespace
+
 template <typename T>
 void moe_experts_forward(const MoeDispatch& d, const T* x, const float* gates, const T* w1, const T* w3, const T* w2,
                          int64_t C, int64_t F, float* y, float* h1, float* h3) {
-  const int64_t N = d.N, K = d.K;
-  // yp: [P,C] each slot's expert output, in row order; the combine below reads it token by token.
-  Scratch<float> yp(N * K * C);
-  run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
-    const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
-    const int64_t rows = tile.end - tile.begin, e = tile.expert;
-    T* xt = thread_buffer<T, 0>(kMoeRowTile * C);  // [rows,C] the tile's tokens
-    T* at = thread_buffer<T, 1>(kMoeRowTile * F);  // [rows,F] silu(h1) * h3, the w2 GEMM's operand
-    float* h1t = h1 != nullptr ? h1 + tile.begin * F : thread_buffer<float, 2>(kMoeRowTile * F);
-    float* h3t = h3 != nullptr ? h3 + tile.begin * F : thread_buffer<float, 3>(kMoeRowTile * F);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = d.slot_of_row[static_cast<size_t>(tile.begin + r)] / K;
-      std::memcpy(xt + r * C, x + token * C, static_cast<size_t>(C) * sizeof(T));
-    }
-    tile_gemm(false, true, rows, F, C, xt, C, w1 + e * F * C, C, 0.0f, h1t, F);  // h1 = x w1[e]^T
-    tile_gemm(false, true, rows, F, C, xt, C, w3 + e * F * C, C, 0.0f, h3t, F);  // h3 = x w3[e]^T
-    swiglu_rows(at, h1t, h3t, rows * F);
-    tile_gemm(false, true, rows, C, F, at, F, w2 + e * C * F, F, 0.0f, yp.get() + tile.begin * C, C);
+  const int64_t N = d.N, K = d.K, P = N * K;
+  const T* none = nullptr;
+  // Scratch where the caller keeps no h1, h3 (inference); yp: [P,C] each slot's expert output, in row
+  // order, which the combine below reads token by token; a: [P,F] silu(h1) * h3, the w2 GEMM's operand.
+  Scratch<float> h1s = h1 != nullptr ? Scratch<float>() : Scratch<float>(P * F);
+  Scratch<float> h3s = h3 != nullptr ? Scratch<float>() : Scratch<float>(P * F);
+  float* ph1 = h1 != nullptr ? h1 : h1s.get();
+  float* ph3 = h3 != nullptr ? h3 : h3s.get();
+  Scratch<float> yp(P * C);
+  Scratch<T> a(P * F);
+  const int32_t* token = d.token_of_row.data();
+  // h1 = x w1[e]^T, h3 = x w3[e]^T: [rows, F] per expert, x's rows gathered by the packing (no copy).
+  for (const auto& [w, h] : {std::pair{w1, ph1}, std::pair{w3, ph3}}) {
+    grouped(false, true, F, C, C, 0.0f, F, expert_groups(d, [&, w = w, h = h](int64_t e, int64_t begin, int64_t rows) {
+              return GemmGroup{rows, C, x, w + e * F * C, h + begin * F, token + begin, nullptr};
+            }),
+            none);
+  }
+  parallel_for(0, P, 64, [&](int64_t r0, int64_t r1) {
+    swiglu_rows(a.get() + r0 * F, ph1 + r0 * F, ph3 + r0 * F, (r1 - r0) * F);
   });
+  grouped(false, true, C, F, F, 0.0f, C, expert_groups(d, [&](int64_t e, int64_t begin, int64_t rows) {
+            return GemmGroup{rows, F, a.get() + begin * F, w2 + e * C * F, yp.get() + begin * C, nullptr, nullptr};
+          }),
+          none);
   // Combine: each token sums its K slots in k order (no scatter-add races, no order to depend on).
   parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -225,43 +213,40 @@ template <typename T>
 void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, const float* gates, const T* w1,
                           const T* w3, const T* w2, const float* h1, const float* h3, int64_t C, int64_t F, float* dx,
                           float* dgates, float* dw1, float* dw3, float* dw2) {
-  const int64_t N = d.N, K = d.K, E = d.E, P = N * K;
-  const bool want_w13 = dw1 != nullptr || dw3 != nullptr;
-  // Row-ordered buffers the weight gradients reduce over (only those some gradient needs).
+  const int64_t N = d.N, K = d.K, P = N * K;
+  const T* none = nullptr;
+  const int32_t* token = d.token_of_row.data();
+  const bool want_dh = dx != nullptr || dw1 != nullptr || dw3 != nullptr;
+  // Row-ordered buffers (only those some output needs).
   auto maybe = [](bool wanted, int64_t n) { return wanted ? Scratch<T>(n) : Scratch<T>(); };
-  const Scratch<T> xp = maybe(want_w13, P * C);         // [P,C] gathered x
-  const Scratch<T> dyp = maybe(dw2 != nullptr, P * C);  // [P,C] gathered dy (before the gate)
-  const Scratch<T> dh1 = maybe(want_w13, P * F);        // [P,F]
-  const Scratch<T> dh3 = maybe(want_w13, P * F);        // [P,F]
-  const Scratch<T> ga = maybe(dw2 != nullptr, P * F);   // [P,F] g * a
+  const Scratch<T> dyp(P * C);                         // [P,C] gathered dy (before the gate), rounded to T
+  const Scratch<float> dau(P * F);                     // [P,F] dy w2[e]
+  const Scratch<T> dh1 = maybe(want_dh, P * F);        // [P,F]
+  const Scratch<T> dh3 = maybe(want_dh, P * F);        // [P,F]
+  const Scratch<T> ga = maybe(dw2 != nullptr, P * F);  // [P,F] g * a
   const Scratch<float> dxp = dx != nullptr ? Scratch<float>(P * C) : Scratch<float>();  // [P,C]
 
-  run_tasks(static_cast<int64_t>(d.tiles.size()), [&](int64_t ti) {
-    const MoeDispatch::Tile& tile = d.tiles[static_cast<size_t>(ti)];
-    const int64_t rows = tile.end - tile.begin, e = tile.expert, b = tile.begin;
-    T* dyt = dyp ? dyp.get() + b * C : thread_buffer<T, 0>(kMoeRowTile * C);
-    T* dh1t = dh1 ? dh1.get() + b * F : thread_buffer<T, 1>(kMoeRowTile * F);
-    T* dh3t = dh3 ? dh3.get() + b * F : thread_buffer<T, 2>(kMoeRowTile * F);
-    float* dau = thread_buffer<float, 3>(kMoeRowTile * F);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = d.slot_of_row[static_cast<size_t>(b + r)] / K;
-      copy_row(dyt + r * C, dy + token * C, C);
-      if (xp) std::memcpy(xp.get() + (b + r) * C, x + token * C, static_cast<size_t>(C) * sizeof(T));
-    }
-    tile_gemm(false, false, rows, F, C, dyt, C, w2 + e * C * F, F, 0.0f, dau, F);  // dau = dy w2[e]
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t slot = d.slot_of_row[static_cast<size_t>(b + r)];
+  parallel_for(0, P, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) copy_row(dyp.get() + r * C, dy + static_cast<int64_t>(token[r]) * C, C);
+  });
+  // dau = dy w2[e]: [rows, C] x [C, F].
+  grouped(false, false, F, C, F, 0.0f, F, expert_groups(d, [&](int64_t e, int64_t begin, int64_t rows) {
+            return GemmGroup{rows, C, dyp.get() + begin * C, w2 + e * C * F, dau.get() + begin * F, nullptr, nullptr};
+          }),
+          none);
+  parallel_for(0, P, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t slot = d.slot_of_row[static_cast<size_t>(r)];
       const float g = gates[slot];
-      const float* ph1 = h1 + (b + r) * F;
-      const float* ph3 = h3 + (b + r) * F;
-      const float* pda = dau + r * F;
-      T* pd1 = dh1t + r * F;
-      T* pd3 = dh3t + r * F;
-      T* pga = ga ? ga.get() + (b + r) * F : nullptr;
+      const float* ph1 = h1 + r * F;
+      const float* ph3 = h3 + r * F;
+      const float* pda = dau.get() + r * F;
+      T* pd1 = dh1 ? dh1.get() + r * F : nullptr;
+      T* pd3 = dh3 ? dh3.get() + r * F : nullptr;
+      T* pga = ga ? ga.get() + r * F : nullptr;
       float dot = 0.0f;
-      // One pass per row; the variant without g*a (no dw2 wanted) is a separate loop so that neither
-      // carries a branch.
-      if (pga != nullptr) {
+      // One pass per row; the variants are separate loops so that none carries a branch.
+      if (pga != nullptr && pd1 != nullptr) {
 #pragma omp simd simdlen(16) reduction(+ : dot)
         for (int64_t f = 0; f < F; ++f) {
           const float s = simd::sigmoid(ph1[f]);
@@ -273,7 +258,7 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
           store(pd3, f, da * silu);
           store(pga, f, g * a);
         }
-      } else {
+      } else if (pd1 != nullptr) {
 #pragma omp simd simdlen(16) reduction(+ : dot)
         for (int64_t f = 0; f < F; ++f) {
           const float s = simd::sigmoid(ph1[f]);
@@ -283,56 +268,44 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
           store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
           store(pd3, f, da * silu);
         }
+      } else {
+#pragma omp simd simdlen(16) reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float s = simd::sigmoid(ph1[f]);
+          const float a = ph1[f] * s * ph3[f];
+          dot += pda[f] * a;
+          if (pga != nullptr) store(pga, f, g * a);
+        }
       }
       if (dgates != nullptr) dgates[slot] = dot;
     }
-    if (dxp) {
-      float* out = dxp.get() + b * C;
-      tile_gemm(false, false, rows, C, F, dh1t, F, w1 + e * F * C, C, 0.0f, out, C);  // dh1 w1[e]
-      tile_gemm(false, false, rows, C, F, dh3t, F, w3 + e * F * C, C, 1.0f, out, C);  // + dh3 w3[e]
-    }
   });
-
-  // Weight gradients: one task per (expert, weight, block of output rows); each walks its expert's
-  // rows in tile order, accumulating with beta = 1. Heaviest experts first, for the dynamic schedule.
-  struct WeightTask {
-    int32_t expert, which;  // which: 0 dw1, 1 dw3, 2 dw2
-    int64_t m0, m1;
-  };
-  std::vector<WeightTask> tasks;
-  for (int64_t e = 0; e < E; ++e) {
-    for (int which = 0; which < 3; ++which) {
-      float* out = which == 0 ? dw1 : which == 1 ? dw3 : dw2;
-      if (out == nullptr) continue;
-      const int64_t M = which == 2 ? C : F;
-      for (int64_t m0 = 0; m0 < M; m0 += kWeightGradBlock)
-        tasks.push_back({static_cast<int32_t>(e), which, m0, std::min(M, m0 + kWeightGradBlock)});
-    }
+  if (dxp) {  // dxp = dh1 w1[e] + dh3 w3[e]: [rows, F] x [F, C], the second added with beta = 1
+    grouped(false, false, C, F, C, 0.0f, C, expert_groups(d, [&](int64_t e, int64_t begin, int64_t rows) {
+              return GemmGroup{rows, F, dh1.get() + begin * F, w1 + e * F * C, dxp.get() + begin * C, nullptr, nullptr};
+            }),
+            none);
+    grouped(false, false, C, F, C, 1.0f, C, expert_groups(d, [&](int64_t e, int64_t begin, int64_t rows) {
+              return GemmGroup{rows, F, dh3.get() + begin * F, w3 + e * F * C, dxp.get() + begin * C, nullptr, nullptr};
+            }),
+            none);
   }
-  auto rows_of = [&](int64_t e) { return d.offsets[static_cast<size_t>(e + 1)] - d.offsets[static_cast<size_t>(e)]; };
-  std::stable_sort(tasks.begin(), tasks.end(),
-                   [&](const WeightTask& a, const WeightTask& b) { return rows_of(a.expert) > rows_of(b.expert); });
-  run_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
-    const WeightTask& t = tasks[static_cast<size_t>(i)];
-    const int64_t e = t.expert, m = t.m1 - t.m0;
-    const int64_t cols = t.which == 2 ? F : C;  // columns of the weight gradient
-    float* out = (t.which == 0 ? dw1 : t.which == 1 ? dw3 : dw2) + e * F * C + t.m0 * cols;
-    const int64_t begin = d.offsets[static_cast<size_t>(e)], end = d.offsets[static_cast<size_t>(e + 1)];
-    if (begin == end) {  // an expert no token chose: its weights get a zero gradient
-      std::fill(out, out + m * cols, 0.0f);
-      return;
-    }
-    for (int64_t r0 = begin; r0 < end; r0 += kMoeRowTile) {
-      const int64_t rows = std::min(end, r0 + kMoeRowTile) - r0;
-      const float beta = r0 == begin ? 0.0f : 1.0f;
-      if (t.which == 2) {  // dw2[e][m0:m1, :] += dy_rows[:, m0:m1]^T @ (g a)_rows
-        tile_gemm(true, false, m, F, rows, dyp.get() + r0 * C + t.m0, C, ga.get() + r0 * F, F, beta, out, F);
-      } else {  // dw1[e][m0:m1, :] += dh1_rows[:, m0:m1]^T @ x_rows
-        const T* dh = (t.which == 0 ? dh1 : dh3).get();
-        tile_gemm(true, false, m, C, rows, dh + r0 * F + t.m0, F, xp.get() + r0 * C, C, beta, out, C);
-      }
-    }
-  });
+  // Weight gradients, the expert's rows the reduction (an expert no token chose gets zeros):
+  // dw1[e] = dh1^T x and dw3[e] = dh3^T x ([F, rows] x [rows, C], x's rows gathered by the packing),
+  // dw2[e] = dy^T (g a) ([C, rows] x [rows, F]).
+  for (const auto& [dw, dh] : {std::pair{dw1, dh1.get()}, std::pair{dw3, dh3.get()}}) {
+    if (dw == nullptr) continue;
+    grouped(true, false, C, F, C, 0.0f, C, expert_groups(d, [&, dw = dw, dh = dh](int64_t e, int64_t begin, int64_t rows) {
+              return GemmGroup{F, rows, dh + begin * F, x, dw + e * F * C, nullptr, token + begin};
+            }),
+            none);
+  }
+  if (dw2 != nullptr) {
+    grouped(true, false, F, C, F, 0.0f, F, expert_groups(d, [&](int64_t e, int64_t begin, int64_t rows) {
+              return GemmGroup{C, rows, dyp.get() + begin * C, ga.get() + begin * F, dw2 + e * C * F, nullptr, nullptr};
+            }),
+            none);
+  }
 
   if (dx != nullptr) {
     parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {

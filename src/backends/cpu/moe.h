@@ -2,21 +2,22 @@
 // experts (dispatch, per-expert SwiGLU GEMMs, combine) and the sequence-wise balance loss.
 //
 // Legend: N tokens, C d_model, E routed experts, K experts per token, F d_expert, P = N*K routed slots
-// (slot s = n*K + k is token n's k-th choice), R rows per tile (kMoeRowTile), B batch, T sequence.
+// (slot s = n*K + k is token n's k-th choice), B batch, T sequence.
 //
 // Dispatch layout. A counting sort by expert orders the P slots so that each expert's slots are one
 // contiguous run of "rows": expert e owns rows [offsets[e], offsets[e+1]), and within a run the slots
 // keep their order (token-major), so the layout depends only on expert_index. Row p holds slot
 // slot_of_row[p]; slot s sits at row row_of_slot[s].
 //
-// Work split and determinism. Every expert run is cut into tiles of at most R rows. The forward and the
-// activation half of the backward run one task per tile; the weight gradients run one task per
-// (expert, weight, block of output rows), walking that expert's tiles in order with beta = 1. Each task
-// calls oneDNN single-threaded (a GEMM inside a parallel region runs on its caller's thread: gemm.h) and
-// writes only its own outputs, and tiles depend only on the routing, never on the thread count, so every
-// result is bitwise the same whatever the thread count. Combining (y, dx) sums a token's K slots in
-// k order. Fixed tile shapes also bound oneDNN's primitive cache: GEMM sizes are R or a tail below R
-// (and the dimensions C, F), however the token counts per expert move from step to step.
+// Work split and determinism. Each GEMM of the layer is one grouped GEMM over all experts (cpu/gemm.h,
+// gemm_grouped): expert e is the group of rows [offsets[e], offsets[e+1]), x's and dy's rows gathered
+// by token_of_row while the kernel packs them (no gathered copy of x), each expert's weights packed
+// once and read by all its row blocks. The forward runs h1 = x w1^T and h3 = x w3^T, the SwiGLU over
+// all rows, then a w2^T; the backward dau = dy w2, one elementwise pass (dh1, dh3, g a, the gate
+// gradients), dxp = dh1 w1 + dh3 w3, and the weight gradients with each expert's rows as the reduction.
+// The grouped GEMM gives the same bits for any thread count, the elementwise passes work row by row,
+// and combining (y, dx) sums a token's K slots in k order: every result is bitwise the same whatever
+// the thread count.
 //
 // Operand dtype T (float or bf16): the GEMM operands (x, weights, and in the backward dy and the SwiGLU
 // gradients); accumulation, outputs and saved activations are f32. bf16 is the mixed precision of

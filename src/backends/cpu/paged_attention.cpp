@@ -24,10 +24,17 @@ void paged_kv_write(const PagedAttentionProblem& p, const float* k, const float*
   }
 }
 
+void paged_row_write(const PagedAttentionProblem& p, const float* x, float* cache) {
+  const size_t bytes = static_cast<size_t>(p.D) * sizeof(float);
+  for (int64_t r = 0; r < p.R; ++r) {
+    for (int64_t g = 0; g < p.Hkv; ++g) std::memcpy(cache + paged_row_offset(p, r, g), x + (r * p.Hkv + g) * p.D, bytes);
+  }
+}
+
 void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
                           const float* v_cache, float* out, float* scores, float* acc) {
-  const int64_t group = p.H / p.Hkv, D = p.D, g = h / group, P = p.positions[r];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = p.H / p.Hkv, D = p.D, Dv = p.value_dim(), g = h / group, P = p.positions[r];
+  const float scale = p.scale > 0 ? p.scale : 1.0f / std::sqrt(static_cast<float>(D));
   const int32_t* table = p.tables[r];
   const float* qh = q + (r * p.H + h) * D;
   float max = -std::numeric_limits<float>::infinity();
@@ -42,15 +49,15 @@ void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, 
     scores[j] = e;
     total += e;
   }
-  std::fill(acc, acc + D, 0.0f);
+  std::fill(acc, acc + Dv, 0.0f);
   for (int64_t j = 0; j <= P; ++j) {
     const float e = scores[j];
     const float* vj = v_cache + paged_slot_offset(p, table[j / p.S], g, j % p.S);
-    for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(e, vj[d], acc[d]);
+    for (int64_t d = 0; d < Dv; ++d) acc[d] = std::fma(e, vj[d], acc[d]);
   }
   const float inv = static_cast<float>(1.0 / total);
-  float* o = out + (r * p.H + h) * D;
-  for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+  float* o = out + (r * p.H + h) * Dv;
+  for (int64_t d = 0; d < Dv; ++d) o[d] = acc[d] * inv;
 }
 
 void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
@@ -58,7 +65,7 @@ void paged_attention_forward(const PagedAttentionProblem& p, const float* q, con
   // One (row, head) per item; a long row's work is its position, so chunks are single items.
   parallel_for(0, p.R * p.H, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(p.D));
+    std::vector<float> acc(static_cast<size_t>(p.value_dim()));
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i / p.H;
       scores.resize(static_cast<size_t>(p.positions[r] + 1));

@@ -6,11 +6,15 @@
 //
 //   q:      [R, H, D] f32, RoPE already applied
 //   caches: k, v [NB, Hkv, S, D] f32; position p of a sequence is slot p % S of block table[p / S]
-//   out:    [R, H, D] f32
+//   out:    [R, H, Dv] f32, Dv = D unless the problem says (a value is the first Dv numbers of its slot)
+//
+// Multi-head latent attention (DeepSeek-V3, absorbed) is the case Hkv = 1 with k and v the same cache:
+// a slot holds [c | k_rope], the key is all of it and the value its first Dv = kv_rank numbers, and the
+// scale 1/sqrt(d_nope + d_rope) is not 1/sqrt(D).
 //
 // Row r at position P attends to positions 0..P of its own sequence (causal; its own key and value are
 // in the cache already). Each (row, head) is computed on one thread, in one fixed order: the scores
-// q.k_j / sqrt(D) by fixed_dot::dot for j = 0..P, their maximum, e_j = exp(s_j - max) summed in j order
+// q.k_j * scale (default 1/sqrt(D)) by fixed_dot::dot for j = 0..P, their maximum, e_j = exp(s_j - max) summed in j order
 // in double, out = (sum_j e_j v_j) / sum accumulated in j order. A row's output therefore depends on its
 // query and its sequence's cached keys and values only: not on the other rows, their number or order,
 // the thread count, or how the sequence's prompt was cut into chunks.
@@ -22,6 +26,9 @@ namespace loom::cpu {
 
 struct PagedAttentionProblem {
   int64_t R = 0, H = 0, Hkv = 0, D = 0, S = 0, NB = 0;
+  int64_t Dv = 0;     // value dims, <= D; 0: D
+  float scale = 0;    // the scores' scale; 0: 1/sqrt(D)
+  int64_t value_dim() const { return Dv > 0 ? Dv : D; }
   const int64_t* positions = nullptr;     // [R]
   const int32_t* const* tables = nullptr;  // [R] pointers to each row's block table (>= positions[r] / S + 1 ids)
 };
@@ -29,7 +36,7 @@ struct PagedAttentionProblem {
 void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
                              const float* v_cache, float* out);
 // One (row r, head h) of it, on the calling thread: out[r, h] from q[r, h]. scores: scratch of at least
-// positions[r] + 1 floats; acc: scratch of D floats. paged_attention_forward is this over every (r, h),
+// positions[r] + 1 floats; acc: scratch of value_dim() floats. paged_attention_forward is this over every (r, h),
 // so a caller running its own team of threads (the fused paged step, decode_step.h) gets its bits.
 void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
                           const float* v_cache, float* out, float* scores, float* acc);
@@ -45,5 +52,7 @@ inline int64_t paged_row_offset(const PagedAttentionProblem& p, int64_t r, int64
 }
 // Copies k, v [R, Hkv, D] to each row's slot in the caches.
 void paged_kv_write(const PagedAttentionProblem& p, const float* k, const float* v, float* k_cache, float* v_cache);
+// Copies x [R, Hkv, D] to each row's slot in one cache (a latent cache: keys and values in one slot).
+void paged_row_write(const PagedAttentionProblem& p, const float* x, float* cache);
 
 }  // namespace loom::cpu

@@ -14,6 +14,20 @@ namespace loom::deepseek_v3 {
 
 namespace {
 constexpr ops::RopeStyle kRopeStyle = ops::RopeStyle::RotateHalf;  // the seed's apply_rope splits halves
+
+// RoPE positions for per-head queries [B, H, T, P]: [T] as given; packed rows' [B, T] repeated per head
+// (ops::rope takes [T] or the leading shape [B, H, T]).
+Tensor head_positions(const Tensor& positions, int64_t heads) {
+  if (positions.ndim() == 1) return positions;
+  const int64_t B = positions.size(0), T = positions.size(1);
+  Tensor out = Tensor::empty({B, heads, T}, DType::I32);
+  const int32_t* src = positions.data<int32_t>();
+  int32_t* dst = out.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < heads; ++h) std::memcpy(dst + (b * heads + h) * T, src + b * T, static_cast<size_t>(T) * sizeof(int32_t));
+  }
+  return out;
+}
 }  // namespace
 
 LatentCache::LatentCache(const Config& c, int64_t batch, bool absorbed)
@@ -78,7 +92,7 @@ void MultiHeadLatentAttention::queries(const Tensor& x, const Tensor& positions,
   const int64_t H = q.size(-1) / (d_nope + d_rope);  // this rank's heads under tensor parallelism
   q = ops::transpose(ops::reshape(q, {B, T, H, d_nope + d_rope}), 1, 2);  // [B, H, T, N+P]
   *q_nope = ops::narrow(q, -1, 0, d_nope);
-  *q_rope = ops::rope(ops::narrow(q, -1, d_nope, d_rope), positions, rope_cache, kRopeStyle);
+  *q_rope = ops::rope(ops::narrow(q, -1, d_nope, d_rope), head_positions(positions, H), rope_cache, kRopeStyle);
 }
 
 Tensor MultiHeadLatentAttention::latent(const Tensor& x, const Tensor& positions) const {
@@ -88,7 +102,8 @@ Tensor MultiHeadLatentAttention::latent(const Tensor& x, const Tensor& positions
   return ops::concat({c, k_rope}, -1);
 }
 
-Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents) const {
+Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents,
+                                        const Tensor& key_begin) const {
   const int64_t B = latents.size(0), S = latents.size(1), T = q_nope.size(2);
   Tensor c = ops::narrow(latents, -1, 0, kv_rank);            // [B, S, R]
   // Under tensor parallelism this rank's heads use the shared key: its gradient sums over the ranks (f).
@@ -103,16 +118,16 @@ Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_ro
   Tensor k = ops::concat({k_nope, ops::concat(TensorList(static_cast<size_t>(H), shared), 1)}, -1);
   Tensor q = ops::concat({q_nope, q_rope}, -1);               // [B, H, T, N+P]
   // Mixed precision reaches the attention products too (as SDPA under autocast): wkv_b's precision.
-  Tensor o = ops::scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, scale,
-                                               wkv_b.precision);  // [B, H, T, Dv]
+  Tensor o = ops::scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, scale, wkv_b.precision,
+                                               key_begin);  // [B, H, T, Dv]
   return ops::reshape(ops::transpose(o, 1, 2), {B, T, H * d_v});
 }
 
-Tensor MultiHeadLatentAttention::forward(const Tensor& x, const Tensor& positions) const {
+Tensor MultiHeadLatentAttention::forward(const Tensor& x, const Tensor& positions, const Tensor& key_begin) const {
   check_ndim(x, 3, "MultiHeadLatentAttention", "x");
   Tensor q_nope, q_rope;
   queries(x, positions, &q_nope, &q_rope);
-  return wo.forward(attend(q_nope, q_rope, latent(x, positions)));
+  return wo.forward(attend(q_nope, q_rope, latent(x, positions), key_begin));
 }
 
 LatentCache::Absorbed MultiHeadLatentAttention::absorb() const {

@@ -62,11 +62,15 @@ class LatentCache : public nn::DecodeCache {
 class MultiHeadLatentAttention : public nn::Module {
  public:
   MultiHeadLatentAttention(const std::string& name, const Config& c, RngKey key);
-  // x: [B, T, C]; positions: i32 [T]. Causal. Returns [B, T, C].
-  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // x: [B, T, C]; positions: i32 [T], or [B, T] for packed rows (restarting per document) with
+  // key_begin i32 [B, T] (document masking: ops::scaled_dot_product_attention). Causal. Returns [B, T, C].
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& key_begin = Tensor()) const;
   // Decoding (no autodiff): x [B, t, C] are the next t tokens at `positions` [t]; their latents are
   // appended to `cache` layer `layer` and they attend causally to everything cached.
   Tensor forward_cached(const Tensor& x, const Tensor& positions, LatentCache& cache, int64_t layer) const;
+  // The absorbed form's folded weights, from wkv_b and wo (f32, unsharded): the decode cache's, and
+  // batched serving's (DeepSeekV3::decoder_weights).
+  LatentCache::Absorbed absorb() const;
 
   int64_t num_heads, d_nope, d_rope, d_v, kv_rank;
   float scale;  // 1/sqrt(d_nope + d_rope)
@@ -83,12 +87,12 @@ class MultiHeadLatentAttention : public nn::Module {
   // [c | rotated k_rope]: [B, T, R+P].
   Tensor latent(const Tensor& x, const Tensor& positions) const;
   // Attention over latents [B, S, R+P] (the queries are the last T of the S positions), rebuilding
-  // per-head keys and values: [B, T, H*Dv] before wo.
-  Tensor attend(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents) const;
+  // per-head keys and values: [B, T, H*Dv] before wo. key_begin: forward's.
+  Tensor attend(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents,
+                const Tensor& key_begin = Tensor()) const;
   // The absorbed form, decoding only: [B, T, C] after the folded output projection.
   Tensor attend_absorbed(const Tensor& q_nope, const Tensor& q_rope, const Tensor& latents,
                          const LatentCache::Absorbed& w) const;
-  LatentCache::Absorbed absorb() const;
 };
 
 }  // namespace loom::deepseek_v3

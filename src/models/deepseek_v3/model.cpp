@@ -52,7 +52,11 @@ Tensor MoE::forward(const Tensor& x, RoutingRecord* record) const {
   ops::MoeRouting r = ops::moe_route(router.forward(xf), bias, top_k, route_scale);
   Tensor y;  // [N, C]
   if (!w1.dist) {
-    y = ops::moe_experts(xf, r.expert_index, r.gates, w1.value, w3.value, w2.value, precision);
+    // With adapters, each stack is W + s B A (formed once per forward, differentiable in A and B).
+    auto value = [this](const nn::Parameter& w) { return lora_of(w) ? lora_of(w)->adapted(w.value) : w.value; };
+    y = ops::moe_experts(xf, r.expert_index, r.gates, value(w1), value(w3), value(w2), precision);
+  } else if (lora_w1_ || lora_w3_ || lora_w2_) {
+    LOOM_FAIL(w1.name, ": LoRA on experts sharded over a mesh is not supported");
   } else if (dist::is_split_over(w1, dist::MeshAxis::Expert)) {
     y = dist::expert_parallel_experts(xf, r.expert_index, r.gates, w1, w3, w2, precision);
   } else {
@@ -72,6 +76,30 @@ Tensor MoE::forward(const Tensor& x, RoutingRecord* record) const {
   return ops::reshape(y, {B, T, C});
 }
 
+std::unique_ptr<nn::LoRA>& MoE::slot(const nn::Parameter& weight) {
+  if (&weight == &w1) return lora_w1_;
+  if (&weight == &w3) return lora_w3_;
+  LOOM_CHECK(&weight == &w2, weight.name, " is not one of ", w1.name, ", ", w3.name, ", ", w2.name);
+  return lora_w2_;
+}
+
+nn::LoRA& MoE::attach_expert_lora(const nn::Parameter& weight, const nn::LoraOptions& options, RngKey key) {
+  std::unique_ptr<nn::LoRA>& s = slot(weight);
+  LOOM_CHECK(!s, weight.name, " already has LoRA adapters");
+  LOOM_CHECK(!weight.dist, weight.name, ": LoRA on experts sharded over a mesh is not supported");
+  // [E, out, in]: w1 and w3 [E, F, C], w2 [E, C, F].
+  const Shape& shape = weight.value.shape();
+  s = std::make_unique<nn::LoRA>(weight.name, shape[2], shape[1], options, key, shape[0]);
+  add_child(s.get());
+  return *s;
+}
+
+std::unique_ptr<nn::LoRA> MoE::detach_expert_lora(const nn::Parameter& weight) {
+  std::unique_ptr<nn::LoRA> out = std::move(slot(weight));
+  if (out) remove_child(out.get());
+  return out;
+}
+
 Block::Block(const std::string& name, const Config& c, RngKey key, bool is_moe)
     : attn_norm(nn::join(name, "attn_norm"), c.d_model, c.norm_eps),
       attn(nn::join(name, "attn"), c, key),
@@ -89,11 +117,12 @@ Block::Block(const std::string& name, const Config& c, RngKey key, bool is_moe)
   }
 }
 
-Tensor Block::forward(const Tensor& x, const Tensor& positions, RoutingRecord* record) const {
+Tensor Block::forward(const Tensor& x, const Tensor& positions, RoutingRecord* record, const Tensor& key_begin) const {
   // Under bf16 the norms round their outputs for the GEMMs that read them (nn::mixed_output_dtype): the
   // MLA down-projections, and a dense MLP's w1 and w3. A MoE layer's norm stays f32: its router
   // multiplies in f32.
-  Tensor h = ops::add(x, attn.forward(attn_norm.forward(x, {&attn.wq_a.weight, &attn.wkv_a.weight}), positions));
+  Tensor h = ops::add(x, attn.forward(attn_norm.forward(x, {&attn.wq_a.weight, &attn.wkv_a.weight}), positions,
+                                      key_begin));
   Tensor n = moe ? ffn_norm.forward(h) : ffn_norm.forward(h, {&mlp->w1.weight, &mlp->w3.weight});
   return ops::add(h, moe ? moe->forward(n, record) : mlp->forward(n));
 }
@@ -159,8 +188,9 @@ Tensor DeepSeekV3::blocks(Tensor x, int64_t first, int64_t last, const Tensor& p
                           const models::ForwardContext& ctx) const {
   for (int64_t i = first; i < last; ++i) {
     const auto& layer = layers[static_cast<size_t>(i)];
+    const Tensor key_begin = ctx.key_begin;
     if (!ctx.training || ctx.recompute == models::Recompute::None) {
-      x = layer->forward(x, pos, record);
+      x = layer->forward(x, pos, record, key_begin);
       continue;
     }
     // Recomputed: the block's balance loss leaves it as a second output (its graph is the second run's);
@@ -169,9 +199,9 @@ Tensor DeepSeekV3::blocks(Tensor x, int64_t first, int64_t last, const Tensor& p
     const bool recorded = record != nullptr;
     auto loads = std::make_shared<std::vector<Tensor>>();
     auto first = std::make_shared<bool>(true);
-    TensorList out = models::recompute_block(ctx, {x}, [block, pos, recorded, loads, first](const TensorList& in) {
+    TensorList out = models::recompute_block(ctx, {x}, [block, pos, key_begin, recorded, loads, first](const TensorList& in) {
       RoutingRecord r;
-      Tensor y = block->forward(in[0], pos, recorded ? &r : nullptr);
+      Tensor y = block->forward(in[0], pos, recorded ? &r : nullptr, key_begin);
       if (*first) *loads = r.expert_load;
       *first = false;
       return TensorList{y, r.balance_loss};
@@ -205,19 +235,48 @@ DeepSeekV3::Losses DeepSeekV3::losses(const Tensor& ids, const Tensor& targets, 
   check_ids(ids, config_.context_length, "DeepSeekV3::losses");
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::losses: targets ", targets.describe(),
              " do not match ids ", ids.describe());
-  // Packed rows would need MLA's attention and the MTP modules' shifted sequences to respect documents.
-  LOOM_CHECK(!ctx.positions.defined() && !ctx.key_begin.defined(),
-             "DeepSeekV3: packed rows (data.packing) are not supported for deepseek_v3; set data.packing=false");
   const int64_t T = ids.size(1);
   LOOM_CHECK(T > config_.n_mtp, "DeepSeekV3::losses: sequence length ", T, " leaves no position for model.n_mtp=",
              config_.n_mtp, " prediction modules (needs T > n_mtp)");
   RoutingRecord record;
-  Tensor h = trunk(ids, positions(0, T), &record, ctx);  // [B, T, C]
-  return head_losses(h, ids, targets, record);
+  Tensor h = trunk(ids, positions_of(ids, ctx), &record, ctx);  // [B, T, C]
+  return head_losses(h, ids, targets, record, ctx.key_begin.defined() ? ctx.positions : Tensor(), ctx.key_begin);
 }
 
-DeepSeekV3::Losses DeepSeekV3::head_losses(Tensor h, const Tensor& ids, const Tensor& targets,
-                                           RoutingRecord& record) const {
+Tensor DeepSeekV3::positions_of(const Tensor& ids, const models::ForwardContext& ctx) const {
+  LOOM_CHECK(ctx.positions.defined() == ctx.key_begin.defined(),
+             "DeepSeekV3: packed rows need both positions and key_begin (ForwardContext), got only one");
+  if (!ctx.positions.defined()) return positions(0, ids.size(1));
+  check_dtype(ctx.positions, DType::I32, "DeepSeekV3", "positions");
+  LOOM_CHECK(ctx.positions.shape() == ids.shape(), "DeepSeekV3: packed positions ", ctx.positions.describe(),
+             " do not match ids ", ids.describe());
+  const int32_t* p = ctx.positions.data<int32_t>();
+  for (int64_t i = 0; i < ctx.positions.numel(); ++i) {
+    LOOM_CHECK(p[i] >= 0 && p[i] < config_.context_length, "DeepSeekV3: packed position ", p[i],
+               " is outside [0, context_length=", config_.context_length, ")");
+  }
+  return ctx.positions;
+}
+
+namespace {
+// Module k's targets narrow(targets, 1, k, n) in packed rows: position t keeps its target only when t + k
+// is in t's document (key_begin equal), so no module predicts across a document's end.
+Tensor targets_within_documents(const Tensor& targets_k, const Tensor& key_begin, int64_t k) {
+  Tensor out = targets_k.clone();
+  const int64_t B = out.size(0), n = out.size(1), T = key_begin.size(1);
+  const int32_t* kb = key_begin.data<int32_t>();
+  int32_t* t = out.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (kb[b * T + i + k] != kb[b * T + i]) t[b * n + i] = -100;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+DeepSeekV3::Losses DeepSeekV3::head_losses(Tensor h, const Tensor& ids, const Tensor& targets, RoutingRecord& record,
+                                           const Tensor& packed_positions, const Tensor& key_begin) const {
   const int64_t T = ids.size(1);
   Losses out;
   const Tensor head = nn::compute_value(lm_head.weight);  // [V, C], gathered when sharded
@@ -234,9 +293,16 @@ DeepSeekV3::Losses DeepSeekV3::head_losses(Tensor h, const Tensor& ids, const Te
       Tensor e = token_embeddings.forward(ops::narrow(ids, 1, k, n));
       const MtpModule& m = *mtp[i];
       Tensor in = ops::concat({m.norm_h.forward(ops::narrow(h, 1, 0, n)), m.norm_e.forward(e)}, -1);  // [B, n, 2C]
-      h = m.block.forward(m.proj.forward(in), positions(0, n), nullptr);
-      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h, lm_head), head, ops::narrow(targets, 1, k, n),
-                                            -100, lm_head.precision, 512, head_bf16);
+      Tensor target_k = ops::narrow(targets, 1, k, n);
+      if (key_begin.defined()) {  // packed rows: the first n positions keep their documents
+        h = m.block.forward(m.proj.forward(in), ops::narrow(packed_positions, 1, 0, n), nullptr,
+                            ops::narrow(key_begin, 1, 0, n));
+        target_k = targets_within_documents(target_k, key_begin, k);
+      } else {
+        h = m.block.forward(m.proj.forward(in), positions(0, n), nullptr);
+      }
+      Tensor ce = ops::linear_cross_entropy(ln_final.forward(h, lm_head), head, target_k, -100, lm_head.precision, 512,
+                                            head_bf16);
       sum = sum.defined() ? ops::add(sum, ce) : ce;
     }
     out.mtp = ops::scale(sum, 1.0f / static_cast<float>(mtp.size()));
@@ -259,7 +325,7 @@ Tensor DeepSeekV3::loss(const Tensor& ids, const Tensor& targets, const models::
   check_ids(ids, config_.context_length, "DeepSeekV3::loss");
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "DeepSeekV3::loss: targets ", targets.describe(),
              " do not match ids ", ids.describe());
-  Tensor x = trunk(ids, positions(0, ids.size(1)), nullptr);
+  Tensor x = trunk(ids, positions_of(ids, ctx), nullptr, ctx);
   return ops::linear_cross_entropy(ln_final.forward(x, lm_head), nn::compute_value(lm_head.weight), targets, -100,
                                    lm_head.precision, 512, head_bf16_copy());
 }
@@ -271,6 +337,8 @@ Tensor DeepSeekV3::stage_forward(int64_t first, int64_t last, const Tensor& x, c
   LOOM_CHECK(0 <= first && first < last && last <= L, "DeepSeekV3::stage_forward: layers [", first, ", ", last,
              ") outside [0, ", L, ")");
   check_ids(ids, config_.context_length, "DeepSeekV3::stage_forward");
+  LOOM_CHECK(!ctx.positions.defined() && !ctx.key_begin.defined(),
+             "DeepSeekV3: packed rows (data.packing) are not supported on a pipe axis");
   const int64_t T = ids.size(1);
   RoutingRecord record;
   RoutingRecord* rec = ctx.training ? &record : nullptr;
@@ -333,6 +401,94 @@ Tensor DeepSeekV3::decode(const Tensor& ids, nn::DecodeCache& cache_base) const 
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, pos, *cache, static_cast<int64_t>(i));
   cache->advance(t);
   return lm_head.forward(ln_final.forward(x, lm_head));
+}
+
+std::optional<nn::DecoderWeights> DeepSeekV3::decoder_weights() const {
+  const Config& c = config_;
+  nn::DecoderWeights w;
+  w.num_heads = c.num_heads;
+  w.num_kv_heads = 1;  // one latent slot per position
+  w.context_length = c.context_length;
+  // Any part that cannot be described leaves the model to the per-sequence path.
+  auto ok = [](const std::string& why) { return why.empty(); };
+  if (!ok(nn::describe_plain(token_embeddings.weight, w.token_embeddings)) ||
+      !ok(nn::describe_plain(ln_final.weight, w.final_norm)) || !ok(nn::describe_linear(lm_head, w.head))) {
+    return std::nullopt;
+  }
+  w.final_norm_eps = ln_final.eps;
+  // A matrix split per expert: expert e's [rows, cols] slice of an [E, rows, cols] parameter.
+  auto expert = [](const nn::Parameter& p, int64_t e) {
+    nn::DecoderMatrix m;
+    m.f32 = p.value.slice(e, 1).view({p.value.size(1), p.value.size(2)});
+    return m;
+  };
+  for (const auto& layer : layers) {
+    const Block& b = *layer;
+    const MultiHeadLatentAttention& a = b.attn;
+    nn::DecoderLayerWeights l;
+    nn::LatentAttentionWeights m;
+    m.q_rank = c.q_rank, m.kv_rank = c.kv_rank, m.d_nope = c.d_nope, m.d_rope = c.d_rope;
+    // The folded weights are computed from wkv_b's and wo's f32 values.
+    nn::DecoderMatrix wkv_b, wo;
+    if (!ok(nn::describe_linear(a.wq_a, m.wq_a)) || !ok(nn::describe_linear(a.wq_b, m.wq_b)) ||
+        !ok(nn::describe_linear(a.wkv_a, m.wkv_a)) || !ok(nn::describe_linear(a.wkv_b, wkv_b)) ||
+        !ok(nn::describe_linear(a.wo, wo)) || !wkv_b.f32.defined() || !wo.f32.defined() ||
+        !ok(nn::describe_plain(a.q_norm.weight, m.q_norm)) || !ok(nn::describe_plain(a.kv_norm.weight, m.kv_norm)) ||
+        !ok(nn::describe_plain(b.attn_norm.weight, l.attn_norm)) || !ok(nn::describe_plain(b.ffn_norm.weight, l.ffn_norm))) {
+      return std::nullopt;
+    }
+    m.q_norm_eps = a.q_norm.eps;
+    m.kv_norm_eps = a.kv_norm.eps;
+    const LatentCache::Absorbed folded = a.absorb();  // w_uk [H, N, Rk], wo_abs [C, H*Rk]
+    const int64_t N = c.d_nope, Rk = c.kv_rank;
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      nn::DecoderMatrix t;  // W_UK[h] transposed: [Rk, N], so that q_abs = row_linear(q_nope, t)
+      t.f32 = Tensor::empty({Rk, N});
+      const float* src = folded.w_uk.data<float>() + h * N * Rk;
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t r = 0; r < Rk; ++r) t.f32.data<float>()[r * N + n] = src[n * Rk + r];
+      }
+      m.w_uk.push_back(std::move(t));
+    }
+    m.wo_abs.f32 = folded.wo_abs;
+    m.scale = a.scale;
+    m.rope = a.rope_cache;
+    l.mla = std::move(m);
+    l.attn_norm_eps = b.attn_norm.eps;
+    l.ffn_norm_eps = b.ffn_norm.eps;
+    if (b.mlp) {
+      if (!ok(nn::describe_linear(b.mlp->w1, l.w1)) || !ok(nn::describe_linear(b.mlp->w3, l.w3)) ||
+          !ok(nn::describe_linear(b.mlp->w2, l.w2))) {
+        return std::nullopt;
+      }
+    } else {
+      const MoE& moe = *b.moe;
+      for (const nn::Parameter* p : {&moe.w1, &moe.w3, &moe.w2}) {
+        if (p->dist || p->value.dtype() != DType::F32 || !p->value.device().is_cpu()) return std::nullopt;
+      }
+      nn::MoeWeights e;
+      if (!ok(nn::describe_linear(moe.router, e.router))) return std::nullopt;
+      e.bias = moe.bias;
+      e.top_k = moe.top_k;
+      e.route_scale = moe.route_scale;
+      for (int64_t i = 0; i < c.n_routed; ++i) {
+        e.w1.push_back(expert(moe.w1, i));
+        e.w3.push_back(expert(moe.w3, i));
+        e.w2.push_back(expert(moe.w2, i));
+      }
+      if (moe.shared) {
+        if (!ok(nn::describe_linear(moe.shared->w1, e.shared_w1)) || !ok(nn::describe_linear(moe.shared->w3, e.shared_w3)) ||
+            !ok(nn::describe_linear(moe.shared->w2, e.shared_w2))) {
+          return std::nullopt;
+        }
+      }
+      l.ffn = nn::DecoderFfn::MoE;
+      l.moe = std::move(e);
+    }
+    w.layers.push_back(std::move(l));
+  }
+  w.check();
+  return w;
 }
 
 void DeepSeekV3::set_matmul_precision(ops::MatmulPrecision precision) {

@@ -35,7 +35,10 @@ struct RoutingRecord {
 };
 
 // DeepSeekMoE: shared experts (one SwiGLU of n_shared * d_expert) plus sparse routed experts.
-class MoE : public nn::Module {
+// LoRA on the routed experts (nn::ExpertAdaptable): one adapter per expert of w1, w3 or w2, stacked
+// (nn::LoRA with experts = E, named layers.{i}.moe.experts.w1.lora_A.weight [E, r, C] ...); the forward
+// multiplies by the adapted stacks W + s B A (LoRA::adapted), so merging them gives the same function.
+class MoE : public nn::Module, public nn::ExpertAdaptable {
  public:
   MoE(const std::string& name, const Config& c, RngKey key);
   // x: [B, T, C] -> [B, T, C]; adds this layer's balance loss and load to `record` when given.
@@ -50,13 +53,24 @@ class MoE : public nn::Module {
   Tensor bias;                       // f32 [E], model state
   std::string bias_name;             // layers.{i}.moe.bias
   ops::MatmulPrecision precision = ops::MatmulPrecision::F32;
+
+  std::vector<nn::Parameter*> expert_weights() override { return {&w1, &w3, &w2}; }
+  nn::LoRA* expert_lora(const nn::Parameter& weight) override { return slot(weight).get(); }
+  nn::LoRA& attach_expert_lora(const nn::Parameter& weight, const nn::LoraOptions& options, RngKey key) override;
+  std::unique_ptr<nn::LoRA> detach_expert_lora(const nn::Parameter& weight) override;
+
+ private:
+  std::unique_ptr<nn::LoRA>& slot(const nn::Parameter& weight);
+  const nn::LoRA* lora_of(const nn::Parameter& weight) const { return const_cast<MoE*>(this)->slot(weight).get(); }
+  std::unique_ptr<nn::LoRA> lora_w1_, lora_w3_, lora_w2_;  // attach_expert_lora's, or null
 };
 
 // Pre-norm block: h = x + attn(attn_norm(x)); y = h + ffn(ffn_norm(h)), ffn a dense SwiGLU or MoE.
 class Block : public nn::Module {
  public:
   Block(const std::string& name, const Config& c, RngKey key, bool moe);
-  Tensor forward(const Tensor& x, const Tensor& positions, RoutingRecord* record) const;
+  // positions: i32 [T], or [B, T] with key_begin [B, T] for packed rows (MultiHeadLatentAttention::forward).
+  Tensor forward(const Tensor& x, const Tensor& positions, RoutingRecord* record, const Tensor& key_begin = Tensor()) const;
   Tensor forward_cached(const Tensor& x, const Tensor& positions, LatentCache& cache, int64_t layer) const;
   nn::RMSNorm attn_norm;
   MultiHeadLatentAttention attn;
@@ -84,6 +98,10 @@ class DeepSeekV3 : public models::LanguageModel {
   //           positions t < T - k (the seed feeds T + 1 + n_mtp tokens and scores T positions per
   //           module; loom's batches carry T + 1, so module k scores the T - k positions it can);
   //   balance sum over MoE layers of alpha_seq * the sequence balance loss;
+  // Packed rows (ctx.positions and ctx.key_begin, fine-tuning's data.packing): attention stays within each
+  // document, positions restart per document, and module k scores position t only when t + k is in t's
+  // document (as running the documents one by one does). The balance loss and the expert loads count a
+  // row's positions as one sequence, as they count a padded row's padding.
   //   total   main + mtp_lambda * mtp + balance (the seed's loss_fn).
   struct Losses {
     Tensor total, main, mtp, balance;
@@ -109,6 +127,8 @@ class DeepSeekV3 : public models::LanguageModel {
   // `absorbed` false: the naive form that rebuilds per-head keys and values (tests compare the two).
   std::unique_ptr<LatentCache> make_latent_cache(int64_t batch, bool absorbed) const;
   Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
+  // Batched serving's description: MLA in the absorbed form over a paged latent cache, dense and MoE layers.
+  std::optional<nn::DecoderWeights> decoder_weights() const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
   // The pipe axis: a stage runs its blocks (the first also the embedding; the last ln_final, the head,
   // the MTP modules, which read the token table too: tied over the first and last stage). The expert
@@ -151,7 +171,11 @@ class DeepSeekV3 : public models::LanguageModel {
   // What training forward passes measured (loss() with ctx.training), for the hooks above.
   void record_training(const Losses& l) const;
   // main, mtp and total from the trunk's output h and the trunk's record (losses() after trunk()).
-  Losses head_losses(Tensor h, const Tensor& ids, const Tensor& targets, RoutingRecord& record) const;
+  // packed_positions and key_begin: packed rows' (ForwardContext), else undefined.
+  Losses head_losses(Tensor h, const Tensor& ids, const Tensor& targets, RoutingRecord& record,
+                     const Tensor& packed_positions = Tensor(), const Tensor& key_begin = Tensor()) const;
+  // The trunk's positions: packed rows' [B, T] when ctx has them (checked against ids), else 0..T-1.
+  Tensor positions_of(const Tensor& ids, const models::ForwardContext& ctx) const;
   // The metrics' losses only (a pipeline's last stage), and one stage's expert loads, its first MoE layer
   // being MoE layer `offset`.
   void record_window(const Losses& l) const;

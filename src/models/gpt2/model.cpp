@@ -212,6 +212,47 @@ Tensor GPT2::decode(const Tensor& ids, nn::DecodeCache& cache_base) const {
                      head_precision);
 }
 
+std::optional<nn::DecoderWeights> GPT2::decoder_weights() const {
+  nn::DecoderWeights w;
+  w.num_heads = w.num_kv_heads = config_.num_heads;
+  w.context_length = config_.context_length;
+  w.norm = nn::DecoderNorm::Layer;
+  // Any part that cannot be described leaves the model to the per-sequence path.
+  auto ok = [](const std::string& why) { return why.empty(); };
+  if (!ok(nn::describe_plain(token_embeddings.weight, w.token_embeddings)) ||
+      !ok(nn::describe_plain(position_embeddings.weight, w.position_embeddings)) ||
+      !ok(nn::describe_plain(ln_final.weight, w.final_norm)) || !ok(nn::describe_plain(ln_final.bias, w.final_norm_bias))) {
+    return std::nullopt;
+  }
+  w.final_norm_eps = ln_final.eps;
+  if (lm_head) {
+    if (!ok(nn::describe_linear(*lm_head, w.head))) return std::nullopt;
+  } else {
+    w.head.f32 = w.token_embeddings;  // tied
+  }
+  for (const auto& layer : layers) {
+    const Block& b = *layer;
+    nn::DecoderLayerWeights l;
+    l.ffn = nn::DecoderFfn::GeluTanh;
+    const std::pair<const nn::Linear*, nn::DecoderMatrix*> linears[] = {
+        {&b.attn.q_proj, &l.q_proj}, {&b.attn.k_proj, &l.k_proj}, {&b.attn.v_proj, &l.v_proj},
+        {&b.attn.output_proj, &l.output_proj}, {&b.mlp.fc, &l.w1}, {&b.mlp.proj, &l.w2}};
+    for (const auto& [linear, out] : linears) {
+      if (!ok(nn::describe_linear(*linear, *out))) return std::nullopt;
+    }
+    if (b.attn.rope) return std::nullopt;  // GPT-2's attention has none; the description would drop it
+    if (!ok(nn::describe_plain(b.ln1.weight, l.attn_norm)) || !ok(nn::describe_plain(b.ln1.bias, l.attn_norm_bias)) ||
+        !ok(nn::describe_plain(b.ln2.weight, l.ffn_norm)) || !ok(nn::describe_plain(b.ln2.bias, l.ffn_norm_bias))) {
+      return std::nullopt;
+    }
+    l.attn_norm_eps = b.ln1.eps;
+    l.ffn_norm_eps = b.ln2.eps;
+    w.layers.push_back(std::move(l));
+  }
+  w.check();
+  return w;
+}
+
 void GPT2::set_matmul_precision(ops::MatmulPrecision precision) {
   for (auto& layer : layers) {
     for (nn::Linear* l : {&layer->attn.q_proj, &layer->attn.k_proj, &layer->attn.v_proj, &layer->attn.output_proj,

@@ -64,6 +64,8 @@ class GPT2 : public models::LanguageModel {
   Tensor loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx = {}) const override;
   std::unique_ptr<nn::DecodeCache> make_decode_cache(int64_t batch) const override;
   Tensor decode(const Tensor& ids, nn::DecodeCache& cache) const override;
+  // Batched serving's description: learned positions, LayerNorm, biases, GELU (tanh), the head tied or not.
+  std::optional<nn::DecoderWeights> decoder_weights() const override;
   void set_matmul_precision(ops::MatmulPrecision precision) override;
   int64_t pipeline_layers() const override { return config_.num_layers; }
   Tensor stage_forward(int64_t first, int64_t last, const Tensor& x, const Tensor& ids, const Tensor& targets,

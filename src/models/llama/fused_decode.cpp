@@ -34,6 +34,7 @@ std::string unsupported_layers(const TransformerLM& m) {
     }
   }
   if (std::string why = linear_problem(m.lm_head); !why.empty()) return why;
+  if (m.token_embeddings.quantized) return m.token_embeddings.weight.name + " is held quantized";
   for (const nn::Parameter* p : {&m.token_embeddings.weight, &m.ln_final.weight}) {
     if (std::string why = plain(*p); !why.empty()) return why;
   }
@@ -102,6 +103,7 @@ std::optional<nn::DecoderWeights> decoder_weights_of(const TransformerLM& m, std
   w.num_heads = c.num_heads;
   w.num_kv_heads = c.kv_heads();
   w.context_length = c.context_length;
+  if (m.token_embeddings.quantized) return refuse(m.token_embeddings.weight.name + " is held quantized");
   for (const nn::Parameter* p : {&m.token_embeddings.weight, &m.ln_final.weight}) {
     if (std::string r = plain(*p); !r.empty()) return refuse(r);
   }

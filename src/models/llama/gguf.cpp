@@ -108,6 +108,9 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, m
     for (const std::string& w : weights) {
       if (held(w)) skip.insert(w);
     }
+    // The token embedding too: a lookup reads a row from its blocks (nn::Embedding::quantized), so its
+    // f32 table (SmolLM2's: 113 MiB) is never built either.
+    if (held("token_embeddings.weight")) skip.insert("token_embeddings.weight");
   }
   auto model = models::gguf_build_model<TransformerLM>(file, config_from_gguf, tensor_names(), notes, skip);
   if (quantized) {
@@ -132,6 +135,15 @@ std::unique_ptr<models::LanguageModel> import_gguf(const gguf::GgufFile& file, m
     }
     notes.push_back(str(kept, " of ", linears.size(), " matrices kept quantized ",
                         only ? "only, never in f32" : "for inference", " (the others in f32)"));
+    if (skip.count("token_embeddings.weight")) {
+      const std::string name = stored_name("token_embeddings.weight");
+      const Shape s = file.shape(name);
+      model->token_embeddings.quantized =
+          std::make_shared<quant::QuantizedMatrix>(file.info(name).type, s[0], s[1], file.owner(), file.bytes(name).data());
+      model->token_embeddings.weight.value = Tensor::empty({0});
+      model->token_embeddings.weight.value_changed();
+      notes.push_back("the token embedding kept quantized only: rows dequantized as they are looked up");
+    }
   }
   return model;
 }

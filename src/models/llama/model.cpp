@@ -139,8 +139,16 @@ Tensor TransformerLM::decode_last(const Tensor& ids, nn::DecodeCache& cache) con
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets, const models::ForwardContext& ctx) const {
   LOOM_CHECK(targets.defined() && targets.shape() == ids.shape(), "TransformerLM::loss: targets ",
              targets.describe(), " do not match ids ", ids.describe());
-  // A quantized head (inference only) goes through its own kernels: the fused op reads weight.value.
-  if (lm_head.quantized) return ops::cross_entropy(lm_head.forward(hidden(ids, Tensor(), ctx)), targets, -100);
+  if (lm_head.quantized) {
+    Tensor h = hidden(ids, Tensor(), ctx);
+    // QLoRA (the head multiplied by its dequantized tiles, frozen): the tiles and the loss fused, so the
+    // [B*T, V] logits and their gradient never exist (at SmolLM2's vocabulary of 49152 they would be
+    // 190 KiB per position, twice). Inference's head goes through its integer kernels.
+    if (!lm_head.lora && lm_head.bias == nullptr && (lm_head.dequantized_matmul || autograd::any_requires_grad({h}))) {
+      return ops::dequantized_linear_cross_entropy(h, lm_head.quantized, targets, -100);
+    }
+    return ops::cross_entropy(lm_head.forward(h), targets, -100);
+  }
   // The head and the loss fused over row chunks: the [B*T, V] logits and their gradient never exist.
   // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
   const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;

@@ -486,8 +486,9 @@ TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
   // Where oneDNN has no bf16 kernels (Gemm.OnAnAvx2OnlyCpu caps it at AVX2) the blocked kernel takes every
   // bf16 GEMM, on an AMX CPU too, where the rule itself does not apply.
   const bool onednn_has_bf16 = !blocked(false, true, 64, 96, 80, DType::BF16);
-  // GPT-2's LM head: dx in f32 (K = 50257), dW in bf16 (M = 50257) and CS336's dW (M = 10000).
-  EXPECT_EQ(blocked(false, false, 1024, 768, 50257, DType::F32), rule_applies);
+  const bool amx = cpu::cpu_has_amx_bf16();  // f32: blocked_leads_on_amx_cpu's shapes
+  // GPT-2's LM head: dx in f32 (K = 50257; both rules), dW in bf16 (M = 50257) and CS336's dW (M = 10000).
+  EXPECT_TRUE(blocked(false, false, 1024, 768, 50257, DType::F32));
   EXPECT_EQ(blocked(true, false, 50257, 768, 1024, DType::BF16),
             !onednn_has_bf16 || (rule_applies && cpu::cpu_has_avx512_bf16()));
   EXPECT_EQ(blocked(true, false, 10000, 512, 2048, DType::BF16),
@@ -496,7 +497,12 @@ TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
   // only where oneDNN has bf16 kernels: Gemm.OnAnAvx2OnlyCpu caps it at AVX2, and the blocked kernel
   // then takes every bf16 GEMM).
   EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::F32));
-  EXPECT_FALSE(blocked(true, false, 50257, 768, 1024, DType::F32));
+  // With AMX, f32: the head's dW, and GPT-2's MLP down-projection backward (B untransposed, N = 3072).
+  EXPECT_EQ(blocked(true, false, 50257, 768, 1024, DType::F32), amx);
+  EXPECT_EQ(blocked(false, false, 1024, 3072, 768, DType::F32), amx);
+  EXPECT_EQ(blocked(true, false, 768, 3072, 1024, DType::F32), amx);
+  EXPECT_FALSE(blocked(false, true, 1024, 50257, 768, DType::F32));  // the head's forward: B transposed
+  EXPECT_FALSE(blocked(false, false, 1, 3072, 768, DType::F32));     // decoding: one row
   if (onednn_has_bf16) {
     EXPECT_FALSE(blocked(false, true, 2048, 512, 512, DType::BF16));
     EXPECT_FALSE(blocked(true, false, 512, 512, 2048, DType::BF16));
@@ -556,4 +562,227 @@ TEST(Gemm, AutoTakesTheBlockedKernelForTheF32ShapesOneDnnIsSlowAtOnAvx2) {
   } else {
     EXPECT_FALSE(weight_gradient) << "only measured against oneDNN's AVX2 kernel";
   }
+}
+
+// ---- grouped GEMMs (gemm_grouped: the MoE's experts) ---------------------------------------------
+
+namespace {
+
+// Runs a scope with AMX tiles allowed or not and restores the choice after.
+class ScopedAmx {
+ public:
+  explicit ScopedAmx(bool allowed) : previous_(cpu::amx_allowed()) { cpu::set_amx_allowed(allowed); }
+  ~ScopedAmx() { cpu::set_amx_allowed(previous_); }
+
+ private:
+  bool previous_;
+};
+
+// The grouped kernels this CPU can run, as (isa, amx allowed): every blocked copy, and on an AMX CPU
+// the AVX-512 copy once with tiles and once with vdpbf16ps pairs.
+std::vector<std::pair<cpu::CpuIsa, bool>> grouped_paths() {
+  std::vector<std::pair<cpu::CpuIsa, bool>> out;
+  if (cpu::gemm_kernel() == cpu::GemmKernel::OneDnn) return {{cpu::cpu_isa(), false}};  // one oneDNN path
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    out.push_back({isa, false});
+    if (isa == cpu::CpuIsa::Avx512 && cpu::cpu_has_amx_bf16()) out.push_back({isa, true});
+  }
+  if (out.empty()) out.push_back({cpu::cpu_isa(), false});  // the oneDNN per-group path
+  return out;
+}
+
+struct GroupedProblem {
+  bool ta = false, tb = false;
+  int64_t N = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  std::vector<int64_t> M, K;
+  bool gather_a = false, gather_b = false;
+  // Per group: stored operands (a gathered operand has extra rows to pick from), indices, C.
+  std::vector<std::vector<float>> A, B, C0;
+  std::vector<std::vector<int32_t>> a_rows, b_rows;
+};
+
+GroupedProblem make_grouped(bool ta, bool tb, int64_t N, std::vector<int64_t> M, std::vector<int64_t> K, float alpha,
+                            float beta, uint64_t seed) {
+  GroupedProblem p;
+  p.ta = ta;
+  p.tb = tb;
+  p.N = N;
+  p.M = std::move(M);
+  p.K = std::move(K);
+  p.alpha = alpha;
+  p.beta = beta;
+  p.gather_a = !ta;
+  p.gather_b = !tb;
+  const int64_t maxM = *std::max_element(p.M.begin(), p.M.end()), maxK = *std::max_element(p.K.begin(), p.K.end());
+  p.lda = (ta ? maxM : maxK) + 3;
+  p.ldb = (tb ? maxK : N) + 5;
+  p.ldc = N + 7;
+  for (size_t g = 0; g < p.M.size(); ++g) {
+    const int64_t M = p.M[g], K = p.K[g];
+    // A gathered operand is a pool of 40 more rows than used, picked in a scrambled order (repeats too).
+    const int64_t a_stored = ta ? K : (p.gather_a ? M + 40 : M), b_stored = tb ? N : (p.gather_b ? K + 40 : K);
+    p.A.push_back(random_vec(std::max<int64_t>(a_stored, 1) * p.lda, seed++));
+    p.B.push_back(random_vec(std::max<int64_t>(b_stored, 1) * p.ldb, seed++));
+    p.C0.push_back(random_vec(std::max<int64_t>(M, 1) * p.ldc, seed++));
+    std::vector<int32_t> ar, br;
+    for (int64_t m = 0; m < M; ++m) ar.push_back(static_cast<int32_t>((m * 7 + 3 * g) % (M + 40)));
+    for (int64_t k = 0; k < K; ++k) br.push_back(static_cast<int32_t>((k * 13 + 5) % (K + 40)));
+    p.a_rows.push_back(ar);
+    p.b_rows.push_back(br);
+  }
+  return p;
+}
+
+// The grouped call on f32 or bf16 copies of the operands; returns every group's C.
+std::vector<std::vector<float>> run_grouped(const GroupedProblem& p, bool bf16_operands) {
+  std::vector<std::vector<float>> C = p.C0;
+  std::vector<std::vector<bf16>> Ab, Bb;
+  for (size_t g = 0; g < p.M.size(); ++g) {
+    Ab.push_back(to_bf16(p.A[g]));
+    Bb.push_back(to_bf16(p.B[g]));
+  }
+  std::vector<cpu::GemmGroup> groups;
+  for (size_t g = 0; g < p.M.size(); ++g) {
+    cpu::GemmGroup grp;
+    grp.M = p.M[g];
+    grp.K = p.K[g];
+    grp.A = bf16_operands ? static_cast<const void*>(Ab[g].data()) : p.A[g].data();
+    grp.B = bf16_operands ? static_cast<const void*>(Bb[g].data()) : p.B[g].data();
+    grp.C = C[g].data();
+    grp.a_rows = p.gather_a ? p.a_rows[g].data() : nullptr;
+    grp.b_rows = p.gather_b ? p.b_rows[g].data() : nullptr;
+    groups.push_back(grp);
+  }
+  if (bf16_operands) {
+    cpu::gemm_grouped_bf16(p.ta, p.tb, p.N, p.alpha, p.lda, p.ldb, p.beta, p.ldc, groups);
+  } else {
+    cpu::gemm_grouped(p.ta, p.tb, p.N, p.alpha, p.lda, p.ldb, p.beta, p.ldc, groups);
+  }
+  return C;
+}
+
+// The reference for group g: its gathered operands copied out, then gemm_reference (on bf16-rounded
+// values when bf16_operands).
+std::vector<float> grouped_reference(const GroupedProblem& p, size_t g, bool bf16_operands) {
+  const int64_t M = p.M[g], K = p.K[g], N = p.N;
+  auto value = [&](float v) { return bf16_operands ? bf16::from_float(v).to_float() : v; };
+  std::vector<float> A(static_cast<size_t>(std::max<int64_t>(M * K, 1))), B(static_cast<size_t>(std::max<int64_t>(K * N, 1)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      A[m * K + k] = value(p.ta ? p.A[g][k * p.lda + m] : p.A[g][(p.gather_a ? p.a_rows[g][m] : m) * p.lda + k]);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      B[k * N + n] = value(p.tb ? p.B[g][n * p.ldb + k] : p.B[g][(p.gather_b ? p.b_rows[g][k] : k) * p.ldb + n]);
+  std::vector<float> C = p.C0[g];
+  cpu::gemm_reference(false, false, M, N, K, p.alpha, A.data(), std::max<int64_t>(K, 1), B.data(), std::max<int64_t>(N, 1),
+                      p.beta, C.data(), p.ldc);
+  return C;
+}
+
+}  // namespace
+
+TEST(Gemm, GroupedMatchesReferenceWithGathersEmptyGroupsAndBlockEdges) {
+  // Groups of rows 0 (skipped), 1, past a row block (96 AVX2, 112 AVX-512, 128 AMX) with a tail, and 33
+  // (an AMX panel of 32 and one row), K past one K block of every path (512 f32, 1024 bf16) and odd (a
+  // half pair), or 0 (C = beta C); N over two panels with a tail.
+  for (auto [isa, amx] : grouped_paths()) {
+    cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
+    uint64_t seed = 900;
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 0.5f}}) {
+          if (beta == 0.0f && (ta || tb)) continue;  // beta = 0 (overwrite) once is enough
+          // M-grouped (the experts' forward and dx: K shared) and K-grouped (their weight gradients).
+          for (int k_grouped = 0; k_grouped < 2; ++k_grouped) {
+            const GroupedProblem p = k_grouped ? make_grouped(ta, tb, 45, {37, 37, 37, 37}, {0, 1, 261, 1100}, alpha,
+                                                              beta, seed)
+                                               : make_grouped(ta, tb, 40, {0, 1, 130, 33}, {1031, 1031, 1031, 1031},
+                                                              alpha, beta, seed);
+            seed += 50;
+            for (int use_bf16 = 0; use_bf16 < 2; ++use_bf16) {
+              const auto got = run_grouped(p, use_bf16);
+              for (size_t g = 0; g < p.M.size(); ++g) {
+                const std::string what = cpu::gemm_grouped_implementation(use_bf16 ? DType::BF16 : DType::F32) +
+                                         (use_bf16 ? " bf16" : " f32") + " ta=" + std::to_string(ta) +
+                                         " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta) +
+                                         " group " + std::to_string(g) + " M=" + std::to_string(p.M[g]) +
+                                         " K=" + std::to_string(p.K[g]);
+                expect_near_all(got[g], grouped_reference(p, g, use_bf16), 2e-3f, 1e-4f, what);
+                for (int64_t m = 0; m < p.M[g]; ++m)  // the padding between C's rows is not C's
+                  for (int64_t n = p.N; n < p.ldc; ++n)
+                    ASSERT_EQ(got[g][m * p.ldc + n], p.C0[g][m * p.ldc + n]) << what << " padding m=" << m;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, GroupedIsBitwiseTheSameForAnyThreadCountAndNesting) {
+  // The MoE's shapes in small: 6 groups of uneven rows; each path, f32 and bf16.
+  const GroupedProblem fwd = make_grouped(false, true, 96, {300, 0, 17, 129, 250, 64}, {200, 200, 200, 200, 200, 200},
+                                          1.0f, 0.0f, 1300);
+  const GroupedProblem dw = make_grouped(true, false, 80, {96, 96, 96, 96}, {300, 0, 1100, 40}, 1.0f, 0.0f, 1400);
+  for (auto [isa, amx] : grouped_paths()) {
+    cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
+    for (const GroupedProblem* p : {&fwd, &dw}) {
+      for (int use_bf16 = 0; use_bf16 < 2; ++use_bf16) {
+        const std::string what = std::string(cpu::cpu_isa_name(isa)) + (amx ? " amx" : "") + (use_bf16 ? " bf16" : " f32") +
+                                 (p == &fwd ? " M-grouped" : " K-grouped");
+        const int before = num_threads();
+        std::vector<std::vector<std::vector<float>>> out;
+        for (int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          out.push_back(run_grouped(*p, use_bf16));
+        }
+        set_num_threads(before);
+        EXPECT_EQ(out[0], out[1]) << what << ": 1 vs 2 threads";
+        EXPECT_EQ(out[0], out[2]) << what << ": 1 vs 3 threads";
+        std::vector<std::vector<std::vector<float>>> nested(2);
+#pragma omp parallel for num_threads(2)
+        for (int i = 0; i < 2; ++i) nested[static_cast<size_t>(i)] = run_grouped(*p, use_bf16);
+        EXPECT_EQ(nested[0], out[0]) << what << ": nested";
+        EXPECT_EQ(nested[1], out[0]) << what << ": nested";
+      }
+    }
+  }
+}
+
+TEST(Gemm, GroupedErrorsNameTheValue) {
+  std::vector<float> A(64), B(64), C(64);
+  std::vector<int32_t> rows(8, 0);
+  auto group = [&](int64_t M, int64_t K) {
+    cpu::GemmGroup g;
+    g.M = M;
+    g.K = K;
+    g.A = A.data();
+    g.B = B.data();
+    g.C = C.data();
+    return g;
+  };
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string ldc = message([&] { cpu::gemm_grouped(false, false, 8, 1.0f, 8, 8, 0.0f, 4, {group(2, 2)}); });
+  EXPECT_NE(ldc.find("ldc=4"), std::string::npos) << ldc;
+  const std::string lda =
+      message([&] { cpu::gemm_grouped(false, false, 4, 1.0f, 3, 4, 0.0f, 4, {group(2, 2), group(2, 5)}); });
+  EXPECT_NE(lda.find("lda=3"), std::string::npos) << lda;
+  EXPECT_NE(lda.find("group 1"), std::string::npos) << lda;
+  const std::string m = message([&] { cpu::gemm_grouped(false, false, 4, 1.0f, 8, 4, 0.0f, 4, {group(-1, 2)}); });
+  EXPECT_NE(m.find("M=-1"), std::string::npos) << m;
+  cpu::GemmGroup gathered = group(2, 2);
+  gathered.a_rows = rows.data();
+  const std::string t = message([&] { cpu::gemm_grouped(true, false, 4, 1.0f, 8, 4, 0.0f, 4, {gathered}); });
+  EXPECT_NE(t.find("transposed A"), std::string::npos) << t;
 }

@@ -18,6 +18,7 @@
 #include "gguf/tokenizer.h"
 #include "models/gguf.h"
 #include "models/llama/gguf.h"
+#include "quant/qmatmul.h"
 #include "support/cli.h"
 #include "support/files.h"
 #include "support/gguf_files.h"
@@ -346,6 +347,15 @@ TEST(LlamaGguf, AQuantizedOnlyImportHoldsOneCopyOfTheBlocksAndNoF32Weights) {
     EXPECT_EQ(l->quantized->packed(), nullptr) << l->name() << " holds a second (interleaved) copy";
   }
   EXPECT_EQ(held, 13);
+  // The token embedding, stored in a type with kernels, is held as blocks too (looked up row by row).
+  const gguf::GgufFile file = gguf::GgufFile::open(kTiny);
+  const bool table_held = quant::has_matmul_kernels(file.info("token_embd.weight").type);
+  ASSERT_EQ(m.token_embeddings.quantized != nullptr, table_held);
+  if (table_held) {
+    EXPECT_EQ(m.token_embeddings.weight.value.numel(), 0);
+    held_f32 += m.token_embeddings.quantized->rows() * m.token_embeddings.quantized->cols() * 4;
+    ++held;
+  }
   EXPECT_GE(also_bytes - only_bytes, held_f32 - 64 * held);
   EXPECT_LE(also_bytes - only_bytes, held_f32);
   EXPECT_NE(only.notes[0].find("13 of 15 matrices kept quantized only, never in f32"), std::string::npos)

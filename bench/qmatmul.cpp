@@ -1,0 +1,79 @@
+// The quantized matmul kernels side by side in one process: the AVX-512 VNNI path against the AMX path
+// (its 16-row pair groups through int8 tiles) on one thread, as the fused decode step calls them
+// (quantized_matmul_rows over a share of W's rows, activations already quantized), at the activation
+// row counts of a batched decode step: M = 2 per token with int8x2 (M = 32: 16 sequences), a call per
+// 32 rows of W as the step's phases hand them out.
+//   ./build/bench/loom_bench_qmatmul --benchmark_min_time=0.2 --benchmark_repetitions=5
+// Arguments: path (0 avx512-vnni, 1 amx), M activation rows, N, K, weights (0 Q4_1 as SmolLM2's layers,
+// 1 Q8_0 as its head), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 32-256
+// rows of W at a time, and the rows' activations stay in L1/L2), so this times the kernels, not DRAM. "MACs" is multiply-adds per
+// second. Each run first checks that both paths give the same bits (the AMX path's promise).
+// On a shared machine quote the best repetition of each: others' jobs only ever add time.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quant/qmatmul.h"
+
+using namespace loom;
+using namespace loom::quant;
+
+namespace {
+
+const KernelPath kPaths[] = {KernelPath::Avx512Vnni, KernelPath::Amx};
+
+void BM_QuantizedMatmulRows(benchmark::State& state) {
+  const KernelPath path = kPaths[state.range(0)];
+  const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
+  const QuantType type = state.range(4) == 0 ? QuantType::Q4_1 : QuantType::Q8_0;
+  const int64_t chunk = type == QuantType::Q8_0 ? 256 : 32;  // the step's head chunks, and the others'
+  for (KernelPath p : kPaths) {
+    if (!kernel_path_supported(p)) {
+      state.SkipWithError((std::string(kernel_path_name(p)) + " kernels: not supported by this CPU").c_str());
+      return;
+    }
+  }
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(N * K)), x(static_cast<size_t>(M * K));
+  for (float& v : w) v = normal(gen);
+  for (float& v : x) v = normal(gen);
+  const QuantizedMatrix q = QuantizedMatrix::quantize(type, w.data(), N, K);
+  std::vector<ActBlock> a(static_cast<size_t>(M * K / 32));
+  quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Avx512Vnni, ActivationRounding::Int8);
+  std::vector<float> y(static_cast<size_t>(M * N)), other(y.size());
+  quantized_matmul_rows(a.data(), M, q, 0, N, y.data(), N, path, ActivationRounding::Int8);
+  quantized_matmul_rows(a.data(), M, q, 0, N, other.data(), N, kPaths[1 - state.range(0)], ActivationRounding::Int8);
+  if (std::memcmp(y.data(), other.data(), y.size() * sizeof(float)) != 0) {
+    state.SkipWithError("the two paths' outputs differ");
+    return;
+  }
+  // In chunks of rows of W, as the fused step's phases hand them out (each call sets up its tiles).
+  for (auto _ : state) {
+    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+      quantized_matmul_rows(a.data(), M, q, n0, std::min(N, n0 + chunk), y.data(), N, path, ActivationRounding::Int8);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(kernel_path_name(path)) + " " + quant_type_name(type));
+  state.counters["MACs"] = benchmark::Counter(static_cast<double>(state.iterations() * M * N * K), benchmark::Counter::kIsRate);
+}
+
+void Args(benchmark::internal::Benchmark* b) {
+  for (int64_t M : {1, 2, 4, 8, 16, 32, 64}) {
+    for (int path = 0; path < 2; ++path) {
+      b->Args({path, M, 1536, 576, 0});  // w1 / w3 of SmolLM2-135M (Q4_1)
+      b->Args({path, M, 576, 1536, 0});  // w2
+      b->Args({path, M, 4096, 576, 1});  // a slice of its head (Q8_0 in the GGUF file)
+    }
+  }
+}
+
+}  // namespace
+
+BENCHMARK(BM_QuantizedMatmulRows)->Apply(Args);
+BENCHMARK_MAIN();

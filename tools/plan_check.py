@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""`loom plan` against loom's own runs on this machine (docs/plan.md, "Against loom's own runs").
+
+Runs build/bench/loom_bench_plan for each layout below, alone or under `mpirun --oversubscribe -np N`,
+and prints one markdown row per pipeline stage: the bytes per collective kind the stage's ranks handed to
+the communicator against the plan's (equal or not), each rank's allocator peak against the plan's memory
+for its stage, and the step time against the plan's.
+
+The plan's time needs the machine's speed. The FMA peak of one core is measured once (the first run's
+`loom bench peak` loop, or --flops), and the fraction of it loom's step reaches (--efficiency) is
+calibrated on the one-process run of each model: its measured step over the plan's compute at
+efficiency 1. The multi-rank runs then test the rest of the time model (the split of the work, the
+bubble, the collectives) with that one number fixed.
+
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_plan")
+
+LLAMA = ["--config", "tiny", "--set", "model.num_layers=4", "--batch", "16"]
+GPT2 = ["--config", "gpt2-small", "--set", "model.num_layers=4", "--set", "model.d_model=64", "--set",
+        "model.num_heads=4", "--set", "model.vocab_size=512", "--set", "model.context_length=64", "--set",
+        "model.dropout=0", "--batch", "16"]
+DSV3 = ["--config", "dsv3-tiny", "--set", "model.num_layers=4", "--batch", "16"]
+
+# (name, model args, ranks, layout args)
+RUNS = [
+    ("llama", LLAMA, 1, ["--micro", "1"]),
+    ("llama", LLAMA, 1, ["--micro", "4"]),
+    ("llama", LLAMA, 2, ["--mesh", "data=2", "--mode", "dp"]),
+    ("llama", LLAMA, 2, ["--mesh", "data=2", "--mode", "fsdp"]),
+    ("llama", LLAMA, 2, ["--mesh", "tensor=2", "--mode", "tp"]),
+    ("llama", LLAMA, 4, ["--mesh", "data=2,tensor=2", "--mode", "fsdp_tp"]),
+    ("llama", LLAMA, 4, ["--mesh", "data=4", "--mode", "fsdp"]),
+    ("llama", LLAMA, 2, ["--mesh", "data=2", "--mode", "fsdp", "--recompute", "full"]),
+    ("llama", LLAMA, 2, ["--mesh", "pipe=2", "--mode", "dp", "--schedule", "gpipe", "--micro", "4"]),
+    ("llama", LLAMA, 2, ["--mesh", "pipe=2", "--mode", "dp", "--schedule", "1f1b", "--micro", "4"]),
+    ("llama", LLAMA, 4, ["--mesh", "pipe=4", "--mode", "dp", "--schedule", "1f1b", "--micro", "8"]),
+    ("llama", LLAMA, 4, ["--mesh", "pipe=4", "--mode", "dp", "--schedule", "gpipe", "--micro", "8"]),
+    ("llama", LLAMA, 4, ["--mesh", "pipe=2,data=2", "--mode", "dp", "--schedule", "1f1b", "--micro", "4"]),
+    ("llama", LLAMA, 4, ["--mesh", "pipe=2,data=2", "--mode", "fsdp", "--schedule", "gpipe", "--micro", "2"]),
+    ("llama", LLAMA, 4, ["--mesh", "pipe=2,tensor=2", "--mode", "tp", "--schedule", "1f1b", "--micro", "4"]),
+    ("llama", LLAMA, 2, ["--mesh", "pipe=2", "--mode", "dp", "--schedule", "1f1b", "--micro", "4", "--recompute", "full"]),
+    ("llama", LLAMA, 2, ["--mesh", "pipe=2", "--mode", "dp", "--schedule", "gpipe", "--micro", "4", "--recompute", "selective"]),
+    ("llama", LLAMA, 8, ["--mesh", "pipe=2,data=2,tensor=2", "--mode", "fsdp_tp", "--schedule", "1f1b", "--micro", "2"]),
+    ("llama", LLAMA, 8, ["--mesh", "pipe=4,data=2", "--mode", "dp", "--schedule", "1f1b", "--micro", "4"]),
+    ("gpt2", GPT2, 1, ["--micro", "1"]),
+    ("gpt2", GPT2, 2, ["--mesh", "pipe=2", "--mode", "dp", "--schedule", "1f1b", "--micro", "4"]),
+    ("gpt2", GPT2, 4, ["--mesh", "pipe=2,data=2", "--mode", "fsdp", "--schedule", "gpipe", "--micro", "2"]),
+]
+
+
+def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency):
+    cmd = [BENCH] + model_args + layout + ["--steps", str(steps)]
+    if flops:
+        cmd += ["--flops", repr(flops), "--bandwidth", repr(bandwidth)]
+    if efficiency:
+        cmd += ["--efficiency", repr(efficiency)]
+    if ranks > 1:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--only", default="", help="run only layouts whose arguments contain this text")
+    ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
+    ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
+    ap.add_argument("--json", default="", help="also write every rank's line here")
+    a = ap.parse_args()
+    if not os.path.exists(BENCH):
+        sys.exit(f"{BENCH} is missing: cmake --build build --target loom_bench_plan")
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    flops, bandwidth = a.flops, a.bandwidth
+    efficiency = {}
+    lines = []
+    print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio | step measured | plan | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, model_args, ranks, layout in RUNS:
+        if a.only and a.only not in " ".join(layout) and ranks > 1:
+            continue
+        calibrate = ranks == 1 and layout == ["--micro", "1"]
+        got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name))
+        if calibrate:
+            # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
+            # communication): e = (compute_s * e0) / (measured - optimizer_s).
+            r = got[0]
+            flops = flops or r["device"]["f32_flops"]
+            bandwidth = bandwidth or r["device"]["memory_bandwidth"]
+            e0 = r["device"]["gemm_efficiency"]
+            efficiency[name] = r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
+            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches {efficiency[name]:.3f} of it -->", flush=True)
+        lines += got
+        stages = sorted({r["stage"] for r in got})
+        for s in stages:
+            rs = [r for r in got if r["stage"] == s]
+            kinds = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+            equal = all(abs(r["measured"][k] - r["plan"][k]) < 0.5 for r in rs for k in kinds)
+            total = rs[0]["measured"]
+            byte_text = ", ".join(f"{k} {total[k]:,.0f}" for k in kinds if total[k] > 0) or "none"
+            byte_text += " (equal)" if equal else " (DIFFER: plan " + ", ".join(
+                f"{k} {rs[0]['plan'][k]:,.0f}" for k in kinds if rs[0]["plan"][k] > 0) + ")"
+            peak = max(r["measured"]["peak"] for r in rs)
+            plan_peak = rs[0]["plan"]["peak"]
+            step = max(r["measured"]["step_s"] for r in rs)
+            plan_step = rs[0]["plan"]["step_s"]
+            desc = " ".join(layout)
+            time_text = (f"{1e3 * plan_step:.1f} ms | {step / plan_step:.2f}" if not calibrate
+                         else f"calibrates the efficiency: {efficiency[name]:.3f} | 1 by definition")
+            print(f"| {name} | {ranks} | {desc} | {s} | {byte_text} | {peak:,.0f} | {plan_peak:,.0f} | {peak / plan_peak:.3f} "
+                  f"| {1e3 * step:.1f} ms | {time_text} |", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in lines:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -228,24 +229,50 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 
   const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
-  const int64_t R = std::min(chunk_rows, std::max<int64_t>(N, 1));
+  // Rows whose target is ignore_index add neither loss nor gradient, yet each would cost a row of both
+  // [rows, V] GEMMs: in SFT they are the prompt, most of a chat row. When there are any, the kept rows are
+  // gathered into xk [count, C] (and their targets) and only they meet the vocabulary; dx's other rows are
+  // zeros. Every kept row's logits, loss and gradient are the same formulas as without the gather (pretraining,
+  // with no ignored target, takes the unchanged path over x itself).
+  const bool gather = count < N;
+  Tensor xk = x;
+  std::vector<int32_t> kept_targets;
+  std::vector<int64_t> kept_rows;
+  if (gather) {
+    kept_rows.reserve(static_cast<size_t>(count));
+    for (int64_t i = 0; i < N; ++i) {
+      if (pt[i] != ignore_index) kept_rows.push_back(i);
+    }
+    xk = Tensor::empty({count, C}, x.dtype());
+    const size_t row_bytes = static_cast<size_t>(C) * dtype_size(x.dtype());
+    const auto* src = static_cast<const uint8_t*>(x.raw_data());
+    auto* dst = static_cast<uint8_t*>(xk.raw_data());
+    kept_targets.reserve(kept_rows.size());
+    for (size_t k = 0; k < kept_rows.size(); ++k) {
+      std::memcpy(dst + k * row_bytes, src + static_cast<size_t>(kept_rows[k]) * row_bytes, row_bytes);
+      kept_targets.push_back(pt[kept_rows[k]]);
+    }
+    pt = kept_targets.data();
+  }
+  const int64_t NK = gather ? count : N;  // the rows that meet the vocabulary
+  const int64_t R = std::min(chunk_rows, std::max<int64_t>(NK, 1));
   Tensor logits = Tensor::empty({R, V}), g = (need_dx || need_dw) ? Tensor::empty({R, V}) : Tensor();
-  Tensor dx = need_dx ? Tensor::empty(x.shape()) : Tensor();
+  Tensor dx = need_dx ? Tensor::empty(xk.shape()) : Tensor();
   // The first chunk writes dw with beta = 0; zeros only when there is no chunk at all.
-  Tensor dw = need_dw ? (N > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
+  Tensor dw = need_dw ? (NK > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
   const bool x_is_bf16 = x.dtype() == DType::BF16;
   Tensor wb = use_bf16 ? (w_bf16.defined() ? w_bf16 : w.to(DType::BF16)) : Tensor();
   Tensor xb = use_bf16 && !x_is_bf16 ? Tensor::empty({R, C}, DType::BF16) : Tensor();
   Tensor gb = use_bf16 && g.defined() ? Tensor::empty({R, V}, DType::BF16) : Tensor();
-  const float* px = x_is_bf16 ? nullptr : x.data<float>();
+  const float* px = x_is_bf16 ? nullptr : xk.data<float>();
   double total = 0;
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
-    const int64_t rows = std::min(R, N - r0);
+  for (int64_t r0 = 0; r0 < NK; r0 += R) {
+    const int64_t rows = std::min(R, NK - r0);
     const float* xc = x_is_bf16 ? nullptr : px + r0 * C;
     const bf16* xbc = nullptr;  // x_c in bf16
     if (use_bf16) {
       if (x_is_bf16) {
-        xbc = x.data<bf16>() + r0 * C;
+        xbc = xk.data<bf16>() + r0 * C;
       } else {
         cpu::convert_f32_to_bf16(xc, xb.data<bf16>(), rows * C);
         xbc = xb.data<bf16>();
@@ -273,6 +300,14 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     }
   }
   Tensor loss = mean_loss(total, count, x.device());
+  if (need_dx && gather) {  // the kept rows' gradients back in their places, zeros elsewhere
+    Tensor full = Tensor::zeros(x.shape());
+    float* pf = full.data<float>();
+    const float* pk = dx.data<float>();
+    for (size_t k = 0; k < kept_rows.size(); ++k)
+      std::memcpy(pf + kept_rows[k] * C, pk + static_cast<int64_t>(k) * C, static_cast<size_t>(C) * sizeof(float));
+    dx = full;
+  }
 
   autograd::record(op, {x, w, targets}, {loss}, [dx, dw](const autograd::BackwardContext& ctx) {
     const float upstream = ctx.grad_output(0).item();

@@ -251,6 +251,29 @@ TEST(Qlora, TheQuantizedHeadAndItsLossFusedEqualTheLogitsThenTheLoss) {
   ops::scale(fused, 3.0f).backward();
   ops::scale(unfused, 3.0f).backward();
   expect_close(xa.grad(), xb.grad(), 1e-6f, 1e-5f, "dx");
+  // Only the kept rows meet the vocabulary (gathered): the ignored rows' gradient is exactly zero, and the
+  // kept rows alone give the same loss bits. Every row ignored: zero loss, zero gradient.
+  for (int64_t r : {3, 11}) {
+    for (int64_t c = 0; c < 64; ++c) ASSERT_EQ(xa.grad().data<float>()[r * 64 + c], 0.0f) << "row " << r;
+  }
+  {
+    std::vector<float> xk;
+    std::vector<int32_t> tk;
+    for (int i = 0; i < 14; ++i) {
+      if (t[static_cast<size_t>(i)] == -100) continue;
+      xk.insert(xk.end(), x0.data<float>() + i * 64, x0.data<float>() + (i + 1) * 64);
+      tk.push_back(t[static_cast<size_t>(i)]);
+    }
+    Tensor alone = ops::dequantized_linear_cross_entropy(Tensor::from_vector<float>({12, 64}, xk), p.q->quantized,
+                                                         Tensor::from_vector<int32_t>({12}, tk));
+    EXPECT_EQ(ops::dequantized_linear_cross_entropy(x0, p.q->quantized, targets).item(), alone.item());
+    Tensor xn = param(x0);
+    Tensor none = ops::dequantized_linear_cross_entropy(xn, p.q->quantized,
+                                                        Tensor::from_vector<int32_t>({2, 7}, std::vector<int32_t>(14, -100)));
+    EXPECT_EQ(none.item(), 0.0f);
+    none.backward();
+    expect_bitwise(xn.grad(), Tensor::zeros({2, 7, 64}), "dx with every row ignored");
+  }
   TensorList inputs = {param(randn({3, 64}, 32))};
   const Tensor t3 = Tensor::from_vector<int32_t>({3}, {5, 300, 599});
   gradcheck([&](const TensorList& in) { return ops::dequantized_linear_cross_entropy(in[0], p.q->quantized, t3); }, inputs);

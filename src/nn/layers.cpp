@@ -165,7 +165,14 @@ SwiGLU::SwiGLU(const std::string& name, int64_t d_model, int64_t d_ff, RngKey ke
 
 Tensor SwiGLU::forward(const Tensor& x) const {
   Tensor gate = w1.forward(x), up = w3.forward(x);
-  return w2.forward(ops::swiglu(gate, up, mixed_output_dtype(bf16_output, gate, {&w2.weight})));
+  Tensor h = ops::swiglu(gate, up, mixed_output_dtype(bf16_output, gate, {&w2.weight}));
+  if (w2.lora && w2.quantized && autograd::grad_enabled()) {
+    // A quantized w2 keeps nothing of h for its backward (frozen: dx = dy W only), so the adapter's would be
+    // h's only copy, [..., d_ff] per layer held from the forward to the backward: the adapter rebuilds it
+    // from gate and up, which swiglu's backward keeps anyway (Linear::forward's sum, the same bits).
+    return ops::add(w2.base_forward(h), w2.lora->delta(h, w2.precision, [gate, up] { return ops::swiglu(gate, up); }));
+  }
+  return w2.forward(h);
 }
 
 RotaryPositionalEmbedding::RotaryPositionalEmbedding(float theta_, int64_t head_dim_, int64_t max_seq_len_,

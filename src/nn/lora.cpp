@@ -68,6 +68,14 @@ Tensor LoRA::delta(const Tensor& x, ops::MatmulPrecision precision) const {
   return ops::linear(h, B.value, Tensor(), ops::WeightLayout::OutIn, precision);
 }
 
+Tensor LoRA::delta(const Tensor& x, ops::MatmulPrecision precision, std::function<Tensor()> recompute_x) const {
+  if ((dropout > 0 && dropout_key) || precision != ops::MatmulPrecision::F32 || x.dtype() != DType::F32 || experts != 0)
+    return delta(x, precision);
+  // delta(x)'s two GEMMs and scale in its order; only A's GEMM keeps recompute_x instead of x.
+  Tensor h = ops::scale(ops::linear_recomputed_input(x, A.value, std::move(recompute_x)), scale);
+  return ops::linear(h, B.value, Tensor(), ops::WeightLayout::OutIn, precision);
+}
+
 Tensor LoRA::merged_delta() const {
   autograd::NoGradGuard no_grad;
   // [out, r] @ [r, in]

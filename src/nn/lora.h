@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,9 @@ class LoRA : public Module {
   // scale * dropout(x) A^T B^T: x [..., in] -> [..., out] (f32). precision: the base layer's (the adapter's
   // GEMMs round their operands to bf16 under BF16, as the base's do). Not for an expert stack.
   Tensor delta(const Tensor& x, ops::MatmulPrecision precision = ops::MatmulPrecision::F32) const;
+  // delta(x), the same bits, for an x that recompute_x() rebuilds bit for bit: A's GEMM keeps no x for dA
+  // (ops::linear_recomputed_input). Plain delta(x) under dropout, BF16 precision or a non-f32 x.
+  Tensor delta(const Tensor& x, ops::MatmulPrecision precision, std::function<Tensor()> recompute_x) const;
   // An expert stack's adapted weights w + scale * B A: [E, out, in], differentiable w.r.t. A and B (and w).
   // The experts' sparse kernels (ops::moe_experts) then multiply each token by its experts' adapted
   // weights: per expert exactly x (W + s B A)^T, which merging computes too (no dropout: refused).

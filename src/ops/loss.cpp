@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -189,6 +190,51 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   return loss;
 }
 
+namespace {
+
+// Rows whose target is ignore_index add neither loss nor gradient, yet each would cost a row of the head's
+// GEMMs over the vocabulary: in SFT they are the prompt, most of a chat row. When there are any, the kept rows
+// are gathered (x's rows [count, C] and their targets) and only they meet the vocabulary; dx's other rows are
+// zeros (scatter_kept). Every kept row's logits, loss and gradient are the same formulas as without the
+// gather; pretraining, with no ignored target, takes the unchanged path over x itself.
+struct KeptRows {
+  Tensor x;                      // [count, C], x's dtype
+  std::vector<int32_t> targets;  // [count]
+  std::vector<int64_t> rows;     // [count], their rows in x
+};
+
+KeptRows gather_kept(const Tensor& x, const int32_t* pt, int64_t N, int64_t count, int32_t ignore_index) {
+  KeptRows k;
+  const int64_t C = x.size(-1);
+  k.rows.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < N; ++i) {
+    if (pt[i] != ignore_index) k.rows.push_back(i);
+  }
+  k.x = Tensor::empty({count, C}, x.dtype());
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(x.dtype());
+  const auto* src = static_cast<const uint8_t*>(x.raw_data());
+  auto* dst = static_cast<uint8_t*>(k.x.raw_data());
+  k.targets.reserve(k.rows.size());
+  for (size_t r = 0; r < k.rows.size(); ++r) {
+    std::memcpy(dst + r * row_bytes, src + static_cast<size_t>(k.rows[r]) * row_bytes, row_bytes);
+    k.targets.push_back(pt[k.rows[r]]);
+  }
+  return k;
+}
+
+// The kept rows' f32 gradients dk [count, C] back in their places of a zero [shape].
+Tensor scatter_kept(const Tensor& dk, const std::vector<int64_t>& rows, const Shape& shape) {
+  Tensor full = Tensor::zeros(shape);
+  const int64_t C = shape.back();
+  float* pf = full.data<float>();
+  const float* pk = dk.data<float>();
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::memcpy(pf + rows[r] * C, pk + static_cast<int64_t>(r) * C, static_cast<size_t>(C) * sizeof(float));
+  return full;
+}
+
+}  // namespace
+
 // ---- linear_cross_entropy ------------------------------------------------------------------------
 //
 // Per chunk of R rows (x_c [R, C], targets_c [R]):
@@ -228,24 +274,29 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 
   const bool need_dx = autograd::any_requires_grad({x}), need_dw = autograd::any_requires_grad({w});
-  const int64_t R = std::min(chunk_rows, std::max<int64_t>(N, 1));
+  const bool gather = count < N;  // see gather_kept
+  KeptRows kept = gather ? gather_kept(x, pt, N, count, ignore_index) : KeptRows{};
+  const Tensor& xk = gather ? kept.x : x;
+  if (gather) pt = kept.targets.data();
+  const int64_t NK = gather ? count : N;  // the rows that meet the vocabulary
+  const int64_t R = std::min(chunk_rows, std::max<int64_t>(NK, 1));
   Tensor logits = Tensor::empty({R, V}), g = (need_dx || need_dw) ? Tensor::empty({R, V}) : Tensor();
-  Tensor dx = need_dx ? Tensor::empty(x.shape()) : Tensor();
+  Tensor dx = need_dx ? Tensor::empty(xk.shape()) : Tensor();
   // The first chunk writes dw with beta = 0; zeros only when there is no chunk at all.
-  Tensor dw = need_dw ? (N > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
+  Tensor dw = need_dw ? (NK > 0 ? Tensor::empty(w.shape()) : Tensor::zeros(w.shape())) : Tensor();
   const bool x_is_bf16 = x.dtype() == DType::BF16;
   Tensor wb = use_bf16 ? (w_bf16.defined() ? w_bf16 : w.to(DType::BF16)) : Tensor();
   Tensor xb = use_bf16 && !x_is_bf16 ? Tensor::empty({R, C}, DType::BF16) : Tensor();
   Tensor gb = use_bf16 && g.defined() ? Tensor::empty({R, V}, DType::BF16) : Tensor();
-  const float* px = x_is_bf16 ? nullptr : x.data<float>();
+  const float* px = x_is_bf16 ? nullptr : xk.data<float>();
   double total = 0;
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
-    const int64_t rows = std::min(R, N - r0);
+  for (int64_t r0 = 0; r0 < NK; r0 += R) {
+    const int64_t rows = std::min(R, NK - r0);
     const float* xc = x_is_bf16 ? nullptr : px + r0 * C;
     const bf16* xbc = nullptr;  // x_c in bf16
     if (use_bf16) {
       if (x_is_bf16) {
-        xbc = x.data<bf16>() + r0 * C;
+        xbc = xk.data<bf16>() + r0 * C;
       } else {
         cpu::convert_f32_to_bf16(xc, xb.data<bf16>(), rows * C);
         xbc = xb.data<bf16>();
@@ -273,6 +324,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     }
   }
   Tensor loss = mean_loss(total, count, x.device());
+  if (need_dx && gather) dx = scatter_kept(dx, kept.rows, x.shape());
 
   autograd::record(op, {x, w, targets}, {loss}, [dx, dw](const autograd::BackwardContext& ctx) {
     const float upstream = ctx.grad_output(0).item();
@@ -301,22 +353,27 @@ Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const q
   const int64_t count = checked_target_count(op, targets, V, ignore_index);
   const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   const bool need_dx = autograd::any_requires_grad({x});
-  const float* px = x.data<float>();
+  const bool gather = count < N;  // see gather_kept
+  KeptRows kept = gather ? gather_kept(x, pt, N, count, ignore_index) : KeptRows{};
+  const Tensor& xk = gather ? kept.x : x;
+  if (gather) pt = kept.targets.data();
+  const int64_t NK = gather ? count : N;  // the rows that meet the vocabulary
+  const float* px = xk.data<float>();
   constexpr int64_t kTile = 256;  // vocabulary rows dequantized at once (as dequantized_linear's tiles)
   const int64_t width = std::min(kTile, V);
-  std::vector<float> tile(static_cast<size_t>(width * C)), logits(static_cast<size_t>(std::max<int64_t>(N, 1) * width));
+  std::vector<float> tile(static_cast<size_t>(width * C)), logits(static_cast<size_t>(std::max<int64_t>(NK, 1) * width));
   // Row r's running max m, sum of exp(logit - m), and its target's logit.
-  std::vector<float> m(static_cast<size_t>(N), -std::numeric_limits<float>::infinity());
-  std::vector<double> s(static_cast<size_t>(N), 0.0);
-  std::vector<float> target_logit(static_cast<size_t>(N), 0.0f);
-  auto tile_logits = [&](int64_t n0, int64_t n) {  // logits[N, n] = x[N, C] @ w[n0:n0+n]^T
+  std::vector<float> m(static_cast<size_t>(NK), -std::numeric_limits<float>::infinity());
+  std::vector<double> s(static_cast<size_t>(NK), 0.0);
+  std::vector<float> target_logit(static_cast<size_t>(NK), 0.0f);
+  auto tile_logits = [&](int64_t n0, int64_t n) {  // logits[NK, n] = x[NK, C] @ w[n0:n0+n]^T
     w->dequantize_rows(n0, n, tile.data());
-    cpu::gemm(false, true, N, n, C, 1.0f, px, C, tile.data(), C, 0.0f, logits.data(), n);
+    cpu::gemm(false, true, NK, n, C, 1.0f, px, C, tile.data(), C, 0.0f, logits.data(), n);
   };
-  for (int64_t n0 = 0; N > 0 && n0 < V; n0 += kTile) {
+  for (int64_t n0 = 0; NK > 0 && n0 < V; n0 += kTile) {
     const int64_t n = std::min(kTile, V - n0);
     tile_logits(n0, n);
-    parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+    parallel_for(0, NK, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int32_t t = pt[r];
         if (t == ignore_index) continue;
@@ -333,8 +390,8 @@ Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const q
     });
   }
   double total = 0;
-  std::vector<float> lse(static_cast<size_t>(N), 0.0f);
-  for (int64_t r = 0; r < N; ++r) {
+  std::vector<float> lse(static_cast<size_t>(NK), 0.0f);
+  for (int64_t r = 0; r < NK; ++r) {
     if (pt[r] == ignore_index) continue;
     const double l = static_cast<double>(m[static_cast<size_t>(r)]) + std::log(s[static_cast<size_t>(r)]);
     lse[static_cast<size_t>(r)] = static_cast<float>(l);
@@ -342,11 +399,11 @@ Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const q
   }
   Tensor dx;
   if (need_dx) {
-    dx = N > 0 ? Tensor::empty(x.shape()) : Tensor::zeros(x.shape());
-    for (int64_t n0 = 0; N > 0 && n0 < V; n0 += kTile) {
+    dx = NK > 0 ? Tensor::empty(xk.shape()) : Tensor::zeros(xk.shape());
+    for (int64_t n0 = 0; NK > 0 && n0 < V; n0 += kTile) {
       const int64_t n = std::min(kTile, V - n0);
       tile_logits(n0, n);
-      parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {  // the tile's g = (softmax - onehot) / count, in place
+      parallel_for(0, NK, 16, [&](int64_t r0, int64_t r1) {  // the tile's g = (softmax - onehot) / count, in place
         for (int64_t r = r0; r < r1; ++r) {
           float* row = logits.data() + r * n;
           const int32_t t = pt[r];
@@ -359,11 +416,12 @@ Tensor dequantized_linear_cross_entropy(const Tensor& x, std::shared_ptr<const q
           if (t >= n0 && t < n0 + n) row[t - n0] -= scale;
         }
       });
-      // dx[N, C] (+)= g[N, n] @ w[n0:n0+n]
-      cpu::gemm(false, false, N, C, n, 1.0f, logits.data(), n, tile.data(), C, n0 == 0 ? 0.0f : 1.0f, dx.data<float>(), C);
+      // dx[NK, C] (+)= g[NK, n] @ w[n0:n0+n]
+      cpu::gemm(false, false, NK, C, n, 1.0f, logits.data(), n, tile.data(), C, n0 == 0 ? 0.0f : 1.0f, dx.data<float>(), C);
     }
   }
   Tensor loss = mean_loss(total, count, x.device());
+  if (need_dx && gather) dx = scatter_kept(dx, kept.rows, x.shape());
   autograd::record(op, {x, targets}, {loss}, [dx](const autograd::BackwardContext& ctx) {
     const float upstream = ctx.grad_output(0).item();
     if (dx.defined() && upstream != 1.0f) cpu::scale_inplace(dx.data<float>(), upstream, dx.numel());

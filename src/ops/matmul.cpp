@@ -244,6 +244,50 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   return y;
 }
 
+Tensor linear_recomputed_input(const Tensor& x, const Tensor& w, std::function<Tensor()> recompute) {
+  const char* op = "linear_recomputed_input";
+  check_float_operands(x, w, op, "x", "w");
+  check_dtype(x, DType::F32, op, "x");
+  LOOM_CHECK(x.ndim() >= 1, op, ": x must have at least one dimension, got ", x.describe());
+  check_ndim(w, 2, op, "w");
+  LOOM_CHECK(recompute != nullptr, op, ": no recompute function");
+  dispatch_device(op, {&x, &w});
+  const int64_t in = x.size(-1), out = w.size(0);
+  LOOM_CHECK(w.size(1) == in, op, ": x has in=", in, " features but w has shape ", w.shape(), " ([out, in] layout)");
+  const int64_t M = x.shape().numel_before(-1);
+  Tensor y = autograd::recall_output();
+  if (!y.defined()) {  // linear()'s GEMM, so y has its bits
+    y = Tensor::empty(x.shape().with_last(out), DType::F32, x.device());
+    gemm_any(x.device(), x.dtype(), false, true, 1, M, out, in, 1.0f, {x.raw_data(), in, 0}, {w.raw_data(), in, 0},
+             0.0f, y.data<float>(), out, 0, nullptr);
+  }
+  autograd::remember_output(y);
+  autograd::record(op, {x, w}, {y}, [w, recompute = std::move(recompute), x_shape = x.shape(), M, in, out](
+                                        const autograd::BackwardContext& ctx) {
+    const Tensor& dy = ctx.grad_output(0);  // [M, out]
+    const Device device = dispatch_device("linear_recomputed_input backward", {&dy, &w});
+    const float* pdy = dy.data<float>();
+    Tensor dx, dw;
+    if (ctx.needs_input_grad(0)) {  // dx[M,in] = dy[M,out] @ W[out,in]
+      dx = Tensor::empty(x_shape, DType::F32, dy.device());
+      gemm_f32(device, false, false, M, in, out, 1.0f, pdy, out, w.data<float>(), in, 0.0f, dx.data<float>(), in);
+    }
+    if (ctx.needs_input_grad(1)) {  // dW[out,in] = dy^T[out,M] @ x[M,in], x rebuilt
+      Tensor x;
+      {
+        autograd::NoGradGuard no_grad;
+        x = recompute();
+      }
+      LOOM_CHECK(x.defined() && x.shape() == x_shape && x.dtype() == DType::F32, "linear_recomputed_input backward: "
+                 "the recomputed input is ", x.defined() ? x.describe() : "undefined", ", not the f32 ", x_shape, " it replaces");
+      dw = Tensor::empty(w.shape(), DType::F32, w.device());
+      gemm_f32(device, true, false, out, in, M, 1.0f, pdy, out, x.data<float>(), in, 0.0f, dw.data<float>(), in);
+    }
+    return TensorList{dx, dw};
+  });
+  return y;
+}
+
 namespace {
 constexpr int64_t kTileRows = 256;  // rows of W dequantized at once: 256 x in f32 (576 KiB at in = 576)
 }  // namespace

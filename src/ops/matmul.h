@@ -3,6 +3,7 @@
 // Legend: M rows, K reduction, N columns; "..." any leading (batch) dimensions.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "core/tensor.h"
@@ -33,6 +34,12 @@ enum class MatmulPrecision {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
               WeightLayout layout = WeightLayout::OutIn, MatmulPrecision precision = MatmulPrecision::F32,
               const Tensor& w_bf16 = Tensor());
+
+// y = x W^T (W: [out, in]), f32, like linear(), but its backward keeps no x: dW = dy^T x takes the x that
+// recompute() returns then (it must give x's bits; called once, only when W wants its gradient). dx = dy W as
+// linear(). For an input that something else already keeps the makings of: the down_proj adapter's
+// SwiGLU product, rebuilt from the gate and up that SwiGLU's own backward keeps.
+Tensor linear_recomputed_input(const Tensor& x, const Tensor& w, std::function<Tensor()> recompute);
 
 // y = x W^T (+ bias) with W held in a GGUF block format, multiplied by its dequantized values: W is
 // dequantized kTileRows rows at a time into an f32 buffer that the f32 GEMM reads, so the whole matrix

@@ -69,6 +69,57 @@ TEST(Lora, ForwardAndBackwardMatchPyTorch) {
   }
 }
 
+TEST(Lora, TheDownProjAdapterRebuildsSwiGLUsProductForTheSameBitsAndKeepsNone) {
+  // delta(h, precision, recompute): the same y and gradients (gate, up, A, B) bit for bit as delta(h), the
+  // product rebuilt once in the backward, and h itself no longer held by the graph (plain delta keeps it).
+  const int64_t d_ff = 24, d = 10;
+  nn::LoraOptions o;
+  o.rank = 4;
+  o.alpha = 8;
+  const Tensor g0 = randn({3, 5, d_ff}, 41), u0 = randn({3, 5, d_ff}, 42), dy = randn({3, 5, d}, 43);
+  const Tensor b0 = randn({d, 4}, 44, 0.5f);
+  struct Run {
+    Tensor y, dg, du, dA, dB;
+    bool h_alive_after_forward;
+  };
+  int calls = 0;
+  auto run = [&](bool rebuild) {
+    nn::LoRA lora("layers.0.ffn.w2", d_ff, d, o, RngKey::from_seed(3));
+    lora.B.value.copy_from(b0);
+    Tensor g = param(g0), u = param(u0);
+    Tensor h = ops::swiglu(g, u);
+    std::weak_ptr<TensorImpl> h_impl = h.impl_ptr();
+    Tensor y = rebuild ? lora.delta(h, ops::MatmulPrecision::F32, [g, u, &calls] {
+      ++calls;
+      return ops::swiglu(g, u);
+    })
+                       : lora.delta(h);
+    h = Tensor();
+    Run r{y.detach(), {}, {}, {}, {}, !h_impl.expired()};
+    EXPECT_EQ(calls, 0);
+    autograd::backward(y, dy);
+    r.dg = g.grad();
+    r.du = u.grad();
+    r.dA = lora.A.value.grad();
+    r.dB = lora.B.value.grad();
+    return r;
+  };
+  const Run plain = run(false), rebuilt = run(true);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(plain.h_alive_after_forward);
+  EXPECT_FALSE(rebuilt.h_alive_after_forward);
+  expect_bitwise(rebuilt.y, plain.y, "y");
+  expect_bitwise(rebuilt.dg, plain.dg, "d gate");
+  expect_bitwise(rebuilt.du, plain.du, "d up");
+  expect_bitwise(rebuilt.dA, plain.dA, "dA");
+  expect_bitwise(rebuilt.dB, plain.dB, "dB");
+  // A rebuilt input of another shape is an error naming it, not a wrong gradient.
+  Tensor x = param(randn({6, d_ff}, 45));
+  nn::LoRA lora("layers.0.ffn.w2", d_ff, d, o, RngKey::from_seed(3));
+  Tensor y = lora.delta(x, ops::MatmulPrecision::F32, [] { return Tensor::zeros({5, 24}); });
+  expect_error_mentions([&] { autograd::backward(y, randn({6, d}, 46)); }, {"recomputed input", "[5, 24]"});
+}
+
 TEST(Lora, GradientsMatchFiniteDifferences) {
   const Fixture f = fixture();
   Adapted a = adapted(f, "a");
@@ -251,6 +302,29 @@ TEST(Qlora, TheQuantizedHeadAndItsLossFusedEqualTheLogitsThenTheLoss) {
   ops::scale(fused, 3.0f).backward();
   ops::scale(unfused, 3.0f).backward();
   expect_close(xa.grad(), xb.grad(), 1e-6f, 1e-5f, "dx");
+  // Only the kept rows meet the vocabulary (gathered): the ignored rows' gradient is exactly zero, and the
+  // kept rows alone give the same loss bits. Every row ignored: zero loss, zero gradient.
+  for (int64_t r : {3, 11}) {
+    for (int64_t c = 0; c < 64; ++c) ASSERT_EQ(xa.grad().data<float>()[r * 64 + c], 0.0f) << "row " << r;
+  }
+  {
+    std::vector<float> xk;
+    std::vector<int32_t> tk;
+    for (int i = 0; i < 14; ++i) {
+      if (t[static_cast<size_t>(i)] == -100) continue;
+      xk.insert(xk.end(), x0.data<float>() + i * 64, x0.data<float>() + (i + 1) * 64);
+      tk.push_back(t[static_cast<size_t>(i)]);
+    }
+    Tensor alone = ops::dequantized_linear_cross_entropy(Tensor::from_vector<float>({12, 64}, xk), p.q->quantized,
+                                                         Tensor::from_vector<int32_t>({12}, tk));
+    EXPECT_EQ(ops::dequantized_linear_cross_entropy(x0, p.q->quantized, targets).item(), alone.item());
+    Tensor xn = param(x0);
+    Tensor none = ops::dequantized_linear_cross_entropy(xn, p.q->quantized,
+                                                        Tensor::from_vector<int32_t>({2, 7}, std::vector<int32_t>(14, -100)));
+    EXPECT_EQ(none.item(), 0.0f);
+    none.backward();
+    expect_bitwise(xn.grad(), Tensor::zeros({2, 7, 64}), "dx with every row ignored");
+  }
   TensorList inputs = {param(randn({3, 64}, 32))};
   const Tensor t3 = Tensor::from_vector<int32_t>({3}, {5, 300, 599});
   gradcheck([&](const TensorList& in) { return ops::dequantized_linear_cross_entropy(in[0], p.q->quantized, t3); }, inputs);

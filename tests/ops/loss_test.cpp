@@ -140,6 +140,52 @@ TEST(LinearCrossEntropy, EqualsLinearThenCrossEntropyForEveryChunking) {
   }
 }
 
+TEST(LinearCrossEntropy, IgnoredRowsSkipTheVocabularyAndGiveTheKeptRowsAloneTheirBits) {
+  // SFT's shape: each row a run of ignored prompt positions, then the trained ones. Only the kept rows meet
+  // the vocabulary (gathered), so loss, dx and dw are bit for bit those of the kept rows alone, and the
+  // ignored rows' dx is exactly zero. Also every row ignored: zero loss and zero gradients.
+  const int64_t N = 40, C = 24, V = 53;
+  Tensor x = test::randn({N, C}, 11), w = test::randn({V, C}, 12, 0.3f);
+  Tensor targets = Tensor::full({N}, -100.0f).to(DType::I32);
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < N; ++i) {
+    if (i % 10 >= 7) {  // the last 3 of every 10
+      targets.data<int32_t>()[i] = static_cast<int32_t>((i * 17) % V);
+      kept.push_back(i);
+    }
+  }
+  const int64_t K = static_cast<int64_t>(kept.size());
+  Tensor xk = Tensor::empty({K, C}), tk = Tensor::empty({K}, DType::I32);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t c = 0; c < C; ++c) xk.data<float>()[k * C + c] = x.data<float>()[kept[k] * C + c];
+    tk.data<int32_t>()[k] = targets.data<int32_t>()[kept[k]];
+  }
+  for (int64_t chunk : {5, 512}) {
+    SCOPED_TRACE("chunk_rows=" + std::to_string(chunk));
+    LossAndGrads got = lm_head_loss(x, w, targets, true, chunk, ops::MatmulPrecision::F32, 0.37f);
+    LossAndGrads alone = lm_head_loss(xk, w, tk, true, chunk, ops::MatmulPrecision::F32, 0.37f);
+    EXPECT_EQ(got.loss.item(), alone.loss.item());
+    test::expect_bitwise(got.dw, alone.dw, "dw");
+    for (int64_t i = 0, k = 0; i < N; ++i) {
+      const bool is_kept = k < K && kept[k] == i;
+      for (int64_t c = 0; c < C; ++c) {
+        const float g = got.dx.data<float>()[i * C + c];
+        if (is_kept) {
+          ASSERT_EQ(g, alone.dx.data<float>()[k * C + c]) << "row " << i << " col " << c;
+        } else {
+          ASSERT_EQ(g, 0.0f) << "ignored row " << i << " col " << c;
+        }
+      }
+      if (is_kept) ++k;
+    }
+  }
+  Tensor none = Tensor::full({N}, -100.0f).to(DType::I32);
+  LossAndGrads empty = lm_head_loss(x, w, none, true, 8, ops::MatmulPrecision::F32, 1.0f);
+  EXPECT_EQ(empty.loss.item(), 0.0f);
+  test::expect_bitwise(empty.dx, Tensor::zeros({N, C}), "dx");
+  test::expect_bitwise(empty.dw, Tensor::zeros({V, C}), "dw");
+}
+
 TEST(LinearCrossEntropy, Bf16PrecisionEqualsTheUnfusedBf16Pair) {
   // Same bf16-rounded GEMM operands, f32 accumulation: only the order of dw's sum over chunks differs.
   Tensor x = test::randn({70, 40}, 3), w = test::randn({97, 40}, 4, 0.2f);

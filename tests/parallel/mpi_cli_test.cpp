@@ -235,12 +235,11 @@ TEST_F(MpiCli, DeepSeekThroughAPipeEqualsOneProcessAndResumesWithoutIt) {
 // data=2 x tensor=2 (fsdp_tp, 1F1B) and pipe=2 x data=4 (fsdp, GPipe); GPT-2 with its tied head on
 // pipe=4 x data=2 (dp, 1F1B: the table's gradient summed over the first and last of four stages); dsv3-tiny
 // (4 blocks: 1 dense, 3 MoE) on pipe=2 x data=2 x expert=2 (fsdp_ep, GPipe). Two micro-batches a step,
-// kPipeMpiSteps steps; every loss and the final weights (the routing biases included) equal one process's.
-// Eight ranks on two cores: the steps are few to keep the test's time small; tests/parallel/pipeline_test
-// runs every combination 20 steps in-process.
+// 20 steps, as the in-process tests (tests/parallel/pipeline_test) run every combination; every loss and
+// the final weights (the routing biases included) equal one process's.
 TEST_F(MpiCli, PipeOnEightRanksEqualsOneProcessInEveryMode) {
   Corpus c;
-  constexpr int64_t kPipeMpiSteps = 8;
+  constexpr int64_t kPipeMpiSteps = 20;
   const std::string accum = "--set model.num_layers=4 --set training.grad_accum_steps=2 ";
   const std::string gpt2 = accum + "--set model.d_model=64 --set model.num_heads=4 --set model.dropout=0 "
                                    "--set training.precision=f32 --set optimizer.lr=3e-3 ";

@@ -5,16 +5,13 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "core/amx.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "quant/kernels.h"
@@ -186,18 +183,6 @@ struct X86Features {
   bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512_vnni = false, amx_int8 = false;
 };
 
-// AMX's tile data (8 KB of state) is off for a process until it asks: Linux >= 5.16 grants it through
-// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), for every thread of the process, once. A refusal
-// (an older kernel, a seccomp filter) leaves the AMX path unsupported rather than faulting later.
-bool request_amx_permission() {
-#if defined(__linux__) && defined(SYS_arch_prctl)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
-}
-
 X86Features read_x86_features() {
   X86Features f;
   unsigned a, b, c, d;
@@ -217,7 +202,7 @@ X86Features read_x86_features() {
   // AMX-TILE and AMX-INT8 (EDX bits 24, 25), with XCR0 saying the OS manages the tile configuration and
   // data (bits 17, 18), and the process granted the data.
   const bool tile_state = ((xcr0_lo >> 17) & 3) == 3;
-  f.amx_int8 = f.avx512_vnni && ((d >> 24) & 1) && ((d >> 25) & 1) && tile_state && request_amx_permission();
+  f.amx_int8 = f.avx512_vnni && ((d >> 24) & 1) && ((d >> 25) & 1) && tile_state && amx_tile_state_granted();
   return f;
 }
 

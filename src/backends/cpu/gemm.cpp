@@ -5,10 +5,6 @@
 #include "backends/cpu/gemm.h"
 
 #include <omp.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include <atomic>
 #include <cstdlib>
@@ -24,6 +20,7 @@
 
 #include "backends/cpu/gemm_blocked.h"
 #include "backends/cpu/isa.h"
+#include "core/amx.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
@@ -612,20 +609,7 @@ void gemm_grouped_bf16(bool trans_a, bool trans_b, int64_t N, float alpha, int64
   grouped<bf16>(trans_a, trans_b, N, alpha, lda, ldb, beta, ldc, groups);
 }
 
-bool amx_usable() {
-  static const bool usable = [] {
-    if (!cpu_has_amx_bf16()) return false;
-#if defined(__linux__) && defined(__x86_64__)
-    // Linux hands out the 8 KiB tile state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA); it
-    // refuses where the kernel or the hypervisor does not enable it.
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
-  return usable;
-}
+bool amx_usable() { return cpu_has_amx_bf16() && amx_tile_state_granted(); }
 
 bool amx_allowed() {
   const int chosen = g_amx_override.load(std::memory_order_relaxed);

@@ -174,15 +174,19 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   p.k = {tk * d, 0, d};
   p.v = {tk * dv, 0, dv};
   p.out = {tq * dv, 0, dv};
-  if (grouped) {  // [..., Hq, T, D] heads over [..., Hkv, T, D] k/v heads
-    const int64_t hq = lead[lead.size() - 1], hkv = kv_lead[kv_lead.size() - 1];
-    p.batches = heads / hq;
+  // `batches` entries of hq query heads over hkv k/v heads each: [..., Hq, T, D] over [..., Hkv, T, D].
+  const auto set_head_groups = [&](int64_t batches, int64_t hq, int64_t hkv) {
+    p.batches = batches;
     p.heads_per_batch = hq;
     p.kv_group = hq / hkv;
     p.q = {hq * tq * d, tq * d, d};
     p.k = {hkv * tk * d, tk * d, d};
     p.v = {hkv * tk * dv, tk * dv, dv};
     p.out = {hq * tq * dv, tq * dv, dv};
+  };
+  if (grouped) {
+    const int64_t hq = lead[lead.size() - 1];
+    set_head_groups(heads / hq, hq, kv_lead[kv_lead.size() - 1]);
   }
   if (key_begin.defined()) {
     // Document masking reads key_begin by batch entry: [B, H, T, D] as B entries of H heads each.
@@ -190,14 +194,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                ": key_begin (document masking) needs q, k, v [B, H, T, D] on the CPU, causal and without a mask; got q ",
                q.describe(), ", causal ", causal, ", mask ", mask.defined() ? mask.describe() : "none");
     check_key_begin(key_begin, q.size(0), tq, op);
-    const int64_t hq = q.size(1), hkv = k.size(1);
-    p.batches = q.size(0);
-    p.heads_per_batch = hq;
-    p.kv_group = hq / hkv;
-    p.q = {hq * tq * d, tq * d, d};
-    p.k = {hkv * tk * d, tk * d, d};
-    p.v = {hkv * tk * dv, tk * dv, dv};
-    p.out = {hq * tq * dv, tq * dv, dv};
+    set_head_groups(q.size(0), q.size(1), k.size(1));
     p.key_begin = key_begin.data<int32_t>();
   }
 

@@ -5,7 +5,9 @@ For each concurrency (1, 4, 16, 64 by default) and each server in turn, that man
 streamed /v1/completions requests (one after another, over loopback) and the load generator records,
 per request, the time to the first token and the time between tokens. It prints one JSON line per
 (server, concurrency): aggregate generated tokens/s (all clients' tokens over the level's wall time),
-TTFT p50/p99 and per-token latency p50/p99, in milliseconds.
+TTFT p50/p99 and per-token latency p50/p99, in milliseconds; the share of one CPU the load generator
+itself took (client_cpu_share: it runs on the cores the servers share), the load average after the
+level, and for loom its forward passes in the level and their average rows (from its /metrics).
 
 llama.cpp's server comes from PyPI's `xllamacpp` (pip install xllamacpp), run in a child process with
 as many parallel slots as the largest concurrency and the same thread count; loom serve is build/loom.
@@ -121,6 +123,7 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model):
             with lock:
                 results.append((start, times))
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
     for t in threads:
@@ -128,6 +131,7 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - cpu0
     tokens = sum(len(t) for _, t in results)
     ttft = [(t[0] - s) * 1000 for s, t in results if t]
     gaps = [(b - a) * 1000 for _, t in results for a, b in zip(t, t[1:])]
@@ -135,7 +139,21 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model):
             "tokens_per_s": round(tokens / wall, 2),
             "ttft_p50_ms": round(percentile(ttft, 50), 1), "ttft_p99_ms": round(percentile(ttft, 99), 1),
             "token_latency_p50_ms": round(percentile(gaps, 50), 2) if gaps else None,
-            "token_latency_p99_ms": round(percentile(gaps, 99), 2) if gaps else None}
+            "token_latency_p99_ms": round(percentile(gaps, 99), 2) if gaps else None,
+            "client_cpu_share": round(client_cpu / wall, 3)}
+
+
+def loom_counters(url):
+    """loom's steps and step rows so far (its /metrics), or None for another server."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except Exception:
+        return None
+    found = dict(re.findall(r"^(loom_steps_total|loom_step_rows_total) (\S+)$", text, re.M))
+    if len(found) != 2:
+        return None
+    return float(found["loom_steps_total"]), float(found["loom_step_rows_total"])
 
 
 def main():
@@ -174,7 +192,13 @@ def main():
             one_request(url, PROMPTS[0], 4, None)
         for c in levels:
             for name, url, _ in servers:
+                before = loom_counters(url)
                 r = run_level(url, c, max(1, args.requests // c), args.max_tokens, None)
+                after = loom_counters(url)
+                if before and after and after[0] > before[0]:
+                    r["steps"] = int(after[0] - before[0])
+                    r["rows_per_step"] = round((after[1] - before[1]) / (after[0] - before[0]), 2)
+                r["load_average"] = round(os.getloadavg()[0], 2)
                 print(json.dumps({"server": name, **r}), flush=True)
     finally:
         for _, _, proc in servers:

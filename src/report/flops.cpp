@@ -79,7 +79,8 @@ std::string format_flops_report(const FlopsReport& r) {
     << " in matrix multiplies (" << si(static_cast<double>(m.matmul_params)) << ")\n";
   if (m.active_params > 0) {
     o << "parameters used per token: " << with_commas(std::to_string(m.active_params)) << " ("
-      << si(static_cast<double>(m.active_params)) << "; the FLOPs below count these)\n";
+      << si(static_cast<double>(m.active_params)) << "; the FLOPs below count these"
+      << (m.training_modules > 0 ? ", and the training-only modules" : "") << ")\n";
   }
   o << "training FLOPs per token:\n";
   o << "  6N + 12*L*d*T (PaLM, N in matmuls):  " << sci(r.palm_per_token) << "  (6N "

@@ -144,7 +144,8 @@ OpCost op_cost(const profile::OpRecord& op) {
     c.family = it->second.family;
     c.forward_flops = it->second.forward * out_numel;
     c.backward_flops = op.has_backward ? it->second.backward * out_numel : 0;
-  } else if (one_of(n, {"reshape", "transpose", "narrow", "concat", "split_heads", "merge_heads"})) {
+  } else if (one_of(n, {"reshape", "transpose", "narrow", "concat", "split_heads", "merge_heads", "mla_query_heads",
+                         "mla_key_value_heads"})) {
     c.family = "layout";
   } else if (one_of(n, {"all_reduce", "all_gather", "reduce_scatter", "copy_to_group", "gather_replicated",
                         "split_replicated"})) {

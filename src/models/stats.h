@@ -5,12 +5,14 @@
 //   * PaLM (Chowdhery et al. 2022, appendix B): 6N + 12·L·(H·D)·T, with N the parameters that take part
 //     in a matrix multiply (all but lookup tables: token and learned position embeddings; a tied head is
 //     a real matmul, so it counts) and 12·L·(H·D)·T the attention score and value matmuls (forward +
-//     backward, full T×T as the paper counts them).
+//     backward, full T×T as the paper counts them); plus the training-only modules a step runs
+//     (DeepSeek-V3's MTP), the same way at the positions they run on.
 //   * Chinchilla (Hoffmann et al. 2022, appendix F): the forward pass of one sequence term by term,
 //     training = 3 × forward (backward = 2 × forward). Each term is an exact integer.
 // Chinchilla-optimal data: about 20 tokens per parameter (Hoffmann et al. 2022, table 3).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -60,12 +62,31 @@ struct ModelStats {
   // Parameters one token's forward pass multiplies with, for sparse families (mixture of experts: the
   // routed experts a token does not pick, and training-only modules, left out); 0 for dense families.
   int64_t active_params = 0;
+  // Training-only modules the step runs besides the model (DeepSeek-V3's multi-token prediction; 0
+  // elsewhere): module k = 1..training_modules runs on the first T - k positions of each sequence,
+  // through training_module_matmul_params weights (its own and the head it shares) and one attention
+  // layer of attention_width. Not in matmul_params, which is what inference multiplies with.
+  int64_t training_modules = 0;
+  int64_t training_module_matmul_params = 0;
 
-  // 6N + 12·L·(H·D)·T.
-  double palm_flops_per_token() const {
+  // The training step's model FLOPs per token of a batch of sequences of T tokens:
+  // 6N + 12·L·(H·D)·T, plus each training-only module at the T - k positions it runs on,
+  // (T - k)/T · (6·N_k + 12·(H·D)·(T - k)). No recomputation counted (PaLM's model FLOPs).
+  double palm_flops_per_token() const { return palm_flops_per_token_at(static_cast<double>(context_length)); }
+  double palm_flops_per_token_at(double T) const {
     return 6.0 * static_cast<double>(matmul_params) +
-           12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width) *
-               static_cast<double>(context_length);
+           12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width) * T +
+           training_module_flops_per_token_at(T);
+  }
+  // The training-only modules' part of the above (0 without them).
+  double training_module_flops_per_token_at(double T) const {
+    double sum = 0;
+    for (int64_t k = 1; k <= training_modules; ++k) {
+      const double n = std::max(0.0, T - static_cast<double>(k));  // positions module k runs on
+      sum += n / T * (6.0 * static_cast<double>(training_module_matmul_params) +
+                      12.0 * static_cast<double>(attention_width) * n);
+    }
+    return sum;
   }
   // 3 × forward / T.
   double chinchilla_flops_per_token() const {

@@ -381,7 +381,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const models::ModelStats st = m.stats();
   const double tokens = static_cast<double>(r.batch) * static_cast<double>(T);
   const double attention = 12.0 * static_cast<double>(L) * static_cast<double>(st.attention_width) * static_cast<double>(T);
-  const double per_token = 6.0 * static_cast<double>(st.matmul_params) + attention;
+  // PaLM's count, with the training-only modules (DeepSeek-V3's MTP) the step runs (models/stats.h).
+  const double per_token = st.palm_flops_per_token_at(static_cast<double>(T));
   e.model_flops = per_token * tokens;
   // Recomputation runs the layers' forward again: full, all of it (2N of the layers' matmuls and a third
   // of attention); selective, the attention core's forward (a third of PaLM's attention term).

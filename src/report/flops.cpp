@@ -79,12 +79,19 @@ std::string format_flops_report(const FlopsReport& r) {
     << " in matrix multiplies (" << si(static_cast<double>(m.matmul_params)) << ")\n";
   if (m.active_params > 0) {
     o << "parameters used per token: " << with_commas(std::to_string(m.active_params)) << " ("
-      << si(static_cast<double>(m.active_params)) << "; the FLOPs below count these)\n";
+      << si(static_cast<double>(m.active_params)) << "; the FLOPs below count these"
+      << (m.training_modules > 0 ? ", and the training-only modules" : "") << ")\n";
   }
   o << "training FLOPs per token:\n";
   o << "  6N + 12*L*d*T (PaLM, N in matmuls):  " << sci(r.palm_per_token) << "  (6N "
     << sci(6.0 * static_cast<double>(m.matmul_params)) << " + attention "
-    << sci(12.0 * L * static_cast<double>(m.attention_width) * T) << ")\n";
+    << sci(12.0 * L * static_cast<double>(m.attention_width) * T);
+  if (m.training_modules > 0) {
+    o << " + training-only modules " << sci(m.training_module_flops_per_token_at(T)) << ": " << m.training_modules
+      << " x " << with_commas(std::to_string(m.training_module_matmul_params))
+      << " weights and an attention layer, at T - k positions";
+  }
+  o << ")\n";
   const auto& c = m.chinchilla;
   o << "  Chinchilla appendix F (3 x forward): " << sci(r.chinchilla_per_token) << "  (" << m.chinchilla_note
     << ")\n";

@@ -30,6 +30,11 @@ models::ModelStats stats_of(const json& j) {
   // PaLM's attention term counts q.k and p.v at one width H*D; MLA's differ (H*(d_nope+d_rope) and
   // H*d_v), so their mean stands for both.
   s.attention_width = c.num_heads * (c.qk_head_dim() + c.d_v) / 2;
+  // The training step also runs the MTP modules (losses()): each its projection and dense block, and
+  // the shared head again, on T - k positions. They are model FLOPs of the objective the step trains
+  // (not recomputation), so MFU counts them (docs/moe.md, "What MFU counts").
+  s.training_modules = c.n_mtp;
+  s.training_module_matmul_params = c.mtp_module_params() + c.vocab_size * c.d_model;
   s.num_layers = c.num_layers;
   s.context_length = c.context_length;
 

@@ -7,6 +7,7 @@
 #include "nn/sharded.h"
 #include "ops/attention.h"
 #include "ops/matmul.h"
+#include "ops/mla.h"
 #include "ops/rope.h"
 #include "ops/shape.h"
 
@@ -125,9 +126,20 @@ Tensor MultiHeadLatentAttention::attend(const Tensor& q_nope, const Tensor& q_ro
 
 Tensor MultiHeadLatentAttention::forward(const Tensor& x, const Tensor& positions, const Tensor& key_begin) const {
   check_ndim(x, 3, "MultiHeadLatentAttention", "x");
-  Tensor q_nope, q_rope;
-  queries(x, positions, &q_nope, &q_rope);
-  return wo.forward(attend(q_nope, q_rope, latent(x, positions), key_begin));
+  const int64_t B = x.size(0), T = x.size(1);
+  // As queries(), latent() and attend() compose it, with the head layouts built in one op each
+  // (query_heads, key_value_heads) and the latent never concatenated: the same values.
+  Tensor q = wq_b.forward(q_norm.forward(wq_a.forward(x), wq_b));  // [B, T, H*(N+P)]
+  const int64_t H = q.size(-1) / (d_nope + d_rope);                // this rank's heads under tensor parallelism
+  Tensor qh = ops::mla_query_heads(q, H, d_nope, d_rope, positions, rope_cache);  // [B, H, T, N+P]
+  Tensor kv_a = wkv_a.forward(x);                                         // [B, T, R+P]
+  Tensor c = kv_norm.forward(ops::narrow(kv_a, -1, 0, kv_rank));         // [B, T, R]
+  // Under tensor parallelism this rank's heads use the shared key: its gradient sums over the ranks (f).
+  Tensor k_rope = dist::enter_tensor_split(ops::narrow(kv_a, -1, kv_rank, d_rope), wkv_b.weight);  // [B, T, P]
+  auto [k, v] = ops::mla_key_value_heads(wkv_b.forward(c), k_rope, H, d_nope, d_v, positions, rope_cache);  // [B, H, T, *]
+  Tensor o = ops::scaled_dot_product_attention(qh, k, v, Tensor(), /*causal=*/true, scale, wkv_b.precision,
+                                               key_begin);  // [B, H, T, Dv]
+  return wo.forward(ops::reshape(ops::transpose(o, 1, 2), {B, T, H * d_v}));
 }
 
 LatentCache::Absorbed MultiHeadLatentAttention::absorb() const {

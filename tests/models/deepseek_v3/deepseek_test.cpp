@@ -152,6 +152,13 @@ TEST(Dsv3, TheSeedsConfigIsDsv3MiniWith36Point2MParametersAnd13Point6MPerToken) 
   // FLOPs per token follow the active parameters: 6N with N = 13,579,008.
   EXPECT_EQ(s.matmul_params, s.active_params);
   EXPECT_NE(text.find("6N 8.147e+07"), std::string::npos) << text;
+  // The training step also runs the MTP module on 255 of 256 positions: its 1,783,616 weights and the
+  // head's 3,145,728, 255/256 * (6 * 4,929,344 + 12 * 240 * 255) per token; MFU counts them.
+  EXPECT_EQ(s.training_modules, 1);
+  EXPECT_EQ(s.training_module_matmul_params, 4929344);
+  EXPECT_DOUBLE_EQ(s.training_module_flops_per_token_at(256.0), 255.0 / 256.0 * (6.0 * 4929344 + 12.0 * 240 * 255));
+  EXPECT_DOUBLE_EQ(s.palm_flops_per_token(), 6.0 * 13579008 + 12.0 * 6 * 240 * 256 + 30192063.75);
+  EXPECT_NE(text.find("training-only modules 3.019e+07: 1 x 4,929,344 weights"), std::string::npos) << text;
 
   const models::ModelStats tiny = train::load_config("dsv3-tiny").model.stats();
   EXPECT_EQ(train::load_config("dsv3-tiny").model.json().at("num_layers"), 2);

@@ -320,6 +320,7 @@ void run_blocked(const GemmKey& key, const void* A, const void* B, const float* 
   // an AVX2 CPU) the AVX2 copy still runs: set_gemm_kernel allows Blocked only where it can.
   if (cpu_isa() == CpuIsa::Avx512) {
     g.bf16_pairs = g.bf16 && cpu_has_avx512_bf16();
+    g.amx = g.bf16 && cpu_has_amx_bf16() && amx_allowed() && amx_usable();
     isa_avx512::blocked_gemm(g);
   } else {
     isa_avx2::blocked_gemm(g);
@@ -745,6 +746,8 @@ std::string gemm_implementation(bool trans_a, bool trans_b, int64_t M, int64_t N
     const std::string copy = cpu_isa() == CpuIsa::Avx512 ? "loom blocked avx512 14x32" : "loom blocked avx2 6x16";
     if (dtype == DType::F32) return copy;
     const bool pairs = cpu_isa() == CpuIsa::Avx512 && cpu_has_avx512_bf16();
+    if (cpu_isa() == CpuIsa::Avx512 && cpu_has_amx_bf16() && amx_allowed() && amx_usable())
+      return "loom blocked, AMX tiles 32x32";
     return copy + (pairs ? ", bf16 pairs by vdpbf16ps" : ", bf16 widened while packing");
   }
   k.threads = threads_for(k);

@@ -34,6 +34,9 @@ struct BlockedGemm {
   // bf16 only, isa_avx512 only, and only on a CPU with AVX512-BF16 (cpu_has_avx512_bf16()): keep bf16
   // pairs and multiply them by vdpbf16ps instead of widening. Ignored by isa_avx2.
   bool bf16_pairs = false;
+  // bf16 only, isa_avx512 only, on a CPU with AMX-BF16 whose tiles the OS granted (amx_usable()): the
+  // grouped driver's 32 x 32 AMX tile (gemm_blocked.inc, Tiles) instead of bf16_pairs.
+  bool amx = false;
   int64_t batch = 1, M = 0, N = 0, K = 0;
   float alpha = 1.0f, beta = 0.0f;
   const void* A = nullptr;

@@ -70,6 +70,27 @@ std::vector<cpu::CpuIsa> blocked_copies() {
   return out;
 }
 
+// Runs a scope with AMX tiles allowed or not and restores the choice after.
+class ScopedAmx {
+ public:
+  explicit ScopedAmx(bool allowed) : previous_(cpu::amx_allowed()) { cpu::set_amx_allowed(allowed); }
+  ~ScopedAmx() { cpu::set_amx_allowed(previous_); }
+
+ private:
+  bool previous_;
+};
+
+// The blocked kernel's paths this CPU can run, as (isa, amx allowed): every copy, and on an AMX CPU the
+// AVX-512 copy once with tiles for bf16 and once with vdpbf16ps pairs (f32 is the same on both).
+std::vector<std::pair<cpu::CpuIsa, bool>> blocked_paths() {
+  std::vector<std::pair<cpu::CpuIsa, bool>> out;
+  for (cpu::CpuIsa isa : blocked_copies()) {
+    out.push_back({isa, false});
+    if (isa == cpu::CpuIsa::Avx512 && cpu::amx_usable()) out.push_back({isa, true});
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST(Gemm, MatchesReferenceForAllTransposesOddShapesAndBeta) {
@@ -294,8 +315,9 @@ TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
   // smaller than one tile. Leading dimensions are padded by odd amounts: bf16 pairs start at any
   // 2-byte alignment.
   const Case cases[] = {{197, 45, 600}, {13, 2100, 300}, {8, 16, 256}, {9, 17, 257}, {30, 70, 1031}};
-  for (cpu::CpuIsa isa : blocked_copies()) {
+  for (auto [isa, amx] : blocked_paths()) {
     cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
     uint64_t seed = 100;
     for (const Case& c : cases) {
       for (int ta = 0; ta < 2; ++ta) {
@@ -305,7 +327,7 @@ TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
             auto A = random_vec((ta ? c.K : c.M) * lda, seed++);
             auto B = random_vec((tb ? c.N : c.K) * ldb, seed++);
             auto C0 = random_vec(c.M * ldc, seed++);
-            const std::string what = std::string(cpu::cpu_isa_name(isa)) + " M=" + std::to_string(c.M) +
+            const std::string what = std::string(cpu::cpu_isa_name(isa)) + (amx ? " amx" : "") + " M=" + std::to_string(c.M) +
                                      " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
                                      " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                                      " beta=" + std::to_string(beta);
@@ -336,8 +358,9 @@ TEST(Gemm, BlockedMatchesReferenceAcrossBlockEdges) {
 TEST(Gemm, BlockedBiasBetaZeroOverNaNAndBf16) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  for (cpu::CpuIsa isa : blocked_copies()) {
+  for (auto [isa, amx] : blocked_paths()) {
     cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
     const int64_t M = 101, N = 37, K = 520;
     auto A = random_vec(M * K, 201), B = random_vec(N * K, 202), bias = random_vec(N, 203);
     // Bias on every row; beta = 0 over NaN: the NaN must not leak in (K spans three blocks).
@@ -373,8 +396,9 @@ TEST(Gemm, BlockedBiasBetaZeroOverNaNAndBf16) {
 TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  for (cpu::CpuIsa isa : blocked_copies()) {
+  for (auto [isa, amx] : blocked_paths()) {
     cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
     // Every element is the same FMA sequence whichever thread or tile computes it (gemm_blocked.h).
     const int64_t M = 250, N = 300, K = 1100;  // K: past a K block of each copy and path
     auto A = random_vec(M * K, 301), B = random_vec(K * N, 302);
@@ -424,8 +448,9 @@ TEST(Gemm, BlockedIsBitwiseTheSameForAnyThreadCountNestingAndBatching) {
 TEST(Gemm, BlockedBatchedManySmallEntries) {
   if (!blocked_kernel_runs_here()) GTEST_SKIP() << "needs AVX2 + FMA";
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
-  for (cpu::CpuIsa isa : blocked_copies()) {
+  for (auto [isa, amx] : blocked_paths()) {
     cpu::ScopedCpuIsa copy(isa);
+    ScopedAmx tiles(amx);
     // Per-head shapes: many entries, each run whole on one thread; A shared (stride 0) in one pass.
     const int64_t batch = 24, M = 40, N = 24, K = 33;
     for (int shared_a = 0; shared_a < 2; ++shared_a) {
@@ -444,32 +469,38 @@ TEST(Gemm, BlockedBatchedManySmallEntries) {
   }
 }
 
-TEST(Gemm, BlockedAvx512RunsBf16AsPairsWhereTheCpuHasAvx512Bf16AndWidensElsewhere) {
+TEST(Gemm, BlockedAvx512RunsBf16OnAmxTilesOrAsPairsWhereTheCpuHasThemAndWidensElsewhere) {
   if (!cpu::cpu_isa_supported(cpu::CpuIsa::Avx512)) GTEST_SKIP() << "needs AVX-512";
-  // Both bf16 paths of the AVX-512 copy, called directly (gemm.cpp takes pairs wherever it can, so the
-  // widened one runs through cpu::gemm_bf16 only on AVX-512 CPUs without AVX512-BF16).
-  const int64_t M = 45, N = 70, K = 403;
+  // The three bf16 paths of the AVX-512 copy, called directly (gemm.cpp takes AMX tiles where the CPU and
+  // the OS allow them, else pairs wherever it can, so the widened one runs through cpu::gemm_bf16 only on
+  // AVX-512 CPUs without AVX512-BF16). M, N, K: past a row block and a K block of each, partial tiles.
+  const int64_t M = 145, N = 70, K = 1100;
   auto A = random_vec(M * K, 501), B = random_vec(K * N, 502);
   const std::vector<bf16> Ab = to_bf16(A), Bb = to_bf16(B);
   std::vector<float> want(M * N);
   cpu::gemm_reference_bf16(false, false, M, N, K, 1.0f, Ab.data(), K, Bb.data(), N, 0.0f, want.data(), N);
-  for (bool pairs : {false, true}) {
+  for (const char* path : {"widened", "pairs", "amx"}) {
+    const bool pairs = std::string(path) == "pairs", amx = std::string(path) == "amx";
     if (pairs && !cpu::cpu_has_avx512_bf16()) continue;
+    if (amx && !cpu::amx_usable()) continue;
     cpu::BlockedGemm g;
     g.bf16 = true;
     g.bf16_pairs = pairs;
+    g.amx = amx;
     g.M = M, g.N = N, g.K = K;
     g.A = Ab.data(), g.lda = K, g.B = Bb.data(), g.ldb = N;
     std::vector<float> got(M * N, NAN);
     g.C = got.data(), g.ldc = N;
     g.threads = 2;
     cpu::isa_avx512::blocked_gemm(g);
-    expect_near_all(got, want, 1e-3f, 1e-4f, pairs ? "pairs" : "widened");
+    expect_near_all(got, want, 1e-3f, 1e-4f, path);
   }
   ScopedGemmKernel blocked(cpu::GemmKernel::Blocked);
   cpu::ScopedCpuIsa avx512(cpu::CpuIsa::Avx512);
+  const bool tiles = cpu::cpu_has_amx_bf16() && cpu::amx_allowed() && cpu::amx_usable();
   const std::string impl = cpu::gemm_implementation(false, false, M, N, K, DType::BF16);
-  EXPECT_EQ(impl.find("vdpbf16ps") != std::string::npos, cpu::cpu_has_avx512_bf16()) << impl;
+  EXPECT_EQ(impl.find("AMX") != std::string::npos, tiles) << impl;
+  EXPECT_EQ(impl.find("vdpbf16ps") != std::string::npos, !tiles && cpu::cpu_has_avx512_bf16()) << impl;
 }
 
 TEST(Gemm, AutoTakesTheAvx512BlockedKernelForLargeVocabularyLmHeadProducts) {
@@ -567,16 +598,6 @@ TEST(Gemm, AutoTakesTheBlockedKernelForTheF32ShapesOneDnnIsSlowAtOnAvx2) {
 // ---- grouped GEMMs (gemm_grouped: the MoE's experts) ---------------------------------------------
 
 namespace {
-
-// Runs a scope with AMX tiles allowed or not and restores the choice after.
-class ScopedAmx {
- public:
-  explicit ScopedAmx(bool allowed) : previous_(cpu::amx_allowed()) { cpu::set_amx_allowed(allowed); }
-  ~ScopedAmx() { cpu::set_amx_allowed(previous_); }
-
- private:
-  bool previous_;
-};
 
 // The grouped kernels this CPU can run, as (isa, amx allowed): every blocked copy, and on an AMX CPU
 // the AVX-512 copy once with tiles and once with vdpbf16ps pairs.

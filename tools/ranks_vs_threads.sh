@@ -17,7 +17,12 @@
 #   STEPS_tiny=400 STEPS_default=100 tools/ranks_vs_threads.sh
 # Results: one line per run and a table of the ratios (threads / ranks per round) on stdout and in OUT
 # (default build/ranks_vs_threads.txt), with the CPU, the load average before and after, and the date.
-# On a shared machine the ratio within a round is the number to quote; the single speeds swing.
+# On a shared machine the ratio within a round is the number to quote; the single speeds swing. Beside
+# other jobs a 2-thread process loses far more than 2 ranks do (its threads meet at every op; measured
+# 0.10x on tiny at load 4-6, docs/mesh.md), so to compare the two ways rather than the load, run it
+# raised above the other jobs (as bench/contention.sh explains, a plain nice only ranks it within its
+# own session):
+#   setsid bash -c 'echo -20 > /proc/$$/autogroup; exec nice -n -20 tools/ranks_vs_threads.sh'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}

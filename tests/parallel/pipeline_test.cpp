@@ -6,6 +6,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -87,11 +88,12 @@ TrainRun train_single(const std::string& arch, int micro, int64_t row_groups = 1
 
 TrainRun train_pipelined(const std::string& arch, const Mesh& mesh, ParallelMode mode, const std::string& schedule,
                          int micro, std::vector<int64_t> bounds = {},
-                         models::Recompute recompute = models::Recompute::None) {
+                         models::Recompute recompute = models::Recompute::None, int64_t chunks = 1) {
   TrainRun run;
   dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
     auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
     ctx->pipe_schedule = schedule;
+    ctx->pipe_chunks = chunks;
     ctx->pipe_bounds = bounds;
     auto model = build(arch);
     auto layout = dist::shard_model(*model, ctx);
@@ -145,33 +147,103 @@ class PipeEquivalence : public ::testing::TestWithParam<std::string> {
 
 }  // namespace
 
+namespace {
+
+// Runs every rank's order on a clock: a forward of virtual stage vs waits for vs - 1's forward of the
+// micro-batch, a backward for vs + 1's backward; sends take no time, a forward 1 and a backward 2
+// units. Returns each rank's idle share of the makespan, or an empty vector when the ranks deadlock.
+std::vector<double> simulate(const std::string& schedule, int64_t P, int64_t M, int64_t v) {
+  const int64_t V = P * v;
+  std::vector<std::vector<dist::PipeStep>> order;
+  for (int64_t s = 0; s < P; ++s) order.push_back(dist::pipeline_order(schedule, P, s, M, v));
+  std::map<std::tuple<bool, int64_t, int64_t>, double> done;  // (forward, virtual stage, micro) -> finish time
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<double> clock(static_cast<size_t>(P), 0), busy(static_cast<size_t>(P), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t s = 0; s < P; ++s) {
+      auto& i = next[static_cast<size_t>(s)];
+      while (i < order[static_cast<size_t>(s)].size()) {
+        const dist::PipeStep& st = order[static_cast<size_t>(s)][i];
+        const int64_t vs = st.chunk * P + s;
+        double ready = 0;
+        const bool needs = st.forward ? vs > 0 : vs + 1 < V;
+        if (needs) {
+          auto it = done.find({st.forward, st.forward ? vs - 1 : vs + 1, st.micro});
+          if (it == done.end()) break;  // waits for a neighbour
+          ready = it->second;
+        }
+        const double cost = st.forward ? 1 : 2;
+        double& t = clock[static_cast<size_t>(s)];
+        t = std::max(t, ready) + cost;
+        busy[static_cast<size_t>(s)] += cost;
+        done[{st.forward, vs, st.micro}] = t;
+        ++i;
+        progress = true;
+      }
+    }
+  }
+  for (int64_t s = 0; s < P; ++s) {
+    if (next[static_cast<size_t>(s)] < order[static_cast<size_t>(s)].size()) return {};
+  }
+  const double makespan = *std::max_element(clock.begin(), clock.end());
+  std::vector<double> idle;
+  for (double b : busy) idle.push_back(1 - b / makespan);
+  return idle;
+}
+
+}  // namespace
+
 TEST(PipelineOrder, EveryMicroBatchRunsForwardThenBackwardOnce) {
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
     for (int64_t P : {1, 2, 4}) {
-      for (int64_t s = 0; s < P; ++s) {
+      for (int64_t v : schedule == "interleaved" ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1}) {
         for (int64_t M : {1, 3, 8}) {
-          SCOPED_TRACE(schedule + " stage " + std::to_string(s) + " of " + std::to_string(P) + ", " +
-                       std::to_string(M) + " micro-batches");
-          std::set<int64_t> forwarded;
-          int64_t next_backward = 0, in_flight = 0, peak = 0;
-          for (const auto& [fwd, m] : dist::pipeline_order(schedule, P, s, M)) {
-            if (fwd) {
-              EXPECT_TRUE(forwarded.insert(m).second);
-              peak = std::max(peak, ++in_flight);
-            } else {
-              EXPECT_TRUE(forwarded.count(m));
-              EXPECT_EQ(m, next_backward++);  // in micro-batch order: gradients accumulate as in one process
-              --in_flight;
+          if (schedule == "interleaved" && M % P != 0) continue;
+          for (int64_t s = 0; s < P; ++s) {
+            SCOPED_TRACE(schedule + " stage " + std::to_string(s) + " of " + std::to_string(P) + " x " +
+                         std::to_string(v) + ", " + std::to_string(M) + " micro-batches");
+            std::set<std::pair<int64_t, int64_t>> forwarded;
+            std::vector<int64_t> next_backward(static_cast<size_t>(v), 0);
+            int64_t in_flight = 0, peak = 0;
+            for (const auto& [fwd, chunk, m] : dist::pipeline_order(schedule, P, s, M, v)) {
+              ASSERT_TRUE(chunk >= 0 && chunk < v && m >= 0 && m < M);
+              if (fwd) {
+                EXPECT_TRUE(forwarded.insert({chunk, m}).second);
+                peak = std::max(peak, ++in_flight);
+              } else {
+                EXPECT_TRUE(forwarded.count({chunk, m}));
+                // In micro-batch order on every chunk: gradients accumulate as in one process.
+                EXPECT_EQ(m, next_backward[static_cast<size_t>(chunk)]++);
+                --in_flight;
+              }
             }
+            EXPECT_EQ(static_cast<int64_t>(forwarded.size()), M * v);
+            for (int64_t n : next_backward) EXPECT_EQ(n, M);
+            if (schedule != "interleaved") EXPECT_EQ(peak, schedule == "gpipe" ? M : std::min(P - s, M));
           }
-          EXPECT_EQ(static_cast<int64_t>(forwarded.size()), M);
-          EXPECT_EQ(next_backward, M);
-          EXPECT_EQ(peak, schedule == "gpipe" ? M : std::min(P - s, M));
+          // All ranks together finish (no rank waits for a message nobody sends before it).
+          const auto idle = simulate(schedule, P, M, v);
+          ASSERT_FALSE(idle.empty()) << schedule << " deadlocks on pipe=" << P << " x " << v << ", M=" << M;
         }
       }
     }
   }
+  // The clock's bubble against the formula: 1F1B and GPipe exactly (P - 1) / (M + P - 1); interleaved
+  // (P - 1) / (v M + P - 1) on rank 0 (the others wait for the cool-down's last backwards a little more).
+  for (const auto& [P, M, v] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 4, 2}, {4, 8, 2}, {4, 8, 4}, {2, 8, 3}}) {
+    EXPECT_NEAR(simulate("1f1b", P, M, 1)[0], dist::ideal_bubble(P, M), 1e-12);
+    EXPECT_NEAR(simulate("gpipe", P, M, 1)[0], dist::ideal_bubble(P, M), 1e-12);
+    const auto idle = simulate("interleaved", P, M, v);
+    std::printf("interleaved pipe=%lld x %lld, M=%lld: idle %.3f on rank 0, formula %.3f (1f1b %.3f)\n",
+                static_cast<long long>(P), static_cast<long long>(v), static_cast<long long>(M), idle[0],
+                dist::ideal_bubble(P, M, v), dist::ideal_bubble(P, M));
+    EXPECT_NEAR(idle[0], dist::ideal_bubble(P, M, v), 1e-12);
+  }
   EXPECT_THROW(dist::pipeline_order("zb", 2, 0, 2), Error);
+  EXPECT_THROW(dist::pipeline_order("interleaved", 2, 0, 3, 2), Error);  // M not a multiple of P
+  EXPECT_THROW(dist::pipeline_order("interleaved", 2, 0, 2, 1), Error);  // one stage per rank
+  EXPECT_THROW(dist::pipeline_order("1f1b", 2, 0, 2, 2), Error);
 }
 
 TEST(StageBounds, BalanceTheEstimatedCostAndCheckTheHandSetCounts) {
@@ -317,6 +389,43 @@ TEST_P(PipeEquivalence, EveryScheduleMatchesOneProcess) {
               arch.c_str(), worst, where.c_str());
 }
 
+// Interleaved 1F1B: two chunks per rank (4 blocks, 4 virtual stages on pipe=2), alone and with data,
+// fsdp and tensor inside the stages.
+TEST_P(PipeEquivalence, InterleavedMatchesOneProcess) {
+  const std::string arch = GetParam();
+  struct Case {
+    Mesh mesh;
+    ParallelMode mode;
+    int micro;
+  };
+  const std::vector<Case> cases = {
+      {Mesh::parse("pipe=2"), ParallelMode::Dp, 4},
+      {Mesh::parse("pipe=2"), ParallelMode::Dp, 2},  // M = P: the warm-up covers every forward
+      {Mesh::parse("pipe=2,data=2"), ParallelMode::Dp, 4},
+      {Mesh::parse("pipe=2,data=2"), ParallelMode::Fsdp, 2},
+      {Mesh::parse("pipe=2,tensor=2"), ParallelMode::Tp, 2},
+  };
+  std::map<std::pair<int, int64_t>, TrainRun> refs;
+  for (const Case& k : cases) {
+    const int64_t groups = dist::batch_slices(k.mesh, k.mode);
+    if (!refs.count({k.micro, groups})) refs[{k.micro, groups}] = train_single(arch, k.micro, groups);
+    const TrainRun& ref = refs[{k.micro, groups}];
+    SCOPED_TRACE("interleaved x 2 on " + k.mesh.str() + " " + dist::parallel_mode_name(k.mode) + ", " +
+                 std::to_string(k.micro) + " micro-batches");
+    const TrainRun got = train_pipelined(arch, k.mesh, k.mode, "interleaved", k.micro, {}, models::Recompute::None, 2);
+    test::expect_run_equivalent(ref, got);
+    // Rank 0 runs virtual stages 0 and 2: it sends both chunks' activations and chunk 1's input gradient
+    // (to rank 1's stage 1), each [b, T, C], for every micro-batch: 3 messages where 1F1B sends 1.
+    const int64_t rows = k.mode == ParallelMode::Tp ? kBatch : kBatch / k.mesh.data;
+    EXPECT_EQ(got.send_bytes, int64_t{kSteps} * 3 * k.micro * rows * kSeq * 32 * 4);
+  }
+  // Errors name the values.
+  EXPECT_THROW(train_pipelined(arch, Mesh::parse("pipe=2"), ParallelMode::Dp, "interleaved", 3, {}, models::Recompute::None, 2),
+               Error);  // 3 micro-batches on pipe=2
+  EXPECT_THROW(train_pipelined(arch, Mesh::parse("pipe=4"), ParallelMode::Dp, "interleaved", 4, {}, models::Recompute::None, 2),
+               Error);  // 8 virtual stages of 4 blocks
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PipeEquivalence, ::testing::Values("llama", "gpt2", "gpt2_untied"));
 
 // DeepSeek-V3 through the stages: 3 blocks (1 dense, 2 MoE of 4 routed experts), one MTP module (which
@@ -328,8 +437,8 @@ namespace {
 
 constexpr int64_t kDsBatch = 8, kDsSeq = 16, kDsVocab = 512;
 
-std::unique_ptr<deepseek_v3::DeepSeekV3> build_dsv3() {
-  const deepseek_v3::Config c{.vocab_size = kDsVocab, .context_length = 32, .d_model = 32, .num_layers = 3,
+std::unique_ptr<deepseek_v3::DeepSeekV3> build_dsv3(int64_t layers = 3) {
+  const deepseek_v3::Config c{.vocab_size = kDsVocab, .context_length = 32, .d_model = 32, .num_layers = layers,
                               .n_dense = 1, .num_heads = 2, .q_rank = 16, .kv_rank = 8, .d_nope = 8, .d_rope = 4,
                               .d_v = 8, .d_ff = 64, .n_shared = 1, .n_routed = 4, .top_k = 2, .d_expert = 16,
                               .gamma = 1e-3f, .alpha_seq = 1e-4f, .n_mtp = 1};
@@ -363,9 +472,9 @@ models::ForwardContext ds_ctx(int s, int m, models::Recompute recompute = models
                                        recompute);
 }
 
-DsRun ds_single(int micro) {
+DsRun ds_single(int micro, int64_t layers = 3) {
   DsRun run;
-  auto model = build_dsv3();
+  auto model = build_dsv3(layers);
   auto params = model->parameters();
   train::AdamW opt(params, ds_adamw());
   for (int s = 0; s < kSteps; ++s) {
@@ -389,13 +498,14 @@ DsRun ds_single(int micro) {
 }
 
 DsRun ds_pipelined(const Mesh& mesh, ParallelMode mode, const std::string& schedule, int micro,
-                   models::Recompute recompute) {
+                   models::Recompute recompute, int64_t chunks = 1, int64_t layers = 3) {
   DsRun run;
   std::vector<std::vector<std::vector<float>>> rank_biases(static_cast<size_t>(mesh.size()));
   dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
     auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, mode, &comm, rank});
     ctx->pipe_schedule = schedule;
-    auto model = build_dsv3();
+    ctx->pipe_chunks = chunks;
+    auto model = build_dsv3(layers);
     auto layout = dist::shard_model(*model, ctx);
     auto params = model->parameters();
     train::AdamW opt(params, ds_adamw());
@@ -463,6 +573,39 @@ TEST(PipeDeepSeek, MtpBalanceLossAndBiasUpdatesMatchOneProcess) {
     SCOPED_TRACE(std::string(dist::parallel_mode_name(k.mode)) + " " + k.schedule + " on " + k.mesh + ", " +
                  std::to_string(k.micro) + " micro-batches, recompute " + models::recompute_name(k.recompute));
     const DsRun got = ds_pipelined(Mesh::parse(k.mesh), k.mode, k.schedule, k.micro, k.recompute);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;
+      EXPECT_EQ(got.biases[s], ref.biases[s]) << "routing biases after step " << s + 1;
+    }
+    test::expect_parameters_near(ref.params, got.params);
+  }
+}
+
+// DeepSeek-V3 under interleaved 1F1B: 4 blocks (1 dense, 3 MoE) as 4 virtual stages on pipe=2, so each
+// rank holds MoE blocks of two chunks (balance-loss terms and expert loads from both) and the MTP module
+// on the last chunk of rank 1 reads the token table of rank 0's first.
+TEST(PipeDeepSeek, InterleavedMatchesOneProcess) {
+  set_num_threads(1);
+  struct Case {
+    std::string mesh;
+    ParallelMode mode;
+    int micro;
+  };
+  const std::vector<Case> cases = {
+      {"pipe=2", ParallelMode::Dp, 2},
+      {"pipe=2,data=2", ParallelMode::Dp, 4},
+      {"pipe=2,data=2", ParallelMode::Fsdp, 2},
+      {"pipe=2,expert=2", ParallelMode::DpEp, 2},
+  };
+  std::map<int, DsRun> refs;
+  for (const Case& k : cases) {
+    if (!refs.count(k.micro)) refs[k.micro] = ds_single(k.micro, 4);
+    const DsRun& ref = refs[k.micro];
+    EXPECT_NE(ref.biases.front(), ref.biases.back());
+    SCOPED_TRACE(std::string(dist::parallel_mode_name(k.mode)) + " interleaved x 2 on " + k.mesh + ", " +
+                 std::to_string(k.micro) + " micro-batches");
+    const DsRun got = ds_pipelined(Mesh::parse(k.mesh), k.mode, "interleaved", k.micro, models::Recompute::None, 2, 4);
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     for (size_t s = 0; s < ref.losses.size(); ++s) {
       EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << "loss at step " << s + 1;

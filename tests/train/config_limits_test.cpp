@@ -106,7 +106,7 @@ TEST(ConfigLimits, PipeSettingsAreCheckedWithTheConfig) {
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=3"}); }),
              "pipe=3 needs at least as many blocks, but model.num_layers is 2");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=zb"}); }),
-             "unknown parallel.schedule \"zb\": expected 1f1b or gpipe");
+             "unknown parallel.schedule \"zb\": expected 1f1b, gpipe or interleaved");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.pipe_layers=2,1"}); }),
              "parallel.pipe_layers=\"2,1\" holds 3 blocks, but the model has 2");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.pipe_layers=1,1"}); }),

@@ -419,11 +419,33 @@ TEST_P(PipeEquivalence, InterleavedMatchesOneProcess) {
     const int64_t rows = k.mode == ParallelMode::Tp ? kBatch : kBatch / k.mesh.data;
     EXPECT_EQ(got.send_bytes, int64_t{kSteps} * 3 * k.micro * rows * kSeq * 32 * 4);
   }
+  // Validation through the chunks (dist::pipeline_loss): rank 0's chunk 0, rank 1's, rank 0's chunk 1,
+  // rank 1's, which ends with the loss, on every rank.
+  const Mesh pipe2 = Mesh::parse("pipe=2");
+  auto [ids, targets] = batch_of(0);
+  const double whole = build(arch)->loss(ids, targets).item();
+  dist::run_in_process(2, [&](int rank, dist::Communicator& comm) {
+    auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{pipe2, ParallelMode::Dp, &comm, rank});
+    ctx->pipe_schedule = "interleaved";
+    ctx->pipe_chunks = 2;
+    auto model = build(arch);
+    dist::shard_model(*model, ctx);
+    EXPECT_EQ(ctx->pipe_bounds, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+    EXPECT_EQ(dist::pipeline_loss(*model, ids, targets, *ctx), whole) << "rank " << rank;
+  });
   // Errors name the values.
-  EXPECT_THROW(train_pipelined(arch, Mesh::parse("pipe=2"), ParallelMode::Dp, "interleaved", 3, {}, models::Recompute::None, 2),
-               Error);  // 3 micro-batches on pipe=2
-  EXPECT_THROW(train_pipelined(arch, Mesh::parse("pipe=4"), ParallelMode::Dp, "interleaved", 4, {}, models::Recompute::None, 2),
-               Error);  // 8 virtual stages of 4 blocks
+  auto error_of = [&](const char* mesh, int micro) {
+    try {
+      train_pipelined(arch, Mesh::parse(mesh), ParallelMode::Dp, "interleaved", micro, {}, models::Recompute::None, 2);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("pipe=2", 3).find("training.grad_accum_steps=3 is not a multiple of it"), std::string::npos)
+      << error_of("pipe=2", 3);
+  EXPECT_NE(error_of("pipe=4", 4).find("pipe=4 x virtual_stages=2 needs at least as many blocks, but the model has 4"),
+            std::string::npos) << error_of("pipe=4", 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PipeEquivalence, ::testing::Values("llama", "gpt2", "gpt2_untied"));

@@ -1,6 +1,7 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -266,6 +267,9 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
 // forwards, plus the one running, each 1/v of the stage's layers).
 struct PipeScheduleCost {
   double bubble_per_compute = 0, messages_per_micro = 0, in_flight = 1;
+  // Micro-batches whose head terms (the last stage's logits' share and the head's weight gradient) are
+  // held at once: interleaved, only the last chunk's, which runs each backward right after its forward.
+  double head_in_flight = std::numeric_limits<double>::infinity();
 };
 PipeScheduleCost pipe_schedule_cost(const Layout& l, int64_t stage) {
   PipeScheduleCost c;
@@ -278,6 +282,7 @@ PipeScheduleCost pipe_schedule_cost(const Layout& l, int64_t stage) {
   if (interleaved) {
     const double s = static_cast<double>(stage);
     c.in_flight = std::min(v * M, 2 * (P - s - 1) + (v - 1) * P + 1) / v;
+    if (stage == l.pipe - 1) c.head_in_flight = 1;
   } else {
     c.in_flight = l.schedule == "gpipe" ? M : std::min(P - static_cast<double>(stage), M);
   }
@@ -368,7 +373,13 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double head_grad = last_stage ? 4 * V * C : 0;
   const double per_micro = mb_tokens * act_bytes * (static_cast<double>(worst_layers) * am.per_layer + (last_stage ? am.head : C)) +
                            head_grad * (l.tensor > 1 ? 2 : 1);
-  e.activations = in_flight * per_micro;
+  const double layers_micro = mb_tokens * act_bytes * static_cast<double>(worst_layers) * am.per_layer;
+  // n micro-batches in flight; the head's terms for at most schedule_cost.head_in_flight of them.
+  auto held = [&](double n) {
+    const double cap = schedule_cost.head_in_flight;
+    return n <= cap ? n * per_micro : n * layers_micro + cap * (per_micro - layers_micro);
+  };
+  e.activations = held(in_flight);
   // The gradient a stage before the last receives for its output, alive through the micro-batch's
   // backward (the received activations are its first block's input, counted above; the sends are
   // copies MPI holds outside loom's allocator until they complete).
@@ -402,7 +413,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double phase_loss = last_stage ? resident + (grads_in_forward ? e.grads : 0) + e.activations + loss_chunk : 0;
   const double phase_first_backward = resident + e.activations + backward_values;
   const double phase_later_backward =
-      M > 1 ? resident + e.grads + std::min(in_flight, M - 1) * per_micro - head_grad + backward_values : 0;
+      M > 1 ? resident + e.grads + held(std::min(in_flight, M - 1)) - head_grad + backward_values : 0;
   const double phase_bucketed_backward = buckets > 0 ? resident + e.grads + buckets + backward_values : 0;
   const double phase_end = resident + e.grads + buckets + gathered;
   e.peak = std::max({phase_loss, phase_first_backward, phase_later_backward, phase_bucketed_backward, phase_end});

@@ -1,7 +1,7 @@
 // The pipe axis (parallel/pipeline.h): the schedules' orders, the stage cuts, and training through the
 // stages against one process: 20 AdamW steps (clipping on) of tiny Llama and GPT-2 models (tied and
-// untied head) under GPipe and 1F1B, pipe alone and pipe x data, with the in-process communicator;
-// losses within 1e-5 relative, every parameter within 1e-5.
+// untied head) under GPipe, 1F1B and interleaved 1F1B, pipe alone and with data, fsdp and tensor inside
+// the stages, with the in-process communicator; losses within 1e-5 relative, every parameter within 1e-5.
 #include <gtest/gtest.h>
 
 #include <map>

@@ -25,6 +25,7 @@ struct Options {
   std::string precision;
   std::string mesh;  // evaluate one layout: "data=4,tensor=2,pipe=2,expert=1"
   std::string shard = "none", recompute = "none", schedule = "1f1b";
+  int64_t virtual_stages = 1;
   int64_t micro_batches = 1;
   double intra_bw = 0, inter_bw = 0, intra_latency = -1, inter_latency = -1, memory_gib = 0, efficiency = 0;
   int64_t per_node = 0;
@@ -54,11 +55,15 @@ loom::plan::Layout parse_layout(const Options& o) {
   }
   LOOM_CHECK(o.shard == "none" || o.shard == "zero1" || o.shard == "fsdp", "plan: --shard must be none, zero1 or fsdp, got \"",
              o.shard, "\"");
-  LOOM_CHECK(o.schedule == "1f1b" || o.schedule == "gpipe", "plan: --schedule must be 1f1b or gpipe, got \"", o.schedule, "\"");
+  LOOM_CHECK(o.schedule == "1f1b" || o.schedule == "gpipe" || o.schedule == "interleaved",
+             "plan: --schedule must be 1f1b, gpipe or interleaved, got \"", o.schedule, "\"");
+  LOOM_CHECK((o.schedule == "interleaved") == (o.virtual_stages > 1), "plan: --virtual-stages ", o.virtual_stages,
+             " goes with --schedule interleaved (and it with 2 or more), got --schedule ", o.schedule);
   l.shard = o.shard;
   l.recompute = loom::models::recompute_from_name(o.recompute);
   l.micro_batches = o.micro_batches;
   l.schedule = o.schedule;
+  l.virtual_stages = o.virtual_stages;
   return l;
 }
 
@@ -78,7 +83,9 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
   cmd.add_option("--shard", o->shard, "with --layout: none, zero1 or fsdp")->capture_default_str();
   cmd.add_option("--recompute", o->recompute, "with --layout: none, selective or full")->capture_default_str();
   loom::cli::in_range(cmd.add_option("--micro-batches", o->micro_batches, "with --layout: micro-batches per step"), 1, 1 << 20)->capture_default_str();
-  cmd.add_option("--schedule", o->schedule, "with --layout and pipe > 1: 1f1b or gpipe")->capture_default_str();
+  cmd.add_option("--schedule", o->schedule, "with --layout and pipe > 1: 1f1b, gpipe or interleaved")->capture_default_str();
+  loom::cli::in_range(cmd.add_option("--virtual-stages", o->virtual_stages, "with --schedule interleaved: stages per device"),
+                      1, 1 << 20)->capture_default_str();
   loom::cli::in_range(cmd.add_option("--intra-bw", o->intra_bw, "intra-node bandwidth per device, GB/s one way (default: the device's)"), 1e-6, 1e9);
   loom::cli::in_range(cmd.add_option("--inter-bw", o->inter_bw, "inter-node bandwidth per device, GB/s one way"), 1e-6, 1e9);
   loom::cli::in_range(cmd.add_option("--intra-latency", o->intra_latency, "seconds per collective step within a node"), 0, 1000);

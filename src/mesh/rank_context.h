@@ -35,9 +35,12 @@ struct RankContext {
   int64_t max_expert_rows = 0;
   // The pipe axis (parallel/pipeline.h): stage s runs layers [pipe_bounds[s], pipe_bounds[s + 1]); empty
   // before shard_model, which fills it (balanced by estimated cost) when the mesh has pipe > 1 and it is
-  // still empty. The schedule of the micro-batches: "1f1b" or "gpipe".
+  // still empty. The schedule of the micro-batches: "1f1b", "gpipe" or "interleaved" (interleaved 1F1B:
+  // pipe_chunks virtual stages per rank, so pipe_bounds then has pipe * pipe_chunks + 1 entries and
+  // virtual stage k * pipe + s runs on pipe coordinate s).
   mutable std::vector<int64_t> pipe_bounds{};
   std::string pipe_schedule = "1f1b";
+  int64_t pipe_chunks = 1;
 
   int64_t coord(MeshAxis axis) const { return mesh.coord(rank, axis); }
   Group group(MeshAxis axis) const { return {comm, mesh.group(rank, axis)}; }

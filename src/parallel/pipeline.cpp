@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
+#include <tuple>
 #include <limits>
 #include <sstream>
 
@@ -39,6 +42,10 @@ int stage_rank(const RankContext& c, int64_t stage) {
   const int64_t stride = c.mesh.data * c.mesh.expert * c.mesh.tensor;
   return static_cast<int>(c.rank + (stage - c.coord(MeshAxis::Pipe)) * stride);
 }
+
+// The rank running virtual stage `vs` (chunk vs / pipe on pipe coordinate vs % pipe) with this rank's
+// other coordinates.
+int vstage_rank(const RankContext& c, int64_t vs) { return stage_rank(c, vs % c.mesh.pipe); }
 
 int64_t d_model_of(const models::LanguageModel& model) {
   const auto& j = model.model_config().json();
@@ -131,24 +138,36 @@ std::vector<int64_t> stage_bounds_from_counts(const std::string& counts, int64_t
   return bounds;
 }
 
+void check_pipe_schedule(const std::string& schedule, int64_t chunks, int64_t stages, int64_t micro) {
+  LOOM_CHECK(schedule == "1f1b" || schedule == "gpipe" || schedule == "interleaved", "unknown pipeline schedule \"",
+             schedule, "\": expected 1f1b, gpipe or interleaved");
+  if (schedule != "interleaved") {
+    LOOM_CHECK(chunks == 1, "parallel.virtual_stages=", chunks, " needs parallel.schedule \"interleaved\", not \"",
+               schedule, "\"");
+    return;
+  }
+  LOOM_CHECK(chunks >= 2, "the interleaved schedule needs parallel.virtual_stages >= 2 (stages per rank), got ", chunks);
+  LOOM_CHECK(micro <= 0 || micro % stages == 0, "the interleaved schedule runs micro-batches in groups of pipe=",
+             stages, ": training.grad_accum_steps=", micro, " is not a multiple of it");
+}
+
 void plan_pipeline(models::LanguageModel& model, const RankContext& c) {
-  const int64_t P = c.mesh.pipe, L = model.pipeline_layers();
+  const int64_t P = c.mesh.pipe, v = c.pipe_chunks, V = P * v, L = model.pipeline_layers();
   LOOM_CHECK(L > 0, "the pipe axis cannot cut model family ", model.arch(),
              " into stages (it runs llama, gpt2 and deepseek_v3): use a mesh without pipe");
-  LOOM_CHECK(P <= L, "pipe=", P, " needs at least as many blocks, but the model has ", L,
-             " (model.num_layers): use pipe <= ", L);
-  LOOM_CHECK(c.pipe_schedule == "1f1b" || c.pipe_schedule == "gpipe", "unknown pipeline schedule \"", c.pipe_schedule,
-             "\": expected 1f1b or gpipe");
-  if (c.pipe_bounds.empty()) c.pipe_bounds = estimated_stage_bounds(model, P);
+  check_pipe_schedule(c.pipe_schedule, v, P);
+  LOOM_CHECK(V <= L, "pipe=", P, v > 1 ? str(" x virtual_stages=", v) : std::string(),
+             " needs at least as many blocks, but the model has ", L, " (model.num_layers): use pipe <= ", L / v);
+  if (c.pipe_bounds.empty()) c.pipe_bounds = estimated_stage_bounds(model, V);
   const auto& b = c.pipe_bounds;
-  LOOM_CHECK(static_cast<int64_t>(b.size()) == P + 1 && b.front() == 0 && b.back() == L, "pipeline: ", b.size(),
-             " stage bounds for pipe=", P, " and ", L, " blocks");
+  LOOM_CHECK(static_cast<int64_t>(b.size()) == V + 1 && b.front() == 0 && b.back() == L, "pipeline: ", b.size(),
+             " stage bounds for ", V, " stages and ", L, " blocks");
   for (size_t s = 0; s + 1 < b.size(); ++s) LOOM_CHECK(b[s] < b[s + 1], "pipeline: stage ", s, " holds no block");
   for (nn::Parameter* p : model.parameters()) {
     const int64_t block = block_of(p->name);
     p->pipe_stages.clear();
     if (block >= 0 && block < L) {
-      p->pipe_stages.push_back(static_cast<int>(stage_of_block(b, block)));
+      p->pipe_stages.push_back(static_cast<int>(stage_of_block(b, block) % P));
       continue;
     }
     const int ends = model.pipeline_ends(*p);
@@ -157,70 +176,157 @@ void plan_pipeline(models::LanguageModel& model, const RankContext& c) {
   }
 }
 
-std::vector<std::pair<bool, int64_t>> pipeline_order(const std::string& schedule, int64_t stages, int64_t stage,
-                                                     int64_t micro) {
-  std::vector<std::pair<bool, int64_t>> order;
+std::vector<PipeStep> pipeline_order(const std::string& schedule, int64_t stages, int64_t stage, int64_t micro,
+                                     int64_t chunks) {
+  check_pipe_schedule(schedule, chunks, stages, micro);
+  std::vector<PipeStep> order;
   if (schedule == "gpipe") {
-    for (int64_t m = 0; m < micro; ++m) order.emplace_back(true, m);
-    for (int64_t m = 0; m < micro; ++m) order.emplace_back(false, m);
+    for (int64_t m = 0; m < micro; ++m) order.push_back({true, 0, m});
+    for (int64_t m = 0; m < micro; ++m) order.push_back({false, 0, m});
     return order;
   }
-  LOOM_CHECK(schedule == "1f1b", "unknown pipeline schedule \"", schedule, "\": expected 1f1b or gpipe");
-  const int64_t warmup = std::min(stages - stage - 1, micro);
-  int64_t f = 0, b = 0;
-  for (; f < warmup; ++f) order.emplace_back(true, f);
-  for (; f < micro; ++f, ++b) {
-    order.emplace_back(true, f);
-    order.emplace_back(false, b);
+  if (schedule == "1f1b") {
+    const int64_t warmup = std::min(stages - stage - 1, micro);
+    int64_t f = 0, b = 0;
+    for (; f < warmup; ++f) order.push_back({true, 0, f});
+    for (; f < micro; ++f, ++b) {
+      order.push_back({true, 0, f});
+      order.push_back({false, 0, b});
+    }
+    for (; b < micro; ++b) order.push_back({false, 0, b});
+    return order;
   }
-  for (; b < micro; ++b) order.emplace_back(false, b);
+  // Interleaved, Megatron-LM's order: the k-th forward runs micro-batch (k / (P v)) P + k % P on chunk
+  // (k % (P v)) / P: P micro-batches through chunk 0, the same P through chunk 1, ..., then the next
+  // P; the k-th backward the same with the chunks from the last. Warm-up: 2 (P - s - 1) + (v - 1) P
+  // forwards, then one forward and one backward alternate, then the remaining backwards.
+  const int64_t P = stages, v = chunks, total = micro * v;
+  auto step = [&](int64_t k, bool forward) {
+    const int64_t chunk = (k % (P * v)) / P;
+    return PipeStep{forward, forward ? chunk : v - 1 - chunk, (k / (P * v)) * P + k % P};
+  };
+  const int64_t warmup = std::min(total, 2 * (P - stage - 1) + (v - 1) * P);
+  for (int64_t k = 0; k < warmup; ++k) order.push_back(step(k, true));
+  for (int64_t k = 0; k + warmup < total; ++k) {
+    order.push_back(step(k + warmup, true));
+    order.push_back(step(k, false));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) order.push_back(step(k, false));
   return order;
 }
 
-double ideal_bubble(int64_t stages, int64_t micro) {
-  return static_cast<double>(stages - 1) / static_cast<double>(micro + stages - 1);
+double ideal_bubble(int64_t stages, int64_t micro, int64_t chunks) {
+  return static_cast<double>(stages - 1) / static_cast<double>(chunks * micro + stages - 1);
 }
+
+namespace {
+
+// What a rank receives from its pipe neighbours in one step, in the order they send it. A neighbour's
+// sends to this rank follow its schedule, which this rank knows; under interleaved 1F1B (and with two
+// stages, where one neighbour sends both activations and gradients) that is not the order this rank
+// wants them in, so a message that arrives early waits in `early`. The transport keeps each pair's
+// messages in send order, so nothing is received later than it would be in order: no new waits.
+class Inbox {
+ public:
+  // A message: activations (gradient false) for, or a gradient for the output of, this rank's `chunk`.
+  struct Key {
+    bool gradient;
+    int64_t chunk, micro;
+    bool operator<(const Key& o) const {
+      return std::tie(gradient, chunk, micro) < std::tie(o.gradient, o.chunk, o.micro);
+    }
+  };
+
+  Inbox(const RankContext& c, int64_t micro, std::function<Shape(int64_t)> shape_of)
+      : c_(c), shape_of_(std::move(shape_of)) {
+    const int64_t P = c.mesh.pipe, v = c.pipe_chunks, V = P * v, me = c.coord(MeshAxis::Pipe);
+    for (int64_t src = 0; src < P; ++src) {
+      if (src == me) continue;
+      for (const PipeStep& st : pipeline_order(c.pipe_schedule, P, src, micro, v)) {
+        const int64_t vs = st.chunk * P + src;
+        if (st.forward && vs + 1 < V && (vs + 1) % P == me) sent_[src].push_back({false, (vs + 1) / P, st.micro});
+        if (!st.forward && vs > 0 && (vs - 1) % P == me) sent_[src].push_back({true, (vs - 1) / P, st.micro});
+      }
+    }
+  }
+
+  // The message `key` from pipe coordinate `src`.
+  Tensor take(int64_t src, const Key& key) {
+    for (;;) {
+      if (auto it = early_.find(key); it != early_.end()) {
+        Tensor t = std::move(it->second);
+        early_.erase(it);
+        return t;
+      }
+      auto& queue = sent_[src];
+      size_t& next = next_[src];
+      LOOM_ASSERT(next < queue.size(), "pipeline: stage ", src, " sends no more messages, but one is expected");
+      const Key k = queue[next++];
+      Tensor t = Tensor::empty(shape_of_(k.micro));
+      c_.comm->recv(t.data<float>(), t.numel(), stage_rank(c_, src));
+      if (!(k < key) && !(key < k)) return t;
+      early_.emplace(k, std::move(t));
+    }
+  }
+
+ private:
+  const RankContext& c_;
+  std::function<Shape(int64_t)> shape_of_;
+  std::map<int64_t, std::vector<Key>> sent_;
+  std::map<int64_t, size_t> next_;
+  std::map<Key, Tensor> early_;
+};
+
+}  // namespace
 
 double pipeline_step(const models::LanguageModel& model, const std::vector<nn::Parameter*>& params,
                      const std::vector<MicroBatch>& micro, const RankContext& c, PipelineTiming* timing) {
   const auto start = Clock::now();
-  const int64_t P = c.mesh.pipe, s = c.coord(MeshAxis::Pipe), M = static_cast<int64_t>(micro.size());
+  const int64_t P = c.mesh.pipe, v = c.pipe_chunks, V = P * v, s = c.coord(MeshAxis::Pipe);
+  const int64_t M = static_cast<int64_t>(micro.size());
   LOOM_CHECK(M >= 1, "pipeline_step: no micro-batches");
-  LOOM_ASSERT(static_cast<int64_t>(c.pipe_bounds.size()) == P + 1, "pipeline_step: the model was not planned for pipe=", P);
-  const int64_t first = c.pipe_bounds[static_cast<size_t>(s)], last = c.pipe_bounds[static_cast<size_t>(s + 1)];
+  LOOM_ASSERT(static_cast<int64_t>(c.pipe_bounds.size()) == V + 1, "pipeline_step: the model was not planned for ",
+              V, " stages");
   const int64_t C = d_model_of(model);
-  const int prev = s > 0 ? stage_rank(c, s - 1) : -1, next = s + 1 < P ? stage_rank(c, s + 1) : -1;
+  auto act_shape = [&](int64_t m) {  // [b, T, C]
+    const MicroBatch& mb = micro[static_cast<size_t>(m)];
+    return Shape{mb.ids.size(0), mb.ids.size(1), C};
+  };
+  Inbox inbox(c, M, act_shape);
   struct InFlight {
     Tensor in, out;  // the received activations (a leaf) and what this stage made of them
     Tensor aux;      // a scalar the stage's blocks add to the objective (DeepSeek-V3's balance loss), or undefined
   };
-  std::vector<InFlight> held(static_cast<size_t>(M));
+  std::vector<InFlight> held(static_cast<size_t>(M * v));
   std::vector<double> losses(static_cast<size_t>(M), 0.0);
   double busy = 0;
   int64_t in_flight = 0, peak = 0;
-  bool has_aux = false;  // a stage before the last whose blocks add to the loss (the same on the stage's ranks)
-  for (const auto& [forward, m] : pipeline_order(c.pipe_schedule, P, s, M)) {
+  bool has_loss = false;  // this rank's stages add to the loss (the same on the stage's ranks)
+  for (const PipeStep& st : pipeline_order(c.pipe_schedule, P, s, M, v)) {
+    const int64_t m = st.micro, vs = st.chunk * P + s;
+    const int64_t first = c.pipe_bounds[static_cast<size_t>(vs)], last = c.pipe_bounds[static_cast<size_t>(vs + 1)];
+    const int prev = vs > 0 ? vstage_rank(c, vs - 1) : -1, next = vs + 1 < V ? vstage_rank(c, vs + 1) : -1;
     const MicroBatch& mb = micro[static_cast<size_t>(m)];
-    InFlight& h = held[static_cast<size_t>(m)];
-    const Shape act{mb.ids.size(0), mb.ids.size(1), C};  // [b, T, C]
-    if (forward) {
+    InFlight& h = held[static_cast<size_t>(st.chunk * M + m)];
+    const Shape act = act_shape(m);
+    if (st.forward) {
       if (prev >= 0) {
-        h.in = Tensor::empty(act);
-        c.comm->recv(h.in.data<float>(), h.in.numel(), prev);
+        h.in = inbox.take((vs - 1) % P, {false, st.chunk, m});
         h.in.set_requires_grad();
       }
       const auto t0 = Clock::now();
       h.out = model.stage_forward(first, last, h.in, mb.ids, mb.targets, mb.ctx, &h.aux);
       busy += since(t0);
       if (next >= 0) {
-        LOOM_CHECK(h.out.shape() == act, "pipeline: stage ", s, " made ", h.out.describe(), ", expected ", act);
+        LOOM_CHECK(h.out.shape() == act, "pipeline: stage ", vs, " made ", h.out.describe(), ", expected ", act);
         c.comm->send(payload(h.out, "activations"), h.out.numel(), next);
         if (h.aux.defined()) {
-          losses[static_cast<size_t>(m)] = h.aux.item();
-          has_aux = true;
+          losses[static_cast<size_t>(m)] += h.aux.item();
+          has_loss = true;
         }
       } else {
-        losses[static_cast<size_t>(m)] = h.out.item();
+        losses[static_cast<size_t>(m)] += h.out.item();
+        has_loss = true;
       }
       peak = std::max(peak, ++in_flight);
       continue;
@@ -229,13 +335,14 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
     if (next < 0) {
       objective = M > 1 ? ops::scale(h.out, 1.0f / static_cast<float>(M)) : h.out;  // the trainer's mean
     } else {
-      Tensor g = Tensor::empty(act);
-      c.comm->recv(g.data<float>(), g.numel(), next);
+      Tensor g = inbox.take((vs + 1) % P, {true, st.chunk, m});
       objective = ops::sum(ops::mul(h.out, g));  // d objective / d out = g, exactly
       // The stage's own terms of the loss, weighted like the last stage's loss: 1 / micro-batches.
       if (h.aux.defined()) objective = ops::add(objective, M > 1 ? ops::scale(h.aux, 1.0f / static_cast<float>(M)) : h.aux);
     }
     const auto t0 = Clock::now();
+    // A chunk's last micro-batch makes its parameters' gradients final (each parameter belongs to one
+    // chunk of this rank): their data-axis sums may start.
     backward(objective, params, c, m + 1 == M);
     busy += since(t0);
     if (prev >= 0) c.comm->send(payload(h.in.grad(), "activation gradient"), h.in.numel(), prev);
@@ -243,11 +350,11 @@ double pipeline_step(const models::LanguageModel& model, const std::vector<nn::P
     --in_flight;
   }
   c.comm->complete_sends();
-  // The loss: the last stage's ranks hold it, and the earlier stages their blocks' own terms (if any);
-  // each micro-batch's is the mean over the ranks that split the batch (inside the stage), then the
-  // stages' sums are added (for llama and gpt2 the others add zeros: exact).
+  // The loss: the rank running the last stage holds it, and the others their blocks' own terms (if
+  // any); each micro-batch's is the mean over the ranks that split the batch (inside the stage), then
+  // the stages' sums are added (for llama and gpt2 the others add zeros: exact).
   double sum = 0;
-  if (next < 0 || has_aux) {
+  if (has_loss) {
     for (double l : losses) sum += global_loss(l, c);
   }
   if (P > 1) c.comm->all_reduce_sum(&sum, 1, c.mesh.group(c.rank, MeshAxis::Pipe));
@@ -275,21 +382,23 @@ void finish_pipe_gradients(const std::vector<nn::Parameter*>& params, const Rank
 double pipeline_loss(const models::LanguageModel& model, const Tensor& ids, const Tensor& targets,
                      const RankContext& c) {
   autograd::NoGradGuard no_grad;
-  const int64_t P = c.mesh.pipe, s = c.coord(MeshAxis::Pipe);
-  const int64_t first = c.pipe_bounds[static_cast<size_t>(s)], last = c.pipe_bounds[static_cast<size_t>(s + 1)];
-  Tensor in;
-  if (s > 0) {
-    in = Tensor::empty({ids.size(0), ids.size(1), d_model_of(model)});
-    c.comm->recv(in.data<float>(), in.numel(), stage_rank(c, s - 1));
-  }
-  Tensor out = model.stage_forward(first, last, in, ids, targets, {}, nullptr);
+  const int64_t P = c.mesh.pipe, V = P * c.pipe_chunks, s = c.coord(MeshAxis::Pipe);
   double loss = 0;
-  if (s + 1 < P) {
-    c.comm->send(payload(out, "activations"), out.numel(), stage_rank(c, s + 1));
-    c.comm->complete_sends();
-  } else {
-    loss = global_loss(out.item(), c);
+  for (int64_t vs = s; vs < V; vs += P) {  // this rank's chunks, in order: each waits for the one before
+    const int64_t first = c.pipe_bounds[static_cast<size_t>(vs)], last = c.pipe_bounds[static_cast<size_t>(vs + 1)];
+    Tensor in;
+    if (vs > 0) {
+      in = Tensor::empty({ids.size(0), ids.size(1), d_model_of(model)});
+      c.comm->recv(in.data<float>(), in.numel(), vstage_rank(c, vs - 1));
+    }
+    Tensor out = model.stage_forward(first, last, in, ids, targets, {}, nullptr);
+    if (vs + 1 < V) {
+      c.comm->send(payload(out, "activations"), out.numel(), vstage_rank(c, vs + 1));
+    } else {
+      loss = global_loss(out.item(), c);
+    }
   }
+  c.comm->complete_sends();
   c.comm->all_reduce_sum(&loss, 1, c.mesh.group(c.rank, MeshAxis::Pipe));
   return loss;
 }

@@ -10,6 +10,10 @@
 //          activations of all M micro-batches at once.
 //   1F1B   stage s runs min(P - s - 1, M) forwards ahead, then alternates one forward and one backward,
 //          then the remaining backwards: at most P - s micro-batches in flight.
+//   interleaved 1F1B (Narayanan et al. 2021): the blocks cut into P * v stages, rank s running virtual
+//          stages s, P + s, 2P + s, ... (its v chunks); 1F1B over the chunks in Megatron-LM's order
+//          (groups of P micro-batches per chunk), so fill and drain take 1/v as long: bubble
+//          (P - 1) / (v M + P - 1), for v times the point-to-point messages. M must be a multiple of P.
 //
 // Both run every stage's backwards in micro-batch order, so each gradient accumulates over the
 // micro-batches in the order one process adds them, and the step equals one process's up to the
@@ -48,8 +52,9 @@ std::vector<int64_t> estimated_stage_bounds(models::LanguageModel& model, int64_
 // it does not list `stages` positive counts summing to `layers`.
 std::vector<int64_t> stage_bounds_from_counts(const std::string& counts, int64_t layers, int64_t stages);
 
-// Under a pipe axis, from shard_model: fills c.pipe_bounds if empty (estimated_stage_bounds), checks them
-// against the model, and gives every parameter its pipe_stages.
+// Under a pipe axis, from shard_model: fills c.pipe_bounds if empty (estimated_stage_bounds over
+// pipe * pipe_chunks stages), checks them against the model, and gives every parameter its pipe_stages
+// (pipe coordinates).
 void plan_pipeline(models::LanguageModel& model, const RankContext& c);
 
 // One micro-batch as this rank sees it: its rows of the batch, and the forward's context.
@@ -58,12 +63,24 @@ struct MicroBatch {
   models::ForwardContext ctx;
 };
 
-// The order in which stage `stage` of `stages` runs the forwards (true) and backwards (false) of
-// micro-batches 0..micro-1 under `schedule` ("gpipe" or "1f1b").
-std::vector<std::pair<bool, int64_t>> pipeline_order(const std::string& schedule, int64_t stages, int64_t stage,
-                                                     int64_t micro);
-// The bubble of equal stages: (stages - 1) / (micro + stages - 1).
-double ideal_bubble(int64_t stages, int64_t micro);
+// One forward or backward of a micro-batch through one of a rank's stages (its chunk: always 0 but
+// under interleaved 1F1B, where chunk k of pipe coordinate s is virtual stage k * stages + s).
+struct PipeStep {
+  bool forward;
+  int64_t chunk, micro;
+};
+// The order in which pipe coordinate `stage` of `stages` runs the forwards and backwards of
+// micro-batches 0..micro-1 under `schedule` ("gpipe", "1f1b", or "interleaved" with `chunks` >= 2
+// virtual stages per rank and micro a multiple of stages, as Megatron-LM's schedule needs). Every
+// chunk's backwards come in micro-batch order.
+std::vector<PipeStep> pipeline_order(const std::string& schedule, int64_t stages, int64_t stage, int64_t micro,
+                                     int64_t chunks = 1);
+// The bubble of equal stages: (stages - 1) / (chunks * micro + stages - 1); chunks is 1 but for
+// interleaved 1F1B, whose fill and drain run chunk-sized pieces (Narayanan et al. 2021).
+double ideal_bubble(int64_t stages, int64_t micro, int64_t chunks = 1);
+// Checks a schedule's name against its virtual stages per rank, and (micro > 0) the micro-batches;
+// throws naming the value.
+void check_pipe_schedule(const std::string& schedule, int64_t chunks, int64_t stages, int64_t micro = 0);
 
 struct PipelineTiming {
   double seconds = 0;       // this rank's forwards and backwards of the step, wall clock

@@ -1,6 +1,7 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -134,6 +135,7 @@ std::string Layout::str() const {
   s += std::string(" ") + models::recompute_name(recompute);
   s += " m=" + std::to_string(micro_batches);
   if (pipe > 1) s += " " + schedule;
+  if (pipe > 1 && virtual_stages > 1) s += " x" + std::to_string(virtual_stages);
   return s;
 }
 
@@ -256,6 +258,37 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
 
 }  // namespace
 
+// What a layout's pipeline schedule costs stage `stage` beyond its compute: the bubble as a share of
+// the compute ((P - 1) / M micro-batch slots of fill and drain under GPipe and 1F1B, 1/v of that under
+// interleaved 1F1B, whose fill and drain run chunk-sized pieces), the point-to-point messages it sends
+// per micro-batch (activations to the next stage unless it runs the last, the input's gradient to the
+// previous one unless it runs the first: for every one of its v chunks), and the micro-batches whose
+// activations it holds at once (interleaved: Megatron-LM's warm-up of 2 (P - s - 1) + (v - 1) P chunk
+// forwards, plus the one running, each 1/v of the stage's layers).
+struct PipeScheduleCost {
+  double bubble_per_compute = 0, messages_per_micro = 0, in_flight = 1;
+  // Micro-batches whose head terms (the last stage's logits' share and the head's weight gradient) are
+  // held at once: interleaved, only the last chunk's, which runs each backward right after its forward.
+  double head_in_flight = std::numeric_limits<double>::infinity();
+};
+PipeScheduleCost pipe_schedule_cost(const Layout& l, int64_t stage) {
+  PipeScheduleCost c;
+  if (l.pipe == 1) return c;
+  const double P = static_cast<double>(l.pipe), M = static_cast<double>(l.micro_batches);
+  const bool interleaved = l.schedule == "interleaved";
+  const double v = interleaved ? static_cast<double>(l.virtual_stages) : 1.0;
+  c.bubble_per_compute = (P - 1) / (v * M);
+  c.messages_per_micro = 2 * v - (stage == 0 ? 1.0 : 0.0) - (stage == l.pipe - 1 ? 1.0 : 0.0);
+  if (interleaved) {
+    const double s = static_cast<double>(stage);
+    c.in_flight = std::min(v * M, 2 * (P - s - 1) + (v - 1) * P + 1) / v;
+    if (stage == l.pipe - 1) c.head_in_flight = 1;
+  } else {
+    c.in_flight = l.schedule == "gpipe" ? M : std::min(P - static_cast<double>(stage), M);
+  }
+  return c;
+}
+
 Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   Estimate e;
   e.layout = l;
@@ -283,6 +316,11 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     e.invalid = moe ? str("n_routed=", E, " does not divide by expert=", l.expert) : "no routed experts";
   else if (l.pipe > L) e.invalid = str("pipe=", l.pipe, " exceeds the ", L, " layers");
   else if (l.pipe > 1 && l.micro_batches < l.pipe) e.invalid = str("pipe=", l.pipe, " needs at least as many micro-batches, got ", l.micro_batches);
+  else if (l.pipe > 1 && l.schedule == "interleaved" && (l.virtual_stages < 2 || l.pipe * l.virtual_stages > L ||
+                                                         l.micro_batches % l.pipe != 0))
+    e.invalid = str("interleaved x", l.virtual_stages, " on pipe=", l.pipe, " needs 2 or more stages per device, ",
+                    l.pipe * l.virtual_stages, " <= ", L, " layers and micro-batches a multiple of pipe (got ",
+                    l.micro_batches, ")");
 
   // ---- memory per device: pipeline stage `stage` ----
   const std::vector<ParamCount> params = census(m);
@@ -323,9 +361,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double mb_tokens = local_seqs / static_cast<double>(l.micro_batches) * static_cast<double>(T);
   // Micro-batches whose activations a stage holds at once: 1 without a pipeline (each micro-batch's
   // backward runs before the next forward), all of them under GPipe, up to `pipe` under 1F1B (stage 0).
-  const double in_flight = l.pipe == 1 ? 1
-                           : l.schedule == "gpipe" ? static_cast<double>(l.micro_batches)
-                                                   : static_cast<double>(std::min(l.pipe - worst_stage, l.micro_batches));
+  const PipeScheduleCost schedule_cost = pipe_schedule_cost(l, worst_stage);
+  const double in_flight = schedule_cost.in_flight;
   const bool last_stage = worst_stage == l.pipe - 1;
   // What one micro-batch keeps from its forward to its backward: its layers' activations, and the stage's
   // output (a stage before the last: held for the backward's sum(out · g)), or on the last stage the head's
@@ -336,7 +373,13 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double head_grad = last_stage ? 4 * V * C : 0;
   const double per_micro = mb_tokens * act_bytes * (static_cast<double>(worst_layers) * am.per_layer + (last_stage ? am.head : C)) +
                            head_grad * (l.tensor > 1 ? 2 : 1);
-  e.activations = in_flight * per_micro;
+  const double layers_micro = mb_tokens * act_bytes * static_cast<double>(worst_layers) * am.per_layer;
+  // n micro-batches in flight; the head's terms for at most schedule_cost.head_in_flight of them.
+  auto held = [&](double n) {
+    const double cap = schedule_cost.head_in_flight;
+    return n <= cap ? n * per_micro : n * layers_micro + cap * (per_micro - layers_micro);
+  };
+  e.activations = held(in_flight);
   // The gradient a stage before the last receives for its output, alive through the micro-batch's
   // backward (the received activations are its first block's input, counted above; the sends are
   // copies MPI holds outside loom's allocator until they complete).
@@ -366,11 +409,11 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double buckets = l.shard == "none" && l.data * l.expert > 1 && r.overlap ? e.grads : 0;
   const double resident = e.params + e.optimizer + e.bf16_copies;
   const double M = static_cast<double>(l.micro_batches);
-  const bool grads_in_forward = l.pipe == 1 ? M > 1 : l.schedule == "1f1b" && M > in_flight;
+  const bool grads_in_forward = l.pipe == 1 ? M > 1 : l.schedule != "gpipe" && M > in_flight;
   const double phase_loss = last_stage ? resident + (grads_in_forward ? e.grads : 0) + e.activations + loss_chunk : 0;
   const double phase_first_backward = resident + e.activations + backward_values;
   const double phase_later_backward =
-      M > 1 ? resident + e.grads + std::min(in_flight, M - 1) * per_micro - head_grad + backward_values : 0;
+      M > 1 ? resident + e.grads + held(std::min(in_flight, M - 1)) - head_grad + backward_values : 0;
   const double phase_bucketed_backward = buckets > 0 ? resident + e.grads + buckets + backward_values : 0;
   const double phase_end = resident + e.grads + buckets + gathered;
   e.peak = std::max({phase_loss, phase_first_backward, phase_later_backward, phase_bucketed_backward, phase_end});
@@ -512,7 +555,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   if (l.pipe > 1) {
     // What the stage sends: its activations to the next stage (not the last), the gradient of its input
     // to the previous one (not the first), one message per micro-batch each way.
-    const double directions = (worst_stage > 0 ? 1.0 : 0.0) + (worst_stage < l.pipe - 1 ? 1.0 : 0.0);
+    const double directions = schedule_cost.messages_per_micro;  // interleaved: v chunks' worth
     e.collectives.push_back(collective("pipeline activations and gradients", "send_recv", "pipe", l.pipe,
                                        directions * micro * mb_tokens * C * act_bytes, pipe_link, true,
                                        directions * micro));
@@ -549,8 +592,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   exposed += overlapped - hidden;
   e.exposed_comm_s = exposed;
   if (l.pipe > 1) {
-    // GPipe and 1F1B have the same bubble: (pipe - 1) micro-batch slots of fill and drain.
-    e.bubble_s = e.compute_s * static_cast<double>(l.pipe - 1) / micro;
+    e.bubble_s = e.compute_s * schedule_cost.bubble_per_compute;
   }
   // AdamW: read the parameter, gradient and two moments, write the parameter and moments (bf16 copy too).
   e.optimizer_s = (P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1)) * (bf16 ? 30 : 28) /
@@ -669,7 +711,7 @@ json to_json(const Estimate& e) {
   return {{"layout",
            {{"data", l.data}, {"tensor", l.tensor}, {"pipe", l.pipe}, {"expert", l.expert}, {"shard", l.shard},
             {"recompute", models::recompute_name(l.recompute)}, {"micro_batches", l.micro_batches},
-            {"schedule", l.schedule}, {"loom_mode", l.loom_mode()}}},
+            {"schedule", l.schedule}, {"virtual_stages", l.virtual_stages}, {"loom_mode", l.loom_mode()}}},
           {"fits", e.fits()},
           {"invalid", e.invalid},
           {"memory",

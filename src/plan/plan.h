@@ -44,7 +44,8 @@ struct Layout {
   std::string shard = "none";
   models::Recompute recompute = models::Recompute::None;
   int64_t micro_batches = 1;       // per optimizer step: pipeline micro-batches, or gradient accumulation
-  std::string schedule = "1f1b";   // with pipe > 1: "1f1b" or "gpipe"
+  std::string schedule = "1f1b";   // with pipe > 1: "1f1b", "gpipe" or "interleaved"
+  int64_t virtual_stages = 1;      // with "interleaved": stages per device (loom's parallel.virtual_stages)
   int64_t devices() const { return data * tensor * pipe * expert; }
   std::string str() const;  // "data=4,tensor=2 fsdp recompute=full m=2"
   // The loom parallel mode that runs this layout (with its pipe axis, when pipe > 1), or "" when loom

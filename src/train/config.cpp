@@ -155,7 +155,8 @@ json TrainConfig::to_json() const {
         {"mesh", parallel.mesh},
         {"max_expert_rows", parallel.max_expert_rows},
         {"schedule", parallel.schedule},
-        {"pipe_layers", parallel.pipe_layers}}},
+        {"pipe_layers", parallel.pipe_layers},
+        {"virtual_stages", parallel.virtual_stages}}},
   };
 }
 
@@ -199,7 +200,7 @@ TrainConfig TrainConfig::from_json(const json& j) {
               s["temperature"].get<double>(), s["top_k"].get<int64_t>(),       s["top_p"].get<double>()};
   c.parallel = {m["parallel"]["mode"].get<std::string>(), m["parallel"]["mesh"].get<std::string>(),
                 m["parallel"]["max_expert_rows"].get<int64_t>(), m["parallel"]["schedule"].get<std::string>(),
-                m["parallel"]["pipe_layers"].get<std::string>()};
+                m["parallel"]["pipe_layers"].get<std::string>(), m["parallel"]["virtual_stages"].get<int64_t>()};
   c.validate();
   return c;
 }
@@ -271,16 +272,20 @@ void TrainConfig::validate() const {
     dist::validate_mesh_for_mode(mesh, mode);
     dist::validate_batch_for_mesh(training.batch_size, mesh, mode);
     const json& mj = model.json();
-    LOOM_CHECK(parallel.schedule == "1f1b" || parallel.schedule == "gpipe", "unknown parallel.schedule \"",
-               parallel.schedule, "\": expected 1f1b or gpipe");
+    LOOM_CHECK(parallel.schedule == "1f1b" || parallel.schedule == "gpipe" || parallel.schedule == "interleaved",
+               "unknown parallel.schedule \"", parallel.schedule, "\": expected 1f1b, gpipe or interleaved");
     if (mesh.pipe > 1) {
-      const int64_t layers = mj.value("num_layers", int64_t{0});
-      LOOM_CHECK(mesh.pipe <= layers, "mesh ", mesh.str(), ": pipe=", mesh.pipe, " needs at least as many blocks, but ",
-                 "model.num_layers is ", layers);
-      if (!parallel.pipe_layers.empty()) dist::stage_bounds_from_counts(parallel.pipe_layers, layers, mesh.pipe);
+      dist::check_pipe_schedule(parallel.schedule, parallel.virtual_stages, mesh.pipe, training.grad_accum_steps);
+      const int64_t layers = mj.value("num_layers", int64_t{0}), stages = mesh.pipe * parallel.virtual_stages;
+      LOOM_CHECK(stages <= layers, "mesh ", mesh.str(), ": pipe=", mesh.pipe,
+                 parallel.virtual_stages > 1 ? str(" x parallel.virtual_stages=", parallel.virtual_stages) : std::string(),
+                 " needs at least as many blocks, but model.num_layers is ", layers);
+      if (!parallel.pipe_layers.empty()) dist::stage_bounds_from_counts(parallel.pipe_layers, layers, stages);
     } else {
       LOOM_CHECK(parallel.pipe_layers.empty(), "parallel.pipe_layers=\"", parallel.pipe_layers,
                  "\" sets the stages of a pipe axis, but the mesh ", mesh.str(), " has none");
+      LOOM_CHECK(parallel.virtual_stages == 1, "parallel.virtual_stages=", parallel.virtual_stages,
+                 " sets the stages per rank of a pipe axis, but the mesh ", mesh.str(), " has none");
     }
     if (mj.contains("num_heads") && mj["num_heads"].is_number_integer()) {
       const int64_t heads = mj["num_heads"].get<int64_t>();

@@ -91,11 +91,13 @@ struct ParallelConfig {
   // Expert parallelism: the most token rows a rank may receive for its experts in one MoE layer; more
   // is an error naming the counts instead of an allocation the machine cannot serve. 0: no cap.
   int64_t max_expert_rows = 0;
-  // The pipe axis (--mesh pipe=P,...; docs/mesh.md): the micro-batch schedule, "1f1b" or "gpipe" (the
-  // micro-batches are training.grad_accum_steps), and the blocks of each stage, "3,1", or "" to balance
-  // the stages by estimated cost.
+  // The pipe axis (--mesh pipe=P,...; docs/mesh.md): the micro-batch schedule, "1f1b", "gpipe" or
+  // "interleaved" (the micro-batches are training.grad_accum_steps), and the blocks of each stage, "3,1",
+  // or "" to balance the stages by estimated cost. Interleaved 1F1B runs virtual_stages (>= 2) stages
+  // per rank, so pipe_layers then lists pipe x virtual_stages counts.
   std::string schedule = "1f1b";
   std::string pipe_layers;
+  int64_t virtual_stages = 1;
 };
 
 struct TrainConfig {

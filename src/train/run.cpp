@@ -76,8 +76,10 @@ dist::LaunchedRank start_ranks(TrainConfig& cfg, bool overlap) {
   r.context->overlap = overlap;
   r.context->max_expert_rows = cfg.parallel.max_expert_rows;
   r.context->pipe_schedule = cfg.parallel.schedule;
+  r.context->pipe_chunks = cfg.parallel.virtual_stages;
   if (!cfg.parallel.pipe_layers.empty()) {
-    r.context->pipe_bounds = dist::stage_bounds_from_counts(cfg.parallel.pipe_layers, cfg.model.json().value("num_layers", int64_t{0}), mesh.pipe);
+    r.context->pipe_bounds = dist::stage_bounds_from_counts(cfg.parallel.pipe_layers, cfg.model.json().value("num_layers", int64_t{0}),
+                                                            mesh.pipe * cfg.parallel.virtual_stages);
   }
   return r;
 }

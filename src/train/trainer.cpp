@@ -214,7 +214,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
         double idle[2] = {window_pipe_seconds - window_pipe_busy, window_pipe_seconds};
         dist_->comm->all_reduce_sum(idle, 2, dist_->comm->world());
         e.model["pipe_bubble"] = idle[1] > 0 ? idle[0] / idle[1] : 0.0;
-        e.model["pipe_bubble_ideal"] = dist::ideal_bubble(dist_->mesh.pipe, tc.grad_accum_steps);
+        e.model["pipe_bubble_ideal"] = dist::ideal_bubble(dist_->mesh.pipe, tc.grad_accum_steps, dist_->pipe_chunks);
         window_pipe_seconds = window_pipe_busy = 0;
       }
       if (metrics) metrics->train(e);

@@ -204,6 +204,19 @@ TEST_F(MpiCli, PipeEqualsOneProcessAndResumesOnAnotherPipeCount) {
   }
   EXPECT_TRUE(seen);
 
+  // Interleaved 1F1B, two stages per rank (4 virtual stages of one block): the same run, and its ideal
+  // bubble (P - 1) / (v M + P - 1) = 1/5.
+  const fs::path inter = c.dir / "inter";
+  r = sh(c.command(2, inter, 12, model + "--mesh pipe=2 --parallel dp --set parallel.schedule=interleaved --set parallel.virtual_stages=2"),
+         c.dir / "inter.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  expect_same_run(ref, inter);
+  std::ifstream inter_metrics(inter / "metrics.jsonl");
+  for (std::string line; std::getline(inter_metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "train") EXPECT_NEAR(j.at("pipe_bubble_ideal").get<double>(), 0.2, 1e-12);
+  }
+
   r = sh(c.command(2, resumed, 6, model + "--mesh pipe=2 --parallel dp --set parallel.schedule=gpipe"),
          c.dir / "resumed1.log");
   ASSERT_EQ(r.status, 0) << r.log;

@@ -155,10 +155,14 @@ TEST(Plan, PipeBytesEqualLoomsCounts) {
     std::string preset;
     std::string mesh;
     std::string schedule;
+    int64_t M = 3;          // micro-batches per step
+    int64_t chunks = 1;     // virtual stages per rank (interleaved)
   };
   const std::vector<Case> cases = {
       {"tiny", "pipe=2", "1f1b"}, {"tiny", "pipe=2,data=2", "gpipe"}, {"gpt2-small", "pipe=2", "1f1b"},
-      {"gpt2-small", "pipe=3,data=2", "1f1b"}};
+      {"gpt2-small", "pipe=3,data=2", "1f1b"},
+      // Interleaved: v messages each way per micro-batch; the stages cut by loom's estimate over P v.
+      {"tiny", "pipe=2,data=2", "interleaved", 4, 2}, {"gpt2-small", "pipe=2", "interleaved", 2, 2}};
   for (const Case& c : cases) {
     const dist::Mesh mesh = dist::Mesh::parse(c.mesh);
     const models::ModelConfig mc =
@@ -166,7 +170,7 @@ TEST(Plan, PipeBytesEqualLoomsCounts) {
             ? model_of("gpt2-small", {"model.vocab_size=128", "model.context_length=16", "model.d_model=32",
                                       "model.num_layers=4", "model.num_heads=4"})
             : model_of(c.preset, {"model.context_length=16", "model.num_layers=4"});
-    const int64_t B = 8, T = 16, M = 3;  // B rows per micro-batch, M micro-batches per step
+    const int64_t B = 8, T = 16, M = c.M;  // B rows per micro-batch, M micro-batches per step
     plan::Request r;
     r.model = mc;
     r.batch = B * M;
@@ -180,6 +184,7 @@ TEST(Plan, PipeBytesEqualLoomsCounts) {
     l.shard = "none";
     l.micro_batches = M;
     l.schedule = c.schedule;
+    l.virtual_stages = c.chunks;
     ASSERT_EQ(l.loom_mode(), "dp");
     const plan::Estimate e = plan::estimate(r, l);
     ASSERT_TRUE(e.invalid.empty()) << e.invalid;
@@ -188,7 +193,8 @@ TEST(Plan, PipeBytesEqualLoomsCounts) {
     dist::run_in_process(static_cast<int>(mesh.size()), [&](int rank, dist::Communicator& comm) {
       auto ctx = std::make_shared<dist::RankContext>(dist::RankContext{mesh, dist::ParallelMode::Dp, &comm, rank, true});
       ctx->pipe_schedule = c.schedule;
-      ctx->pipe_bounds = e.stage_bounds;  // the plan's cut
+      ctx->pipe_chunks = c.chunks;
+      if (c.chunks == 1) ctx->pipe_bounds = e.stage_bounds;  // the plan's cut
       auto model = mc.build(5);
       const auto layout = dist::shard_model(*model, ctx);
       auto params = model->parameters();
@@ -274,6 +280,23 @@ TEST(Plan, PicksAFittingLayoutAndExplainsTheOthers) {
   plan::Layout l{8, 1, 8, 1, "zero1", models::Recompute::None, 16, "1f1b"};
   const plan::Estimate e = plan::estimate(r, l);
   EXPECT_NEAR(e.bubble_s / e.compute_s, 7.0 / 16.0, 1e-12);
+  // Interleaved with v = 4 stages per device (48 layers: 32 stages of 1-2 layers): a quarter of it,
+  // for 4 times the point-to-point bytes (both directions on a middle stage, one on stage 0).
+  plan::Layout il = l;
+  il.schedule = "interleaved";
+  il.virtual_stages = 4;
+  const plan::Estimate ie = plan::estimate(r, il);
+  ASSERT_TRUE(ie.invalid.empty()) << ie.invalid;
+  EXPECT_NEAR(ie.bubble_s / ie.compute_s, 7.0 / 64.0, 1e-12);
+  auto p2p = [](const plan::Estimate& x) {
+    double b = 0;
+    for (const plan::Collective& k : x.collectives) b += k.kind == "send_recv" ? k.bytes : 0;
+    return b;
+  };
+  const plan::Estimate s0 = plan::estimate_stage(r, l, 0), is0 = plan::estimate_stage(r, il, 0);
+  EXPECT_NEAR(p2p(is0) / p2p(s0), 7.0, 1e-12);  // 2v - 1 messages a micro-batch against 1
+  il.virtual_stages = 7;  // 56 stages of 48 layers
+  EXPECT_NE(plan::estimate(r, il).invalid.find("interleaved x7 on pipe=8"), std::string::npos);
 }
 
 // The planner's memory per device against the allocator's peak over a whole step (forward, backward,

@@ -106,7 +106,7 @@ TEST(ConfigLimits, PipeSettingsAreCheckedWithTheConfig) {
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=3"}); }),
              "pipe=3 needs at least as many blocks, but model.num_layers is 2");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=zb"}); }),
-             "unknown parallel.schedule \"zb\": expected 1f1b or gpipe");
+             "unknown parallel.schedule \"zb\": expected 1f1b, gpipe or interleaved");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.pipe_layers=2,1"}); }),
              "parallel.pipe_layers=\"2,1\" holds 3 blocks, but the model has 2");
   EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.pipe_layers=1,1"}); }),
@@ -115,4 +115,25 @@ TEST(ConfigLimits, PipeSettingsAreCheckedWithTheConfig) {
                                                    "parallel.pipe_layers=1,1"});
   EXPECT_EQ(c.parallel.schedule, "gpipe");
   EXPECT_EQ(c.parallel.pipe_layers, "1,1");
+  // Interleaved 1F1B: two or more stages per rank, P x v blocks, micro-batches a multiple of P.
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=interleaved"}); }),
+             "the interleaved schedule needs parallel.virtual_stages >= 2 (stages per rank), got 1");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.virtual_stages=2"}); }),
+             "parallel.virtual_stages=2 needs parallel.schedule \"interleaved\", not \"1f1b\"");
+  EXPECT_HAS(error_of([] {
+               TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "model.num_layers=4", "training.grad_accum_steps=3"});
+             }),
+             "training.grad_accum_steps=3 is not a multiple of it");
+  EXPECT_HAS(error_of([] {
+               TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "training.grad_accum_steps=2"});
+             }),
+             "pipe=2 x parallel.virtual_stages=2 needs at least as many blocks, but model.num_layers is 2");
+  EXPECT_HAS(error_of([] { TrainConfig::load("tiny", {"parallel.virtual_stages=2"}); }),
+             "parallel.virtual_stages=2 sets the stages per rank of a pipe axis, but the mesh data=1,tensor=1 has none");
+  const TrainConfig i = TrainConfig::load("tiny", {"parallel.mesh=pipe=2", "parallel.schedule=interleaved",
+                                                   "parallel.virtual_stages=2", "model.num_layers=4",
+                                                   "training.grad_accum_steps=4", "parallel.pipe_layers=1,1,1,1"});
+  EXPECT_EQ(i.parallel.virtual_stages, 2);
 }

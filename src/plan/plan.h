@@ -74,8 +74,13 @@ struct Collective {
   double wire_bytes = 0; // bytes that leave the device per step on the ring (or point to point)
   double link_bandwidth = 0;  // bytes/s of the slowest link the group crosses
   bool inter_node = false;
+  double calls = 0;      // calls per step per device, as CommStats counts them
   double seconds = 0;    // on the link, per step
   bool overlapped = false;  // hidden behind compute (up to the compute's length)
+  // `seconds` is what the collective adds to the step, from the device's measured collective costs
+  // (DeviceSpec::collective_costs): for an overlapped one the part its compute window did not hide, so
+  // it is not hidden again.
+  bool measured = false;
 };
 
 struct Estimate {

@@ -26,6 +26,14 @@ KINDS = "all_reduce,all_gather,started_all_gather"
 BYTES = [8, 16384, 131072, 1048576]
 
 
+def dump(doc):
+    """The document with one line per cost entry (readable, and a diff shows which entries moved)."""
+    head = {k: v for k, v in doc.items() if k != "costs"}
+    text = json.dumps(head, indent=1)[:-2] + ',\n "costs": [\n'
+    text += ",\n".join("  " + json.dumps(c) for c in doc["costs"])
+    return text + "\n ]\n}\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "plan", "cpu-collectives.json"))
@@ -65,7 +73,7 @@ def main():
                 wall = walls[len(walls) // 2]
                 if kind == "send_recv":  # a call of the benchmark is a message each way, one after the other
                     pts = [(b, s / 2) for b, s in pts]
-                costs.append({"kind": kind, "group": group, "ranks": ranks, "gap_s": round(wall, 9), "gap_cpu_s": gap * 1e-6,
+                costs.append({"kind": kind, "group": group, "ranks": ranks, "gap_s": round(wall, 9), "gap_cpu_s": round(gap * 1e-6, 9),
                               "points": [[b, round(s, 9)] for b, s in pts]})
     doc = {
         "what": "what one collective call adds to a training step on this machine, through loom's communicator "
@@ -75,13 +83,12 @@ def main():
         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"python3 tools/measure_collectives.py --calls {a.calls} --reps {a.reps} --gaps-us {a.gaps_us}",
         "machine": f"{os.cpu_count()} cores, " + open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"),
-        "load_average_before": list(load_before),
-        "load_average_after": list(load_after),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
         "costs": costs,
     }
     with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        f.write(dump(doc))
     print(f"wrote {a.out}")
     if a.raw:
         with open(a.raw, "w") as f:

@@ -431,6 +431,15 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     }
     if (total > 0) e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
   }
+  // Selective recomputation also runs the layers' cheap ops again: the norms, activations, RoPE and
+  // residual adds between the GEMMs, which FLOPs do not count (runs::activation_model's `recompute`
+  // values per token and layer). They are memory-bound: each value written once from about two read,
+  // 3 x its bytes at the device's memory bandwidth. (Measured with CPU time on the tiny Llama, one
+  // process: selective adds 13% to the step, the attention core's FLOPs alone 4%: docs/plan.md.)
+  if (l.recompute == models::Recompute::Selective && r.device.memory_bandwidth > 0) {
+    e.compute_s += local_seqs * static_cast<double>(T) * static_cast<double>(worst_layers) * am.recompute * act_bytes * 3 /
+                   r.device.memory_bandwidth;
+  }
 
   // ---- collectives (per device per step) ----
   const double g_data = static_cast<double>(l.data);

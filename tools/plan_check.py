@@ -12,10 +12,12 @@ calibrated on the one-process run of each model: its measured step over the plan
 efficiency 1. The multi-rank runs then test the rest of the time model (the split of the work, the
 bubble, the collectives) with that one number fixed.
 
-The collectives are charged what tools/measure_collectives.py measured them to cost on this machine
-(--collectives, the stored docs/plan/cpu-collectives.json; --measure: measured now, at this load).
+The collectives are charged what tools/measure_collectives.py measures them to cost on this machine,
+by default measured first, in the same minutes as the runs (what a collective costs moves with the
+machine's load as much as the step does); --collectives FILE uses a stored measurement (such as
+docs/plan/cpu-collectives.json), --collectives none the ring formula.
 
-    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--measure]
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none]
 """
 import argparse
 import json
@@ -84,14 +86,13 @@ def main():
     ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
-    ap.add_argument("--collectives", default=COSTS,
-                    help="measured collective costs the plan charges (default: %(default)s; 'none': the formula)")
-    ap.add_argument("--measure", action="store_true",
-                    help="measure the collective costs first (tools/measure_collectives.py), at this moment's load, "
-                         "into a temporary file, and use those")
+    ap.add_argument("--collectives", default="measure",
+                    help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
+                         "first, at this moment's load, into a temporary file), a file such as " + COSTS +
+                         ", or 'none' (the ring formula)")
     a = ap.parse_args()
     collectives = "" if a.collectives == "none" else a.collectives
-    if a.measure:
+    if collectives == "measure":
         collectives = os.path.join(tempfile.mkdtemp(), "cpu-collectives.json")
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "measure_collectives.py"), "--out", collectives],
                        check=True, stdout=subprocess.DEVNULL)

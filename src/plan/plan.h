@@ -17,7 +17,10 @@
 //                       2(g-1)/g of an all-reduce's payload on the slowest link the axis crosses; what loom
 //                       overlaps (FSDP gathers and reduce-scatters, data-axis gradient buckets) hidden
 //                       behind compute up to the compute's length; tensor-parallel all-reduces, expert
-//                       all-to-alls and pipeline fill and drain exposed; the AdamW update at memory bandwidth
+//                       all-to-alls and pipeline fill and drain exposed; the AdamW update at memory bandwidth;
+//                       selective recomputation's cheap ops at memory bandwidth; on a device whose
+//                       collectives were measured (this CPU, DeviceSpec::collective_costs) each call
+//                       charged what the measurement says it adds to a step
 //
 // and picks the fastest layout that fits, saying for the others why they lose. docs/plan.md checks the
 // model against loom's own runs and against published large runs.

@@ -16,6 +16,8 @@
 // divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does), and
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.sh calibrates the efficiency on the one-process run and keeps it for the others.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -52,7 +54,16 @@ Tensor ids_for(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 // What one rank measured, as doubles (summed over the ranks to reach rank 0: each rank fills its slot).
-enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kFields };
+enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kFields };
+
+// This process's CPU seconds (user + system, every thread): the work a rank did, which other jobs on a
+// shared machine do not inflate the way they inflate wall time (a rank waiting on a peer naps).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 }  // namespace
 
@@ -63,6 +74,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3, threads = 1;
   double flops = 0, bandwidth = 0, efficiency = 0;
   bool overlap = true;
+  std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -88,6 +100,7 @@ int main(int argc, char** argv) {
     else if (a == "--bandwidth") bandwidth = std::atof(next().c_str());
     else if (a == "--efficiency") efficiency = std::atof(next().c_str());
     else if (a == "--no-overlap") overlap = false;
+    else if (a == "--collectives") collectives_file = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -183,8 +196,10 @@ int main(int argc, char** argv) {
   allocator_for(Device::cpu()).reset_peak();
   const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = cpu_seconds();
   for (int s = warmup; s < warmup + steps; ++s) step(s);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double cpu = cpu_seconds() - cpu_start;
   const dist::CommStats a = comm ? comm->stats : dist::CommStats{};
   std::vector<double> got(static_cast<size_t>(world * kFields), 0.0);
   double* mine = got.data() + static_cast<ptrdiff_t>(rank) * kFields;
@@ -197,6 +212,9 @@ int main(int argc, char** argv) {
   mine[kPeak] = static_cast<double>(allocator_for(Device::cpu()).stats().peak_bytes_in_use);
   mine[kSeconds] = seconds / n;
   mine[kWait] = (a.wait_seconds - before.wait_seconds) / n;
+  mine[kCalls] = static_cast<double>(a.calls - before.calls) / n;
+  mine[kSends] = static_cast<double>(a.sends - before.sends) / n;
+  mine[kCpu] = cpu / n;
   if (comm) comm->all_reduce_sum(got.data(), static_cast<int64_t>(got.size()), comm->world());
   if (rank != 0) return 0;
 
@@ -212,6 +230,7 @@ int main(int argc, char** argv) {
   } else {
     req.device = plan::device_named("cpu", threads);
   }
+  if (!collectives_file.empty()) plan::load_collective_costs(req.device, collectives_file);
   if (flops > 0) req.device.f32_flops = req.device.bf16_flops = flops;
   if (efficiency > 0) req.device.gemm_efficiency = efficiency;
   const double cores = std::max(1u, std::thread::hardware_concurrency());
@@ -225,7 +244,11 @@ int main(int argc, char** argv) {
     const int64_t stage = ctx ? mesh.coord(r, dist::MeshAxis::Pipe) : 0;
     const plan::Estimate e = plan::estimate_stage(req, layout, stage);
     std::map<std::string, double> planned;
-    for (const plan::Collective& k : e.collectives) planned[k.kind] += k.bytes;
+    double planned_calls = 0;
+    for (const plan::Collective& k : e.collectives) {
+      planned[k.kind] += k.bytes;
+      planned_calls += k.calls;
+    }
     nlohmann::json j = {
         {"config", config},        {"mesh", ctx ? mesh.str() : "single"},
         {"mode", ctx ? mode_name : "single"}, {"schedule", schedule}, {"recompute", recompute},
@@ -236,11 +259,12 @@ int main(int argc, char** argv) {
         {"measured",
          {{"all_reduce", m[kAllReduce]}, {"all_gather", m[kAllGather]}, {"reduce_scatter", m[kReduceScatter]},
           {"all_to_all", m[kAllToAll]}, {"send_recv", m[kSend]}, {"peak", m[kPeak]}, {"step_s", m[kSeconds]},
-          {"wait_s", m[kWait]}}},
+          {"wait_s", m[kWait]}, {"calls", m[kCalls]}, {"sends", m[kSends]},
+          {"cpu_s", m[kCpu]}}},
         {"plan",
          {{"all_reduce", planned["all_reduce"]}, {"all_gather", planned["all_gather"]},
           {"reduce_scatter", planned["reduce_scatter"]}, {"all_to_all", planned["all_to_all"]},
-          {"send_recv", planned["send_recv"]}, {"peak", e.memory()}, {"step_s", e.step_s},
+          {"send_recv", planned["send_recv"]}, {"calls", planned_calls}, {"peak", e.memory()}, {"step_s", e.step_s},
           {"compute_s", e.compute_s}, {"exposed_comm_s", e.exposed_comm_s}, {"bubble_s", e.bubble_s},
           {"optimizer_s", e.optimizer_s}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
           {"activations", e.activations}, {"pipeline_buffers", e.pipeline_buffers}, {"transient", e.transient}}},

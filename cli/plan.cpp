@@ -31,6 +31,7 @@ struct Options {
   int64_t per_node = 0;
   int threads = 0;
   int rows = 12;
+  std::string collectives;  // measured collective costs (docs/plan/cpu-collectives.json)
   bool json = false, no_overlap = false;
 };
 
@@ -94,6 +95,9 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
   loom::cli::in_range(cmd.add_option("--memory-gib", o->memory_gib, "memory per device in GiB (default: the device's)"), 1e-6, 1e6);
   loom::cli::in_range(cmd.add_option("--efficiency", o->efficiency, "fraction of peak the step's GEMMs reach (default: the device's)"), 1e-6, 1);
   cmd.add_option("--threads", o->threads, "with --device cpu: threads per rank to measure");
+  loom::cli::in_file(cmd.add_option("--collectives", o->collectives,
+                                    "measured collective costs (tools/measure_collectives.py, e.g. docs/plan/cpu-collectives.json)"),
+                     "costs");
   loom::cli::in_range(cmd.add_option("--rows", o->rows, "layouts to show"), 1, 10000)->capture_default_str();
   cmd.add_flag("--no-overlap", o->no_overlap, "collectives waited on where issued (loom train --no-overlap)");
   cmd.add_flag("--json", o->json, "print one JSON object");
@@ -116,6 +120,7 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
                                           cores / wanted, ")");
       }
     }
+    if (!o->collectives.empty()) loom::plan::load_collective_costs(r.device, o->collectives);
     if (o->intra_bw > 0) r.device.intra_node_bandwidth = o->intra_bw * 1e9;
     if (o->inter_bw > 0) r.device.inter_node_bandwidth = o->inter_bw * 1e9;
     if (o->intra_latency >= 0) r.device.intra_node_latency = o->intra_latency;

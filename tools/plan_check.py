@@ -12,16 +12,23 @@ calibrated on the one-process run of each model: its measured step over the plan
 efficiency 1. The multi-rank runs then test the rest of the time model (the split of the work, the
 bubble, the collectives) with that one number fixed.
 
-    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl]
+The collectives are charged what tools/measure_collectives.py measures them to cost on this machine,
+by default measured first, in the same minutes as the runs (what a collective costs moves with the
+machine's load as much as the step does); --collectives FILE uses a stored measurement (such as
+docs/plan/cpu-collectives.json), --collectives none the ring formula.
+
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none]
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_plan")
+COSTS = os.path.join(ROOT, "docs", "plan", "cpu-collectives.json")
 
 LLAMA = ["--config", "tiny", "--set", "model.num_layers=4", "--batch", "16"]
 GPT2 = ["--config", "gpt2-small", "--set", "model.num_layers=4", "--set", "model.d_model=64", "--set",
@@ -56,8 +63,10 @@ RUNS = [
 ]
 
 
-def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency):
+def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives):
     cmd = [BENCH] + model_args + layout + ["--steps", str(steps)]
+    if collectives:
+        cmd += ["--collectives", collectives]
     if flops:
         cmd += ["--flops", repr(flops), "--bandwidth", repr(bandwidth)]
     if efficiency:
@@ -77,20 +86,35 @@ def main():
     ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
+    ap.add_argument("--collectives", default="measure",
+                    help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
+                         "first, at this moment's load, into a temporary file), a file such as " + COSTS +
+                         ", or 'none' (the ring formula)")
     a = ap.parse_args()
+    collectives = "" if a.collectives == "none" else a.collectives
+    if collectives == "measure":
+        collectives = os.path.join(tempfile.mkdtemp(), "cpu-collectives.json")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "measure_collectives.py"), "--out", collectives],
+                       check=True, stdout=subprocess.DEVNULL)
+    if collectives and not os.path.exists(collectives):
+        sys.exit(f"{collectives} is missing: python3 tools/measure_collectives.py (or --collectives none)")
+    print(f"collective costs: {collectives or 'none (the ring formula)'}")
     if not os.path.exists(BENCH):
         sys.exit(f"{BENCH} is missing: cmake --build build --target loom_bench_plan")
     print(f"load average before: {os.getloadavg()}", flush=True)
     flops, bandwidth = a.flops, a.bandwidth
     efficiency = {}
     lines = []
-    print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio | step measured | plan | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio "
+          "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
+          "| calls/step: measured / plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
         calibrate = ranks == 1 and layout == ["--micro", "1"]
-        got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name))
+        got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
+                  collectives)
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
             # communication): e = (compute_s * e0) / (measured - optimizer_s).
@@ -117,8 +141,14 @@ def main():
             desc = " ".join(layout)
             time_text = (f"{1e3 * plan_step:.1f} ms | {step / plan_step:.2f}" if not calibrate
                          else f"calibrates the efficiency: {efficiency[name]:.3f} | 1 by definition")
+            slowest = max(rs, key=lambda r: r["measured"]["step_s"])
+            wait = slowest["measured"]["wait_s"]
+            p = slowest["plan"]
             print(f"| {name} | {ranks} | {desc} | {s} | {byte_text} | {peak:,.0f} | {plan_peak:,.0f} | {peak / plan_peak:.3f} "
-                  f"| {1e3 * step:.1f} ms | {time_text} |", flush=True)
+                  f"| {1e3 * step:.1f} ms | {time_text} | {1e3 * (step - wait):.1f} + {1e3 * wait:.1f} ms "
+                  f"| {1e3 * (p['compute_s'] + p['bubble_s'] + p['optimizer_s']):.1f} + {1e3 * p['exposed_comm_s']:.1f} ms "
+                  f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} |",
+                  flush=True)
     print(f"load average after: {os.getloadavg()}")
     if a.json:
         with open(a.json, "w") as f:

@@ -1,5 +1,10 @@
 #include "plan/devices.h"
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "backends/cpu/peak.h"
 #include "benchmark/bandwidth.h"
 #include "core/error.h"
@@ -155,6 +160,75 @@ DeviceSpec device_named(const std::string& name, int threads) {
   std::string names;
   for (const DeviceSpec& d : known_devices()) names += d.name + ", ";
   LOOM_FAIL("plan: unknown device \"", name, "\" (known: ", names, "cpu)");
+}
+
+double CollectiveCost::seconds(double bytes) const {
+  if (points.empty()) return 0;
+  if (points.size() == 1 || bytes <= points.front().first) return std::max(0.0, points.front().second);
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto [x0, y0] = points[i - 1];
+    const auto [x1, y1] = points[i];
+    if (bytes <= x1 || i + 1 == points.size()) {
+      const double slope = x1 > x0 ? (y1 - y0) / (x1 - x0) : 0;
+      // Above the largest payload only a growing cost extends (a falling one is noise: held flat).
+      const double y = bytes <= x1 ? y0 + slope * (bytes - x0) : y1 + std::max(0.0, slope) * (bytes - x1);
+      return std::max(0.0, y);
+    }
+  }
+  return std::max(0.0, points.back().second);
+}
+
+const CollectiveCost* DeviceSpec::cost_of(const std::string& kind, int64_t group, int64_t ranks, double gap_s) const {
+  // The rank count: the nearest at or above `ranks` (more ranks share the cores: never optimistic), else
+  // the largest measured.
+  int best_ranks = -1;
+  for (const CollectiveCost& c : collective_costs) {
+    if (c.kind != kind || c.group != group) continue;
+    const bool covers = c.ranks >= ranks, best_covers = best_ranks >= ranks;
+    if (best_ranks < 0 || (covers && (!best_covers || c.ranks < best_ranks)) || (!covers && !best_covers && c.ranks > best_ranks)) {
+      best_ranks = c.ranks;
+    }
+  }
+  const CollectiveCost* best = nullptr;
+  auto distance = [&](double gap) { return std::abs(std::log(std::max(gap, 1e-7) / std::max(gap_s, 1e-7))); };
+  for (const CollectiveCost& c : collective_costs) {
+    if (c.kind != kind || c.group != group || c.ranks != best_ranks) continue;
+    if (!best || distance(c.gap_s) < distance(best->gap_s)) best = &c;
+  }
+  return best;
+}
+
+void load_collective_costs(DeviceSpec& d, const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in.good(), "plan: cannot read the collective costs file \"", path, "\"");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("plan: ", path, " is not JSON: ", e.what());
+  }
+  LOOM_CHECK(j.is_object() && j.contains("costs") && j["costs"].is_array(), "plan: ", path,
+             " wants an object with a \"costs\" array");
+  d.collective_costs.clear();
+  for (const nlohmann::json& c : j["costs"]) {
+    CollectiveCost k;
+    try {
+      k.kind = c.at("kind").get<std::string>();
+      k.group = c.at("group").get<int>();
+      k.ranks = c.at("ranks").get<int>();
+      k.gap_s = c.at("gap_s").get<double>();
+      for (const nlohmann::json& p : c.at("points")) k.points.emplace_back(p.at(0).get<double>(), p.at(1).get<double>());
+    } catch (const nlohmann::json::exception& e) {
+      LOOM_FAIL("plan: ", path, ": an entry of \"costs\" (", c.dump(), "): ", e.what());
+    }
+    LOOM_CHECK(k.group >= 2 && k.ranks >= k.group && k.gap_s >= 0 && !k.points.empty(), "plan: ", path, ": entry ",
+               c.dump(), " wants group >= 2, ranks >= group, gap_s >= 0 and at least one [bytes, seconds] point");
+    std::sort(k.points.begin(), k.points.end());
+    d.collective_costs.push_back(std::move(k));
+  }
+  d.sources["collective_costs"] = str("measured: `", j.value("command", std::string("?")), "` at ",
+                                      j.value("measured_at", std::string("?")), ", load average ",
+                                      j.contains("load_average_before") ? j["load_average_before"].dump() : "?", " (", path, ")");
 }
 
 }  // namespace loom::plan

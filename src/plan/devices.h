@@ -8,6 +8,23 @@
 
 namespace loom::plan {
 
+// What one collective call adds to a step on this machine, measured through loom's communicator (its
+// MPI waits and their naps, its communication thread) by bench/collectives.cpp with
+// tools/measure_collectives.py (docs/plan.md, "The network of this CPU"): for one kind ("all_reduce",
+// "all_gather", "reduce_scatter", "send_recv": one message; "started_all_gather": the part of a collective
+// started in the background that `gap_s` of compute did not hide), one group size, one number of ranks
+// sharing the machine, and a gap of compute between calls, the seconds per call at a few payloads (bytes
+// as CommStats counts them).
+struct CollectiveCost {
+  std::string kind;
+  int group = 2, ranks = 2;
+  double gap_s = 0;
+  std::vector<std::pair<double, double>> points;  // (bytes, seconds per call), by bytes
+  // Seconds per call at `bytes`: linear between the measured payloads, the first one's below them, the
+  // last segment's slope above them; never negative.
+  double seconds(double bytes) const;
+};
+
 struct DeviceSpec {
   std::string name;         // "h100", "h200", "a100", "tpu-v5p", "h800", "cpu"
   std::string description;  // "NVIDIA H100 SXM5 80GB"
@@ -24,7 +41,19 @@ struct DeviceSpec {
   // one assumption of the time model that is not a datasheet number).
   double gemm_efficiency = 0.7;
   std::map<std::string, std::string> sources;  // field -> where its value comes from
+  // Measured collective costs (empty: the ring and tree formula over the links above). When a kind, group
+  // and rank count has an entry, the planner charges each call of it the entry's cost instead.
+  std::vector<CollectiveCost> collective_costs;
+  // The entry for a kind, a group, the ranks on the machine and the compute between calls: among the
+  // kind and group's entries, the nearest rank count at or above `ranks` (else the largest), then the
+  // gap nearest `gap_s` (by ratio); nullptr when the kind or group was not measured.
+  const CollectiveCost* cost_of(const std::string& kind, int64_t group, int64_t ranks, double gap_s) const;
 };
+
+// Reads the measured collective costs of a data file (docs/plan/cpu-collectives.json: the entries, when
+// and by which command they were measured) into `device`, with the file's provenance as a source. Throws
+// naming the file and the value when it is malformed.
+void load_collective_costs(DeviceSpec& device, const std::string& path);
 
 // The built-in devices (not "cpu", which is measured).
 const std::vector<DeviceSpec>& known_devices();

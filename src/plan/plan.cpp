@@ -230,6 +230,7 @@ Collective collective(std::string name, std::string kind, std::string axis, int6
   c.axis = std::move(axis);
   c.group = group;
   c.bytes = bytes;
+  c.calls = kind == "send_recv" ? 2 * calls : calls;  // each message sent is received: two calls
   const double g = static_cast<double>(group);
   // Wire bytes per device on a ring: an all-reduce 2(g-1)/g of its payload, an all-gather (g-1) times its
   // input, a reduce-scatter (g-1)/g of its whole input; an all-to-all and a send what they send.
@@ -254,6 +255,15 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
   if (m.arch() == "gpt2") return 6;         // f: q, k, v, fc; g: output_proj, proj
   if (m.arch() == "deepseek_v3") return 8;  // MLA's wq_b, wkv_b, RoPE key f, wo g; the FFN's f, f, g and the MoE gates
   return 7;                                 // f: q, k, v, w1, w3; g: output_proj, w2
+}
+
+// The Linears of a block whose weights FSDP gathers, one collective each per pass: q, k, v,
+// output_proj and the MLP's (Llama w1, w3, w2; GPT-2 fc, proj); DeepSeek-V3's MLA wq_a, wkv_a, wq_b, wkv_b,
+// wo and a dense MLP's three (a MoE block's shared expert and router, about as many).
+double linears_per_layer(const models::ModelConfig& m) {
+  if (m.arch() == "gpt2") return 6;
+  if (m.arch() == "deepseek_v3") return 8;
+  return 7;
 }
 
 }  // namespace
@@ -465,6 +475,15 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     }
     if (total > 0) e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
   }
+  // Selective recomputation also runs the layers' cheap ops again: the norms, activations, RoPE and
+  // residual adds between the GEMMs, which FLOPs do not count (runs::activation_model's `recompute`
+  // values per token and layer). They are memory-bound: each value written once from about two read,
+  // 3 x its bytes at the device's memory bandwidth. (Measured with CPU time on the tiny Llama, one
+  // process: selective adds 13% to the step, the attention core's FLOPs alone 4%: docs/plan.md.)
+  if (l.recompute == models::Recompute::Selective && r.device.memory_bandwidth > 0) {
+    e.compute_s += local_seqs * static_cast<double>(T) * static_cast<double>(worst_layers) * am.recompute * act_bytes * 3 /
+                   r.device.memory_bandwidth;
+  }
 
   // ---- collectives (per device per step) ----
   const double g_data = static_cast<double>(l.data);
@@ -484,33 +503,52 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
                                        n * layers_here * micro));
     // The token table gathered for the lookup (the first stage) and the head's for the loss (the last);
     // one gather for a tied table used by both on one rank.
-    const double tables = (l.pipe == 1 ? (tied ? 1 : 2) : (worst_stage == 0 ? 1 : 0) + (last_stage ? 1 : 0)) * V * C /
-                          static_cast<double>(l.tensor);
+    const double gathers = l.pipe == 1 ? (tied ? 1 : 2) : (worst_stage == 0 ? 1 : 0) + (last_stage ? 1 : 0);
+    const double tables = gathers * V * C / static_cast<double>(l.tensor);
     e.collectives.push_back(collective("embedding/head table gathers", "all_gather", "tensor", l.tensor, 4 * tables * micro,
-                                       tensor_link, false, 2 * micro));
+                                       tensor_link, false, gathers * micro));
   }
   // Data-axis gradient sums: the parameters replicated over the batch axes.
   double replicated = 0, sharded_shard = 0, sharded_whole = 0, expert_replicated = 0, sharded_bias = 0;
+  double sharded_bias_tensors = 0;  // FSDP-sharded biases: a gather in each forward, a reduce-scatter each backward
+  std::vector<double> replicated_order;  // the replicated gradients' bytes, in the census's order
   for (const ParamCount& p : params) {
     if (!on_stage(p)) continue;
     const Split sp = split_of(p, l);
     const double local = p.count / sp.total();
     if (sp.shard > 1) {
-      if (p.group == ParamGroup::Bias) sharded_bias += local;  // gathered by the forward only
+      if (p.group == ParamGroup::Bias) {
+        sharded_bias += local;  // gathered by the forward only
+        sharded_bias_tensors += 1;
+      }
       else sharded_shard += local;
       sharded_whole += local * sp.shard;
     } else if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
       expert_replicated += local;
     } else {
       replicated += local;
+      replicated_order.push_back(4 * local);
     }
   }
   const bool batch_split = l.data * l.expert > 1;
   if (batch_split && l.shard != "zero1") {
     if (replicated > 0) {
+      // With overlap, in buckets started as the backward makes the gradients final (parallel/runtime.cpp):
+      // a bucket closes once it holds RankContext::bucket_bytes (256 KiB), the last one at the end. The
+      // backward finishes the gradients about in the census's reverse order (the head first).
+      const bool bucketed = r.overlap && l.expert == 1;
+      double buckets_n = 0, filling = 0;
+      for (auto it = replicated_order.rbegin(); it != replicated_order.rend(); ++it) {
+        filling += *it;
+        if (filling >= 262144) {
+          buckets_n += 1;
+          filling = 0;
+        }
+      }
+      if (filling > 0) buckets_n += 1;
       e.collectives.push_back(collective("gradient all-reduce", "all_reduce", l.expert > 1 ? "data x expert" : "data",
-                                         l.data * l.expert, 4 * replicated, l.expert > 1 ? dx_link : data_link,
-                                         r.overlap && l.expert == 1, 1));
+                                         l.data * l.expert, 4 * replicated, l.expert > 1 ? dx_link : data_link, bucketed,
+                                         bucketed ? buckets_n : 1));
     }
     if (expert_replicated > 0 && l.data > 1) {
       e.collectives.push_back(collective("expert gradient all-reduce", "all_reduce", "data", l.data, 4 * expert_replicated,
@@ -532,17 +570,22 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     const bool again = l.recompute != models::Recompute::None;
     const double passes = micro * (again ? 3 : 2), forwards = micro * (again ? 2 : 1);
     double bytes = 4 * (sharded_shard * passes + sharded_bias * forwards);
+    // One gather per Linear and pass, one per sharded bias and forward.
+    const double linears = linears_per_layer(m);
+    double gathers = passes * layers_here * linears + sharded_bias_tensors * forwards;
     // Under recomputation the prefetch guesses wrong at each layer boundary of the backward: the
     // backward's guess (the previous layer's last weight) and the recomputed forward's (the next
     // layer's first weight) are gathered and dropped (nn/sharded.cpp: a wrong guess costs time).
     if (again && layers_here > 1 && m.arch() != "deepseek_v3") {
       const double F = m.arch() == "gpt2" ? (key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C) : key(j, "d_ff");
       bytes += 4 * micro * (layers_here - 1) * (C * C + C * F) / static_cast<double>(l.tensor) / static_cast<double>(g);
+      gathers += 2 * micro * (layers_here - 1);
     }
     e.collectives.push_back(collective("FSDP weight all-gathers", "all_gather", l.expert > 1 ? "data x expert" : "data", g,
-                                       bytes, k, r.overlap, passes * layers_here * 7));
+                                       bytes, k, r.overlap, gathers));
     e.collectives.push_back(collective("FSDP gradient reduce-scatters", "reduce_scatter", l.expert > 1 ? "data x expert" : "data",
-                                       g, 4 * sharded_whole * micro, k, r.overlap, micro * layers_here * 7));
+                                       g, 4 * sharded_whole * micro, k, r.overlap,
+                                       micro * (layers_here * linears + sharded_bias_tensors)));
   }
   if (l.expert > 1) {
     const double moe_layers_here = layers_here * (1 - key(j, "n_dense") / static_cast<double>(L));
@@ -578,11 +621,37 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   }
   (void)g_data;
 
+  // ---- measured collective costs (this CPU: docs/plan/cpu-collectives.json) ----
+  // Where the device's collectives were measured through loom's communicator, each call costs what the
+  // measurement says it adds to a step with the same ranks on the machine and about the same compute
+  // between calls: a blocking call its transfer and the wake-ups of ranks that napped waiting for it
+  // (the MPI wait polls with naps of up to 1 ms), an overlapped one (FSDP's prefetched gathers and
+  // background reduce-scatters, the data-axis buckets) the part its compute window did not hide,
+  // measured on a collective started on the communication thread. A pipeline's messages keep the
+  // formula (overlapped: a stage's receive mostly finds its message there, the wait for the previous
+  // stage's compute being the bubble), and so does what was not measured (all-to-alls).
+  if (!r.device.collective_costs.empty()) {
+    double blocking_calls = 0, overlapped_calls = 0;
+    for (const Collective& c : e.collectives) {
+      if (c.kind == "send_recv" || c.kind == "all_to_all") continue;
+      (c.overlapped ? overlapped_calls : blocking_calls) += c.calls;
+    }
+    for (Collective& c : e.collectives) {
+      if (c.kind == "send_recv" || c.kind == "all_to_all" || c.calls <= 0 || c.group < 2) continue;
+      // The compute between two calls of the same kind of wait (the measurement's gap).
+      const double gap = e.compute_s / std::max(1.0, c.overlapped ? overlapped_calls : blocking_calls);
+      const CollectiveCost* k = r.device.cost_of(c.overlapped ? "started_all_gather" : c.kind, c.group, l.devices(), gap);
+      if (!k) continue;
+      c.seconds = c.calls * k->seconds(c.bytes / c.calls);
+      c.measured = true;
+    }
+  }
+
   // ---- time ----
   double overlapped = 0, exposed = 0;
   for (const Collective& c : e.collectives) {
     e.comm_s += c.seconds;
-    if (c.overlapped) overlapped += c.seconds;
+    if (c.overlapped && !c.measured) overlapped += c.seconds;
     else exposed += c.seconds;
   }
   // What overlaps hides behind the compute (the backward for gradient sums, the whole step for FSDP's
@@ -704,7 +773,7 @@ json to_json(const Estimate& e) {
   json c = json::array();
   for (const Collective& k : e.collectives) {
     c.push_back({{"name", k.name}, {"kind", k.kind}, {"axis", k.axis}, {"group", k.group}, {"bytes", k.bytes},
-                 {"wire_bytes", k.wire_bytes}, {"link_bandwidth", k.link_bandwidth}, {"inter_node", k.inter_node},
+                 {"wire_bytes", k.wire_bytes}, {"link_bandwidth", k.link_bandwidth}, {"inter_node", k.inter_node}, {"calls", k.calls}, {"measured", k.measured},
                  {"seconds", k.seconds}, {"overlapped", k.overlapped}});
   }
   const Layout& l = e.layout;

@@ -17,7 +17,10 @@
 //                       2(g-1)/g of an all-reduce's payload on the slowest link the axis crosses; what loom
 //                       overlaps (FSDP gathers and reduce-scatters, data-axis gradient buckets) hidden
 //                       behind compute up to the compute's length; tensor-parallel all-reduces, expert
-//                       all-to-alls and pipeline fill and drain exposed; the AdamW update at memory bandwidth
+//                       all-to-alls and pipeline fill and drain exposed; the AdamW update at memory bandwidth;
+//                       selective recomputation's cheap ops at memory bandwidth; on a device whose
+//                       collectives were measured (this CPU, DeviceSpec::collective_costs) each call
+//                       charged what the measurement says it adds to a step
 //
 // and picks the fastest layout that fits, saying for the others why they lose. docs/plan.md checks the
 // model against loom's own runs and against published large runs.
@@ -75,8 +78,13 @@ struct Collective {
   double wire_bytes = 0; // bytes that leave the device per step on the ring (or point to point)
   double link_bandwidth = 0;  // bytes/s of the slowest link the group crosses
   bool inter_node = false;
+  double calls = 0;      // calls per step per device, as CommStats counts them
   double seconds = 0;    // on the link, per step
   bool overlapped = false;  // hidden behind compute (up to the compute's length)
+  // `seconds` is what the collective adds to the step, from the device's measured collective costs
+  // (DeviceSpec::collective_costs): for an overlapped one the part its compute window did not hide, so
+  // it is not hidden again.
+  bool measured = false;
 };
 
 struct Estimate {

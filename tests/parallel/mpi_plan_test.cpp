@@ -66,6 +66,9 @@ TEST(MpiPlan, EachPipelineRankMeetsThePlanBytesExactlyAndPeakMemoryWithinFivePer
         EXPECT_EQ(r["measured"][kind].get<double>(), r["plan"][kind].get<double>()) << kind;
       }
       EXPECT_GT(r["measured"]["send_recv"].get<double>(), 0);
+      // The calls (sends, receives, sums, buckets, FSDP's gathers and reduce-scatters): what the measured
+      // per-call costs of docs/plan/cpu-collectives.json multiply.
+      EXPECT_EQ(r["measured"]["calls"].get<double>(), r["plan"]["calls"].get<double>());
       const double ratio = r["measured"]["peak"].get<double>() / r["plan"]["peak"].get<double>();
       std::printf("%s rank %d: allocator peak %.0f, plan %.0f (%.4f)\n", c.layout.c_str(), r["rank"].get<int>(),
                   r["measured"]["peak"].get<double>(), r["plan"]["peak"].get<double>(), ratio);

@@ -4,10 +4,12 @@
 // of dp_ep (DeepSeek-V3; its all-to-alls depend on the routing), with and without recomputation.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
+#include "core/error.h"
 #include "core/parallel.h"
 #include "train/optimizer.h"
 #include "ops/shape.h"
@@ -113,6 +115,7 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
           measured.all_gather_bytes = comm.stats.all_gather_bytes - before.all_gather_bytes;
           measured.reduce_scatter_bytes = comm.stats.reduce_scatter_bytes - before.reduce_scatter_bytes;
           measured.all_to_all_bytes = comm.stats.all_to_all_bytes - before.all_to_all_bytes;
+          measured.calls = comm.stats.calls - before.calls;
         }
       }
     });
@@ -133,12 +136,19 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
     const plan::Estimate e = plan::estimate(r, l);
     ASSERT_TRUE(e.invalid.empty()) << e.invalid;
     std::map<std::string, double> planned;
-    for (const plan::Collective& k : e.collectives) planned[k.kind] += k.bytes;
+    double planned_calls = 0;
+    for (const plan::Collective& k : e.collectives) {
+      planned[k.kind] += k.bytes;
+      planned_calls += k.calls;
+    }
     const std::string what = c.preset + " " + dist::parallel_mode_name(c.mode) + " " + c.mesh.str() + " recompute " +
                              models::recompute_name(c.recompute);
     EXPECT_EQ(planned["all_reduce"], static_cast<double>(measured.all_reduce_bytes)) << what;
     EXPECT_EQ(planned["all_gather"], static_cast<double>(measured.all_gather_bytes)) << what;
     EXPECT_EQ(planned["reduce_scatter"], static_cast<double>(measured.reduce_scatter_bytes)) << what;
+    // The calls too (what the measured per-call costs multiply): every gather, reduce-scatter, bucket and
+    // scalar sum. The expert modes' count exchanges are not planned.
+    if (c.mesh.expert == 1) EXPECT_EQ(planned_calls, static_cast<double>(measured.calls)) << what;
     if (c.mesh.expert > 1) {  // the routing decides the all-to-alls: within the balanced estimate's order
       EXPECT_GT(static_cast<double>(measured.all_to_all_bytes), 0.25 * planned["all_to_all"]) << what;
       EXPECT_LT(static_cast<double>(measured.all_to_all_bytes), 2.0 * planned["all_to_all"]) << what;
@@ -221,7 +231,11 @@ TEST(Plan, PipeBytesEqualLoomsCounts) {
       }
     });
     std::map<std::string, double> planned;
-    for (const plan::Collective& k : e.collectives) planned[k.kind] += k.bytes;
+    double planned_calls = 0;
+    for (const plan::Collective& k : e.collectives) {
+      planned[k.kind] += k.bytes;
+      planned_calls += k.calls;
+    }
     const std::string what = c.preset + " " + c.mesh + " " + c.schedule + ", stage " + std::to_string(e.worst_stage);
     EXPECT_GT(measured.send_bytes, 0) << what;
     EXPECT_EQ(planned["send_recv"], static_cast<double>(measured.send_bytes)) << what;
@@ -367,4 +381,101 @@ TEST(Plan, MemoryPerDeviceMatchesTheAllocatorsPeak) {
     EXPECT_GT(static_cast<double>(peak) / planned, 0.80) << c.mesh.str() << " " << dist::parallel_mode_name(c.mode);
     EXPECT_LT(static_cast<double>(peak) / planned, 1.05) << c.mesh.str() << " " << dist::parallel_mode_name(c.mode);
   }
+}
+
+// Measured collective costs (docs/plan/cpu-collectives.json): the lookup, the interpolation, the file,
+// and what the planner charges with them.
+TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
+  plan::CollectiveCost c;
+  c.points = {{8, 1e-4}, {1024, 2e-4}, {2048, 4e-4}};
+  EXPECT_DOUBLE_EQ(c.seconds(1), 1e-4);           // below the smallest payload: its cost
+  EXPECT_DOUBLE_EQ(c.seconds(516), 1.5e-4);       // between: linear
+  EXPECT_DOUBLE_EQ(c.seconds(4096), 8e-4);        // above: the last segment's slope
+  c.points = {{8, 3e-4}, {1024, 1e-4}};
+  EXPECT_DOUBLE_EQ(c.seconds(1 << 20), 1e-4);     // a falling last segment is held flat above it
+
+  plan::DeviceSpec d = fake_device();
+  auto entry = [](std::string kind, int group, int ranks, double gap, double seconds) {
+    plan::CollectiveCost k;
+    k.kind = std::move(kind);
+    k.group = group;
+    k.ranks = ranks;
+    k.gap_s = gap;
+    k.points = {{8, seconds}, {1 << 20, seconds}};
+    return k;
+  };
+  d.collective_costs = {entry("all_reduce", 2, 2, 1e-4, 1e-3), entry("all_reduce", 2, 2, 1e-3, 2e-3),
+                        entry("all_reduce", 2, 8, 1e-4, 5e-3), entry("started_all_gather", 2, 2, 1e-4, 3e-5)};
+  EXPECT_EQ(d.cost_of("all_reduce", 2, 2, 2e-4)->points[0].second, 1e-3);  // the nearest gap by ratio
+  EXPECT_EQ(d.cost_of("all_reduce", 2, 2, 8e-4)->points[0].second, 2e-3);
+  EXPECT_EQ(d.cost_of("all_reduce", 2, 4, 1e-4)->points[0].second, 5e-3);  // 4 ranks: the 8-rank entry
+  EXPECT_EQ(d.cost_of("all_reduce", 2, 16, 1e-4)->points[0].second, 5e-3); // beyond: the largest
+  EXPECT_EQ(d.cost_of("all_reduce", 4, 4, 1e-4), nullptr);
+  EXPECT_EQ(d.cost_of("all_gather", 2, 2, 1e-4), nullptr);
+
+  // Tensor parallelism's all-reduces are blocking: each call costs the measured entry's seconds; FSDP's
+  // gathers and reduce-scatters are started in the background: each adds the measured exposed part.
+  plan::Request r;
+  r.model = model_of("tiny", {"model.num_layers=4"});
+  r.batch = 16;
+  r.devices = 2;
+  r.device = d;
+  r.precision = "f32";
+  plan::Layout tp;
+  tp.tensor = 2;
+  const plan::Estimate with = plan::estimate(r, tp);
+  r.device.collective_costs.clear();
+  const plan::Estimate without = plan::estimate(r, tp);
+  double extra = 0;
+  for (size_t i = 0; i < with.collectives.size(); ++i) {
+    const plan::Collective& k = with.collectives[i];
+    if (k.kind != "all_reduce") {
+      EXPECT_FALSE(k.measured) << k.name;
+      continue;
+    }
+    EXPECT_TRUE(k.measured) << k.name;
+    const double per_call = d.cost_of("all_reduce", 2, 2, with.compute_s / 32)->points[0].second;
+    EXPECT_DOUBLE_EQ(k.seconds, k.calls * per_call) << k.name;
+    extra += k.seconds - without.collectives[i].seconds;
+  }
+  EXPECT_NEAR(with.step_s - without.step_s, extra, 1e-12);
+  r.device = d;
+  plan::Layout fsdp;
+  fsdp.data = 2;
+  fsdp.shard = "fsdp";
+  const plan::Estimate f = plan::estimate(r, fsdp);
+  double exposed = 0;
+  for (const plan::Collective& k : f.collectives) {
+    EXPECT_TRUE(k.measured) << k.name;
+    if (k.overlapped) EXPECT_DOUBLE_EQ(k.seconds, k.calls * 3e-5) << k.name;
+    exposed += k.seconds;
+  }
+  EXPECT_NEAR(f.exposed_comm_s, exposed, 1e-12);  // nothing measured is hidden again
+
+  // The data file: read back, and a malformed one named.
+  const std::string path = ::testing::TempDir() + "/loom_collectives.json";
+  {
+    std::FILE* out = std::fopen(path.c_str(), "w");
+    std::fputs(R"({"command": "x", "measured_at": "now", "costs": [{"kind": "all_reduce", "group": 2, "ranks": 2,
+                 "gap_s": 0.0001, "points": [[1048576, 0.002], [8, 0.001]]}]})", out);
+    std::fclose(out);
+  }
+  plan::DeviceSpec loaded = fake_device();
+  plan::load_collective_costs(loaded, path);
+  ASSERT_EQ(loaded.collective_costs.size(), 1u);
+  EXPECT_EQ(loaded.collective_costs[0].points.front().first, 8);  // sorted by bytes
+  EXPECT_NE(loaded.sources["collective_costs"].find("now"), std::string::npos);
+  {
+    std::FILE* out = std::fopen(path.c_str(), "w");
+    std::fputs(R"({"costs": [{"kind": "all_reduce", "group": 1, "ranks": 2, "gap_s": 0, "points": [[8, 1]]}]})", out);
+    std::fclose(out);
+  }
+  try {
+    plan::load_collective_costs(loaded, path);
+    ADD_FAILURE() << "a group of 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(plan::load_collective_costs(loaded, path + ".missing"), Error);
+  std::remove(path.c_str());
 }

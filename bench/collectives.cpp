@@ -1,0 +1,212 @@
+// What one collective costs a training step on this machine, through loom's own communicator (its MPI
+// waits and their naps, its communication thread), measured the way a step meets it: every rank
+// computes for a while, then calls the collective (docs/plan.md, "The network of this CPU").
+//
+//   mpirun --oversubscribe -np R loom_bench_collectives [--group G] [--calls N] [--reps K] [--gaps-us 100,400]
+//       [--bytes 8,16384,131072,1048576] [--kinds all_reduce,...]
+//
+// The R ranks form R / G groups of G consecutive ranks (as a mesh's innermost axis: tensor), each group
+// running its collectives at the same time as the others. For every kind (all_reduce, all_gather,
+// reduce_scatter, send_recv: a message to the next rank of the group and one back, as a pipeline's
+// activations and their gradients; started_all_gather: started, then waited for after the gap, as FSDP's
+// prefetch), payload (bytes as CommStats counts them: an all-reduce's buffer, an all-gather's input, a
+// reduce-scatter's whole input, a message) and gap (compute between calls, in microseconds of one core's
+// CPU time), each rank runs N rounds of [compute the gap, the collective] and, separately, N rounds of
+// the gap alone, alternating, `reps` times. The collective's cost is the median difference of the two wall
+// times per call, the slowest rank's:
+// what adding the collective to the step adds to its time, with the scheduling and wake-ups it brings
+// when more ranks than cores share the machine (the gap alone already counts its share of the cores).
+// Rank 0 prints one JSON line per case; tools/measure_collectives.py fits them and writes the data file
+// the planner reads (configs/plan/cpu-collectives.json).
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mesh/mpi.h"
+
+using namespace loom;
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Compute that stays in registers and L1: `iters` rounds of 64 multiply-adds.
+float sink = 0;
+void work(int64_t iters) {
+  float a[64];
+  for (int j = 0; j < 64; ++j) a[j] = static_cast<float>(j) * 1e-3f + sink;
+  for (int64_t i = 0; i < iters; ++i) {
+    for (int j = 0; j < 64; ++j) a[j] = a[j] * 0.9999f + 1e-4f;
+  }
+  float s = 0;
+  for (int j = 0; j < 64; ++j) s += a[j];
+  sink = s;
+}
+
+// Rounds of work() per microsecond of this thread's CPU time (the best of a few tries: CPU time does
+// not count the time another process held the core).
+double iters_per_us() {
+  double best = 0;
+  for (int t = 0; t < 5; ++t) {
+    const int64_t n = 20000;
+    const double a = thread_cpu_seconds();
+    work(n);
+    const double s = thread_cpu_seconds() - a;
+    if (s > 0) best = std::max(best, static_cast<double>(n) / (s * 1e6));
+  }
+  return best;
+}
+
+std::vector<int64_t> list_of(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int group_size = 0, calls = 10, reps = 5;
+  std::string gaps_text = "100,400", bytes_text = "8,16384,131072,1048576";
+  std::string kinds_text = "all_reduce,all_gather,reduce_scatter,send_recv,started_all_gather";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s wants a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--group") group_size = std::atoi(next().c_str());
+    else if (a == "--calls") calls = std::atoi(next().c_str());
+    else if (a == "--reps") reps = std::atoi(next().c_str());
+    else if (a == "--gaps-us") gaps_text = next();
+    else if (a == "--bytes") bytes_text = next();
+    else if (a == "--kinds") kinds_text = next();
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  auto comm = dist::mpi_world();
+  const int rank = comm->rank(), world = comm->size();
+  if (group_size <= 0) group_size = world;
+  if (group_size < 2 || world % group_size != 0 || calls < 1 || reps < 1) {
+    if (rank == 0) {
+      std::fprintf(stderr, "--group %d must be >= 2 and divide the %d ranks; --calls %d and --reps %d >= 1\n", group_size,
+                   world, calls, reps);
+    }
+    return 2;
+  }
+  std::vector<int> group;
+  for (int r = rank / group_size * group_size; r < (rank / group_size + 1) * group_size; ++r) group.push_back(r);
+  const int me = comm->index_in(group);
+  const double rate = iters_per_us();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+
+  std::vector<std::string> kinds;
+  {
+    std::stringstream ss(kinds_text);
+    std::string k;
+    while (std::getline(ss, k, ',')) kinds.push_back(k);
+  }
+  // The slowest rank's wall time of `calls` rounds of body(), all ranks starting together.
+  auto timed = [&](auto&& body) {
+    comm->barrier(comm->world());
+    const auto start = std::chrono::steady_clock::now();
+    for (int c = 0; c < calls; ++c) body();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<double> all(static_cast<size_t>(world), 0.0);
+    all[static_cast<size_t>(rank)] = s;
+    comm->all_reduce_sum(all.data(), world, comm->world());
+    return *std::max_element(all.begin(), all.end());
+  };
+  for (const std::string& kind : kinds) {
+    for (int64_t bytes : list_of(bytes_text)) {
+      for (int64_t gap : list_of(gaps_text)) {
+        const int64_t iters = static_cast<int64_t>(rate * static_cast<double>(gap));
+        const int64_t n = std::max<int64_t>(1, bytes / 4);
+        // The buffers: a reduce-scatter's input is the whole g blocks; an all-gather's output g inputs.
+        std::vector<float> in(static_cast<size_t>(n * group_size), 1.0f), out(static_cast<size_t>(n * group_size), 0.0f);
+        const int64_t block = kind == "reduce_scatter" ? std::max<int64_t>(1, n / group_size) : n;
+        auto call = [&] {
+          if (kind == "all_reduce") comm->all_reduce_sum(in.data(), n, group);
+          else if (kind == "all_gather") comm->all_gather(in.data(), n, out.data(), group);
+          else if (kind == "reduce_scatter") comm->reduce_scatter_sum(in.data(), block, out.data(), group);
+          else if (kind == "send_recv") {
+            // The next rank of the group and back: every rank sends one message and receives one.
+            const int next = group[static_cast<size_t>((me + 1) % group_size)];
+            const int prev = group[static_cast<size_t>((me + group_size - 1) % group_size)];
+            if (me % 2 == 0) {
+              comm->send(in.data(), n, next);
+              comm->recv(out.data(), n, prev);
+            } else {
+              comm->recv(out.data(), n, prev);
+              comm->send(in.data(), n, next);
+            }
+          } else if (kind == "started_all_gather") {
+            auto pending = comm->start_all_gather(in.data(), n, out.data(), group);
+            work(iters);
+            comm->wait(pending);
+          } else {
+            if (rank == 0) std::fprintf(stderr, "unknown kind %s\n", kind.c_str());
+            std::exit(2);
+          }
+        };
+        // started_all_gather computes its gap while the gather runs (the overlap FSDP does).
+        const bool overlapped = kind == "started_all_gather";
+        auto with_call = [&] {
+          if (!overlapped) work(iters);
+          call();
+        };
+        timed(with_call);  // warm-up (groups, buffers)
+        // Rounds with and without the collective, alternating; the median of their differences (other
+        // jobs on the machine take cores at random moments: a median keeps one unlucky round out).
+        std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size());
+        for (int k = 0; k < reps; ++k) {
+          alone[static_cast<size_t>(k)] = timed([&] { work(iters); });
+          with[static_cast<size_t>(k)] = timed(with_call);
+          diff[static_cast<size_t>(k)] = with[static_cast<size_t>(k)] - alone[static_cast<size_t>(k)];
+        }
+        comm->complete_sends();
+        auto median = [](std::vector<double> v) {
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        if (rank == 0) {
+          nlohmann::json j = {{"ranks", world},
+                              {"cores", cores},
+                              {"group", group_size},
+                              {"kind", kind},
+                              {"bytes", kind == "send_recv" ? n * 4 : kind == "reduce_scatter" ? block * 4 * group_size : n * 4},
+                              {"gap_us", gap},
+                              {"calls", calls},
+                              {"reps", reps},
+                              {"gap_alone_s", median(alone) / calls},
+                              {"with_call_s", median(with) / calls},
+                              {"per_call_s", median(diff) / calls}};
+          std::printf("%s\n", j.dump().c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}

@@ -85,7 +85,7 @@ note "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
 nvcc --version | tail -2 || echo "no nvcc on PATH"
 cmake --version | head -1
-nproc
+nproc; grep -m1 "model name" /proc/cpuinfo; grep -o -m1 -w "avx512f\|amx_tile" /proc/cpuinfo | sort -u | tr "\n" " "; echo
 
 note "unpacking ${#debs[@]} Debian packages into $bundle/root"
 root="$PWD/$bundle/root"

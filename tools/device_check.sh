@@ -23,6 +23,7 @@
 #   core_tests.log    the allocator and step-capture suites (tests/core) on that machine
 #   sanitizer.log     compute-sanitizer memcheck over the kernel tests, when the tool and time allow
 #   bench.jsonl       `loom bench train --device cuda` lines (GPT-2 small, a Llama, dsv3-mini), when time allows
+#   warp_attention.log  the attention tests on the one-warp-per-row kernels (LOOM_CUDA_ATTENTION=warp)
 # Every step is time-boxed so the whole run ends inside 9 minutes and the summary is always written.
 # LOOM_DEVICE_CHECK_CONFIGURE_ONLY=1 stops `run` after CMake has configured against the unpacked
 # packages: how this script itself is checked on a machine without a GPU.
@@ -160,14 +161,21 @@ if [ -x "$bin/tests/loom_test_backends_cuda" ]; then
   note "tests/backends/cuda"
   timeout 150 "$bin/tests/loom_test_backends_cuda" --gtest_output="json:$OUT/cuda_tests.json"
   echo "loom_test_backends_cuda exit $?"
+  # The attention tests again on the one-warp-per-row kernels (the GEMM blocks are the default).
+  LOOM_CUDA_ATTENTION=warp timeout 60 "$bin/tests/loom_test_backends_cuda" --gtest_filter='*Attention*' \
+    >"$OUT/warp_attention.log" 2>&1
+  echo "attention tests on the warp kernels: exit $?"; tail -3 "$OUT/warp_attention.log"
   note "tests/core: the allocator and step capture"
   timeout 60 "$bin/tests/loom_test_core" --gtest_filter='CachingAllocator.*:StepCapture.*' >"$OUT/core_tests.log" 2>&1
   echo "loom_test_core exit $?"; tail -3 "$OUT/core_tests.log"
   if [ -x "$bin/loom" ]; then
     note "loom bench train --device cuda"
     # bf16 GEMMs (f32 master weights), the seeds' models at their context lengths; each line time-boxed.
-    benches=("gpt2-small|--batch 16 --bf16" "gpt2-small|--batch 16" "cs336-tinystories|--batch 64 --bf16"
-             "dsv3-mini|--batch 16 --bf16")
+    # A Llama of GPT-2 small's size (115M: d 768, 12 layers, T 1024, vocab 32000) beside the seeds' presets.
+    llama="--set model.d_model=768 --set model.num_layers=12 --set model.num_heads=12 --set model.context_length=1024 --set model.vocab_size=32000"
+    benches=("gpt2-small|--batch 64 --bf16" "gpt2-small|--batch 16 --bf16" "gpt2-small|--batch 16"
+             "cs336-tinystories|--batch 32 --bf16 $llama" "cs336-tinystories|--batch 64 --bf16"
+             "dsv3-mini|--batch 32 --bf16")
     for spec in "${benches[@]}"; do
       preset=${spec%%|*} args=${spec#*|}
       if [ "$(elapsed)" -ge "${LOOM_DEVICE_CHECK_BENCH_UNTIL:-240}" ]; then echo "skipped $spec: out of time"; continue; fi

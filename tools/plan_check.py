@@ -107,8 +107,10 @@ def main():
     lines = []
     print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio "
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
-          "| calls/step: measured / plan |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cores = os.cpu_count() or 1
+    ratios = []
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
@@ -142,14 +144,21 @@ def main():
             time_text = (f"{1e3 * plan_step:.1f} ms | {step / plan_step:.2f}" if not calibrate
                          else f"calibrates the efficiency: {efficiency[name]:.3f} | 1 by definition")
             slowest = max(rs, key=lambda r: r["measured"]["step_s"])
+            # Every rank's CPU over the cores (the floor the plan puts under the step where ranks share
+            # cores): measured from the processes' CPU time, planned as the stage's cpu_bound_s.
+            cpu_measured = sum(r["measured"]["cpu_s"] for r in got) / min(cores, ranks)
+            if s == stages[-1] and not calibrate:
+                ratios.append(max(step / plan_step, plan_step / step))
             wait = slowest["measured"]["wait_s"]
             p = slowest["plan"]
             print(f"| {name} | {ranks} | {desc} | {s} | {byte_text} | {peak:,.0f} | {plan_peak:,.0f} | {peak / plan_peak:.3f} "
                   f"| {1e3 * step:.1f} ms | {time_text} | {1e3 * (step - wait):.1f} + {1e3 * wait:.1f} ms "
                   f"| {1e3 * (p['compute_s'] + p['bubble_s'] + p['optimizer_s']):.1f} + {1e3 * p['exposed_comm_s']:.1f} ms "
-                  f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} |",
+                  f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} "
+                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |",
                   flush=True)
     print(f"load average after: {os.getloadavg()}")
+    print(f"within 25%: {sum(x <= 1.25 for x in ratios)} of {len(ratios)} layouts (step, the slowest stage's ranks)")
     if a.json:
         with open(a.json, "w") as f:
             for r in lines:

@@ -13,7 +13,8 @@
 //
 // The plan's time needs the device's speed: --flops (f32 FLOP/s of one core; default: `loom bench peak`'s
 // FMA loop, measured here on rank 0) times --efficiency (default: the plan's cpu assumption), the peak
-// divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does), and
+// divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does; --cores: the
+// cores the run has, default the machine's), and
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.sh calibrates the efficiency on the one-process run and keeps it for the others.
 #include <sys/resource.h>
@@ -82,6 +83,7 @@ int main(int argc, char** argv) {
   int64_t batch = 16, seq = 0, micro = 1;
   int steps = 10, warmup = 3, threads = 1;
   double flops = 0, bandwidth = 0, efficiency = 0;
+  double cores_given = 0;  // the cores the run has (tools/plan_check.py measures its share of the machine)
   bool overlap = true;
   std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
   for (int i = 1; i < argc; ++i) {
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
     else if (a == "--efficiency") efficiency = std::atof(next().c_str());
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--collectives") collectives_file = next();
+    else if (a == "--cores") cores_given = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -243,7 +246,7 @@ int main(int argc, char** argv) {
   if (!collectives_file.empty()) plan::load_collective_costs(req.device, collectives_file);
   if (flops > 0) req.device.f32_flops = req.device.bf16_flops = flops;
   if (efficiency > 0) req.device.gemm_efficiency = efficiency;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores = cores_given > 0 ? cores_given : std::max(1u, std::thread::hardware_concurrency());
   const double wanted = static_cast<double>(world) * threads;
   req.device.cores = cores;
   req.device.rank_threads = threads;

@@ -63,8 +63,8 @@ RUNS = [
 ]
 
 
-def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives):
-    cmd = [BENCH] + model_args + layout + ["--steps", str(steps)]
+def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores):
+    cmd = [BENCH] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
     if collectives:
         cmd += ["--collectives", collectives]
     if flops:
@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
+    ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
+                    help="the cores the runs have (default: the machine's; the kernel shares them between sessions, "
+                         "so while another session computes a run gets fewer)")
     ap.add_argument("--collectives", default="measure",
                     help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
                          "first, at this moment's load, into a temporary file), a file such as " + COSTS +
@@ -109,14 +112,14 @@ def main():
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
           "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    cores = os.cpu_count() or 1
+    cores = a.cores
     ratios = []
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
         calibrate = ranks == 1 and layout == ["--micro", "1"]
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
-                  collectives)
+                  collectives, a.cores)
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
             # communication): e = (compute_s * e0) / (measured - optimizer_s).

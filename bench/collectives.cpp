@@ -20,7 +20,7 @@
 // waits' polling and naps, the copies, the communication thread), per call is the CPU a call takes from
 // the cores (cpu_per_call_s): what it costs a step whose cores are all busy, whatever the wait.
 // Rank 0 prints one JSON line per case; tools/measure_collectives.py fits them and writes the data file
-// the planner reads (configs/plan/cpu-collectives.json).
+// the planner reads (docs/plan/cpu-collectives.json).
 #include <sys/resource.h>
 #include <time.h>
 

@@ -17,7 +17,12 @@ by default measured first, in the same minutes as the runs (what a collective co
 machine's load as much as the step does); --collectives FILE uses a stored measurement (such as
 docs/plan/cpu-collectives.json), --collectives none the ring formula.
 
-    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none]
+Beside each step it prints all the ranks' CPU time over the cores against the plan's floor (the
+plan's step is no shorter than it: docs/plan.md, "The cores"), and at the end how many layouts came
+within 25%. The runs get the cores the kernel gives this session: while other sessions compute, fewer
+than the machine's (--cores plans for a given number).
+
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2]
 """
 import argparse
 import json

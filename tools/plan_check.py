@@ -8,7 +8,7 @@ for its stage, and the step time against the plan's.
 
 The plan's time needs the machine's speed. The FMA peak of one core is measured once (the first run's
 `loom bench peak` loop, or --flops), and the fraction of it loom's step reaches (--efficiency) is
-calibrated on the one-process run of each model: its measured step over the plan's compute at
+calibrated on the one-process run of each model (the median of three): its measured step over the plan's compute at
 efficiency 1. The multi-rank runs then test the rest of the time model (the split of the work, the
 bubble, the collectives) with that one number fixed.
 
@@ -125,6 +125,14 @@ def main():
         calibrate = ranks == 1 and layout == ["--micro", "1"]
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
                   collectives, a.cores)
+        if calibrate:
+            # The one number every later row leans on: the median of three runs, not one (a moment of
+            # another session's work in one run moved every prediction of a table by 15%).
+            flops = flops or got[0]["device"]["f32_flops"]
+            bandwidth = bandwidth or got[0]["device"]["memory_bandwidth"]
+            runs = [got] + [run(model_args, ranks, layout, a.steps, flops, bandwidth, None, collectives, a.cores)
+                            for _ in range(2)]
+            got = sorted(runs, key=lambda g: g[0]["measured"]["step_s"])[1]
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
             # communication): e = (compute_s * e0) / (measured - optimizer_s).

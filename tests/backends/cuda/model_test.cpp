@@ -34,19 +34,6 @@ std::unique_ptr<models::LanguageModel> tiny(const std::string& arch) {
   return models::ModelConfig::from_json(j).build(7);
 }
 
-// ||a - b|| / max(||b||, floor): a parameter whose true gradient is ~0 (rounding noise on both devices)
-// is compared against the floor instead of its own noise.
-double relative_error_floored(const std::vector<float>& a, const std::vector<float>& b, double floor) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), floor);
-}
-
 // DeepSeek-V3's routing biases (model state, not parameters) moved to the GPU with the parameters.
 void move_state(models::LanguageModel& model, Device device) {
   if (auto* dsv3 = dynamic_cast<deepseek_v3::DeepSeekV3*>(&model)) {
@@ -101,17 +88,14 @@ TEST_P(CudaModel, LossGradientsAndTrainingStepsTrackTheCpu) {
     if (step == 0) {
       auto pc = cpu_model->parameters(), pg = gpu_model->parameters();
       ASSERT_EQ(pc.size(), pg.size());
-      // The floor: 1e-3 of the whole gradient's norm over sqrt(#tensors), so a tensor whose true gradient
-      // is ~0 is held to an absolute error far below the others' gradients, not to its own rounding noise.
-      double total = 0;
-      for (nn::Parameter* p : pc) {
-        for (float v : host_values(p->value.grad())) total += double(v) * v;
-      }
-      const double floor = 1e-3 * std::sqrt(total / double(pc.size()));
+      // GPT-2's key biases have an exact gradient of 0 (softmax is shift-invariant per query), so both
+      // runs hold rounding noise there: every gradient is measured against at least 1e-2 of the largest.
+      double largest = 0;
+      for (nn::Parameter* p : pc) largest = std::max(largest, norm_of(host_values(p->value.grad())));
       for (size_t i = 0; i < pc.size(); ++i) {
         ASSERT_TRUE(pg[i]->value.grad().defined()) << pg[i]->name;
-        EXPECT_LT(relative_error_floored(host_values(pg[i]->value.grad()), host_values(pc[i]->value.grad()), floor),
-                  1e-4)
+        EXPECT_LT(relative_error_floored(host_values(pg[i]->value.grad()), host_values(pc[i]->value.grad()),
+                                         1e-2 * largest), 1e-4)
             << GetParam() << " " << pc[i]->name;
       }
     }

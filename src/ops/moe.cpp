@@ -111,17 +111,21 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
   LOOM_CHECK(top_k >= 1 && top_k <= E, "moe_route: top_k=", top_k, " must be in [1, E] with E=", E, " experts");
   LOOM_CHECK(std::isfinite(route_scale) && route_scale > 0.0f, "moe_route: route_scale must be finite and > 0, got ",
              route_scale);
-  check_same_device(logits, bias, "moe_route");
-  const Device device = dispatch_device("moe_route", {&logits, &bias});
+  // The bias (E floats of model state) may stay on the CPU while the logits are on a GPU: a model whose
+  // parameters alone were moved routes the same way.
+  const Device device = dispatch_device("moe_route", {&logits});
+  LOOM_CHECK(bias.device().is_cpu() || bias.device() == device, "moe_route: bias is on ", bias.device(),
+             " but logits are on ", device, " (the bias may be on the CPU or on the logits' device)");
   {
-    // On CUDA the check reads a host copy of the E biases back (a small read-back: not capturable yet).
-    const Tensor host_bias = device.is_cuda() ? bias.to(Device::cpu()) : bias;
+    // On CUDA the check reads a host copy of a device bias (a small read-back: not capturable yet).
+    const Tensor host_bias = bias.device().is_cpu() ? bias : bias.to(Device::cpu());
     const float* pb = host_bias.data<float>();
     for (int64_t e = 0; e < E; ++e) {
       LOOM_CHECK(std::isfinite(pb[e]), "moe_route: bias[", e, "] = ", pb[e], " is not finite");
     }
   }
-  const float* pb = bias.data<float>();
+  const Tensor device_bias = bias.device() == device ? bias : bias.to(device);
+  const float* pb = device_bias.data<float>();
 
   MoeRouting r;
   r.expert_index = Tensor::empty(Shape{N, top_k}, DType::I32, logits.device());

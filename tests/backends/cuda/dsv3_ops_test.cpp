@@ -163,6 +163,12 @@ TEST(CudaMoeRoute, ChoicesGatesAffinitiesAndGradientsMatchTheCpu) {
   autograd::backward(rc.gates, dg);
   autograd::backward(rg.gates, dg.to(kGpu));
   EXPECT_LT(relative_error(host_values(lg.grad()), host_values(lc.grad())), 1e-5);
+  // A bias left on the CPU (a model whose parameters alone were moved, as `loom bench train` does)
+  // routes the same way.
+  const Tensor logits = random_cpu({N, E}, 527), host_bias = random_cpu({E}, 528, 0.3f);
+  ops::MoeRouting on_cpu = ops::moe_route(logits, host_bias, K, 1.0f);
+  ops::MoeRouting mixed = ops::moe_route(logits.to(kGpu), host_bias, K, 1.0f);
+  expect_bitwise_host(mixed.expert_index, on_cpu.expert_index, "expert_index with a host bias");
 }
 
 TEST(CudaMoeRoute, ANonFiniteBiasIsNamedOnTheGpuToo) {

@@ -3,7 +3,7 @@
 // projections' outputs in one pass each way, RoPE on the rotated part included. Composed from basic ops
 // (split heads, narrow, rope, concat) the same values took four or five copies forward and, backward,
 // zero-filled gradients and their sums; these ops give the same values (the same copies, the same
-// cpu::rope_rotate_row) without them. CPU, f32.
+// cpu::rope_rotate_row) without them. f32, on the CPU or CUDA (backends/cuda/mla.h).
 //
 // Legend: B batch, T queries, S keys, H heads, N d_nope, P d_rope, Dv d_v. RoPE in the rotate-half
 // layout (pairs x[i], x[i + P/2]), angles from `cache` at `positions`: i32 [T] (or [S]) shared by the

@@ -19,6 +19,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/moe.h"
 #include "backends/cuda/moe.h"
+#include "backends/cuda/moe_route.h"
 #include "core/autograd.h"
 
 namespace loom::ops {
@@ -110,19 +111,37 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
   LOOM_CHECK(top_k >= 1 && top_k <= E, "moe_route: top_k=", top_k, " must be in [1, E] with E=", E, " experts");
   LOOM_CHECK(std::isfinite(route_scale) && route_scale > 0.0f, "moe_route: route_scale must be finite and > 0, got ",
              route_scale);
-  check_same_device(logits, bias, "moe_route");
-  require_cpu("moe_route", {&logits, &bias});
-  const float* pb = bias.data<float>();
-  for (int64_t e = 0; e < E; ++e) {
-    LOOM_CHECK(std::isfinite(pb[e]), "moe_route: bias[", e, "] = ", pb[e], " is not finite");
+  // The bias (E floats of model state) may stay on the CPU while the logits are on a GPU: a model whose
+  // parameters alone were moved routes the same way.
+  const Device device = dispatch_device("moe_route", {&logits});
+  LOOM_CHECK(bias.device().is_cpu() || bias.device() == device, "moe_route: bias is on ", bias.device(),
+             " but logits are on ", device, " (the bias may be on the CPU or on the logits' device)");
+  {
+    // On CUDA the check reads a host copy of a device bias (a small read-back: not capturable yet).
+    const Tensor host_bias = bias.device().is_cpu() ? bias : bias.to(Device::cpu());
+    const float* pb = host_bias.data<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      LOOM_CHECK(std::isfinite(pb[e]), "moe_route: bias[", e, "] = ", pb[e], " is not finite");
+    }
   }
+  const Tensor device_bias = bias.device() == device ? bias : bias.to(device);
+  const float* pb = device_bias.data<float>();
 
   MoeRouting r;
   r.expert_index = Tensor::empty(Shape{N, top_k}, DType::I32, logits.device());
   r.gates = Tensor::empty(Shape{N, top_k}, DType::F32, logits.device());
   r.affinity = Tensor::empty(Shape{N, E}, DType::F32, logits.device());
   r.expert_load = Tensor::empty(Shape{E}, DType::I32, logits.device());
-  if (logits.dtype() == DType::F32) {
+  if (device.is_cuda()) {
+    const cuda::Context& cu = cuda_context("moe_route", device);
+    if (logits.dtype() == DType::F32) {
+      cuda::moe_route_forward(cu, logits.data<float>(), pb, N, E, top_k, route_scale, r.expert_index.data<int32_t>(),
+                              r.gates.data<float>(), r.affinity.data<float>(), r.expert_load.data<int32_t>());
+    } else {
+      cuda::moe_route_forward(cu, logits.data<bf16>(), pb, N, E, top_k, route_scale, r.expert_index.data<int32_t>(),
+                              r.gates.data<float>(), r.affinity.data<float>(), r.expert_load.data<int32_t>());
+    }
+  } else if (logits.dtype() == DType::F32) {
     cpu::moe_route_forward(logits.data<float>(), pb, N, E, top_k, route_scale, r.expert_index.data<int32_t>(),
                            r.gates.data<float>(), r.affinity.data<float>(), r.expert_load.data<int32_t>());
   } else {
@@ -135,9 +154,15 @@ MoeRouting moe_route(const Tensor& logits, const Tensor& bias, int64_t top_k, fl
     const Tensor dg = grad_as(ctx.grad_output(0), DType::F32);  // [N,K]
     const Tensor da = grad_as(ctx.grad_output(1), DType::F32);  // [N,E]
     Tensor dlogits = Tensor::empty(Shape{N, E}, dtype, affinity.device());
+    const Device device = dispatch_device("moe_route backward", {&dg, &da, &affinity});
     auto run = [&](auto* out) {
-      cpu::moe_route_backward(out, dg.data<float>(), da.data<float>(), affinity.data<float>(),
-                              index.data<int32_t>(), N, E, top_k, route_scale);
+      if (device.is_cuda()) {
+        cuda::moe_route_backward(cuda_context("moe_route backward", device), out, dg.data<float>(), da.data<float>(),
+                                 affinity.data<float>(), index.data<int32_t>(), N, E, top_k, route_scale);
+      } else {
+        cpu::moe_route_backward(out, dg.data<float>(), da.data<float>(), affinity.data<float>(),
+                                index.data<int32_t>(), N, E, top_k, route_scale);
+      }
     };
     if (dtype == DType::F32) {
       run(dlogits.data<float>());
@@ -264,11 +289,30 @@ Tensor moe_sequence_balance_loss(const MoeRouting& routing, int64_t batch, int64
              " tokens");
   LOOM_CHECK(std::isfinite(alpha), op, ": alpha must be finite, got ", alpha);
   check_same_device(affinity, index, op);
-  require_cpu(op, {&affinity, &index});
-  check_expert_index(index, E, op);
+  const Device device = dispatch_device(op, {&affinity, &index});
+  // On CUDA the check reads a host copy of the index (as moe_experts' dispatch does: not capturable yet).
+  check_expert_index(device.is_cuda() ? index.to(Device::cpu()) : index, E, op);
 
   Tensor f = Tensor::empty(Shape{batch, E}, DType::F32, affinity.device());
   Tensor loss = Tensor::empty(Shape{}, DType::F32, affinity.device());
+  if (device.is_cuda()) {
+    // Scratch: N per-token affinity sums and B*E loss terms, in double (as the CPU's).
+    Tensor scratch = Tensor::empty(Shape{2 * (N + batch * E)}, DType::F32, device);
+    cuda::moe_balance_loss_forward(cuda_context(op, device), affinity.data<float>(), index.data<int32_t>(), batch, seq,
+                                   E, K, alpha, f.data<float>(), loss.data<float>(),
+                                   reinterpret_cast<double*>(scratch.data<float>()));
+    autograd::record(op, {affinity}, {loss}, [affinity, f, batch, seq, E, alpha](const autograd::BackwardContext& ctx) {
+      const char* bop = "moe_sequence_balance_loss backward";
+      const Tensor& dloss = ctx.grad_output(0);  // read on the device
+      check_dtype(dloss, DType::F32, bop, "grad");
+      const Device device = dispatch_device(bop, {&dloss, &affinity});
+      Tensor da = Tensor::empty(affinity.shape(), DType::F32, device);
+      cuda::moe_balance_loss_backward(cuda_context(bop, device), da.data<float>(), dloss.data<float>(),
+                                      affinity.data<float>(), f.data<float>(), batch, seq, E, alpha);
+      return TensorList{da};
+    });
+    return loss;
+  }
   loss.data<float>()[0] = cpu::moe_balance_loss_forward(affinity.data<float>(), index.data<int32_t>(), batch, seq, E, K,
                                                         alpha, f.data<float>());
   // Only the affinities are an input: f counts choices, which have no gradient.
@@ -292,13 +336,20 @@ void moe_update_bias_(Tensor& bias, const Tensor& expert_load, float gamma) {
   LOOM_CHECK(bias.ndim() == 1 && expert_load.shape() == bias.shape(), op, ": bias has shape ", bias.shape(),
              " but expert_load has shape ", expert_load.shape(), " (both [E])");
   LOOM_CHECK(std::isfinite(gamma) && gamma >= 0.0f, op, ": gamma must be finite and >= 0, got ", gamma);
-  require_cpu(op, {&bias, &expert_load});
+  check_same_device(bias, expert_load, op);
+  const Device device = dispatch_device(op, {&bias, &expert_load});
   const int64_t E = bias.size(0);
-  const int32_t* load = expert_load.data<int32_t>();
+  // On CUDA the check reads a host copy of the E counts; the update runs on the device.
+  const Tensor host_load = device.is_cuda() ? expert_load.to(Device::cpu()) : expert_load;
+  const int32_t* load = host_load.data<int32_t>();
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) {
     LOOM_CHECK(load[e] >= 0, op, ": expert_load[", e, "] = ", load[e], " is negative");
     total += load[e];
+  }
+  if (device.is_cuda()) {
+    cuda::moe_update_bias(cuda_context(op, device), bias.data<float>(), expert_load.data<int32_t>(), E, gamma);
+    return;
   }
   float* b = bias.data<float>();
   for (int64_t e = 0; e < E; ++e) {

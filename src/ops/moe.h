@@ -24,7 +24,7 @@ struct MoeRouting {
 
 // logits: [N, E] (f32 or bf16; the sigmoid and everything after it are computed in f32).
 // bias: f32 [E], model state (not a parameter): it decides which experts are picked, never the gate
-// values, and gets no gradient. Must be finite. A NaN logit ranks below every number (never picked
+// values, and gets no gradient. Must be finite. On the CPU or on the logits' device. A NaN logit ranks below every number (never picked
 // while a finite choice is left); its NaN then reaches the loss instead of an arbitrary pick.
 // top_k in [1, E]; route_scale finite and > 0. Recorded for autodiff: gates and affinity (the logits'
 // gradient is bf16 for bf16 logits).

@@ -1,5 +1,7 @@
 #include "ops/shape.h"
 
+#include "backends/backend.h"
+#include "backends/cuda/shape.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
 
@@ -84,7 +86,7 @@ int normalize_dim(int d, int ndim, const char* op) {
 
 Tensor transpose(const Tensor& x, int d0, int d1) {
   LOOM_CHECK(x.defined(), "transpose: x is undefined");
-  LOOM_CHECK(x.device().is_cpu(), "transpose: only CPU tensors for now, got ", x.device());
+  const Device device = dispatch_device("transpose", {&x});  // before allocating: errors name the op
   d0 = normalize_dim(d0, x.ndim(), "transpose");
   d1 = normalize_dim(d1, x.ndim(), "transpose");
   Shape out_shape = x.shape();
@@ -92,6 +94,15 @@ Tensor transpose(const Tensor& x, int d0, int d1) {
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   if (d0 == d1) {
     out.copy_from(x);
+  } else if (device.is_cuda()) {
+    // x as [A, n0, M, n1, I] with lo < hi the swapped dimensions.
+    const int lo = std::min(d0, d1), hi = std::max(d0, d1);
+    const Shape& s = x.shape();
+    int64_t M = 1, I = 1;
+    for (int d = lo + 1; d < hi; ++d) M *= s[d];
+    for (int d = hi + 1; d < s.ndim(); ++d) I *= s[d];
+    cuda::transpose_copy(cuda_context("transpose", device), x.raw_data(), out.raw_data(), s.numel_before(lo), s[lo], M,
+                         s[hi], I, dtype_size(x.dtype()));
   } else {
     transpose_copy(x, out, d0, d1);
   }
@@ -119,6 +130,11 @@ Tensor concat(const TensorList& xs, int dim) {
     total += x.shape()[dim];
   }
   out_shape[dim] = total;
+  const Device device = dispatch_device("concat", {&first});  // before allocating: errors name the op
+  for (size_t i = 1; i < xs.size(); ++i) {
+    LOOM_CHECK(xs[i].device() == device, "concat: tensor ", i, " is on ", xs[i].device(), " but tensor 0 is on ",
+               device);
+  }
   Tensor out = Tensor::empty(out_shape, first.dtype(), first.device());
   const int64_t outer = out_shape.numel_before(dim);
   int64_t inner = 1;
@@ -130,9 +146,13 @@ Tensor concat(const TensorList& xs, int dim) {
   for (const Tensor& x : xs) {
     const int64_t len = x.shape()[dim];
     const char* src = static_cast<const char*>(x.raw_data());
-    for (int64_t o = 0; o < outer; ++o) {
-      std::memcpy(dst + static_cast<size_t>((o * total + offset) * inner) * elem,
-                  src + static_cast<size_t>(o * len * inner) * elem, static_cast<size_t>(len * inner) * elem);
+    if (device.is_cuda()) {
+      cuda::copy_rows(cuda_context("concat", device), src, len, 0, dst, total, offset, outer, len, inner, elem, "concat");
+    } else {
+      for (int64_t o = 0; o < outer; ++o) {
+        std::memcpy(dst + static_cast<size_t>((o * total + offset) * inner) * elem,
+                    src + static_cast<size_t>(o * len * inner) * elem, static_cast<size_t>(len * inner) * elem);
+      }
     }
     offset += len;
     sizes.push_back(len);
@@ -149,9 +169,14 @@ Tensor concat(const TensorList& xs, int dim) {
       if (ctx.needs_input_grad(static_cast<int>(i))) {
         const float* src = g.data<float>();
         float* d = gi.data<float>();
-        for (int64_t o = 0; o < outer; ++o) {
-          std::memcpy(d + o * sizes[i] * inner, src + (o * total_len + off) * inner,
-                      static_cast<size_t>(sizes[i] * inner) * sizeof(float));
+        if (g.device().is_cuda()) {
+          cuda::copy_rows(cuda_context("concat backward", g.device()), src, total_len, off, d, sizes[i], 0, outer,
+                          sizes[i], inner, sizeof(float), "concat backward");
+        } else {
+          for (int64_t o = 0; o < outer; ++o) {
+            std::memcpy(d + o * sizes[i] * inner, src + (o * total_len + off) * inner,
+                        static_cast<size_t>(sizes[i] * inner) * sizeof(float));
+          }
         }
         grads.push_back(gi);
       } else {
@@ -180,7 +205,7 @@ void copy_rows(const char* src, int64_t src_len, int64_t src_off, char* dst, int
 
 Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
   LOOM_CHECK(x.defined(), "narrow: x is undefined");
-  LOOM_CHECK(x.device().is_cpu(), "narrow: only CPU tensors for now, got ", x.device());
+  const Device device = dispatch_device("narrow", {&x});  // before allocating: errors name the op
   dim = normalize_dim(dim, x.ndim(), "narrow");
   const int64_t size = x.shape()[dim];
   LOOM_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: range [", start, ", ", start + length,
@@ -192,13 +217,23 @@ Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
   int64_t inner = 1;
   for (int d = dim + 1; d < x.ndim(); ++d) inner *= x.shape()[d];
   const size_t elem = dtype_size(x.dtype());
-  copy_rows(static_cast<const char*>(x.raw_data()), size, start, static_cast<char*>(out.raw_data()), length, 0, outer,
-            length, inner, elem);
+  if (device.is_cuda()) {
+    cuda::copy_rows(cuda_context("narrow", device), x.raw_data(), size, start, out.raw_data(), length, 0, outer, length,
+                    inner, elem, "narrow");
+  } else {
+    copy_rows(static_cast<const char*>(x.raw_data()), size, start, static_cast<char*>(out.raw_data()), length, 0,
+              outer, length, inner, elem);
+  }
   Shape in_shape = x.shape();
   autograd::record("narrow", {x}, {out}, [in_shape, dim, start, length, outer, inner](const autograd::BackwardContext& ctx) {
     const Tensor& g = ctx.grad_output(0);
     check_dtype(g, DType::F32, "narrow backward", "grad");
     Tensor gx = Tensor::zeros(in_shape, DType::F32, g.device());
+    if (g.device().is_cuda()) {
+      cuda::copy_rows(cuda_context("narrow backward", g.device()), g.raw_data(), length, 0, gx.raw_data(), in_shape[dim],
+                      start, outer, length, inner, sizeof(float), "narrow backward");
+      return TensorList{gx};
+    }
     copy_rows(static_cast<const char*>(g.raw_data()), length, 0, static_cast<char*>(gx.raw_data()), in_shape[dim],
               start, outer, length, inner, sizeof(float));
     return TensorList{gx};

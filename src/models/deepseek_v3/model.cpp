@@ -524,10 +524,15 @@ std::vector<std::pair<std::string, Tensor>> DeepSeekV3::state_tensors() const {
 }
 
 namespace {
+// A tensor's values on the host: itself on the CPU, else a copy (the loads and losses of a model on a
+// GPU, read back once per micro-batch for the bias update and the metrics).
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+
 void add_counts(std::vector<std::vector<int64_t>>& into, const std::vector<Tensor>& loads) {
   if (into.size() != loads.size()) into.assign(loads.size(), {});
   for (size_t l = 0; l < loads.size(); ++l) {
-    const int32_t* p = loads[l].data<int32_t>();
+    const Tensor host = on_host(loads[l]);
+    const int32_t* p = host.data<int32_t>();
     if (into[l].size() != static_cast<size_t>(loads[l].numel())) into[l].assign(static_cast<size_t>(loads[l].numel()), 0);
     for (int64_t e = 0; e < loads[l].numel(); ++e) into[l][static_cast<size_t>(e)] += p[e];
   }
@@ -556,16 +561,17 @@ void DeepSeekV3::record_stage_loads(const std::vector<Tensor>& loads, size_t off
   const size_t n = moe_layers().size();
   if (step_load_.size() != n) step_load_.assign(n, std::vector<int64_t>(static_cast<size_t>(config_.n_routed), 0));
   for (size_t k = 0; k < loads.size(); ++k) {
-    const int32_t* p = loads[k].data<int32_t>();
+    const Tensor host = on_host(loads[k]);
+    const int32_t* p = host.data<int32_t>();
     for (int64_t e = 0; e < loads[k].numel(); ++e) step_load_[offset + k][static_cast<size_t>(e)] += p[e];
   }
 }
 
 void DeepSeekV3::record_window(const Losses& l) const {
   std::lock_guard<std::mutex> lock(training_mutex_);
-  window_main_ += l.main.item();
-  if (l.mtp.defined()) window_mtp_ += l.mtp.item();
-  if (l.balance.defined()) window_balance_ += l.balance.item();
+  window_main_ += on_host(l.main).item();
+  if (l.mtp.defined()) window_mtp_ += on_host(l.mtp).item();
+  if (l.balance.defined()) window_balance_ += on_host(l.balance).item();
   ++window_batches_;
 }
 
@@ -608,13 +614,17 @@ void DeepSeekV3::end_training_step(bool applied) {
     for (size_t l = 0; l < moes.size(); ++l) {
       int64_t total = 0;
       for (int64_t c : step_load_[l]) total += c;
-      float* b = moes[l]->bias.data<float>();
+      // A bias on a GPU is updated in a host copy and copied back (E floats).
+      Tensor& bias = moes[l]->bias;
+      Tensor host = on_host(bias);
+      float* b = host.data<float>();
       for (int64_t e = 0; e < E; ++e) {
         // sign(mean - load_e) = sign(total / E - count_e) = sign(total - E * count_e), in integers.
         const int64_t diff = total - E * step_load_[l][static_cast<size_t>(e)];
         const float s = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
         b[e] = b[e] + config_.gamma * s;
       }
+      if (!bias.device().is_cpu()) bias.copy_from(host);
     }
   }
   step_load_.clear();
@@ -646,7 +656,8 @@ nlohmann::json DeepSeekV3::take_training_metrics() {
   }
   nlohmann::json bmin = nlohmann::json::array(), bmax = nlohmann::json::array();
   for (MoE* m : moe_layers()) {
-    const float* b = m->bias.data<float>();
+    const Tensor host = on_host(m->bias);
+    const float* b = host.data<float>();
     float mn = b[0], mx = b[0];
     for (int64_t e = 1; e < m->bias.numel(); ++e) {
       mn = std::min(mn, b[e]);

@@ -9,12 +9,15 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/graph.h"
 #include "backends/cuda/loss.h"
+#include "backends/cuda/mla.h"
 #include "backends/cuda/moe.h"
+#include "backends/cuda/moe_route.h"
 #include "backends/cuda/norm.h"
 #include "backends/cuda/optimizer.h"
 #include "backends/cuda/rope.h"
 #include "backends/cuda/softmax.h"
 #include "backends/cuda/runtime.h"
+#include "backends/cuda/shape.h"
 #include "core/caching_allocator.h"
 
 namespace loom::cuda {
@@ -191,5 +194,57 @@ void gemm_bf16(const Context&, bool, bool, int64_t, int64_t, int64_t, float, con
                int64_t, float, bf16*, int64_t, const float*, GemmEpilogue) {
   not_built("gemm");
 }
+
+// Shape copies (shape.h).
+void copy_rows(const Context&, const void*, int64_t, int64_t, void*, int64_t, int64_t, int64_t, int64_t, int64_t, size_t,
+               const char* op) {
+  not_built(op);
+}
+void transpose_copy(const Context&, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, size_t) {
+  not_built("transpose");
+}
+
+// MLA head layouts (mla.h).
+void mla_query_heads(const Context&, const float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                     int64_t, int64_t, bool, bool backward) {
+  not_built(backward ? "mla_query_heads backward" : "mla_query_heads");
+}
+void mla_key_value_heads_forward(const Context&, const float*, const float*, const float*, const float*, int64_t,
+                                 int64_t, int64_t, int64_t, int64_t, int64_t, bool, float*, float*) {
+  not_built("mla_key_value_heads");
+}
+void mla_key_value_heads_backward(const Context&, const float*, const float*, const float*, const float*, int64_t,
+                                  int64_t, int64_t, int64_t, int64_t, int64_t, bool, float*, float*) {
+  not_built("mla_key_value_heads backward");
+}
+
+// MoE routing, balance loss, bias update (moe_route.h).
+template <typename T>
+void moe_route_forward(const Context&, const T*, const float*, int64_t, int64_t, int64_t, float, int32_t*, float*,
+                       float*, int32_t*) {
+  not_built("moe_route");
+}
+template <typename T>
+void moe_route_backward(const Context&, T*, const float*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                        int64_t, float) {
+  not_built("moe_route backward");
+}
+template void moe_route_forward<float>(const Context&, const float*, const float*, int64_t, int64_t, int64_t, float,
+                                       int32_t*, float*, float*, int32_t*);
+template void moe_route_forward<bf16>(const Context&, const bf16*, const float*, int64_t, int64_t, int64_t, float,
+                                      int32_t*, float*, float*, int32_t*);
+template void moe_route_backward<float>(const Context&, float*, const float*, const float*, const float*,
+                                        const int32_t*, int64_t, int64_t, int64_t, float);
+template void moe_route_backward<bf16>(const Context&, bf16*, const float*, const float*, const float*, const int32_t*,
+                                       int64_t, int64_t, int64_t, float);
+void moe_balance_loss_forward(const Context&, const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float,
+                              float*, float*, double*) {
+  not_built("moe_sequence_balance_loss");
+}
+void moe_balance_loss_backward(const Context&, float*, const float*, const float*, const float*, int64_t, int64_t,
+                               int64_t, float) {
+  not_built("moe_sequence_balance_loss backward");
+}
+void moe_update_bias(const Context&, float*, const int32_t*, int64_t, float) { not_built("moe_update_bias_"); }
 
 }  // namespace loom::cuda

@@ -3,6 +3,7 @@
 //
 // Legend: M rows of C, N columns of C, K the reduction, row-major throughout.
 #include "backends/cpu/gemm.h"
+#include "backends/row_sums.h"
 
 #include <omp.h>
 
@@ -688,13 +689,19 @@ void gemm_reference_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 }
 
 void sum_rows(const float* x, int64_t M, int64_t N, float* out) {
-  // Columns are split into fixed chunks; each chunk walks the rows in order, so every output element is
-  // summed in the same order whatever the thread count.
+  // Columns are split into fixed chunks; each chunk sums the rows block by block in the order of
+  // backends/row_sums.h (the CUDA kernel's), so every output element is summed in the same order
+  // whatever the thread count or the backend.
   parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    std::vector<float> block(static_cast<size_t>(n1 - n0));
     for (int64_t n = n0; n < n1; ++n) out[n] = 0.0f;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* row = x + m * N;
-      for (int64_t n = n0; n < n1; ++n) out[n] += row[n];
+    for (int64_t m0 = 0; m0 < M; m0 += kRowSumBlock) {
+      std::fill(block.begin(), block.end(), 0.0f);
+      for (int64_t m = m0; m < std::min(M, m0 + kRowSumBlock); ++m) {
+        const float* row = x + m * N;
+        for (int64_t n = n0; n < n1; ++n) block[static_cast<size_t>(n - n0)] += row[n];
+      }
+      for (int64_t n = n0; n < n1; ++n) out[n] += block[static_cast<size_t>(n - n0)];
     }
   });
 }

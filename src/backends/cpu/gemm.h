@@ -98,8 +98,8 @@ void gemm_reference_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
                          int64_t ldc);
 
-// out[n] = sum over rows m of x[m, n], x: [M,N] dense. Rows are summed in order for each column, so the
-// result does not depend on the thread count (the bias gradient of a linear layer).
+// out[n] = sum over rows m of x[m, n], x: [M,N] dense, in the order of backends/row_sums.h (blocks of
+// rows), so the result depends on neither the thread count nor the backend (a linear layer's bias gradient).
 void sum_rows(const float* x, int64_t M, int64_t N, float* out);
 
 // Primitive cache statistics (tests check that repeated shapes reuse the primitive).

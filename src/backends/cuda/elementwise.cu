@@ -1,8 +1,11 @@
 // Element-wise kernels (elementwise.h): grid-stride loops, one element per thread per step. Memory
 // bound; vectorised 16-byte access is the next step once a GPU run has timed these.
+#include <algorithm>
+
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
 #include "backends/cuda/elementwise.h"
+#include "backends/row_sums.h"
 
 namespace loom::cuda {
 namespace {
@@ -23,11 +26,24 @@ __global__ void convert_kernel(Out* out, const In* in, int64_t n) {
   }
 }
 
-__global__ void sum_rows_kernel(const float* x, int64_t M, int64_t N, float* out) {
+// partial[b, n] = rows [b K, (b + 1) K) of column n added in order from 0 (K = kRowSumBlock).
+__global__ void sum_row_blocks_kernel(const float* x, int64_t M, int64_t N, int64_t blocks, float* partial) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  for (int64_t b = blockIdx.y; b < blocks; b += gridDim.y) {
+    const int64_t m0 = b * kRowSumBlock, m1 = m0 + kRowSumBlock < M ? m0 + kRowSumBlock : M;
+    float s = 0.0f;
+    for (int64_t m = m0; m < m1; ++m) s += x[m * N + n];
+    partial[b * N + n] = s;
+  }
+}
+
+// out[n] = the blocks' sums added in order from 0.
+__global__ void sum_partials_kernel(const float* partial, int64_t blocks, int64_t N, float* out) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
   float s = 0.0f;
-  for (int64_t m = 0; m < M; ++m) s += x[m * N + n];
+  for (int64_t b = 0; b < blocks; ++b) s += partial[b * N + n];
   out[n] = s;
 }
 
@@ -70,9 +86,25 @@ void scale_forward(const Context& ctx, float* out, const float* a, float s, int6
 
 void sum_rows(const Context& ctx, const float* x, int64_t M, int64_t N, float* out) {
   if (N == 0) return;
-  DeviceGuard guard(ctx.index, "sum_rows");
-  sum_rows_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(x, M, N, out);
-  LOOM_CUDA_CHECK_LAUNCH("sum_rows");
+  const char* op = "sum_rows";
+  DeviceGuard guard(ctx.index, op);
+  const int64_t blocks = (M + kRowSumBlock - 1) / kRowSumBlock;
+  const unsigned columns = unsigned((N + kThreads - 1) / kThreads);
+  Allocator& allocator = device_allocator(ctx.index);
+  const size_t bytes = size_t(std::max<int64_t>(blocks, 1) * N) * sizeof(float);
+  auto* partial = static_cast<float*>(allocator.allocate(bytes));
+  cudaError_t e = cudaSuccess;
+  if (blocks > 0) {
+    sum_row_blocks_kernel<<<dim3(columns, unsigned(std::min<int64_t>(blocks, 65535))), kThreads, 0, ctx.stream>>>(
+        x, M, N, blocks, partial);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) {
+    sum_partials_kernel<<<columns, kThreads, 0, ctx.stream>>>(partial, blocks, N, out);
+    e = cudaGetLastError();
+  }
+  allocator.deallocate(partial, bytes);  // the stream orders any reuse after these kernels
+  LOOM_CUDA_CHECK(op, e);
 }
 
 void convert_f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n) {

@@ -16,8 +16,8 @@ void add_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, in
 void add_inplace(const Context& ctx, float* out, const float* b, int64_t n);                  // out += b
 void mul_forward(const Context& ctx, float* out, const float* a, const float* b, int64_t n);  // out = a * b
 void scale_forward(const Context& ctx, float* out, const float* a, float s, int64_t n);       // out = a * s
-// out[n] = sum over rows m of x[m, n], x: [M, N]; one thread per column adds the rows in order (the
-// CPU's order: the same bits), the bias gradient of a linear layer.
+// out[n] = sum over rows m of x[m, n], x: [M, N], in blocks of rows (backends/row_sums.h: the CPU's
+// order, so the same bits), the bias gradient of a linear layer.
 void sum_rows(const Context& ctx, const float* x, int64_t M, int64_t N, float* out);
 void convert_f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n);
 void convert_bf16_to_f32(const Context& ctx, float* out, const bf16* in, int64_t n);

@@ -14,6 +14,7 @@
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_blocked.h"
 #include "backends/cpu/isa.h"
+#include "backends/row_sums.h"
 #include "core/parallel.h"
 #include "support/op_test.h"
 
@@ -230,14 +231,27 @@ TEST(Gemm, BadLeadingDimensionNamesIt) {
   }
 }
 
-TEST(Gemm, SumRowsMatchesSerialSum) {
-  const int64_t M = 37, N = 600;
-  auto x = random_vec(M * N, 31);
-  std::vector<float> got(N), want(N, 0.0f);
-  cpu::sum_rows(x.data(), M, N, got.data());
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) want[n] += x[m * N + n];
-  EXPECT_EQ(got, want);  // same order of additions: bitwise equal
+TEST(Gemm, SumRowsAddsBlocksOfRowsInOrder) {
+  // The order of backends/row_sums.h (the CUDA kernel's): rows in blocks added from 0, then the blocks.
+  for (int64_t M : {int64_t{37}, kRowSumBlock, 3 * kRowSumBlock + 5}) {
+    const int64_t N = 600;
+    auto x = random_vec(M * N, 31);
+    std::vector<float> got(N), want(N, 0.0f);
+    cpu::sum_rows(x.data(), M, N, got.data());
+    for (int64_t m0 = 0; m0 < M; m0 += kRowSumBlock) {
+      std::vector<float> block(N, 0.0f);
+      for (int64_t m = m0; m < std::min(M, m0 + kRowSumBlock); ++m)
+        for (int64_t n = 0; n < N; ++n) block[n] += x[m * N + n];
+      for (int64_t n = 0; n < N; ++n) want[n] += block[n];
+    }
+    EXPECT_EQ(got, want) << M;  // same order of additions: bitwise equal
+    const int threads = num_threads();
+    set_num_threads(1);
+    std::vector<float> one_thread(N);
+    cpu::sum_rows(x.data(), M, N, one_thread.data());
+    set_num_threads(threads);
+    EXPECT_EQ(one_thread, got) << M;
+  }
 }
 
 TEST(Gemm, ModelShapesUseAnOptimizedKernel) {

@@ -2,11 +2,13 @@
 // dtype. Skipped without a GPU; tools/device_check.sh runs them on a lent one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/gemm.h"
 #include "backends/cuda/elementwise.h"
 #include "backends/cuda/gemm.h"
+#include "backends/row_sums.h"
 #include "core/autograd.h"
 #include "core/caching_allocator.h"
 #include "core/step_capture.h"
@@ -70,6 +72,21 @@ TEST(CudaElementwise, MatchesTheCpuBitForBit) {
     expect[size_t(i)] = bf16::from_float(ab.data<bf16>()[i].to_float() + bb.data<bf16>()[i].to_float()).to_float();
   }
   EXPECT_EQ(host_values(outg), expect);
+}
+
+// The bias gradient's column sums in blocks of rows (backends/row_sums.h): the CPU's bits, over one
+// block, several and a partial last one, and no row at all.
+TEST(CudaElementwise, SumRowsIsTheCpusBitForBit) {
+  LOOM_REQUIRE_GPU();
+  for (int64_t M : {int64_t{0}, int64_t{5}, kRowSumBlock, 7 * kRowSumBlock + 3}) {
+    const int64_t N = 77;
+    Tensor x = random_cpu({std::max<int64_t>(M, 1), N}, 8);
+    std::vector<float> want(N);
+    cpu::sum_rows(x.data<float>(), M, N, want.data());
+    Tensor xg = x.to(kGpu), outg = Tensor::empty({N}, DType::F32, kGpu);
+    cuda::sum_rows(cuda::context(0), xg.data<float>(), M, N, outg.data<float>());
+    EXPECT_EQ(host_values(outg), want) << M;
+  }
 }
 
 TEST(CudaElementwise, GradientsFlowThroughAddAndMul) {

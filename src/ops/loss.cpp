@@ -95,12 +95,15 @@ Tensor linear_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor&
   auto* pcount = static_cast<int64_t*>(count.raw_data());
   auto* prow = static_cast<double*>(row_loss.raw_data());
   cuda::count_targets(cu, pcount, targets.data<int32_t>(), N, ignore_index);
-  Tensor logits = Tensor::empty({R, V}, DType::F32, device);  // the chunk's logits, then its gradient
+  // The chunk's logits, then its gradient, in rows padded to 16 bytes: with V odd (GPT-2's 50257) an
+  // unpadded row stride keeps cuBLASLt off its vectorised kernels for the three GEMMs that read them.
+  const int64_t ldv = (V + 7) / 8 * 8;
+  Tensor logits = Tensor::empty({R, ldv}, DType::F32, device);
   Tensor dx = need_dx ? Tensor::empty(x.shape(), DType::F32, device) : Tensor();
   Tensor dw = need_dw ? Tensor::zeros(w.shape(), DType::F32, device) : Tensor();
   Tensor wb = use_bf16 ? (w_bf16.defined() ? w_bf16 : w.to(DType::BF16)) : Tensor();  // the optimizer's copy
   Tensor xb = use_bf16 ? Tensor::empty({R, C}, DType::BF16, device) : Tensor();
-  Tensor gb = use_bf16 && need_g ? Tensor::empty({R, V}, DType::BF16, device) : Tensor();
+  Tensor gb = use_bf16 && need_g ? Tensor::empty({R, ldv}, DType::BF16, device) : Tensor();
   const float* px = x.data<float>();
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
@@ -108,25 +111,25 @@ Tensor linear_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor&
     float* pl = logits.data<float>();
     if (use_bf16) {
       cuda::convert_f32_to_bf16(cu, xb.data<bf16>(), xc, rows * C);
-      cuda::gemm_bf16(cu, false, true, rows, V, C, 1.0f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.0f, pl, V);
+      cuda::gemm_bf16(cu, false, true, rows, V, C, 1.0f, xb.data<bf16>(), C, wb.data<bf16>(), C, 0.0f, pl, ldv);
     } else {
-      cuda::gemm(cu, false, true, rows, V, C, 1.0f, xc, C, w.data<float>(), C, 0.0f, pl, V);
+      cuda::gemm(cu, false, true, rows, V, C, 1.0f, xc, C, w.data<float>(), C, 0.0f, pl, ldv);
     }
     cuda::cross_entropy_rows(cu, prow + r0, need_g ? pl : nullptr, pl, targets.data<int32_t>() + r0, rows, V,
-                             ignore_index, pcount);
+                             ignore_index, pcount, ldv);
     if (!need_g) continue;
     if (use_bf16) {
-      cuda::convert_f32_to_bf16(cu, gb.data<bf16>(), pl, rows * V);
+      cuda::convert_f32_to_bf16(cu, gb.data<bf16>(), pl, rows * ldv);  // the padding too: never read
       if (need_dx)
-        cuda::gemm_bf16(cu, false, false, rows, C, V, 1.0f, gb.data<bf16>(), V, wb.data<bf16>(), C, 0.0f,
+        cuda::gemm_bf16(cu, false, false, rows, C, V, 1.0f, gb.data<bf16>(), ldv, wb.data<bf16>(), C, 0.0f,
                         dx.data<float>() + r0 * C, C);
       if (need_dw)
-        cuda::gemm_bf16(cu, true, false, V, C, rows, 1.0f, gb.data<bf16>(), V, xb.data<bf16>(), C, 1.0f,
+        cuda::gemm_bf16(cu, true, false, V, C, rows, 1.0f, gb.data<bf16>(), ldv, xb.data<bf16>(), C, 1.0f,
                         dw.data<float>(), C);
     } else {
       if (need_dx)
-        cuda::gemm(cu, false, false, rows, C, V, 1.0f, pl, V, w.data<float>(), C, 0.0f, dx.data<float>() + r0 * C, C);
-      if (need_dw) cuda::gemm(cu, true, false, V, C, rows, 1.0f, pl, V, xc, C, 1.0f, dw.data<float>(), C);
+        cuda::gemm(cu, false, false, rows, C, V, 1.0f, pl, ldv, w.data<float>(), C, 0.0f, dx.data<float>() + r0 * C, C);
+      if (need_dw) cuda::gemm(cu, true, false, V, C, rows, 1.0f, pl, ldv, xc, C, 1.0f, dw.data<float>(), C);
     }
   }
   Tensor loss = Tensor::empty(Shape{}, DType::F32, device);

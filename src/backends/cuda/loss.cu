@@ -25,11 +25,11 @@ __global__ void count_targets_kernel(int64_t* count, const int32_t* targets, int
 }
 
 __global__ void cross_entropy_rows_kernel(double* row_loss, float* grad, const float* logits, const int32_t* targets,
-                                          int64_t V, int32_t ignore_index, const int64_t* count) {
+                                          int64_t V, int64_t ld, int32_t ignore_index, const int64_t* count) {
   __shared__ float scratch[32];
   const int64_t n = blockIdx.x;
-  const float* x = logits + n * V;
-  float* g = grad != nullptr ? grad + n * V : nullptr;
+  const float* x = logits + n * ld;
+  float* g = grad != nullptr ? grad + n * ld : nullptr;
   const int32_t t = targets[n];
   if (t == ignore_index || t < 0 || t >= V) {
     if (g != nullptr) {
@@ -87,12 +87,13 @@ void count_targets(const Context& ctx, int64_t* count, const int32_t* targets, i
 }
 
 void cross_entropy_rows(const Context& ctx, double* row_loss, float* grad, const float* logits, const int32_t* targets,
-                        int64_t N, int64_t V, int32_t ignore_index, const int64_t* count) {
+                        int64_t N, int64_t V, int32_t ignore_index, const int64_t* count, int64_t ld) {
   if (N == 0) return;
   LOOM_CHECK(N <= 0x7fffffff, "cross_entropy: ", N, " rows exceed one launch's grid");
+  LOOM_CHECK(ld == 0 || ld >= V, "cross_entropy: row stride ", ld, " is below V=", V);
   DeviceGuard guard(ctx.index, "cross_entropy");
-  cross_entropy_rows_kernel<<<unsigned(N), kThreads, 0, ctx.stream>>>(row_loss, grad, logits, targets, V, ignore_index,
-                                                                       count);
+  cross_entropy_rows_kernel<<<unsigned(N), kThreads, 0, ctx.stream>>>(row_loss, grad, logits, targets, V,
+                                                                       ld == 0 ? V : ld, ignore_index, count);
   LOOM_CUDA_CHECK_LAUNCH("cross_entropy");
 }
 

@@ -19,9 +19,10 @@ namespace loom::cuda {
 
 void count_targets(const Context& ctx, int64_t* count, const int32_t* targets, int64_t N, int32_t ignore_index);
 
-// grad may equal logits (the gradient overwrites the logits in place) or be null.
+// grad may equal logits (the gradient overwrites the logits in place) or be null. Rows of logits and grad
+// are ld apart (0: V; the fused head pads them to 16-byte rows for the GEMMs).
 void cross_entropy_rows(const Context& ctx, double* row_loss, float* grad, const float* logits, const int32_t* targets,
-                        int64_t N, int64_t V, int32_t ignore_index, const int64_t* count);
+                        int64_t N, int64_t V, int32_t ignore_index, const int64_t* count, int64_t ld = 0);
 
 void mean_loss(const Context& ctx, float* loss, const double* row_loss, int64_t N, const int64_t* count);
 

@@ -16,8 +16,12 @@
 // times per call, the slowest rank's:
 // what adding the collective to the step adds to its time, with the scheduling and wake-ups it brings
 // when more ranks than cores share the machine (the gap alone already counts its share of the cores).
+// The ranks' mean CPU time in the rounds with the collective, less the gaps' own (every thread: the MPI
+// waits' polling and naps, the copies, the communication thread), per call is the CPU a call takes from
+// the cores (cpu_per_call_s): what it costs a step whose cores are all busy, whatever the wait.
 // Rank 0 prints one JSON line per case; tools/measure_collectives.py fits them and writes the data file
-// the planner reads (configs/plan/cpu-collectives.json).
+// the planner reads (docs/plan/cpu-collectives.json).
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -40,6 +44,14 @@ double thread_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// This process's CPU seconds, every thread (the communication thread's polling and copies included).
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 // Compute that stays in registers and L1: `iters` rounds of 64 multiply-adds.
@@ -127,16 +139,34 @@ int main(int argc, char** argv) {
     std::string k;
     while (std::getline(ss, k, ',')) kinds.push_back(k);
   }
-  // The slowest rank's wall time of `calls` rounds of body(), all ranks starting together.
+  // The slowest rank's wall time of `calls` rounds of body(), all ranks starting together, and the
+  // ranks' mean CPU time (every thread of the process) over them.
+  // The CPU is the process's (every thread) less what the gaps' compute took on this thread: the calls'
+  // own CPU on the calling thread, the communication thread's, MPI's.
+  struct Timing {
+    double wall = 0, cpu = 0;
+  };
+  double work_cpu = 0;
+  auto compute = [&](int64_t iters) {
+    const double a = thread_cpu_seconds();
+    work(iters);
+    work_cpu += thread_cpu_seconds() - a;
+  };
   auto timed = [&](auto&& body) {
     comm->barrier(comm->world());
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = process_cpu_seconds();
+    work_cpu = 0;
     for (int c = 0; c < calls; ++c) body();
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::vector<double> all(static_cast<size_t>(world), 0.0);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = process_cpu_seconds() - cpu_start - work_cpu;
+    std::vector<double> all(static_cast<size_t>(2 * world), 0.0);
     all[static_cast<size_t>(rank)] = s;
-    comm->all_reduce_sum(all.data(), world, comm->world());
-    return *std::max_element(all.begin(), all.end());
+    all[static_cast<size_t>(world + rank)] = cpu;
+    comm->all_reduce_sum(all.data(), 2 * world, comm->world());
+    double cpu_sum = 0;
+    for (int r = 0; r < world; ++r) cpu_sum += all[static_cast<size_t>(world + r)];
+    return Timing{*std::max_element(all.begin(), all.begin() + world), cpu_sum / world};
   };
   for (const std::string& kind : kinds) {
     for (int64_t bytes : list_of(bytes_text)) {
@@ -163,7 +193,7 @@ int main(int argc, char** argv) {
             }
           } else if (kind == "started_all_gather") {
             auto pending = comm->start_all_gather(in.data(), n, out.data(), group);
-            work(iters);
+            compute(iters);
             comm->wait(pending);
           } else {
             if (rank == 0) std::fprintf(stderr, "unknown kind %s\n", kind.c_str());
@@ -173,17 +203,19 @@ int main(int argc, char** argv) {
         // started_all_gather computes its gap while the gather runs (the overlap FSDP does).
         const bool overlapped = kind == "started_all_gather";
         auto with_call = [&] {
-          if (!overlapped) work(iters);
+          if (!overlapped) compute(iters);
           call();
         };
         timed(with_call);  // warm-up (groups, buffers)
         // Rounds with and without the collective, alternating; the median of their differences (other
         // jobs on the machine take cores at random moments: a median keeps one unlucky round out).
-        std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size());
+        std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size()), cpu_diff(alone.size());
         for (int k = 0; k < reps; ++k) {
-          alone[static_cast<size_t>(k)] = timed([&] { work(iters); });
-          with[static_cast<size_t>(k)] = timed(with_call);
-          diff[static_cast<size_t>(k)] = with[static_cast<size_t>(k)] - alone[static_cast<size_t>(k)];
+          const Timing a = timed([&] { compute(iters); }), w = timed(with_call);
+          alone[static_cast<size_t>(k)] = a.wall;
+          with[static_cast<size_t>(k)] = w.wall;
+          diff[static_cast<size_t>(k)] = w.wall - a.wall;
+          cpu_diff[static_cast<size_t>(k)] = w.cpu;
         }
         comm->complete_sends();
         auto median = [](std::vector<double> v) {
@@ -201,7 +233,8 @@ int main(int argc, char** argv) {
                               {"reps", reps},
                               {"gap_alone_s", median(alone) / calls},
                               {"with_call_s", median(with) / calls},
-                              {"per_call_s", median(diff) / calls}};
+                              {"per_call_s", median(diff) / calls},
+                              {"cpu_per_call_s", median(cpu_diff) / calls}};
           std::printf("%s\n", j.dump().c_str());
           std::fflush(stdout);
         }

@@ -13,10 +13,12 @@
 //
 // The plan's time needs the device's speed: --flops (f32 FLOP/s of one core; default: `loom bench peak`'s
 // FMA loop, measured here on rank 0) times --efficiency (default: the plan's cpu assumption), the peak
-// divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does), and
+// divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does; --cores: the
+// cores the run has, default the machine's), and
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.sh calibrates the efficiency on the one-process run and keeps it for the others.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -54,7 +56,7 @@ Tensor ids_for(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 // What one rank measured, as doubles (summed over the ranks to reach rank 0: each rank fills its slot).
-enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kFields };
+enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kMainCpu, kFields };
 
 // This process's CPU seconds (user + system, every thread): the work a rank did, which other jobs on a
 // shared machine do not inflate the way they inflate wall time (a rank waiting on a peer naps).
@@ -65,6 +67,14 @@ double cpu_seconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// The calling thread's CPU seconds (the compute thread: the rest of the process's is its communication
+// thread's and MPI's).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,6 +83,7 @@ int main(int argc, char** argv) {
   int64_t batch = 16, seq = 0, micro = 1;
   int steps = 10, warmup = 3, threads = 1;
   double flops = 0, bandwidth = 0, efficiency = 0;
+  double cores_given = 0;  // the cores the run has (tools/plan_check.py measures its share of the machine)
   bool overlap = true;
   std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
   for (int i = 1; i < argc; ++i) {
@@ -101,6 +112,7 @@ int main(int argc, char** argv) {
     else if (a == "--efficiency") efficiency = std::atof(next().c_str());
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--collectives") collectives_file = next();
+    else if (a == "--cores") cores_given = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -196,10 +208,10 @@ int main(int argc, char** argv) {
   allocator_for(Device::cpu()).reset_peak();
   const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
   const auto start = std::chrono::steady_clock::now();
-  const double cpu_start = cpu_seconds();
+  const double cpu_start = cpu_seconds(), main_cpu_start = thread_cpu_seconds();
   for (int s = warmup; s < warmup + steps; ++s) step(s);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double cpu = cpu_seconds() - cpu_start;
+  const double cpu = cpu_seconds() - cpu_start, main_cpu = thread_cpu_seconds() - main_cpu_start;
   const dist::CommStats a = comm ? comm->stats : dist::CommStats{};
   std::vector<double> got(static_cast<size_t>(world * kFields), 0.0);
   double* mine = got.data() + static_cast<ptrdiff_t>(rank) * kFields;
@@ -215,6 +227,7 @@ int main(int argc, char** argv) {
   mine[kCalls] = static_cast<double>(a.calls - before.calls) / n;
   mine[kSends] = static_cast<double>(a.sends - before.sends) / n;
   mine[kCpu] = cpu / n;
+  mine[kMainCpu] = main_cpu / n;
   if (comm) comm->all_reduce_sum(got.data(), static_cast<int64_t>(got.size()), comm->world());
   if (rank != 0) return 0;
 
@@ -233,9 +246,12 @@ int main(int argc, char** argv) {
   if (!collectives_file.empty()) plan::load_collective_costs(req.device, collectives_file);
   if (flops > 0) req.device.f32_flops = req.device.bf16_flops = flops;
   if (efficiency > 0) req.device.gemm_efficiency = efficiency;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double cores = cores_given > 0 ? cores_given : std::max(1u, std::thread::hardware_concurrency());
   const double wanted = static_cast<double>(world) * threads;
+  req.device.cores = cores;
+  req.device.rank_threads = threads;
   if (wanted > cores) {
+    req.device.peak_share = cores / wanted;
     req.device.f32_flops *= cores / wanted;
     req.device.bf16_flops *= cores / wanted;
   }
@@ -260,13 +276,14 @@ int main(int argc, char** argv) {
          {{"all_reduce", m[kAllReduce]}, {"all_gather", m[kAllGather]}, {"reduce_scatter", m[kReduceScatter]},
           {"all_to_all", m[kAllToAll]}, {"send_recv", m[kSend]}, {"peak", m[kPeak]}, {"step_s", m[kSeconds]},
           {"wait_s", m[kWait]}, {"calls", m[kCalls]}, {"sends", m[kSends]},
-          {"cpu_s", m[kCpu]}}},
+          {"cpu_s", m[kCpu]}, {"main_thread_cpu_s", m[kMainCpu]}}},
         {"plan",
          {{"all_reduce", planned["all_reduce"]}, {"all_gather", planned["all_gather"]},
           {"reduce_scatter", planned["reduce_scatter"]}, {"all_to_all", planned["all_to_all"]},
           {"send_recv", planned["send_recv"]}, {"calls", planned_calls}, {"peak", e.memory()}, {"step_s", e.step_s},
           {"compute_s", e.compute_s}, {"exposed_comm_s", e.exposed_comm_s}, {"bubble_s", e.bubble_s},
-          {"optimizer_s", e.optimizer_s}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
+          {"optimizer_s", e.optimizer_s}, {"cpu_s", e.cpu_s}, {"comm_cpu_s", e.comm_cpu_s},
+          {"cpu_bound_s", e.cpu_bound_s}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
           {"activations", e.activations}, {"pipeline_buffers", e.pipeline_buffers}, {"transient", e.transient}}},
         {"device",
          {{"f32_flops", req.device.f32_flops}, {"memory_bandwidth", req.device.memory_bandwidth},

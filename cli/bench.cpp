@@ -90,13 +90,22 @@ loom::cli::Register reg("bench", "Benchmarks: FMA peak, full training steps, mem
   loom::cli::in_range(train->add_option("--warmup", options.warmup_steps, "untimed steps first"), 0, 1000000);
   train->add_option("--threads", options.threads, "threads (default: all)");
   train->add_flag("--bf16", options.bf16, "bf16 mixed-precision GEMMs (AMX), f32 master weights");
+  static std::string train_device = "cpu";
+  train->add_option("--device", train_device, "cpu, cuda or cuda:N: time the steps on that GPU (docs/cuda.md)");
   static std::string max_memory;
   train->add_option("--max-memory", max_memory,
                     "memory the job may use, e.g. 8G (default: MemAvailable); a model estimated above it is refused");
   train->callback([] {
     loom::models::ModelConfig model = loom::train::TrainConfig::load(preset, sets).model;
-    loom::runs::check_memory(loom::runs::training_step_memory(model, options.batch_size, options.bf16, "--batch"),
-                              loom::runs::MemoryBudget::from_setting(max_memory), "bench train");
+    try {
+      options.device = loom::Device::parse(train_device);
+    } catch (const loom::Error& e) {
+      LOOM_FAIL("bench train: --device: ", e.what());
+    }
+    if (options.device.is_cpu()) {  // the host's memory; a GPU's caching allocator names what it lacks
+      loom::runs::check_memory(loom::runs::training_step_memory(model, options.batch_size, options.bf16, "--batch"),
+                                loom::runs::MemoryBudget::from_setting(max_memory), "bench train");
+    }
     auto r = loom::bench::bench_train(model, options);
     std::printf("%s\n", r.to_json().c_str());
   });

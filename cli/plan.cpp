@@ -113,7 +113,10 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
       // Ranks on this machine share its cores: more rank threads than cores divide each one's peak.
       const double cores = std::max(1u, std::thread::hardware_concurrency());
       const double wanted = static_cast<double>(o->devices) * (o->threads > 0 ? o->threads : cores);
+      r.device.cores = cores;
+      r.device.rank_threads = o->threads > 0 ? o->threads : cores;
       if (wanted > cores) {
+        r.device.peak_share = cores / wanted;
         r.device.f32_flops *= cores / wanted;
         r.device.bf16_flops *= cores / wanted;
         r.device.description += loom::str(" (", o->devices, " ranks oversubscribe ", cores, " cores: peak scaled by ",

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a lent GPU (docs/cuda.md), in two halves:
 #
+#   tools/device_check.sh build     # here (optional, ~20 min on 2 cores): builds the CUDA tests and the
+#                                   # loom CLI into build-gpu/ for any x86-64-v3 CPU, without MPI, so
+#                                   # the GPU machine need not spend its minutes compiling
 #   tools/device_check.sh prepare   # here, on a CPU machine with apt: fetches what the GPU machine
-#                                   # lacks into build-device/ (git-ignored), ~10 MB
+#                                   # lacks into build-device/ (git-ignored), ~15 MB, and the stripped
+#                                   # programs of build-gpu/ when it has them
 #   tools/device_check.sh run       # on the GPU machine, from the repository root, with build-device
 #                                   # carried: builds loom's CUDA tests there and runs them
 #
@@ -18,6 +22,8 @@
 #   cuda_tests.json   GoogleTest's report of tests/backends/cuda
 #   core_tests.log    the allocator and step-capture suites (tests/core) on that machine
 #   sanitizer.log     compute-sanitizer memcheck over the kernel tests, when the tool and time allow
+#   bench.jsonl       `loom bench train --device cuda` lines (GPT-2 small, a Llama, dsv3-mini), when time allows
+#   warp_attention.log  the attention tests on the one-warp-per-row kernels (LOOM_CUDA_ATTENTION=warp)
 # Every step is time-boxed so the whole run ends inside 9 minutes and the summary is always written.
 # LOOM_DEVICE_CHECK_CONFIGURE_ONLY=1 stops `run` after CMake has configured against the unpacked
 # packages: how this script itself is checked on a machine without a GPU.
@@ -27,9 +33,23 @@ mode="${1:-}"
 bundle=build-device
 
 # Debian packages loom builds against (tools/setup.sh's list, less what a CUDA image has).
+# cpp-httplib (`loom serve`) brings OpenSSL and Brotli; libgomp1 is for the programs built here.
 debs=(libdnnl-dev libdnnl2 ocl-icd-libopencl1 nlohmann-json3-dev libcli11-dev
       libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
-      libgtest-dev libgmock-dev zlib1g-dev zlib1g pkgconf pkgconf-bin libpkgconf3 pkg-config)
+      libgtest-dev libgmock-dev zlib1g-dev zlib1g pkgconf pkgconf-bin libpkgconf3 pkg-config
+      libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 libbrotli-dev libbrotli1 libgomp1)
+programs=(tests/loom_test_backends_cuda tests/loom_test_core loom)
+
+if [ "$mode" = build ]; then
+  set -e
+  # Portable host code (the GPU machine's CPU is not this one; loom's kernels dispatch on the CPU at run
+  # time) and no MPI (the one-GPU check runs one process; Open MPI is not on the GPU machine).
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_NATIVE=OFF \
+    -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DLOOM_BUILD_PYTHON=OFF \
+    -DLOOM_BUILD_BENCH=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
+  cmake --build build-gpu -j"$(nproc)" --target loom_test_backends_cuda loom_test_core loom
+  exit 0
+fi
 
 if [ "$mode" = prepare ]; then
   set -e
@@ -37,6 +57,12 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$bundle/debs"
   [ -n "$(ls /var/lib/apt/lists/ 2>/dev/null | grep -v lock)" ] || apt-get update -qq
   (cd "$bundle/debs" && apt-get download "${debs[@]}")
+  if [ -x build-gpu/loom ]; then
+    mkdir -p "$bundle/prebuilt"
+    for p in "${programs[@]}"; do strip -o "$bundle/prebuilt/$(basename "$p")" "build-gpu/$p"; done
+    git rev-parse HEAD >"$bundle/prebuilt/commit"
+    echo "prebuilt programs from build-gpu/ (commit $(git rev-parse --short HEAD); rebuild it if the tree moved on)"
+  fi
   du -sh "$bundle"
   echo "prepared $bundle; now, with the device tool:"
   echo '  run(command="bash tools/device_check.sh run", carry=["build-device"], timeout_s=570)'
@@ -60,7 +86,7 @@ note "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
 nvcc --version | tail -2 || echo "no nvcc on PATH"
 cmake --version | head -1
-nproc
+nproc; grep -m1 "model name" /proc/cpuinfo; grep -o -m1 -w "avx512f\|amx_tile" /proc/cpuinfo | sort -u | tr "\n" " "; echo
 
 note "unpacking ${#debs[@]} Debian packages into $bundle/root"
 root="$PWD/$bundle/root"
@@ -89,10 +115,26 @@ for lib in libcublasLt.so.13 libnccl.so.2; do
   if [ -n "$dir" ]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dir"; echo "$lib in $dir"; else echo "$lib not found"; fi
 done
 
+build="$bundle/build"
+bin="$build"
+if [ -x "$bundle/prebuilt/loom_test_backends_cuda" ] && [ -z "${LOOM_DEVICE_CHECK_CONFIGURE_ONLY:-}" ]; then
+  mkdir -p "$bundle/pre/tests"
+  cp "$bundle/prebuilt/loom_test_backends_cuda" "$bundle/prebuilt/loom_test_core" "$bundle/pre/tests/"
+  cp "$bundle/prebuilt/loom" "$bundle/pre/"
+  if "$bundle/pre/tests/loom_test_backends_cuda" --gtest_list_tests >/dev/null 2>"$OUT/prebuilt.txt"; then
+    bin="$bundle/pre"
+    build_status="prebuilt here from commit $(cat "$bundle/prebuilt/commit" 2>/dev/null)"
+    note "using the prebuilt programs ($build_status)"
+  else
+    note "the prebuilt programs do not start here; building"; head -5 "$OUT/prebuilt.txt"
+  fi
+  rm -f "$OUT/prebuilt.txt"
+fi
+
+if [ "$bin" = "$build" ]; then
 note "configure"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-build="$bundle/build"
 if timeout 120 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
      -DLOOM_BUILD_PYTHON=OFF -DLOOM_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$root/usr" >"$OUT/configure.txt" 2>&1; then
   tail -5 "$OUT/configure.txt"
@@ -100,7 +142,7 @@ if timeout 120 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Relea
   if [ -n "${LOOM_DEVICE_CHECK_CONFIGURE_ONLY:-}" ]; then
     echo "LOOM_DEVICE_CHECK_CONFIGURE_ONLY: stopping after configure (a check of this script on a CPU machine)"
     exit 0
-  elif timeout 330 cmake --build "$build" -j"$(nproc)" --target loom_test_backends_cuda loom_test_core >"$OUT/build.txt" 2>&1; then
+  elif timeout 330 cmake --build "$build" -j"$(nproc)" --target loom_test_backends_cuda loom_test_core loom >"$OUT/build.txt" 2>&1; then
     build_status="built in $(elapsed)s"
   else
     build_status="build failed (see device_check.log)"
@@ -112,20 +154,45 @@ else
   tail -40 "$OUT/configure.txt"
 fi
 rm -f "$OUT/configure.txt" "$OUT/build.txt"
+fi
 note "$build_status"
 
-if [ -x "$build/tests/loom_test_backends_cuda" ]; then
+if [ -x "$bin/tests/loom_test_backends_cuda" ]; then
   note "tests/backends/cuda"
-  timeout 150 "$build/tests/loom_test_backends_cuda" --gtest_output="json:$OUT/cuda_tests.json"
+  timeout 150 "$bin/tests/loom_test_backends_cuda" --gtest_output="json:$OUT/cuda_tests.json"
   echo "loom_test_backends_cuda exit $?"
+  # The attention tests again on the one-warp-per-row kernels (the GEMM blocks are the default).
+  LOOM_CUDA_ATTENTION=warp timeout 60 "$bin/tests/loom_test_backends_cuda" --gtest_filter='*Attention*' \
+    >"$OUT/warp_attention.log" 2>&1
+  echo "attention tests on the warp kernels: exit $?"; tail -3 "$OUT/warp_attention.log"
   note "tests/core: the allocator and step capture"
-  timeout 60 "$build/tests/loom_test_core" --gtest_filter='CachingAllocator.*:StepCapture.*' >"$OUT/core_tests.log" 2>&1
+  timeout 60 "$bin/tests/loom_test_core" --gtest_filter='CachingAllocator.*:StepCapture.*' >"$OUT/core_tests.log" 2>&1
   echo "loom_test_core exit $?"; tail -3 "$OUT/core_tests.log"
-  if command -v compute-sanitizer >/dev/null && [ "$(elapsed)" -lt 400 ]; then
+  if [ -x "$bin/loom" ]; then
+    note "loom bench train --device cuda"
+    # bf16 GEMMs (f32 master weights), the seeds' models at their context lengths; each line time-boxed.
+    # A Llama of GPT-2 small's size (115M: d 768, 12 layers, T 1024, vocab 32000) beside the seeds' presets.
+    llama="--set model.d_model=768 --set model.num_layers=12 --set model.num_heads=12 --set model.context_length=1024 --set model.vocab_size=32000"
+    benches=("gpt2-small|--batch 64 --bf16" "gpt2-small|--batch 16 --bf16" "gpt2-small|--batch 16"
+             "cs336-tinystories|--batch 32 --bf16 $llama" "cs336-tinystories|--batch 64 --bf16"
+             "dsv3-mini|--batch 32 --bf16")
+    for spec in "${benches[@]}"; do
+      preset=${spec%%|*} args=${spec#*|}
+      if [ "$(elapsed)" -ge "${LOOM_DEVICE_CHECK_BENCH_UNTIL:-240}" ]; then echo "skipped $spec: out of time"; continue; fi
+      # shellcheck disable=SC2086  # args is a list of words
+      line=$(timeout 60 "$bin/loom" bench train --device cuda --preset "$preset" $args --steps 5 --warmup 2 2>&1 | tail -1)
+      echo "$preset $args: $line"
+      python3 -c 'import json, sys
+try: result = json.loads(sys.argv[2])
+except ValueError: result = sys.argv[2]
+print(json.dumps({"run": sys.argv[1], "result": result}))' "$preset $args" "$line" >>"$OUT/bench.jsonl"
+    done
+  fi
+  if command -v compute-sanitizer >/dev/null && [ "$(elapsed)" -lt "${LOOM_DEVICE_CHECK_SANITIZE_UNTIL:-300}" ]; then
     note "compute-sanitizer memcheck over the kernel tests"
     # Every kernel suite (not the allocator's OOM probe or graph capture, which the sanitizer perturbs, nor the
     # whole-model test, which repeats the op tests' kernels hundreds of times).
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/loom_test_backends_cuda" \
+    timeout 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/tests/loom_test_backends_cuda" \
       --gtest_filter='*:-CudaAllocator.*:CudaStepCapture.*:CudaRuntime.*:CudaDispatch.*:CudaCli.*:*CudaModel.*' \
       >"$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer exit $?"; tail -5 "$OUT/sanitizer.log"
@@ -165,9 +232,27 @@ for suite in report.get("testsuites", []):
             counts["passed"] += 1
         print(f"| {suite['name']}.{t['name']} | {result} | {t.get('time', '')} |")
 print(f"\n{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
-print("\nNot run yet (the trainer, checkpoints and decoding do not take CUDA tensors, MoE routing has no "
-      "kernel; docs/cuda.md): `loom train` runs and `loom bench train` on GPT-2 small / Llama / dsv3-mini. "
-      "CudaModel.* above is the models' training step on the GPU against the CPU.")
+bench = os.path.join(out, "bench.jsonl")
+if os.path.exists(bench):
+    print("\n| bench train --device cuda | tokens/s | ms/step | MFU (of the measured GEMM rate) | GPU peak MiB |")
+    print("| --- | --- | --- | --- | --- |")
+    for line in open(bench):
+        row = json.loads(line)
+        r = row["result"]
+        if isinstance(r, dict):
+            print(f"| {row['run']} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.1f} | "
+                  f"{100 * r['mfu']:.1f}% of {r['peak_gflops'] / 1e3:.0f} TFLOP/s | {r.get('device_peak_mib', -1):.0f} |")
+        else:
+            print(f"| {row['run']} | failed: {str(r)[:160].replace('|', '/')} | | | |")
+    print("\nWhere a profiled step's time goes on the GPU (ms, forward + backward, largest first):\n")
+    for line in open(bench):
+        row = json.loads(line)
+        r = row["result"]
+        if isinstance(r, dict) and r.get("profile_ms"):
+            top = sorted(r["profile_ms"].items(), key=lambda kv: -kv[1])[:10]
+            print(f"- {row['run']}: total {sum(r['profile_ms'].values()):.1f}; " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+print("\nNot run yet (the trainer, checkpoints and decoding do not take CUDA tensors; docs/cuda.md): "
+      "`loom train` runs. CudaModel.* above is the models' training step on the GPU against the CPU.")
 PY
 cat "$summary"
 note "done"

@@ -22,7 +22,8 @@ BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_collectives")
 RUNS = [(2, 2), (4, 2), (4, 4), (8, 2), (8, 8)]
 # What the planner charges from the measurement (src/plan/plan.cpp): blocking all-reduces and all-gathers,
 # and collectives started in the background (FSDP's gathers and reduce-scatters, the gradient buckets).
-KINDS = "all_reduce,all_gather,started_all_gather"
+# and a pipeline's messages (send_recv: their CPU; the wait for them is the bubble's).
+KINDS = "all_reduce,all_gather,started_all_gather,send_recv"
 BYTES = [8, 16384, 131072, 1048576]
 
 
@@ -56,7 +57,7 @@ def main():
         lines += got
         for r in got:
             print(f"ranks {ranks} group {group} {r['kind']:>18} {r['bytes']:>8} B, gap {r['gap_us']} us: "
-                  f"{1e6 * r['per_call_s']:8.1f} us/call", flush=True)
+                  f"{1e6 * r['per_call_s']:8.1f} us/call, {1e6 * r['cpu_per_call_s']:8.1f} us CPU/call", flush=True)
     load_after = os.getloadavg()
     costs = []
     for ranks, group in RUNS:
@@ -67,18 +68,22 @@ def main():
                 if not rows:
                     continue
                 pts = sorted((r["bytes"], r["per_call_s"]) for r in rows)
+                cpu = sorted((r["bytes"], r["cpu_per_call_s"]) for r in rows)
                 # The gap as the step meets it: the wall time of the compute alone, with the ranks sharing
                 # the cores (the planner compares it with its compute per call).
                 walls = sorted(r["gap_alone_s"] for r in rows)
                 wall = walls[len(walls) // 2]
                 if kind == "send_recv":  # a call of the benchmark is a message each way, one after the other
                     pts = [(b, s / 2) for b, s in pts]
+                    cpu = [(b, s / 2) for b, s in cpu]
                 costs.append({"kind": kind, "group": group, "ranks": ranks, "gap_s": round(wall, 9), "gap_cpu_s": round(gap * 1e-6, 9),
-                              "points": [[b, round(s, 9)] for b, s in pts]})
+                              "points": [[b, round(s, 9)] for b, s in pts],
+                              "cpu_points": [[b, round(s, 9)] for b, s in cpu]})
     doc = {
         "what": "what one collective call adds to a training step on this machine, through loom's communicator "
                 "(bench/collectives.cpp): per kind, group, ranks on the machine and compute between calls (gap_s), "
-                "[bytes as CommStats counts them, seconds per call]; send_recv per message; started_all_gather "
+                "[bytes as CommStats counts them, seconds per call] (points) and the CPU seconds a call takes, the ranks' mean "
+                "(cpu_points); send_recv per message; started_all_gather "
                 "the part a compute of gap_s did not hide (src/plan/devices.h, CollectiveCost)",
         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"python3 tools/measure_collectives.py --calls {a.calls} --reps {a.reps} --gaps-us {a.gaps_us}",

@@ -4,6 +4,7 @@
 #include "core/hooks.h"
 
 #include "backends/cpu/elementwise.h"
+#include "backends/cuda/elementwise.h"
 #include "backends/cuda/graph.h"
 #include "backends/cuda/runtime.h"
 #include "core/error.h"
@@ -24,6 +25,20 @@ void device_zero(void* dst, Device device, size_t bytes, const char* op) { cuda:
 std::unique_ptr<StepCapture> make_device_step_capture(Device device, StepCaptureOptions options) {
   LOOM_ASSERT(device.is_cuda(), "make_device_step_capture: ", device.str(), " is not a CUDA device");
   return cuda::make_graph_step_capture(device.index(), options);
+}
+
+bool device_convert(void* dst, DType to, const void* src, DType from, int64_t n, Device device) {
+  LOOM_ASSERT(device.is_cuda(), "device_convert: ", device.str(), " is not a CUDA device");
+  const cuda::Context& ctx = cuda::context(device.index());
+  if (from == DType::F32 && to == DType::BF16) {
+    cuda::convert_f32_to_bf16(ctx, static_cast<bf16*>(dst), static_cast<const float*>(src), n);
+    return true;
+  }
+  if (from == DType::BF16 && to == DType::F32) {
+    cuda::convert_bf16_to_f32(ctx, static_cast<float*>(dst), static_cast<const bf16*>(src), n);
+    return true;
+  }
+  return false;
 }
 
 void convert_f32_to_bf16(const float* in, bf16* out, int64_t n) { cpu::convert_f32_to_bf16(in, out, n); }

@@ -4,12 +4,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/peak.h"
+#include "backends/cuda/gemm.h"
+#include "backends/cuda/runtime.h"
+#include "core/caching_allocator.h"
 #include "core/allocator.h"
 #include "core/parallel.h"
+#include "core/profile.h"
 #include "models/model.h"
 #include "models/stats.h"
 #include "train/optimizer.h"
@@ -40,13 +45,55 @@ double proc_status_mib(const char* key) {
   return mib;
 }
 
+// The GPU's matrix rate, measured as MFU's denominator (as bench train's CPU peak is measured, not read
+// from a datasheet): 8192^3 GEMMs through cuBLASLt in the step's precision (bf16 operands with f32
+// accumulation, or plain f32), 3 untimed then 10 timed. Random data: zeros run faster on tensor cores.
+double cuda_gemm_peak_gflops(Device device, bool use_bf16) {
+  constexpr int64_t n = 8192;
+  const DType dtype = use_bf16 ? DType::BF16 : DType::F32;
+  Tensor a = Tensor::empty({n, n}, dtype), b = Tensor::empty({n, n}, dtype);
+  const RngKey key = RngKey::from_seed(7);
+  for (int64_t i = 0; i < n * n; ++i) {
+    const float v = static_cast<float>(random_bits(key, static_cast<uint64_t>(i)) % 2001) / 1000.0f - 1.0f;
+    if (use_bf16) {
+      a.data<bf16>()[i] = bf16::from_float(v);
+      b.data<bf16>()[i] = bf16::from_float(-v);
+    } else {
+      a.data<float>()[i] = v;
+      b.data<float>()[i] = -v;
+    }
+  }
+  a = a.to(device);
+  b = b.to(device);
+  Tensor c = Tensor::empty({n, n}, dtype, device);
+  const cuda::Context& ctx = cuda::context(device.index());
+  auto one = [&] {
+    if (use_bf16) {
+      cuda::gemm_bf16(ctx, false, false, n, n, n, 1.0f, a.data<bf16>(), n, b.data<bf16>(), n, 0.0f, c.data<bf16>(), n);
+    } else {
+      cuda::gemm(ctx, false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);
+    }
+  };
+  for (int i = 0; i < 3; ++i) one();
+  cuda::synchronize(device, "bench: GEMM peak");
+  constexpr int reps = 10;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) one();
+  cuda::synchronize(device, "bench: GEMM peak");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return 2.0 * double(n) * double(n) * double(n) * reps / seconds / 1e9;
+}
+
 }  // namespace
 
 std::string TrainBenchResult::to_json() const {
   nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"params", params},
                       {"flops_per_token", flops_per_token}, {"gflops", gflops}, {"peak_gflops", peak_gflops},
                       {"mfu", mfu}, {"start_rss_mib", start_rss_mib},
-                      {"peak_rss_mib", peak_rss_mib}, {"tensor_peak_mib", tensor_peak_mib}, {"threads", threads}, {"precision", precision}, {"gemm", gemm}, {"final_loss", final_loss}};
+                      {"peak_rss_mib", peak_rss_mib}, {"tensor_peak_mib", tensor_peak_mib}, {"threads", threads}, {"precision", precision}, {"gemm", gemm}, {"final_loss", final_loss},
+                      {"device", device}};
+  if (device_peak_mib >= 0) j["device_peak_mib"] = device_peak_mib;
+  if (!profile_ms.empty()) j["profile_ms"] = profile_ms;
   return j.dump();
 }
 
@@ -60,8 +107,21 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   Allocator& allocator = allocator_for(Device::cpu());
   allocator.reset_peak();
 
+  const Device device = options.device;
+  const bool on_gpu = device.is_cuda();
+  if (on_gpu) {
+    cuda::check_device("bench train", device);
+    cuda::caching_allocator(device.index()).reset_peak();
+  }
+
   std::unique_ptr<models::LanguageModel> built = config.build(options.seed);
   models::LanguageModel& model = *built;
+  if (on_gpu) {  // built on the host (the same initial values), then every parameter moved over
+    for (nn::Parameter* p : model.parameters()) {
+      p->value = p->value.to(device);
+      p->value.set_requires_grad();
+    }
+  }
   if (options.bf16) model.set_matmul_precision(ops::MatmulPrecision::BF16);
   AdamW optimizer(model.parameters(), AdamWOptions{.lr = 1e-3f, .weight_decay = 0.1f});
   const int64_t B = options.batch_size, T = config.context_length();
@@ -80,7 +140,13 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
     }
   }
 
+  if (on_gpu) {
+    ids = ids.to(device);
+    targets = targets.to(device);
+  }
+
   double loss_value = 0;
+  std::map<std::string, double> gpu_profile_ms;
   // A training step as the trainer runs it: dropout (when the model has any) on, keyed by the step.
   const RngKey dropout_key = RngKey::from_seed(options.seed).fold_in("dropout");
   int64_t step_index = 0;
@@ -90,14 +156,39 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
     loss.backward();
     train::clip_grad_norm(train::gradients_of(model.parameters()), 1.0);
     optimizer.step();
-    loss_value = loss.item();
+    loss_value = loss.to(Device::cpu()).item();  // on a GPU this read waits for the step to finish
   };
   for (int64_t i = 0; i < options.warmup_steps; ++i) step();
   auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.steps; ++i) step();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (on_gpu) {
+    // One more step, profiled with a wait on the GPU at every op boundary, so each op is charged its own
+    // kernels: where a GPU step's time goes, by op (forward + backward), and the optimizer's share.
+    profile::Profile prof;
+    prof.wait = [device] { cuda::synchronize(device, "bench: profile"); };
+    {
+      profile::ProfileScope scope(prof);
+      optimizer.zero_grad();
+      prof.mark();
+      Tensor loss = model.loss(ids, targets, models::ForwardContext::train(dropout_key.fold_in(static_cast<uint64_t>(step_index++))));
+      loss.backward();
+      const double t0 = prof.stamp();
+      train::clip_grad_norm(train::gradients_of(model.parameters()), 1.0);
+      optimizer.step();
+      prof.add_region("clip + AdamW", prof.stamp() - t0);
+    }
+    for (const profile::OpRecord& op : prof.ops) {
+      gpu_profile_ms[op.name] += 1e3 * (op.forward_seconds + op.backward_seconds);
+    }
+    for (const auto& [name, seconds] : prof.regions) gpu_profile_ms[name] += 1e3 * seconds;
+    gpu_profile_ms["backward glue"] += 1e3 * prof.backward_glue_seconds;
+  }
   const double peak_rss_mib = proc_status_mib("VmHWM");  // before the FMA peak's own buffers
   const double tensor_peak_mib = static_cast<double>(allocator.stats().peak_bytes_in_use) / (1024.0 * 1024.0);
+  const double device_peak_mib =
+      on_gpu ? static_cast<double>(cuda::caching_allocator(device.index()).stats().peak_allocated_bytes) / (1024.0 * 1024.0)
+             : -1.0;
 
   TrainBenchResult r;
   r.threads = threads;
@@ -108,14 +199,17 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   r.ms_per_step = seconds * 1e3 / static_cast<double>(options.steps);
   r.tokens_per_s = static_cast<double>(B * T * options.steps) / seconds;
   r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;
-  r.peak_gflops = cpu::measure_fma_peak(threads).gflops;
+  r.device = str(device);
+  r.device_peak_mib = device_peak_mib;
+  r.profile_ms = gpu_profile_ms;
+  r.peak_gflops = on_gpu ? cuda_gemm_peak_gflops(device, options.bf16) : cpu::measure_fma_peak(threads).gflops;
   r.mfu = r.gflops / r.peak_gflops;
   r.final_loss = loss_value;
   r.start_rss_mib = start_rss_mib;
   r.peak_rss_mib = peak_rss_mib;
   r.tensor_peak_mib = tensor_peak_mib;
   const int64_t width = std::max<int64_t>(stats.attention_width, 1);
-  r.gemm = cpu::gemm_implementation(false, true, B * T, width, width, options.bf16 ? DType::BF16 : DType::F32);
+  r.gemm = on_gpu ? std::string("cuBLASLt") : cpu::gemm_implementation(false, true, B * T, width, width, options.bf16 ? DType::BF16 : DType::F32);
   return r;
 }
 

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
+#include "core/tensor.h"
 #include "models/model_config.h"
 
 namespace loom::bench {
@@ -19,6 +21,10 @@ struct TrainBenchOptions {
   int threads = 0;           // 0: loom::num_threads()
   uint64_t seed = 0;
   bool bf16 = false;         // mixed-precision GEMMs (bf16 operands, f32 accumulation and weights)
+  // cpu, or cuda:N: the model's parameters, the batch and the optimizer state on that GPU; the peak is
+  // then the GPU's measured matrix rate (cuBLASLt, 8192^3, f32 or bf16 as the step's GEMMs) and the
+  // memory the caching device allocator's peak.
+  Device device = Device::cpu();
 };
 
 struct TrainBenchResult {
@@ -27,7 +33,7 @@ struct TrainBenchResult {
   double tokens_per_s = 0;
   double ms_per_step = 0;
   double gflops = 0;       // achieved model FLOP/s
-  double peak_gflops = 0;  // measured FMA peak on the same threads
+  double peak_gflops = 0;  // measured FMA peak on the same threads (on a GPU: its measured GEMM rate)
   double mfu = 0;          // gflops / peak_gflops
   double final_loss = 0;
   // Memory, in MiB (-1 where /proc/self/status cannot be read). RSS counts everything the process
@@ -38,6 +44,11 @@ struct TrainBenchResult {
                                // activations alive at once), over the model's build and all steps
   int threads = 0;
   std::string precision = "f32";
+  std::string device = "cpu";
+  double device_peak_mib = -1;  // on a GPU: the caching allocator's peak bytes allocated, in MiB
+  // On a GPU: one extra step profiled op by op (a wait on the device at each op boundary), ms per op name
+  // (forward + backward), plus "clip + AdamW" and the backward engine's glue.
+  std::map<std::string, double> profile_ms;
   // The GEMM implementation that ran the model's square projections ([B*T, W] x [W, W], W = heads x
   // head width) in this precision: which oneDNN kernel, or loom's blocked kernel (backends/cpu/gemm.h).
   std::string gemm;

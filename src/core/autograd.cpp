@@ -128,7 +128,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
   root.grad_fn()->pending_grads[static_cast<size_t>(root.output_index())] = seed;
   std::vector<std::shared_ptr<Node>> ready{root.grad_fn()};
   profile::Profile* profile = profile::active();
-  const double profile_start = profile != nullptr ? profile::Profile::now() : 0.0;
+  const double profile_start = profile != nullptr ? profile->stamp() : 0.0;
   double in_nodes = 0;
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
@@ -148,9 +148,9 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     if (profile == nullptr) {
       input_grads = node->backward(BackwardContext(grads, mask));
     } else {
-      const double t0 = profile::Profile::now();
+      const double t0 = profile->stamp();
       input_grads = node->backward(BackwardContext(grads, mask));
-      const double dt = profile::Profile::now() - t0;
+      const double dt = profile->stamp() - t0;
       in_nodes += dt;
       profile->on_backward(node->profile_index, dt);
     }
@@ -187,7 +187,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
       }
     }
   }
-  if (profile != nullptr) profile->backward_glue_seconds += profile::Profile::now() - profile_start - in_nodes;
+  if (profile != nullptr) profile->backward_glue_seconds += profile->stamp() - profile_start - in_nodes;
 }
 
 void backward(const TensorList& roots, const TensorList& grad_roots) {

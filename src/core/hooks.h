@@ -28,6 +28,9 @@ Allocator& device_allocator(Device device);
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes, const char* op);
 void device_zero(void* dst, Device device, size_t bytes, const char* op);
 std::unique_ptr<StepCapture> make_device_step_capture(Device device, StepCaptureOptions options);
+// n elements of `from` at src -> `to` at dst, both in that device's memory, queued on its stream; false
+// when the device has no kernel for the pair (the caller then converts through the host).
+bool device_convert(void* dst, DType to, const void* src, DType from, int64_t n, Device device);
 
 // in [n] f32 -> out [n] bf16, rounded to nearest even, on the host (Tensor::to(DType::BF16)).
 void convert_f32_to_bf16(const float* in, bf16* out, int64_t n);

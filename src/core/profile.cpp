@@ -36,7 +36,7 @@ void Profile::add_region(const std::string& name, double seconds) {
 }
 
 int Profile::on_record(const char* name, const TensorList& inputs, const TensorList& outputs) {
-  const double t = now();
+  const double t = stamp();
   OpRecord r;
   r.name = name;
   r.forward_seconds = t - last_mark_;

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,7 @@ struct OpRecord {
 class Profile {
  public:
   // Starts a forward interval now: the next recorded op's time is measured from here.
-  void mark() { last_mark_ = now(); }
+  void mark() { last_mark_ = stamp(); }
   // Adds `seconds` to a region timed by the caller (the optimizer step, gradient clipping).
   void add_region(const std::string& name, double seconds);
 
@@ -58,6 +59,13 @@ class Profile {
   static double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
+  // A time stamp after `wait`: on a GPU, kernels are queued and return at once, so each stamp first
+  // waits for the device (wait = the stream's synchronize) and an op is charged the kernels it queued.
+  double stamp() const {
+    if (wait) wait();
+    return now();
+  }
+  std::function<void()> wait;  // null on the CPU
 
   // Hooks (autograd.cpp): a new op; returns its index in `ops`.
   int on_record(const char* name, const TensorList& inputs, const TensorList& outputs);

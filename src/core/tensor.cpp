@@ -119,7 +119,9 @@ Tensor Tensor::to(Device target) const {
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return clone();
   if (!device().is_cpu()) {
-    // Through the host until the CUDA backend has a conversion kernel: correct, not fast.
+    // f32 <-> bf16 (mixed precision's hot conversions) on the device; the rest through the host.
+    Tensor out = empty(shape(), target, device());
+    if (numel() == 0 || hooks::device_convert(out.raw_data(), target, raw_data(), dtype(), numel(), device())) return out;
     return to(Device::cpu()).to(target).to(device());
   }
   Tensor out = empty(shape(), target, device());

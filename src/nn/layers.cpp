@@ -55,8 +55,7 @@ Tensor Linear::base_forward(const Tensor& x) const {
     return quant::quantized_linear(xf, *quantized, bias ? bias->value : Tensor(), weight.name);
   }
   // Mixed precision: the weight's bf16 copy, which the optimizer keeps current (nn::bf16_weight_of).
-  const bool bf16_copy = precision == ops::MatmulPrecision::BF16 && weight.value.dtype() == DType::F32 &&
-                         weight.value.device().is_cpu();
+  const bool bf16_copy = precision == ops::MatmulPrecision::BF16 && weight.value.dtype() == DType::F32;
   return ops::linear(x, weight.value, bias ? bias->value : Tensor(), ops::WeightLayout::OutIn, precision,
                      bf16_copy ? bf16_weight_of(weight) : Tensor());
 }

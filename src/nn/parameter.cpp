@@ -13,7 +13,7 @@ Tensor compute_value(const Parameter& p) { return p.dist ? dist::gathered_value(
 Tensor bf16_weight_of(Parameter& p) {
   LOOM_ASSERT(!p.dist, p.name, ": bf16_weight_of is for unsharded parameters");
   const Tensor& v = p.value;
-  LOOM_CHECK(v.dtype() == DType::F32 && v.device().is_cpu(), p.name, ": a bf16 copy is made of f32 CPU weights, got ",
+  LOOM_CHECK(v.dtype() == DType::F32, p.name, ": a bf16 copy is made of f32 weights, got ",
              v.describe());
   const bool fits = p.bf16_copy.defined() && p.bf16_copy.shape() == v.shape() && p.bf16_copy.dtype() == DType::BF16;
   if (p.bf16_copy_current && fits) return p.bf16_copy;

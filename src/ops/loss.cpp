@@ -81,7 +81,7 @@ TensorList scaled_by_upstream(const autograd::BackwardContext& ctx, const char* 
 // linear_cross_entropy on CUDA: the CPU's chunk loop with cuBLASLt GEMMs, the gradient written over the
 // chunk's logits in place, and dx/dw/loss left on the device. Arguments are already validated.
 Tensor linear_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor& targets, int32_t ignore_index,
-                                 MatmulPrecision precision, int64_t chunk_rows) {
+                                 MatmulPrecision precision, int64_t chunk_rows, const Tensor& w_bf16) {
   const char* op = "linear_cross_entropy";
   const Device device = x.device();
   const cuda::Context& cu = cuda_context(op, device);
@@ -98,7 +98,7 @@ Tensor linear_cross_entropy_cuda(const Tensor& x, const Tensor& w, const Tensor&
   Tensor logits = Tensor::empty({R, V}, DType::F32, device);  // the chunk's logits, then its gradient
   Tensor dx = need_dx ? Tensor::empty(x.shape(), DType::F32, device) : Tensor();
   Tensor dw = need_dw ? Tensor::zeros(w.shape(), DType::F32, device) : Tensor();
-  Tensor wb = use_bf16 ? w.to(DType::BF16) : Tensor();
+  Tensor wb = use_bf16 ? (w_bf16.defined() ? w_bf16 : w.to(DType::BF16)) : Tensor();  // the optimizer's copy
   Tensor xb = use_bf16 ? Tensor::empty({R, C}, DType::BF16, device) : Tensor();
   Tensor gb = use_bf16 && need_g ? Tensor::empty({R, V}, DType::BF16, device) : Tensor();
   const float* px = x.data<float>();
@@ -254,7 +254,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   if (w_bf16.defined()) {
     LOOM_CHECK(use_bf16 && w_bf16.dtype() == DType::BF16 && w_bf16.shape() == w.shape(), op, ": w_bf16 is ",
                w_bf16.describe(), " but w is ", w.describe(), " (it must be w's bf16 copy, under bf16 precision)");
-    require_cpu(op, {&w_bf16});
+    LOOM_CHECK(w_bf16.device() == w.device(), op, ": w_bf16 is on ", w_bf16.device(), " but w on ", w.device());
   }
   check_dtype(targets, DType::I32, op, "targets");
   const Device device = dispatch_device(op, {&x, &w, &targets});
@@ -267,7 +267,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   LOOM_CHECK(V > 0, op, ": w has V=0 rows");
   LOOM_CHECK(chunk_rows > 0, op, ": chunk_rows must be positive, got ", chunk_rows);
 
-  if (device.is_cuda()) return linear_cross_entropy_cuda(x, w, targets, ignore_index, precision, chunk_rows);
+  if (device.is_cuda()) return linear_cross_entropy_cuda(x, w, targets, ignore_index, precision, chunk_rows, w_bf16);
 
   const int32_t* pt = targets.data<int32_t>();
   const int64_t count = checked_target_count(op, targets, V, ignore_index);

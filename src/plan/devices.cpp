@@ -162,7 +162,11 @@ DeviceSpec device_named(const std::string& name, int threads) {
   LOOM_FAIL("plan: unknown device \"", name, "\" (known: ", names, "cpu)");
 }
 
-double CollectiveCost::seconds(double bytes) const {
+namespace {
+
+// Linear between the points, the first one's value below them, the last segment's slope above them
+// (a falling one held flat: noise); never negative.
+double interpolate(const std::vector<std::pair<double, double>>& points, double bytes) {
   if (points.empty()) return 0;
   if (points.size() == 1 || bytes <= points.front().first) return std::max(0.0, points.front().second);
   for (size_t i = 1; i < points.size(); ++i) {
@@ -170,13 +174,17 @@ double CollectiveCost::seconds(double bytes) const {
     const auto [x1, y1] = points[i];
     if (bytes <= x1 || i + 1 == points.size()) {
       const double slope = x1 > x0 ? (y1 - y0) / (x1 - x0) : 0;
-      // Above the largest payload only a growing cost extends (a falling one is noise: held flat).
       const double y = bytes <= x1 ? y0 + slope * (bytes - x0) : y1 + std::max(0.0, slope) * (bytes - x1);
       return std::max(0.0, y);
     }
   }
   return std::max(0.0, points.back().second);
 }
+
+}  // namespace
+
+double CollectiveCost::seconds(double bytes) const { return interpolate(points, bytes); }
+double CollectiveCost::cpu_seconds(double bytes) const { return interpolate(cpu_points, bytes); }
 
 const CollectiveCost* DeviceSpec::cost_of(const std::string& kind, int64_t group, int64_t ranks, double gap_s) const {
   // The rank count: the nearest at or above `ranks` (more ranks share the cores: never optimistic), else
@@ -218,12 +226,16 @@ void load_collective_costs(DeviceSpec& d, const std::string& path) {
       k.ranks = c.at("ranks").get<int>();
       k.gap_s = c.at("gap_s").get<double>();
       for (const nlohmann::json& p : c.at("points")) k.points.emplace_back(p.at(0).get<double>(), p.at(1).get<double>());
+      if (c.contains("cpu_points")) {
+        for (const nlohmann::json& p : c.at("cpu_points")) k.cpu_points.emplace_back(p.at(0).get<double>(), p.at(1).get<double>());
+      }
     } catch (const nlohmann::json::exception& e) {
       LOOM_FAIL("plan: ", path, ": an entry of \"costs\" (", c.dump(), "): ", e.what());
     }
     LOOM_CHECK(k.group >= 2 && k.ranks >= k.group && k.gap_s >= 0 && !k.points.empty(), "plan: ", path, ": entry ",
                c.dump(), " wants group >= 2, ranks >= group, gap_s >= 0 and at least one [bytes, seconds] point");
     std::sort(k.points.begin(), k.points.end());
+    std::sort(k.cpu_points.begin(), k.cpu_points.end());
     d.collective_costs.push_back(std::move(k));
   }
   d.sources["collective_costs"] = str("measured: `", j.value("command", std::string("?")), "` at ",

@@ -20,9 +20,13 @@ struct CollectiveCost {
   int group = 2, ranks = 2;
   double gap_s = 0;
   std::vector<std::pair<double, double>> points;  // (bytes, seconds per call), by bytes
+  // (bytes, CPU seconds per call): what a call takes from the cores (every thread of a rank: the waits'
+  // polling and naps, the copies, the communication thread), the ranks' mean; empty when not measured.
+  std::vector<std::pair<double, double>> cpu_points;
   // Seconds per call at `bytes`: linear between the measured payloads, the first one's below them, the
   // last segment's slope above them; never negative.
   double seconds(double bytes) const;
+  double cpu_seconds(double bytes) const;  // the same over cpu_points (0 when empty)
 };
 
 struct DeviceSpec {
@@ -40,6 +44,11 @@ struct DeviceSpec {
   // The fraction of the peak that large GEMMs reach on the device (the planner's compute efficiency; the
   // one assumption of the time model that is not a datasheet number).
   double gemm_efficiency = 0.7;
+  // Devices that share cores (this CPU): the cores all ranks share, and each rank's compute threads; the
+  // fraction of the measured peak a rank gets when the ranks' threads outnumber the cores (cores / (ranks
+  // x threads), set where the peak is scaled: cli/plan.cpp, bench/plan.cpp). cores = 0: every device
+  // computes alone (the GPUs, TPUs).
+  double cores = 0, rank_threads = 1, peak_share = 1;
   std::map<std::string, std::string> sources;  // field -> where its value comes from
   // Measured collective costs (empty: the ring and tree formula over the links above). When a kind, group
   // and rank count has an entry, the planner charges each call of it the entry's cost instead.

@@ -448,6 +448,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
   const double N = static_cast<double>(r.devices);
   e.compute_s = e.hardware_flops / N / peak;
+  // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do
+  // every stage's work, which sums to the even shares).
+  double even_compute = e.compute_s;
   if (l.pipe > 1) {
     // A pipeline runs at the pace of its slowest stage: each stage's share of the compute is its blocks'
     // matmul weights (a routed expert's at top_k / n_routed: the share a token runs), PaLM's attention term
@@ -481,8 +484,10 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // 3 x its bytes at the device's memory bandwidth. (Measured with CPU time on the tiny Llama, one
   // process: selective adds 13% to the step, the attention core's FLOPs alone 4%: docs/plan.md.)
   if (l.recompute == models::Recompute::Selective && r.device.memory_bandwidth > 0) {
-    e.compute_s += local_seqs * static_cast<double>(T) * static_cast<double>(worst_layers) * am.recompute * act_bytes * 3 /
-                   r.device.memory_bandwidth;
+    const double cheap = local_seqs * static_cast<double>(T) * static_cast<double>(worst_layers) * am.recompute * act_bytes * 3 /
+                         r.device.memory_bandwidth;
+    e.compute_s += cheap;
+    even_compute += cheap;
   }
 
   // ---- collectives (per device per step) ----
@@ -645,6 +650,15 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       c.seconds = c.calls * k->seconds(c.bytes / c.calls);
       c.measured = true;
     }
+    // What every call takes from the cores, measured beside its wall cost (a pipeline's messages too,
+    // where send_recv was measured: the wait for them stays the bubble's).
+    for (const Collective& c : e.collectives) {
+      if (c.kind == "all_to_all" || c.calls <= 0 || c.group < 2) continue;
+      const double gap = e.compute_s / std::max(1.0, c.kind == "send_recv" ? c.calls : c.overlapped ? overlapped_calls : blocking_calls);
+      const std::string kind = c.kind == "send_recv" ? "send_recv" : c.overlapped ? "started_all_gather" : c.kind;
+      const CollectiveCost* k = r.device.cost_of(kind, c.kind == "send_recv" ? 2 : c.group, l.devices(), gap);
+      if (k) e.comm_cpu_s += c.calls * k->cpu_seconds(c.bytes / c.calls);
+    }
   }
 
   // ---- time ----
@@ -667,6 +681,18 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   e.optimizer_s = (P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1)) * (bf16 ? 30 : 28) /
                   r.device.memory_bandwidth;
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
+  // Ranks sharing cores (this CPU): the step takes at least every rank's CPU over the cores, however its
+  // waits overlap. A rank's compute and AdamW take its threads at a whole core's speed (compute_s is at
+  // the share of the peak a rank gets: peak_share), its collectives what the measurement says a call
+  // takes from the cores. Where the ranks' threads outnumber the cores this is what bounds the step:
+  // one rank's wait is another's compute, and the communication thread's polling and copies take
+  // compute time (with 2 ranks on 2 cores, each rank's communication thread shares its core).
+  if (r.device.cores > 0) {
+    const double threads = std::max(1.0, r.device.rank_threads);
+    e.cpu_s = (even_compute * r.device.peak_share + e.optimizer_s) * threads + e.comm_cpu_s;
+    e.cpu_bound_s = N * e.cpu_s / std::min(r.device.cores, N * threads);
+    e.step_s = std::max(e.step_s, e.cpu_bound_s);
+  }
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
   e.hfu = e.hardware_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
@@ -718,6 +744,16 @@ Plan make_plan(const Request& r) {
               for (auto rc : {models::Recompute::None, models::Recompute::Selective, models::Recompute::Full}) {
                 Layout l{d, t, p, ex, shard, rc, mb, "1f1b"};
                 all.push_back(estimate(r, l));
+                // Interleaved 1F1B (v stages per device) cuts the bubble to (p - 1) / (v m) for 2v - 1
+                // or 2v messages a micro-batch and Megatron-LM's larger warm-up in flight: tried where
+                // loom runs it (micro-batches a multiple of pipe, pipe x v <= layers).
+                if (p > 1 && mb % p == 0) {
+                  for (int64_t v : {2, 3, 4, 6, 8}) {
+                    if (p * v > L) break;
+                    Layout il{d, t, p, ex, shard, rc, mb, "interleaved", v};
+                    all.push_back(estimate(r, il));
+                  }
+                }
               }
             }
           }
@@ -792,7 +828,8 @@ json to_json(const Estimate& e) {
           {"collectives", c},
           {"time",
            {{"compute_s", e.compute_s}, {"comm_s", e.comm_s}, {"exposed_comm_s", e.exposed_comm_s},
-            {"bubble_s", e.bubble_s}, {"optimizer_s", e.optimizer_s}, {"step_s", e.step_s}}},
+            {"bubble_s", e.bubble_s}, {"optimizer_s", e.optimizer_s}, {"cpu_s", e.cpu_s},
+            {"comm_cpu_s", e.comm_cpu_s}, {"cpu_bound_s", e.cpu_bound_s}, {"step_s", e.step_s}}},
           {"tokens_per_s", e.tokens_per_s},
           {"mfu", e.mfu},
           {"hfu", e.hfu},

@@ -20,7 +20,9 @@
 //                       all-to-alls and pipeline fill and drain exposed; the AdamW update at memory bandwidth;
 //                       selective recomputation's cheap ops at memory bandwidth; on a device whose
 //                       collectives were measured (this CPU, DeviceSpec::collective_costs) each call
-//                       charged what the measurement says it adds to a step
+//                       charged what the measurement says it adds to a step; where the ranks share
+//                       cores (this CPU), the step no shorter than all the ranks' CPU (compute, AdamW
+//                       and each call's measured CPU) over the cores
 //
 // and picks the fastest layout that fits, saying for the others why they lose. docs/plan.md checks the
 // model against loom's own runs and against published large runs.
@@ -102,6 +104,11 @@ struct Estimate {
   double hardware_flops = 0;  // per step, all devices, with recomputation
   std::vector<Collective> collectives;
   double compute_s = 0, exposed_comm_s = 0, comm_s = 0, bubble_s = 0, optimizer_s = 0, step_s = 0;
+  // On a device whose ranks share cores (this CPU: DeviceSpec::cores): the core-seconds one rank's step
+  // takes (its compute and AdamW at a whole core's speed, and its collectives' measured CPU per call), and
+  // what all the ranks' take over the cores, a floor under the step whatever overlaps: step_s is the
+  // larger of that floor and compute + bubble + exposed communication + AdamW. 0 elsewhere.
+  double cpu_s = 0, comm_cpu_s = 0, cpu_bound_s = 0;
   double tokens_per_s = 0, mfu = 0;
   double hfu = 0;  // hardware FLOPs (recomputation included) over the peak: what Megatron-LM's papers report
   // The pipeline stage the memory and the collectives are given for (the most loaded), and every stage's

@@ -313,6 +313,72 @@ TEST(Plan, PicksAFittingLayoutAndExplainsTheOthers) {
   EXPECT_NE(plan::estimate(r, il).invalid.find("interleaved x7 on pipe=8"), std::string::npos);
 }
 
+// The search tries interleaved 1F1B beside plain 1F1B where loom runs it (micro-batches a multiple of
+// pipe, pipe x v <= layers), and picks it when its smaller bubble makes the step faster and it fits.
+TEST(Plan, SearchTriesInterleavedWhereItHelps) {
+  plan::Request r;
+  r.model = model_of("gpt2-xl");  // 48 blocks
+  r.batch = 512;
+  r.seq = 1024;
+  r.devices = 64;
+  r.device = plan::device_named("h100");
+  const plan::Plan p = plan::make_plan(r);
+  ASSERT_FALSE(p.fitting.empty());
+  int interleaved = 0;
+  for (const auto* list : {&p.fitting, &p.rejected}) {
+    for (const plan::Estimate& e : *list) {
+      if (e.layout.schedule != "interleaved") continue;
+      ++interleaved;
+      EXPECT_GT(e.layout.pipe, 1) << e.layout.str();
+      EXPECT_EQ(e.layout.micro_batches % e.layout.pipe, 0) << e.layout.str();
+      EXPECT_LE(e.layout.pipe * e.layout.virtual_stages, 48) << e.layout.str();
+      EXPECT_GE(e.layout.virtual_stages, 2) << e.layout.str();
+    }
+  }
+  EXPECT_GT(interleaved, 0);
+  // Each fitting 1F1B pipeline layout against its interleaved twins that fit: a bubble v times smaller,
+  // the same compute, and more messages, which cost the step only where the overlapped traffic outgrows
+  // the compute (FSDP's gathers with many chunks): the step moves by exactly those terms, and where
+  // the messages stay hidden interleaving is faster.
+  int compared = 0, faster = 0;
+  for (const plan::Estimate& e : p.fitting) {
+    if (e.layout.pipe < 2 || e.layout.schedule != "1f1b" || e.layout.micro_batches % e.layout.pipe != 0) continue;
+    for (const plan::Estimate& f : p.fitting) {
+      const plan::Layout &a = e.layout, &b = f.layout;
+      if (b.schedule != "interleaved" || a.data != b.data || a.tensor != b.tensor || a.pipe != b.pipe ||
+          a.expert != b.expert || a.shard != b.shard || a.recompute != b.recompute || a.micro_batches != b.micro_batches) {
+        continue;
+      }
+      EXPECT_NEAR(f.bubble_s * static_cast<double>(b.virtual_stages), e.bubble_s, 1e-9 * e.bubble_s) << b.str();
+      EXPECT_DOUBLE_EQ(f.compute_s, e.compute_s) << b.str();
+      // (AdamW's time is the most loaded stage's, whose cut differs a little between P and P x v stages.)
+      EXPECT_NEAR(f.step_s - e.step_s,
+                  (f.bubble_s - e.bubble_s) + (f.exposed_comm_s - e.exposed_comm_s) + (f.optimizer_s - e.optimizer_s),
+                  1e-9 * e.step_s)
+          << b.str();
+      if (f.exposed_comm_s <= e.exposed_comm_s + 1e-12) {
+        EXPECT_LT(f.step_s, e.step_s) << b.str() << " against " << a.str();
+        ++faster;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_GT(faster, 0);
+  // Here the best layout is a pipeline, so it is interleaved.
+  const plan::Layout& best = p.fitting.front().layout;
+  ASSERT_GT(best.pipe, 1) << best.str();
+  EXPECT_EQ(best.schedule, "interleaved") << best.str();
+  // With as many stages as blocks there is no room for a second chunk: no interleaved layout.
+  r.model = model_of("tiny", {"model.num_layers=2"});
+  r.batch = 8;
+  r.seq = 64;
+  r.devices = 2;
+  for (const plan::Estimate& e : plan::make_plan(r).fitting) {
+    if (e.layout.pipe == 2) EXPECT_EQ(e.layout.schedule, "1f1b") << e.layout.str();
+  }
+}
+
 // The planner's memory per device against the allocator's peak over a whole step (forward, backward,
 // gradient sums, AdamW) of loom's own runs: in-process ranks share one allocator, so both sides are
 // summed over the ranks. Activations dominate (batch 8 x 64 tokens through 4 layers).
@@ -452,18 +518,54 @@ TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
   }
   EXPECT_NEAR(f.exposed_comm_s, exposed, 1e-12);  // nothing measured is hidden again
 
+  // Ranks sharing cores: each call's measured CPU, with the compute and AdamW at a whole core, over the
+  // cores, is a floor under the step.
+  plan::DeviceSpec shared = d;
+  for (plan::CollectiveCost& k : shared.collective_costs) k.cpu_points = {{8, 2e-5}, {1 << 20, 2e-5}};
+  shared.cores = 2;
+  r.device = shared;
+  EXPECT_DOUBLE_EQ(shared.collective_costs[0].cpu_seconds(4096), 2e-5);
+  const plan::Estimate fs = plan::estimate(r, fsdp);
+  double calls = 0;
+  for (const plan::Collective& k : fs.collectives) calls += k.group >= 2 ? k.calls : 0;
+  EXPECT_NEAR(fs.comm_cpu_s, 2e-5 * calls, 1e-12);
+  EXPECT_NEAR(fs.cpu_s, fs.compute_s + fs.optimizer_s + fs.comm_cpu_s, 1e-12);
+  EXPECT_NEAR(fs.cpu_bound_s, fs.cpu_s, 1e-12);  // 2 ranks, 2 cores: each rank's own
+  EXPECT_DOUBLE_EQ(fs.step_s, std::max(fs.cpu_bound_s, fs.compute_s + fs.bubble_s + fs.exposed_comm_s + fs.optimizer_s));
+  // A call that takes more CPU than its wait: the floor is the step.
+  for (plan::CollectiveCost& k : shared.collective_costs) k.cpu_points = {{8, 1e-3}, {1 << 20, 1e-3}};
+  r.device = shared;
+  const plan::Estimate heavy = plan::estimate(r, fsdp);
+  EXPECT_GT(heavy.cpu_bound_s, heavy.compute_s + heavy.exposed_comm_s + heavy.optimizer_s);
+  EXPECT_DOUBLE_EQ(heavy.step_s, heavy.cpu_bound_s);
+  // 4 ranks on the 2 cores (each given half a core's peak): all four ranks' CPU over 2 cores.
+  r.devices = 4;
+  shared.peak_share = 0.5;
+  shared.f32_flops *= 0.5;
+  shared.bf16_flops *= 0.5;
+  r.device = shared;
+  plan::Layout fsdp4 = fsdp;
+  fsdp4.data = 4;
+  const plan::Estimate f4 = plan::estimate(r, fsdp4);
+  EXPECT_NEAR(f4.cpu_s, 0.5 * f4.compute_s + f4.optimizer_s + f4.comm_cpu_s, 1e-12);
+  EXPECT_NEAR(f4.cpu_bound_s, 2 * f4.cpu_s, 1e-12);
+  r.devices = 2;
+  r.device = d;  // no shared cores (a GPU's spec): no floor
+  EXPECT_EQ(plan::estimate(r, fsdp).cpu_bound_s, 0);
+
   // The data file: read back, and a malformed one named.
   const std::string path = ::testing::TempDir() + "/loom_collectives.json";
   {
     std::FILE* out = std::fopen(path.c_str(), "w");
     std::fputs(R"({"command": "x", "measured_at": "now", "costs": [{"kind": "all_reduce", "group": 2, "ranks": 2,
-                 "gap_s": 0.0001, "points": [[1048576, 0.002], [8, 0.001]]}]})", out);
+                 "gap_s": 0.0001, "points": [[1048576, 0.002], [8, 0.001]], "cpu_points": [[1048576, 4e-4], [8, 1e-5]]}]})", out);
     std::fclose(out);
   }
   plan::DeviceSpec loaded = fake_device();
   plan::load_collective_costs(loaded, path);
   ASSERT_EQ(loaded.collective_costs.size(), 1u);
   EXPECT_EQ(loaded.collective_costs[0].points.front().first, 8);  // sorted by bytes
+  EXPECT_DOUBLE_EQ(loaded.collective_costs[0].cpu_seconds(8), 1e-5);
   EXPECT_NE(loaded.sources["collective_costs"].find("now"), std::string::npos);
   {
     std::FILE* out = std::fopen(path.c_str(), "w");

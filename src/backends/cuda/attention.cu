@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/attention.h"
+#include "backends/cuda/attention_chunked.h"
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
 
@@ -350,8 +351,15 @@ void backward(const Context& ctx, const AttentionProblem& p, const T* q, const T
 
 }  // namespace
 
+// f32 tensors: blocks of GEMMs (attention_chunked.h), unless LOOM_CUDA_ATTENTION=warp; the checks of
+// geometry() apply to both, so the two accept the same problems.
 void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                              const float* v, float* out, float* lse) {
+  if (chunked_attention_enabled()) {
+    geometry(p, "flash_attention");
+    chunked_attention_forward(ctx, p, q, k, v, out, lse);
+    return;
+  }
   forward(ctx, p, q, k, v, out, lse);
 }
 void flash_attention_forward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,
@@ -361,6 +369,11 @@ void flash_attention_forward(const Context& ctx, const AttentionProblem& p, cons
 void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
                               const float* v, const float* out, const float* dout, const float* lse, float* dq,
                               float* dk, float* dv) {
+  if (chunked_attention_enabled()) {
+    geometry(p, "flash_attention backward");
+    chunked_attention_backward(ctx, p, q, k, v, out, dout, lse, dq, dk, dv);
+    return;
+  }
   backward(ctx, p, q, k, v, out, dout, lse, dq, dk, dv);
 }
 void flash_attention_backward(const Context& ctx, const AttentionProblem& p, const bf16* q, const bf16* k,

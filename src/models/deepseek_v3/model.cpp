@@ -372,8 +372,7 @@ int DeepSeekV3::pipeline_ends(const nn::Parameter& p) const {
 
 Tensor DeepSeekV3::head_bf16_copy() const {
   // Mixed precision: the head's bf16 weight copy, which the optimizer keeps current (nn::bf16_weight_of).
-  const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist &&
-                         lm_head.weight.value.device().is_cpu();
+  const bool bf16_copy = lm_head.precision == ops::MatmulPrecision::BF16 && !lm_head.weight.dist;
   return bf16_copy ? nn::bf16_weight_of(lm_head.weight) : Tensor();
 }
 

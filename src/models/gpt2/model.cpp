@@ -164,7 +164,7 @@ Tensor GPT2::loss(const Tensor& ids, const Tensor& targets, const models::Forwar
   // tied head's gradient adds to the embedding's through the shared leaf. Mixed precision: the head
   // weight's bf16 copy, which the optimizer keeps current (nn::bf16_weight_of).
   nn::Parameter& head = head_parameter();
-  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist && head.value.device().is_cpu();
+  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist;
   return ops::linear_cross_entropy(hidden(ids, ctx), head_weight(), targets, -100, head_precision, 512,
                                    bf16_copy ? nn::bf16_weight_of(head) : Tensor());
 }
@@ -182,7 +182,7 @@ Tensor GPT2::stage_forward(int64_t first, int64_t last, const Tensor& x, const T
   }
   if (last < config_.num_layers) return h;
   nn::Parameter& head = head_parameter();
-  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist && head.value.device().is_cpu();
+  const bool bf16_copy = head_precision == ops::MatmulPrecision::BF16 && !head.dist;
   return ops::linear_cross_entropy(ln_final.forward(h, {&head_parameter()}), head_weight(), targets, -100,
                                    head_precision, 512, bf16_copy ? nn::bf16_weight_of(head) : Tensor());
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -46,6 +47,26 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
     den += double(b[i]) * b[i];
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+inline double norm_of(const std::vector<float>& a) {
+  double s = 0;
+  for (float x : a) s += double(x) * x;
+  return std::sqrt(s);
+}
+
+// ||a - b|| / max(||b||, floor): for a gradient whose exact value is 0 (a key bias under softmax's shift
+// invariance, dq and dk with one key), both backends return rounding noise of the size of the op's other
+// gradients, and its relative error says nothing; `floor` is then such a gradient's norm.
+inline double relative_error_floored(const std::vector<float>& a, const std::vector<float>& b, double floor) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  }
+  const double den = std::max(norm_of(b), floor);
+  return den == 0 ? std::sqrt(num) : std::sqrt(num) / den;
 }
 
 // Tolerances by dtype (the device README's method: f32 far under 1e-3; bf16 operands 1e-3..1e-2).

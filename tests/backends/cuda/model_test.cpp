@@ -52,9 +52,14 @@ TEST_P(CudaModel, LossGradientsAndTrainingStepsTrackTheCpu) {
     if (step == 0) {
       auto pc = cpu_model->parameters(), pg = gpu_model->parameters();
       ASSERT_EQ(pc.size(), pg.size());
+      // GPT-2's key biases have an exact gradient of 0 (softmax is shift-invariant per query), so both
+      // runs hold rounding noise there: every gradient is measured against at least 1e-2 of the largest.
+      double largest = 0;
+      for (nn::Parameter* p : pc) largest = std::max(largest, norm_of(host_values(p->value.grad())));
       for (size_t i = 0; i < pc.size(); ++i) {
         ASSERT_TRUE(pg[i]->value.grad().defined()) << pg[i]->name;
-        EXPECT_LT(relative_error(host_values(pg[i]->value.grad()), host_values(pc[i]->value.grad())), 1e-4)
+        EXPECT_LT(relative_error_floored(host_values(pg[i]->value.grad()), host_values(pc[i]->value.grad()),
+                                         1e-2 * largest), 1e-4)
             << GetParam() << " " << pc[i]->name;
       }
     }

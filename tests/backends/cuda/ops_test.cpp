@@ -7,6 +7,7 @@
 
 #include "backends/cpu/attention.h"
 #include "backends/cuda/attention.h"
+#include "backends/cuda/attention_chunked.h"
 #include "backends/cuda/optimizer.h"
 #include "core/autograd.h"
 #include "gpu_test.h"
@@ -393,8 +394,11 @@ TEST_P(CudaCausalSelfAttention, ForwardAndBackwardMatchTheCpu) {
   Tensor dout = random_cpu(oc.shape(), 95);
   autograd::backward(oc, dout);
   autograd::backward(og, dout.to(kGpu));
-  EXPECT_LT(relative_error(host_values(qg.grad()), host_values(qc.grad())), 1e-4);
-  EXPECT_LT(relative_error(host_values(kg.grad()), host_values(kc.grad())), 1e-4);
+  // With one key (T = 1) dq and dk are exactly 0, and each backend returns its own rounding noise:
+  // they are measured against dv's size then.
+  const double scale = 1e-2 * norm_of(host_values(vc.grad()));
+  EXPECT_LT(relative_error_floored(host_values(qg.grad()), host_values(qc.grad()), scale), 1e-4);
+  EXPECT_LT(relative_error_floored(host_values(kg.grad()), host_values(kc.grad()), scale), 1e-4);
   EXPECT_LT(relative_error(host_values(vg.grad()), host_values(vc.grad())), 1e-4);
 }
 
@@ -403,7 +407,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaCausalSelfAttention,
                                          AttentionCase{1, 129, 8, 2, 32, true, 0.0f},   // GQA + RoPE (Llama)
                                          AttentionCase{2, 33, 2, 1, 128, true, 0.0f},   // D = 128, MQA
                                          AttentionCase{2, 45, 3, 3, 16, false, 0.2f},   // dropout
-                                         AttentionCase{1, 1, 2, 2, 8, false, 0.0f}));   // one token
+                                         AttentionCase{1, 1, 2, 2, 8, false, 0.0f},     // one token
+                                         // several blocks of query rows (256 each), GQA, dropout
+                                         AttentionCase{2, 600, 4, 2, 32, true, 0.1f}));
+
+// Mixed precision (bf16 products): q, k, v, dO, P and dS rounded to bf16 for the tensor cores, scores
+// and sums f32. Against the f32 CPU op, the error is bf16's (2^-9 relative per operand), not a bug's.
+TEST(CudaCausalSelfAttention, Bf16ProductsStayWithinBf16RoundingOfF32) {
+  LOOM_REQUIRE_GPU();
+  const int64_t B = 2, T = 300, H = 4, Hkv = 2, D = 64;
+  auto [qc, qg] = leaf_pair(random_cpu({B, T, H * D}, 96));
+  auto [kc, kg] = leaf_pair(random_cpu({B, T, Hkv * D}, 97));
+  auto [vc, vg] = leaf_pair(random_cpu({B, T, Hkv * D}, 98));
+  Tensor oc = ops::causal_self_attention(qc, kc, vc, int(H), std::nullopt, int(Hkv));
+  Tensor og = ops::causal_self_attention(qg, kg, vg, int(H), std::nullopt, int(Hkv), {}, ops::MatmulPrecision::BF16);
+  const double out_error = relative_error(host_values(og), host_values(oc));
+  EXPECT_LT(out_error, 1e-2);
+  // The warp kernels (LOOM_CUDA_ATTENTION=warp) compute in f32 whatever the flag says.
+  if (cuda::chunked_attention_enabled()) {
+    EXPECT_GT(out_error, 1e-6) << "bf16 products should differ from f32 by their rounding";
+  }
+  Tensor dout = random_cpu(oc.shape(), 99);
+  autograd::backward(oc, dout);
+  autograd::backward(og, dout.to(kGpu));
+  EXPECT_LT(relative_error(host_values(qg.grad()), host_values(qc.grad())), 2e-2);
+  EXPECT_LT(relative_error(host_values(kg.grad()), host_values(kc.grad())), 2e-2);
+  EXPECT_LT(relative_error(host_values(vg.grad()), host_values(vc.grad())), 2e-2);
+}
 
 TEST(CudaScaledDotProductAttention, CausalAndFullWithTqNotTk) {
   LOOM_REQUIRE_GPU();

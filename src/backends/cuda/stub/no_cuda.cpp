@@ -3,6 +3,7 @@
 // instead of the backend's sources, so nothing else in loom has an #ifdef.
 #include "backends/cuda/activation.h"
 #include "backends/cuda/attention.h"
+#include "backends/cuda/attention_chunked.h"
 #include "backends/cuda/elementwise.h"
 #include "backends/cuda/embedding.h"
 #include "backends/cuda/gemm.h"
@@ -25,6 +26,7 @@ namespace {
 }  // namespace
 
 bool built() { return false; }
+bool chunked_attention_enabled() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this loom was built without the CUDA backend"; }
 std::string describe() { return "CUDA backend not built"; }

@@ -1,0 +1,401 @@
+// Attention as blocks of GEMMs (attention_chunked.h says why and how).
+//
+// The row kernels run one warp per row of a block buffer [B, c, j1]: lane l takes keys l, l + 32, ...
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/attention_chunked.h"
+#include "backends/cuda/check.h"
+#include "backends/cuda/device_math.cuh"
+#include "backends/cuda/gemm.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarps = 4;  // rows per block of the row kernels
+constexpr int kThreads = 32 * kWarps;
+constexpr size_t kBlockBufferBytes = size_t(256) << 20;  // one [B, c, Tk] f32 buffer at most
+constexpr int64_t kMaxBlockRows = 256;                  // small enough that causal blocks skip ~half
+
+// What the row kernels need about one block (by value: a kernel argument).
+struct Block {
+  int64_t batches;          // B, the GEMMs' batch
+  int64_t rows;             // c
+  int64_t i0;               // the block's first query row
+  int64_t width;            // j1: the keys a row of the buffers holds
+  int64_t ld;               // the buffers' row stride: j1 rounded up to 8 (16-byte rows for bf16 GEMMs)
+  int64_t tq, tk;
+  bool causal;
+  float scale_log2;         // scale * log2(e)
+  int64_t heads_per_batch;  // head n = b * heads_per_batch + h
+  int64_t h;
+  uint32_t threshold;       // dropout: keep iff (bits >> 8) >= threshold; 0 = no dropout
+  float keep_scale;
+  uint32_t key0, key1;
+  int64_t tk64;
+};
+
+// Keys [0, limit) are visible to query row i (attention_problem.h's causal rule).
+__host__ __device__ __forceinline__ int64_t key_limit(bool causal, int64_t tq, int64_t tk, int64_t i) {
+  if (!causal) return tk;
+  const int64_t last = i + (tk - tq);
+  return last < 0 ? 0 : (last + 1 < tk ? last + 1 : tk);
+}
+
+__device__ __forceinline__ float dropout_factor(const Block& g, int64_t n, int64_t i, int64_t j) {
+  if (g.threshold == 0) return 1.0f;
+  const uint64_t counter = static_cast<uint64_t>(n * g.tq + i) * static_cast<uint64_t>(g.tk64) + static_cast<uint64_t>(j);
+  return keep_element(g.key0, g.key1, counter, g.threshold) ? g.keep_scale : 0.0f;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// P = exp2(S * scale_log2 - lse) * Z over the row's visible keys, 0 past them; lse per row (+inf with
+// no visible key, as the warp kernels).
+template <typename E>
+__global__ void softmax_rows_kernel(Block g, const float* s, E* p, float* lse) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // b * rows + r
+  if (row >= g.batches * g.rows) return;
+  const int64_t b = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t n = b * g.heads_per_batch + g.h;
+  const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);  // <= width
+  const float* srow = s + row * g.ld;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < limit; j += 32) m = fmaxf(m, srow[j] * g.scale_log2);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int64_t j = lane; j < limit; j += 32) l += exp2f(srow[j] * g.scale_log2 - m);
+  l = warp_sum(l);
+  const float row_lse = limit > 0 ? m + log2f(l) : INFINITY;
+  E* prow = p + row * g.ld;
+  for (int64_t j = lane; j < g.width; j += 32) {
+    const float v = j < limit ? exp2f(srow[j] * g.scale_log2 - row_lse) * dropout_factor(g, n, i, j) : 0.0f;
+    store_f32(prow, j, v);
+  }
+  if (lane == 0) lse[n * g.tq + i] = row_lse;
+}
+
+// dS = P (dP Z - delta), PZ = P Z from the raw scores S and dP (f32); ds may alias s, pz may alias dp
+// (each element is read, then written, by the same thread).
+template <typename E>
+__global__ void softmax_backward_rows_kernel(Block g, const float* s, const float* dp, const float* lse,
+                                             const float* delta, E* ds, E* pz) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= g.batches * g.rows) return;
+  const int64_t b = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t n = b * g.heads_per_batch + g.h;
+  const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);
+  const float li = lse[n * g.tq + i], di = delta[n * g.tq + i];
+  const int64_t base = row * g.ld;
+  for (int64_t j = lane; j < g.width; j += 32) {
+    float dsv = 0.0f, pzv = 0.0f;
+    if (j < limit) {
+      const float pij = exp2f(s[base + j] * g.scale_log2 - li);
+      const float z = dropout_factor(g, n, i, j);
+      dsv = pij * (dp[base + j] * z - di);
+      pzv = pij * z;
+    }
+    store_f32(ds, base + j, dsv);
+    store_f32(pz, base + j, pzv);
+  }
+}
+
+__device__ __forceinline__ int64_t row_offset(const HeadLayout& l, int64_t b, int64_t h, int64_t t) {
+  return b * l.batch_stride + h * l.head_stride + t * l.row_stride;
+}
+
+// delta[n, i] = dout_i . out_i, one warp per row.
+__global__ void delta_kernel(const float* out, const float* dout, HeadLayout l, int64_t heads, int64_t heads_per_batch,
+                             int64_t tq, int64_t dv, float* delta) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // n * tq + i
+  if (row >= heads * tq) return;
+  const int64_t n = row / tq, i = row % tq;
+  const int64_t o = row_offset(l, n / heads_per_batch, n % heads_per_batch, i);
+  float s = 0.0f;
+  for (int64_t c = lane; c < dv; c += 32) s += dout[o + c] * out[o + c];
+  s = warp_sum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+// dst [B, T, H, W] (contiguous bf16) = src rows in layout l, rounded to bf16.
+__global__ void pack_bf16_kernel(const float* src, HeadLayout l, int64_t heads, int64_t t, int64_t width,
+                                 int64_t total, bf16* dst) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= total) return;
+  const int64_t c = e % width, h = (e / width) % heads, r = (e / (width * heads)) % t, b = e / (width * heads * t);
+  store_f32(dst, e, src[row_offset(l, b, h, r) + c]);
+}
+
+// dst rows in layout l = src [B, T, H, W] (contiguous f32).
+__global__ void unpack_kernel(const float* src, HeadLayout l, int64_t heads, int64_t t, int64_t width, int64_t total,
+                              float* dst) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= total) return;
+  const int64_t c = e % width, h = (e / width) % heads, r = (e / (width * heads)) % t, b = e / (width * heads * t);
+  dst[row_offset(l, b, h, r) + c] = src[e];
+}
+
+// Zeros rows [i0, i0 + rows) of head h, every batch entry, in layout l.
+__global__ void zero_rows_kernel(float* dst, HeadLayout l, int64_t batches, int64_t h, int64_t i0, int64_t rows,
+                                 int64_t width) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= batches * rows * width) return;
+  const int64_t c = e % width, r = (e / width) % rows, b = e / (width * rows);
+  dst[row_offset(l, b, h, i0 + r) + c] = 0.0f;
+}
+
+// An operand of the GEMMs: f32 in the caller's layout, or its packed bf16 copy.
+struct Operand {
+  const void* base = nullptr;
+  HeadLayout layout;
+  size_t element = 4;
+  const void* at(int64_t h, int64_t t) const {
+    return static_cast<const char*>(base) + (h * layout.head_stride + t * layout.row_stride) * int64_t(element);
+  }
+};
+
+// Device scratch from the caching allocator, returned at scope exit (stream-ordered reuse).
+class Scratch {
+ public:
+  Scratch(int device, size_t bytes) : allocator_(device_allocator(device)), bytes_(std::max<size_t>(bytes, 1)) {
+    ptr_ = allocator_.allocate(bytes_);
+  }
+  ~Scratch() { allocator_.deallocate(ptr_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  Allocator& allocator_;
+  size_t bytes_;
+  void* ptr_;
+};
+
+// The operand as the GEMMs read it: itself, or (bf16 products) a packed bf16 copy into `scratch`.
+Operand operand(const Context& ctx, const float* x, const HeadLayout& l, int64_t batches, int64_t heads, int64_t t,
+                int64_t width, bool bf16_products, std::unique_ptr<Scratch>& scratch, const char* op) {
+  if (!bf16_products) return Operand{x, l, sizeof(float)};
+  const int64_t total = batches * t * heads * width;
+  scratch = std::make_unique<Scratch>(ctx.index, size_t(total) * sizeof(bf16));
+  if (total > 0) {
+    pack_bf16_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(x, l, heads, t, width, total, scratch->as<bf16>());
+    LOOM_CUDA_CHECK_LAUNCH(op);
+  }
+  return Operand{scratch->as<void>(), HeadLayout{t * heads * width, width, heads * width}, sizeof(bf16)};
+}
+
+Block block_geometry(const AttentionProblem& p) {
+  Block g{};
+  g.batches = p.batches;
+  g.tq = p.tq;
+  g.tk = p.tk;
+  g.causal = p.causal;
+  g.scale_log2 = p.scale * kLog2e;
+  g.heads_per_batch = p.heads_per_batch;
+  // p = 0: threshold 0 keeps everything and the factor is exactly 1 (dropout_factor's early return).
+  g.threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p.dropout_p) * 16777216.0));
+  g.keep_scale = 1.0f / (1.0f - p.dropout_p);
+  g.key0 = p.dropout_key.k0;
+  g.key1 = p.dropout_key.k1;
+  g.tk64 = (p.tk + 63) / 64 * 64;
+  return g;
+}
+
+int64_t block_rows(const AttentionProblem& p) {
+  const int64_t per_row = std::max<int64_t>(1, p.batches * std::max<int64_t>(p.tk, 1) * int64_t(sizeof(float)));
+  return std::clamp<int64_t>(int64_t(kBlockBufferBytes) / per_row, 1, std::min<int64_t>(kMaxBlockRows, p.tq));
+}
+
+int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
+
+// The block's row count j1: keys [0, j1) are visible to some row of [i0, i0 + rows).
+int64_t block_width(const AttentionProblem& p, int64_t i0, int64_t rows) {
+  return key_limit(p.causal, p.tq, p.tk, i0 + rows - 1);
+}
+
+// C = alpha A B (+ beta C), batched over the B batch entries with the given strides.
+void batched_gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta,
+                  float* C, int64_t ldc, int64_t stride_c, bool bf16_inputs, int64_t batches) {
+  GemmProblem g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.A = A;
+  g.lda = lda;
+  g.B = B;
+  g.ldb = ldb;
+  g.C = C;
+  g.ldc = ldc;
+  g.input = bf16_inputs ? DType::BF16 : DType::F32;
+  g.output = DType::F32;
+  g.batch = batches;
+  g.stride_a = stride_a;
+  g.stride_b = stride_b;
+  g.stride_c = stride_c;
+  gemm(ctx, g);
+}
+
+}  // namespace
+
+bool chunked_attention_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("LOOM_CUDA_ATTENTION");
+    return v == nullptr || std::strcmp(v, "warp") != 0;
+  }();
+  return enabled;
+}
+
+void chunked_attention_forward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
+                               const float* v, float* out, float* lse) {
+  const char* op = "flash_attention";
+  if (p.heads() == 0 || p.tq == 0) return;
+  DeviceGuard guard(ctx.index, op);
+  const bool bf = p.bf16_products;
+  const int64_t B = p.batches, Hq = p.heads_per_batch, Hkv = Hq / p.kv_group;
+  std::unique_ptr<Scratch> qs, ks, vs;
+  const Operand qo = operand(ctx, q, p.q, B, Hq, p.tq, p.d, bf, qs, op);
+  const Operand ko = operand(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, ks, op);
+  const Operand vo = operand(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, vs, op);
+  const int64_t chunk = block_rows(p);
+  const size_t cells = size_t(B * chunk * padded(std::max<int64_t>(p.tk, 1)));
+  Scratch s_buf(ctx.index, cells * sizeof(float)), p_buf(ctx.index, cells * (bf ? sizeof(bf16) : sizeof(float)));
+  Block g = block_geometry(p);
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t hk = h / p.kv_group;
+    g.h = h;
+    for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
+      const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
+      g.i0 = i0;
+      g.rows = rows;
+      g.width = j1;
+      g.ld = ld;
+      if (j1 > 0) {
+        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qo.at(h, i0), qo.layout.row_stride, qo.layout.batch_stride,
+                     ko.at(hk, 0), ko.layout.row_stride, ko.layout.batch_stride, 0.0f, s_buf.as<float>(), ld, rows * ld,
+                     bf, B);
+      }
+      const unsigned grid = unsigned((B * rows + kWarps - 1) / kWarps);
+      if (bf) {
+        softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<bf16>(), lse);
+      } else {
+        softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<float>(), lse);
+      }
+      LOOM_CUDA_CHECK_LAUNCH(op);
+      float* o = out + h * p.out.head_stride + i0 * p.out.row_stride;
+      if (j1 > 0) {
+        batched_gemm(ctx, false, false, rows, p.dv, j1, 1.0f, p_buf.as<void>(), ld, rows * ld, vo.at(hk, 0),
+                     vo.layout.row_stride, vo.layout.batch_stride, 0.0f, o, p.out.row_stride, p.out.batch_stride, bf, B);
+      } else {  // no query row of the block sees a key: zeros, as the CPU
+        zero_rows_kernel<<<grid_for(B * rows * p.dv, 256), 256, 0, ctx.stream>>>(out, p.out, B, h, i0, rows, p.dv);
+        LOOM_CUDA_CHECK_LAUNCH(op);
+      }
+    }
+  }
+}
+
+void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
+                                const float* v, const float* out, const float* dout, const float* lse, float* dq,
+                                float* dk, float* dv) {
+  const char* op = "flash_attention backward";
+  if (p.heads() == 0) return;
+  DeviceGuard guard(ctx.index, op);
+  const bool bf = p.bf16_products;
+  const int64_t B = p.batches, Hq = p.heads_per_batch, Hkv = Hq / p.kv_group;
+  // dK, dV summed in f32 over every query head of the group and every block, then written in their layouts.
+  const int64_t nk = B * p.tk * Hkv * p.d, nv = B * p.tk * Hkv * p.dv;
+  Scratch dk_acc(ctx.index, size_t(nk) * sizeof(float)), dv_acc(ctx.index, size_t(nv) * sizeof(float));
+  LOOM_CUDA_CHECK(op, cudaMemsetAsync(dk_acc.as<void>(), 0, size_t(nk) * sizeof(float), ctx.stream));
+  LOOM_CUDA_CHECK(op, cudaMemsetAsync(dv_acc.as<void>(), 0, size_t(nv) * sizeof(float), ctx.stream));
+  const HeadLayout acc_k{p.tk * Hkv * p.d, p.d, Hkv * p.d}, acc_v{p.tk * Hkv * p.dv, p.dv, Hkv * p.dv};
+
+  if (p.tq > 0) {
+    Scratch delta(ctx.index, size_t(p.heads() * p.tq) * sizeof(float));
+    delta_kernel<<<unsigned((p.heads() * p.tq + kWarps - 1) / kWarps), kThreads, 0, ctx.stream>>>(
+        out, dout, p.out, p.heads(), Hq, p.tq, p.dv, delta.as<float>());
+    LOOM_CUDA_CHECK_LAUNCH(op);
+    std::unique_ptr<Scratch> qs, ks, vs, dos;
+    const Operand qo = operand(ctx, q, p.q, B, Hq, p.tq, p.d, bf, qs, op);
+    const Operand ko = operand(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, ks, op);
+    const Operand vo = operand(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, vs, op);
+    const Operand doo = operand(ctx, dout, p.out, B, Hq, p.tq, p.dv, bf, dos, op);
+    const int64_t chunk = block_rows(p);
+    const size_t cells = size_t(B * chunk * padded(std::max<int64_t>(p.tk, 1)));
+    // f32 S and dP; dS and PZ over them in f32, or in their own bf16 buffers.
+    Scratch s_buf(ctx.index, cells * sizeof(float)), dp_buf(ctx.index, cells * sizeof(float));
+    std::unique_ptr<Scratch> ds_b, pz_b;
+    if (bf) {
+      ds_b = std::make_unique<Scratch>(ctx.index, cells * sizeof(bf16));
+      pz_b = std::make_unique<Scratch>(ctx.index, cells * sizeof(bf16));
+    }
+    const void* ds = bf ? ds_b->as<void>() : s_buf.as<void>();
+    const void* pz = bf ? pz_b->as<void>() : dp_buf.as<void>();
+    Block g = block_geometry(p);
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / p.kv_group;
+      g.h = h;
+      for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
+        const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
+        if (j1 == 0) {  // no key: dq rows are 0, nothing reaches dk, dv
+          zero_rows_kernel<<<grid_for(B * rows * p.d, 256), 256, 0, ctx.stream>>>(dq, p.q, B, h, i0, rows, p.d);
+          LOOM_CUDA_CHECK_LAUNCH(op);
+          continue;
+        }
+        g.i0 = i0;
+        g.rows = rows;
+        g.width = j1;
+        g.ld = ld;
+        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qo.at(h, i0), qo.layout.row_stride, qo.layout.batch_stride,
+                     ko.at(hk, 0), ko.layout.row_stride, ko.layout.batch_stride, 0.0f, s_buf.as<float>(), ld, rows * ld,
+                     bf, B);
+        batched_gemm(ctx, false, true, rows, j1, p.dv, 1.0f, doo.at(h, i0), doo.layout.row_stride,
+                     doo.layout.batch_stride, vo.at(hk, 0), vo.layout.row_stride, vo.layout.batch_stride, 0.0f,
+                     dp_buf.as<float>(), ld, rows * ld, bf, B);
+        const unsigned grid = unsigned((B * rows + kWarps - 1) / kWarps);
+        if (bf) {
+          softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+              g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), ds_b->as<bf16>(), pz_b->as<bf16>());
+        } else {
+          softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+              g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), s_buf.as<float>(), dp_buf.as<float>());
+        }
+        LOOM_CUDA_CHECK_LAUNCH(op);
+        // dQ rows of this block: scale dS K.
+        batched_gemm(ctx, false, false, rows, p.d, j1, p.scale, ds, ld, rows * ld, ko.at(hk, 0), ko.layout.row_stride,
+                     ko.layout.batch_stride, 0.0f, dq + h * p.q.head_stride + i0 * p.q.row_stride, p.q.row_stride,
+                     p.q.batch_stride, bf, B);
+        // dK[0:j1] += scale dS^T Q, dV[0:j1] += PZ^T dO.
+        batched_gemm(ctx, true, false, j1, p.d, rows, p.scale, ds, ld, rows * ld, qo.at(h, i0), qo.layout.row_stride,
+                     qo.layout.batch_stride, 1.0f, dk_acc.as<float>() + hk * acc_k.head_stride, acc_k.row_stride,
+                     acc_k.batch_stride, bf, B);
+        batched_gemm(ctx, true, false, j1, p.dv, rows, 1.0f, pz, ld, rows * ld, doo.at(h, i0), doo.layout.row_stride,
+                     doo.layout.batch_stride, 1.0f, dv_acc.as<float>() + hk * acc_v.head_stride, acc_v.row_stride,
+                     acc_v.batch_stride, bf, B);
+      }
+    }
+  }
+  if (nk > 0) {
+    unpack_kernel<<<grid_for(nk, 256), 256, 0, ctx.stream>>>(dk_acc.as<float>(), p.k, Hkv, p.tk, p.d, nk, dk);
+    LOOM_CUDA_CHECK_LAUNCH(op);
+  }
+  if (nv > 0) {
+    unpack_kernel<<<grid_for(nv, 256), 256, 0, ctx.stream>>>(dv_acc.as<float>(), p.v, Hkv, p.tk, p.dv, nv, dv);
+    LOOM_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+}  // namespace loom::cuda

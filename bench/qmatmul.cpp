@@ -1,11 +1,12 @@
 // The quantized matmul kernels side by side in one process: the AVX-512 VNNI path against the AMX path
 // (its 16-row pair groups through int8 tiles) on one thread, as the fused decode step calls them
-// (quantized_matmul_rows over a share of W's rows, activations already quantized), at the activation
-// row counts of a batched decode step: M = 2 per token with int8x2 (M = 32: 16 sequences), a call per
-// 32 rows of W as the step's phases hand them out.
+// (quantized_matmul_rows over a share of W's rows, activations already quantized), at the row counts of
+// a batched decode step: M tokens with int8 (one activation row each) or int8x2 (two, whose products
+// the AMX path sums in its tiles' epilogue; M = 16: 16 sequences), a call per 32 rows of W as the
+// step's phases hand them out.
 //   ./build/bench/loom_bench_qmatmul --benchmark_min_time=0.2 --benchmark_repetitions=5
-// Arguments: path (0 avx512-vnni, 1 amx), M activation rows, N, K, weights (0 Q4_1 as SmolLM2's layers,
-// 1 Q8_0 as its head), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 32-256
+// Arguments: path (0 avx512-vnni, 1 amx), M tokens, N, K, weights (0 Q4_1 as SmolLM2's layers, 1 Q8_0
+// as its head), rounding (0 int8, 1 int8x2), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 32-256
 // rows of W at a time, and the rows' activations stay in L1/L2), so this times the kernels, not DRAM. "MACs" is multiply-adds per
 // second. Each run first checks that both paths give the same bits (the AMX path's promise).
 // On a shared machine quote the best repetition of each: others' jobs only ever add time.
@@ -30,6 +31,7 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
   const KernelPath path = kPaths[state.range(0)];
   const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
   const QuantType type = state.range(4) == 0 ? QuantType::Q4_1 : QuantType::Q8_0;
+  const ActivationRounding rounding = state.range(5) == 0 ? ActivationRounding::Int8 : ActivationRounding::Int8x2;
   const int64_t chunk = type == QuantType::Q8_0 ? 256 : 32;  // the step's head chunks, and the others'
   for (KernelPath p : kPaths) {
     if (!kernel_path_supported(p)) {
@@ -43,11 +45,11 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
   for (float& v : w) v = normal(gen);
   for (float& v : x) v = normal(gen);
   const QuantizedMatrix q = QuantizedMatrix::quantize(type, w.data(), N, K);
-  std::vector<ActBlock> a(static_cast<size_t>(M * K / 32));
-  quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Avx512Vnni, ActivationRounding::Int8);
+  std::vector<ActBlock> a(static_cast<size_t>(M * activation_levels(rounding) * K / 32));
+  quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Avx512Vnni, rounding);
   std::vector<float> y(static_cast<size_t>(M * N)), other(y.size());
-  quantized_matmul_rows(a.data(), M, q, 0, N, y.data(), N, path, ActivationRounding::Int8);
-  quantized_matmul_rows(a.data(), M, q, 0, N, other.data(), N, kPaths[1 - state.range(0)], ActivationRounding::Int8);
+  quantized_matmul_rows(a.data(), M, q, 0, N, y.data(), N, path, rounding);
+  quantized_matmul_rows(a.data(), M, q, 0, N, other.data(), N, kPaths[1 - state.range(0)], rounding);
   if (std::memcmp(y.data(), other.data(), y.size() * sizeof(float)) != 0) {
     state.SkipWithError("the two paths' outputs differ");
     return;
@@ -55,20 +57,22 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
   // In chunks of rows of W, as the fused step's phases hand them out (each call sets up its tiles).
   for (auto _ : state) {
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-      quantized_matmul_rows(a.data(), M, q, n0, std::min(N, n0 + chunk), y.data(), N, path, ActivationRounding::Int8);
+      quantized_matmul_rows(a.data(), M, q, n0, std::min(N, n0 + chunk), y.data(), N, path, rounding);
     }
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(kernel_path_name(path)) + " " + quant_type_name(type));
+  state.SetLabel(std::string(kernel_path_name(path)) + " " + quant_type_name(type) + " " + activation_rounding_name(rounding));
   state.counters["MACs"] = benchmark::Counter(static_cast<double>(state.iterations() * M * N * K), benchmark::Counter::kIsRate);
 }
 
 void Args(benchmark::internal::Benchmark* b) {
-  for (int64_t M : {1, 2, 4, 8, 16, 32, 64}) {
-    for (int path = 0; path < 2; ++path) {
-      b->Args({path, M, 1536, 576, 0});  // w1 / w3 of SmolLM2-135M (Q4_1)
-      b->Args({path, M, 576, 1536, 0});  // w2
-      b->Args({path, M, 4096, 576, 1});  // a slice of its head (Q8_0 in the GGUF file)
+  for (int rounding = 0; rounding < 2; ++rounding) {
+    for (int64_t M : {1, 2, 4, 8, 16, 32, 64}) {
+      for (int path = 0; path < 2; ++path) {
+        b->Args({path, M, 1536, 576, 0, rounding});  // w1 / w3 of SmolLM2-135M (Q4_1)
+        b->Args({path, M, 576, 1536, 0, rounding});  // w2
+        b->Args({path, M, 4096, 576, 1, rounding});  // a slice of its head (Q8_0 in the GGUF file)
+      }
     }
   }
 }

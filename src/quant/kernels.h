@@ -29,10 +29,19 @@ namespace loom::quant::detail {
 using TileKernel = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* packed, const ActBlock* a,
                             int64_t M, int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy);
 using QuantizeRow = void (*)(const float* x, int64_t K, ActBlock* out);
+// A tile kernel for Int8x2 activations that sums the two levels itself: a is [2M, nb], token m's levels
+// rows 2m and 2m + 1, and y[m * ldy + n] = (level 0's product) + (level 1's), the f32 add that
+// tile_levels (qmatmul.cpp) does on a plain kernel's two rows, so the same bits. It computes the rows
+// from n0 on that it takes (whole 16-row pairs of the interleaved copy) and returns where it stopped:
+// n0 when it takes none (too few rows, or no packed copy).
+using SummedTileKernel = int64_t (*)(const uint8_t* packed, const ActBlock* a, int64_t M, int64_t nb, int64_t n0,
+                                     int64_t n1, float* y, int64_t ldy);
 
 struct KernelTable {
   QuantizeRow quantize_row;
   TileKernel q8_0, q4_0, q4_1, q4_k, q6_k;
+  // nullptr but in the AMX table (whose tiles' epilogue does the sum).
+  SummedTileKernel q8_0_x2 = nullptr, q4_0_x2 = nullptr, q4_1_x2 = nullptr, q4_k_x2 = nullptr;
 };
 
 // Bytes of one block of a group of 8 rows in the interleaved layout; 0 for types without it.

@@ -263,6 +263,16 @@ const detail::KernelTable& kernels_for(KernelPath path) {
   }
 }
 
+detail::SummedTileKernel summed_tile_for(const detail::KernelTable& k, QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0: return k.q8_0_x2;
+    case QuantType::Q4_0: return k.q4_0_x2;
+    case QuantType::Q4_1: return k.q4_1_x2;
+    case QuantType::Q4_K: return k.q4_k_x2;
+    default: return nullptr;
+  }
+}
+
 detail::TileKernel tile_for(const detail::KernelTable& k, QuantType type) {
   switch (type) {
     case QuantType::Q8_0: return k.q8_0;
@@ -357,13 +367,19 @@ void quantize_row_levels(detail::QuantizeRow quantize_row, const float* x, int64
 
 // y[m * ldy + n] for n in [n0, n1) from the levels' rows of a [M * L, nb]. With one level the kernel
 // writes y itself; with two it writes both levels' products of a slice of rows into a small scratch
-// and y is their sum, level 0 + level 1, the same order for every path, thread count and batch.
-void tile_levels(detail::TileKernel tile, const QuantizedMatrix& w, const uint8_t* packed, const ActBlock* a,
-                 int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+// and y is their sum, level 0 + level 1, the same order for every path, thread count and batch. A
+// summed kernel (the AMX path's, from 8 tokens on) forms that same sum in its epilogue for the rows it
+// takes, so its outputs never pass through the scratch.
+void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, const uint8_t* packed,
+                 const ActBlock* a, int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const detail::TileKernel tile = tile_for(kernels, w.type());
   const int64_t nb = w.cols() / 32;
   if (levels == 1) {
     tile(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
     return;
+  }
+  if (const detail::SummedTileKernel summed = summed_tile_for(kernels, w.type()); summed != nullptr) {
+    n0 = summed(packed, a, M, nb, n0, n1, y, ldy);
   }
   const int64_t pb = detail::packed_block_bytes(w.type());
   constexpr int64_t kSlice = 64;  // rows of W per pass: a multiple of 16, the tiles' block of rows
@@ -402,7 +418,7 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   const int64_t N = w.rows(), K = w.cols();
   LOOM_CHECK(K % 32 == 0, "quantized_matmul: K = ", K, " is not a multiple of 32");
   const detail::KernelTable& kernels = kernels_for(path);
-  const detail::TileKernel tile = tile_for(kernels, w.type());
+  tile_for(kernels, w.type());  // refuses a type without kernels
   if (M == 0 || N == 0) return;
   const int64_t nb = K / 32, levels = activation_levels(rounding);
   std::vector<ActBlock> a(static_cast<size_t>(M * levels * nb));
@@ -414,7 +430,7 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
   const int64_t grain = (per_thread + 15) / 16 * 16;
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile_levels(tile, w, packed, a.data(), M, levels, n0, n1, y, N); });
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile_levels(kernels, w, packed, a.data(), M, levels, n0, n1, y, N); });
 }
 
 void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
@@ -431,7 +447,7 @@ void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& 
   if (n0 == n1 || M == 0) return;
   const detail::KernelTable& kernels = kernels_for(path);
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  tile_levels(tile_for(kernels, w.type()), w, packed, a, M, activation_levels(rounding), n0, n1, y, ldy);
+  tile_levels(kernels, w, packed, a, M, activation_levels(rounding), n0, n1, y, ldy);
 }
 
 void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes) {

@@ -158,8 +158,10 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // costs less than the phase that sharing them needs (a single decoding sequence is the case).
   constexpr int64_t kOwnRows = 2;
   // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), small enough that
-  // a thread descheduled while holding one delays the step little.
-  constexpr int64_t kChunk = 32, kHeadChunk = 256;
+  // a thread descheduled while holding one delays the step little. 64 rather than 32: fewer claims and
+  // kernel calls, longer runs of weights read in order (bench/serve_step, 2 threads, SmolLM2 Q4_1, three
+  // interleaved runs at load 1.5-2.6: R = 1 3.65-4.20 -> 3.43-3.99 ms, R = 16 18.9-20.1 -> 17.8-18.7 ms).
+  constexpr int64_t kChunk = 64, kHeadChunk = 256;
   const int threads = num_threads();
 
   // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's

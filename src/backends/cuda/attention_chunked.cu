@@ -1,6 +1,6 @@
 // Attention as blocks of GEMMs (attention_chunked.h says why and how).
 //
-// The row kernels run one warp per row of a block buffer [B, c, j1]: lane l takes keys l, l + 32, ...
+// The row kernels run one warp per row of a block buffer [B Hkv, c, j1]: lane l takes keys l, l + 32, ...
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -17,12 +17,12 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4;  // rows per block of the row kernels
 constexpr int kThreads = 32 * kWarps;
-constexpr size_t kBlockBufferBytes = size_t(256) << 20;  // one [B, c, Tk] f32 buffer at most
+constexpr size_t kBlockBufferBytes = size_t(512) << 20;  // one [B Hkv, c, Tk] f32 buffer at most
 constexpr int64_t kMaxBlockRows = 256;                  // small enough that causal blocks skip ~half
 
 // What the row kernels need about one block (by value: a kernel argument).
 struct Block {
-  int64_t batches;          // B, the GEMMs' batch
+  int64_t batches;          // B * Hkv, the GEMMs' batch
   int64_t rows;             // c
   int64_t i0;               // the block's first query row
   int64_t width;            // j1: the keys a row of the buffers holds
@@ -30,8 +30,8 @@ struct Block {
   int64_t tq, tk;
   bool causal;
   float scale_log2;         // scale * log2(e)
-  int64_t heads_per_batch;  // head n = b * heads_per_batch + h
-  int64_t h;
+  int64_t group;            // g = kv_group: query head n = j * g + member for batch j
+  int64_t member;
   uint32_t threshold;       // dropout: keep iff (bits >> 8) >= threshold; 0 = no dropout
   float keep_scale;
   uint32_t key0, key1;
@@ -61,23 +61,23 @@ __device__ __forceinline__ float warp_max(float v) {
 template <typename E>
 __global__ void softmax_rows_kernel(Block g, const float* s, E* p, float* lse) {
   const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // b * rows + r
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // j * rows + r
   if (row >= g.batches * g.rows) return;
-  const int64_t b = row / g.rows, i = g.i0 + row % g.rows;
-  const int64_t n = b * g.heads_per_batch + g.h;
+  const int64_t j = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t n = j * g.group + g.member;
   const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);  // <= width
   const float* srow = s + row * g.ld;
   float m = -INFINITY;
-  for (int64_t j = lane; j < limit; j += 32) m = fmaxf(m, srow[j] * g.scale_log2);
+  for (int64_t k = lane; k < limit; k += 32) m = fmaxf(m, srow[k] * g.scale_log2);
   m = warp_max(m);
   float l = 0.0f;
-  for (int64_t j = lane; j < limit; j += 32) l += exp2f(srow[j] * g.scale_log2 - m);
+  for (int64_t k = lane; k < limit; k += 32) l += exp2f(srow[k] * g.scale_log2 - m);
   l = warp_sum(l);
   const float row_lse = limit > 0 ? m + log2f(l) : INFINITY;
   E* prow = p + row * g.ld;
-  for (int64_t j = lane; j < g.width; j += 32) {
-    const float v = j < limit ? exp2f(srow[j] * g.scale_log2 - row_lse) * dropout_factor(g, n, i, j) : 0.0f;
-    store_f32(prow, j, v);
+  for (int64_t k = lane; k < g.width; k += 32) {
+    const float v = k < limit ? exp2f(srow[k] * g.scale_log2 - row_lse) * dropout_factor(g, n, i, k) : 0.0f;
+    store_f32(prow, k, v);
   }
   if (lane == 0) lse[n * g.tq + i] = row_lse;
 }
@@ -90,21 +90,21 @@ __global__ void softmax_backward_rows_kernel(Block g, const float* s, const floa
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= g.batches * g.rows) return;
-  const int64_t b = row / g.rows, i = g.i0 + row % g.rows;
-  const int64_t n = b * g.heads_per_batch + g.h;
+  const int64_t j = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t n = j * g.group + g.member;
   const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);
   const float li = lse[n * g.tq + i], di = delta[n * g.tq + i];
   const int64_t base = row * g.ld;
-  for (int64_t j = lane; j < g.width; j += 32) {
+  for (int64_t k = lane; k < g.width; k += 32) {
     float dsv = 0.0f, pzv = 0.0f;
-    if (j < limit) {
-      const float pij = exp2f(s[base + j] * g.scale_log2 - li);
-      const float z = dropout_factor(g, n, i, j);
-      dsv = pij * (dp[base + j] * z - di);
+    if (k < limit) {
+      const float pij = exp2f(s[base + k] * g.scale_log2 - li);
+      const float z = dropout_factor(g, n, i, k);
+      dsv = pij * (dp[base + k] * z - di);
       pzv = pij * z;
     }
-    store_f32(ds, base + j, dsv);
-    store_f32(pz, base + j, pzv);
+    store_f32(ds, base + k, dsv);
+    store_f32(pz, base + k, pzv);
   }
 }
 
@@ -126,42 +126,24 @@ __global__ void delta_kernel(const float* out, const float* dout, HeadLayout l, 
   if (lane == 0) delta[row] = s;
 }
 
-// dst [B, T, H, W] (contiguous bf16) = src rows in layout l, rounded to bf16.
-__global__ void pack_bf16_kernel(const float* src, HeadLayout l, int64_t heads, int64_t t, int64_t width,
-                                 int64_t total, bf16* dst) {
+// dst [B, H, T, W] (head-major, contiguous, f32 or rounded to bf16) = src rows in layout l.
+template <typename E>
+__global__ void pack_kernel(const float* src, HeadLayout l, int64_t heads, int64_t t, int64_t width, int64_t total,
+                            E* dst) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
-  const int64_t c = e % width, h = (e / width) % heads, r = (e / (width * heads)) % t, b = e / (width * heads * t);
+  const int64_t c = e % width, r = (e / width) % t, h = (e / (width * t)) % heads, b = e / (width * t * heads);
   store_f32(dst, e, src[row_offset(l, b, h, r) + c]);
 }
 
-// dst rows in layout l = src [B, T, H, W] (contiguous f32).
+// dst rows in layout l = src [B, H, T, W] (head-major, contiguous f32).
 __global__ void unpack_kernel(const float* src, HeadLayout l, int64_t heads, int64_t t, int64_t width, int64_t total,
                               float* dst) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
-  const int64_t c = e % width, h = (e / width) % heads, r = (e / (width * heads)) % t, b = e / (width * heads * t);
+  const int64_t c = e % width, r = (e / width) % t, h = (e / (width * t)) % heads, b = e / (width * t * heads);
   dst[row_offset(l, b, h, r) + c] = src[e];
 }
-
-// Zeros rows [i0, i0 + rows) of head h, every batch entry, in layout l.
-__global__ void zero_rows_kernel(float* dst, HeadLayout l, int64_t batches, int64_t h, int64_t i0, int64_t rows,
-                                 int64_t width) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= batches * rows * width) return;
-  const int64_t c = e % width, r = (e / width) % rows, b = e / (width * rows);
-  dst[row_offset(l, b, h, i0 + r) + c] = 0.0f;
-}
-
-// An operand of the GEMMs: f32 in the caller's layout, or its packed bf16 copy.
-struct Operand {
-  const void* base = nullptr;
-  HeadLayout layout;
-  size_t element = 4;
-  const void* at(int64_t h, int64_t t) const {
-    return static_cast<const char*>(base) + (h * layout.head_stride + t * layout.row_stride) * int64_t(element);
-  }
-};
 
 // Device scratch from the caching allocator, returned at scope exit (stream-ordered reuse).
 class Scratch {
@@ -181,27 +163,52 @@ class Scratch {
   void* ptr_;
 };
 
-// The operand as the GEMMs read it: itself, or (bf16 products) a packed bf16 copy into `scratch`.
-Operand operand(const Context& ctx, const float* x, const HeadLayout& l, int64_t batches, int64_t heads, int64_t t,
-                int64_t width, bool bf16_products, std::unique_ptr<Scratch>& scratch, const char* op) {
-  if (!bf16_products) return Operand{x, l, sizeof(float)};
-  const int64_t total = batches * t * heads * width;
-  scratch = std::make_unique<Scratch>(ctx.index, size_t(total) * sizeof(bf16));
+// A head-major packed operand [B, H, T, W] (f32, or bf16 for bf16 products).
+struct Packed {
+  std::unique_ptr<Scratch> buffer;
+  int64_t t = 0, width = 0;
+  size_t element = 4;
+  // Row t0 of head n (n = b * H + h).
+  const void* at(int64_t n, int64_t t0) const {
+    return buffer->as<char>() + ((n * t + t0) * width) * int64_t(element);
+  }
+};
+
+Packed pack(const Context& ctx, const float* x, const HeadLayout& l, int64_t batches, int64_t heads, int64_t t,
+            int64_t width, bool bf16_products, const char* op) {
+  Packed p;
+  p.t = t;
+  p.width = width;
+  p.element = bf16_products ? sizeof(bf16) : sizeof(float);
+  const int64_t total = batches * heads * t * width;
+  p.buffer = std::make_unique<Scratch>(ctx.index, size_t(total) * p.element);
   if (total > 0) {
-    pack_bf16_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(x, l, heads, t, width, total, scratch->as<bf16>());
+    if (bf16_products) {
+      pack_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(x, l, heads, t, width, total, p.buffer->as<bf16>());
+    } else {
+      pack_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(x, l, heads, t, width, total, p.buffer->as<float>());
+    }
     LOOM_CUDA_CHECK_LAUNCH(op);
   }
-  return Operand{scratch->as<void>(), HeadLayout{t * heads * width, width, heads * width}, sizeof(bf16)};
+  return p;
+}
+
+void unpack(const Context& ctx, const float* src, const HeadLayout& l, int64_t batches, int64_t heads, int64_t t,
+            int64_t width, float* dst, const char* op) {
+  const int64_t total = batches * heads * t * width;
+  if (total == 0) return;
+  unpack_kernel<<<grid_for(total, 256), 256, 0, ctx.stream>>>(src, l, heads, t, width, total, dst);
+  LOOM_CUDA_CHECK_LAUNCH(op);
 }
 
 Block block_geometry(const AttentionProblem& p) {
   Block g{};
-  g.batches = p.batches;
+  g.batches = p.batches * (p.heads_per_batch / p.kv_group);
   g.tq = p.tq;
   g.tk = p.tk;
   g.causal = p.causal;
   g.scale_log2 = p.scale * kLog2e;
-  g.heads_per_batch = p.heads_per_batch;
+  g.group = p.kv_group;
   // p = 0: threshold 0 keeps everything and the factor is exactly 1 (dropout_factor's early return).
   g.threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p.dropout_p) * 16777216.0));
   g.keep_scale = 1.0f / (1.0f - p.dropout_p);
@@ -211,19 +218,21 @@ Block block_geometry(const AttentionProblem& p) {
   return g;
 }
 
+// Query rows per block: at most kMaxBlockRows, fewer when B * Hkv rows of Tk floats would pass the budget.
 int64_t block_rows(const AttentionProblem& p) {
-  const int64_t per_row = std::max<int64_t>(1, p.batches * std::max<int64_t>(p.tk, 1) * int64_t(sizeof(float)));
+  const int64_t jobs = p.batches * (p.heads_per_batch / p.kv_group);
+  const int64_t per_row = std::max<int64_t>(1, jobs * std::max<int64_t>(p.tk, 1) * int64_t(sizeof(float)));
   return std::clamp<int64_t>(int64_t(kBlockBufferBytes) / per_row, 1, std::min<int64_t>(kMaxBlockRows, p.tq));
 }
 
 int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
 
-// The block's row count j1: keys [0, j1) are visible to some row of [i0, i0 + rows).
+// The block's key count j1: keys [0, j1) are visible to some row of [i0, i0 + rows).
 int64_t block_width(const AttentionProblem& p, int64_t i0, int64_t rows) {
   return key_limit(p.causal, p.tq, p.tk, i0 + rows - 1);
 }
 
-// C = alpha A B (+ beta C), batched over the B batch entries with the given strides.
+// C = alpha A B (+ beta C), batched with the given strides.
 void batched_gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta,
                   float* C, int64_t ldc, int64_t stride_c, bool bf16_inputs, int64_t batches) {
@@ -266,18 +275,22 @@ void chunked_attention_forward(const Context& ctx, const AttentionProblem& p, co
   if (p.heads() == 0 || p.tq == 0) return;
   DeviceGuard guard(ctx.index, op);
   const bool bf = p.bf16_products;
-  const int64_t B = p.batches, Hq = p.heads_per_batch, Hkv = Hq / p.kv_group;
-  std::unique_ptr<Scratch> qs, ks, vs;
-  const Operand qo = operand(ctx, q, p.q, B, Hq, p.tq, p.d, bf, qs, op);
-  const Operand ko = operand(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, ks, op);
-  const Operand vo = operand(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, vs, op);
+  const int64_t B = p.batches, Hq = p.heads_per_batch, G = p.kv_group, Hkv = Hq / G, jobs = B * Hkv;
+  const Packed qp = pack(ctx, q, p.q, B, Hq, p.tq, p.d, bf, op);
+  const Packed kp = pack(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, op);
+  const Packed vp = pack(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, op);
+  // O packed [B, Hq, Tq, Dv], zero where a block sees no key (it is then not written), unpacked at the end.
+  const int64_t n_out = B * Hq * p.tq * p.dv;
+  Scratch o_packed(ctx.index, size_t(n_out) * sizeof(float));
+  LOOM_CUDA_CHECK(op, cudaMemsetAsync(o_packed.as<void>(), 0, size_t(n_out) * sizeof(float), ctx.stream));
   const int64_t chunk = block_rows(p);
-  const size_t cells = size_t(B * chunk * padded(std::max<int64_t>(p.tk, 1)));
+  const size_t cells = size_t(jobs * chunk * padded(std::max<int64_t>(p.tk, 1)));
   Scratch s_buf(ctx.index, cells * sizeof(float)), p_buf(ctx.index, cells * (bf ? sizeof(bf16) : sizeof(float)));
   Block g = block_geometry(p);
-  for (int64_t h = 0; h < Hq; ++h) {
-    const int64_t hk = h / p.kv_group;
-    g.h = h;
+  // Batch j = b * Hkv + hk reads k/v head j and query head n = j * G + r: strides G rows of heads apart.
+  const int64_t q_stride = G * p.tq * p.d, k_stride = p.tk * p.d, v_stride = p.tk * p.dv, o_stride = G * p.tq * p.dv;
+  for (int64_t r = 0; r < G; ++r) {
+    g.member = r;
     for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
       const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
       g.i0 = i0;
@@ -285,27 +298,23 @@ void chunked_attention_forward(const Context& ctx, const AttentionProblem& p, co
       g.width = j1;
       g.ld = ld;
       if (j1 > 0) {
-        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qo.at(h, i0), qo.layout.row_stride, qo.layout.batch_stride,
-                     ko.at(hk, 0), ko.layout.row_stride, ko.layout.batch_stride, 0.0f, s_buf.as<float>(), ld, rows * ld,
-                     bf, B);
+        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(r, i0), p.d, q_stride, kp.at(0, 0), p.d, k_stride,
+                     0.0f, s_buf.as<float>(), ld, rows * ld, bf, jobs);
       }
-      const unsigned grid = unsigned((B * rows + kWarps - 1) / kWarps);
+      const unsigned grid = unsigned((jobs * rows + kWarps - 1) / kWarps);
       if (bf) {
         softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<bf16>(), lse);
       } else {
         softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<float>(), lse);
       }
       LOOM_CUDA_CHECK_LAUNCH(op);
-      float* o = out + h * p.out.head_stride + i0 * p.out.row_stride;
       if (j1 > 0) {
-        batched_gemm(ctx, false, false, rows, p.dv, j1, 1.0f, p_buf.as<void>(), ld, rows * ld, vo.at(hk, 0),
-                     vo.layout.row_stride, vo.layout.batch_stride, 0.0f, o, p.out.row_stride, p.out.batch_stride, bf, B);
-      } else {  // no query row of the block sees a key: zeros, as the CPU
-        zero_rows_kernel<<<grid_for(B * rows * p.dv, 256), 256, 0, ctx.stream>>>(out, p.out, B, h, i0, rows, p.dv);
-        LOOM_CUDA_CHECK_LAUNCH(op);
+        batched_gemm(ctx, false, false, rows, p.dv, j1, 1.0f, p_buf.as<void>(), ld, rows * ld, vp.at(0, 0), p.dv,
+                     v_stride, 0.0f, o_packed.as<float>() + (r * p.tq + i0) * p.dv, p.dv, o_stride, bf, jobs);
       }
     }
   }
+  unpack(ctx, o_packed.as<float>(), p.out, B, Hq, p.tq, p.dv, out, op);
 }
 
 void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, const float* q, const float* k,
@@ -315,26 +324,27 @@ void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, c
   if (p.heads() == 0) return;
   DeviceGuard guard(ctx.index, op);
   const bool bf = p.bf16_products;
-  const int64_t B = p.batches, Hq = p.heads_per_batch, Hkv = Hq / p.kv_group;
-  // dK, dV summed in f32 over every query head of the group and every block, then written in their layouts.
-  const int64_t nk = B * p.tk * Hkv * p.d, nv = B * p.tk * Hkv * p.dv;
+  const int64_t B = p.batches, Hq = p.heads_per_batch, G = p.kv_group, Hkv = Hq / G, jobs = B * Hkv;
+  // dQ packed [B, Hq, Tq, D] (zero where a block sees no key); dK, dV packed [B, Hkv, Tk, *] summed in f32
+  // over every member of the group and every block; all unpacked into their layouts at the end.
+  const int64_t nq = B * Hq * p.tq * p.d, nk = jobs * p.tk * p.d, nv = jobs * p.tk * p.dv;
+  Scratch dq_acc(ctx.index, size_t(nq) * sizeof(float));
   Scratch dk_acc(ctx.index, size_t(nk) * sizeof(float)), dv_acc(ctx.index, size_t(nv) * sizeof(float));
+  LOOM_CUDA_CHECK(op, cudaMemsetAsync(dq_acc.as<void>(), 0, size_t(nq) * sizeof(float), ctx.stream));
   LOOM_CUDA_CHECK(op, cudaMemsetAsync(dk_acc.as<void>(), 0, size_t(nk) * sizeof(float), ctx.stream));
   LOOM_CUDA_CHECK(op, cudaMemsetAsync(dv_acc.as<void>(), 0, size_t(nv) * sizeof(float), ctx.stream));
-  const HeadLayout acc_k{p.tk * Hkv * p.d, p.d, Hkv * p.d}, acc_v{p.tk * Hkv * p.dv, p.dv, Hkv * p.dv};
 
   if (p.tq > 0) {
     Scratch delta(ctx.index, size_t(p.heads() * p.tq) * sizeof(float));
     delta_kernel<<<unsigned((p.heads() * p.tq + kWarps - 1) / kWarps), kThreads, 0, ctx.stream>>>(
         out, dout, p.out, p.heads(), Hq, p.tq, p.dv, delta.as<float>());
     LOOM_CUDA_CHECK_LAUNCH(op);
-    std::unique_ptr<Scratch> qs, ks, vs, dos;
-    const Operand qo = operand(ctx, q, p.q, B, Hq, p.tq, p.d, bf, qs, op);
-    const Operand ko = operand(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, ks, op);
-    const Operand vo = operand(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, vs, op);
-    const Operand doo = operand(ctx, dout, p.out, B, Hq, p.tq, p.dv, bf, dos, op);
+    const Packed qp = pack(ctx, q, p.q, B, Hq, p.tq, p.d, bf, op);
+    const Packed kp = pack(ctx, k, p.k, B, Hkv, p.tk, p.d, bf, op);
+    const Packed vp = pack(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, op);
+    const Packed dop = pack(ctx, dout, p.out, B, Hq, p.tq, p.dv, bf, op);
     const int64_t chunk = block_rows(p);
-    const size_t cells = size_t(B * chunk * padded(std::max<int64_t>(p.tk, 1)));
+    const size_t cells = size_t(jobs * chunk * padded(std::max<int64_t>(p.tk, 1)));
     // f32 S and dP; dS and PZ over them in f32, or in their own bf16 buffers.
     Scratch s_buf(ctx.index, cells * sizeof(float)), dp_buf(ctx.index, cells * sizeof(float));
     std::unique_ptr<Scratch> ds_b, pz_b;
@@ -344,28 +354,23 @@ void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, c
     }
     const void* ds = bf ? ds_b->as<void>() : s_buf.as<void>();
     const void* pz = bf ? pz_b->as<void>() : dp_buf.as<void>();
+    const int64_t q_stride = G * p.tq * p.d, k_stride = p.tk * p.d, v_stride = p.tk * p.dv;
+    const int64_t do_stride = G * p.tq * p.dv;
     Block g = block_geometry(p);
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t hk = h / p.kv_group;
-      g.h = h;
+    for (int64_t r = 0; r < G; ++r) {
+      g.member = r;
       for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
         const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
-        if (j1 == 0) {  // no key: dq rows are 0, nothing reaches dk, dv
-          zero_rows_kernel<<<grid_for(B * rows * p.d, 256), 256, 0, ctx.stream>>>(dq, p.q, B, h, i0, rows, p.d);
-          LOOM_CUDA_CHECK_LAUNCH(op);
-          continue;
-        }
+        if (j1 == 0) continue;  // no key: dq rows stay 0, nothing reaches dk, dv
         g.i0 = i0;
         g.rows = rows;
         g.width = j1;
         g.ld = ld;
-        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qo.at(h, i0), qo.layout.row_stride, qo.layout.batch_stride,
-                     ko.at(hk, 0), ko.layout.row_stride, ko.layout.batch_stride, 0.0f, s_buf.as<float>(), ld, rows * ld,
-                     bf, B);
-        batched_gemm(ctx, false, true, rows, j1, p.dv, 1.0f, doo.at(h, i0), doo.layout.row_stride,
-                     doo.layout.batch_stride, vo.at(hk, 0), vo.layout.row_stride, vo.layout.batch_stride, 0.0f,
-                     dp_buf.as<float>(), ld, rows * ld, bf, B);
-        const unsigned grid = unsigned((B * rows + kWarps - 1) / kWarps);
+        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(r, i0), p.d, q_stride, kp.at(0, 0), p.d, k_stride,
+                     0.0f, s_buf.as<float>(), ld, rows * ld, bf, jobs);
+        batched_gemm(ctx, false, true, rows, j1, p.dv, 1.0f, dop.at(r, i0), p.dv, do_stride, vp.at(0, 0), p.dv,
+                     v_stride, 0.0f, dp_buf.as<float>(), ld, rows * ld, bf, jobs);
+        const unsigned grid = unsigned((jobs * rows + kWarps - 1) / kWarps);
         if (bf) {
           softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
               g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), ds_b->as<bf16>(), pz_b->as<bf16>());
@@ -375,27 +380,19 @@ void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, c
         }
         LOOM_CUDA_CHECK_LAUNCH(op);
         // dQ rows of this block: scale dS K.
-        batched_gemm(ctx, false, false, rows, p.d, j1, p.scale, ds, ld, rows * ld, ko.at(hk, 0), ko.layout.row_stride,
-                     ko.layout.batch_stride, 0.0f, dq + h * p.q.head_stride + i0 * p.q.row_stride, p.q.row_stride,
-                     p.q.batch_stride, bf, B);
+        batched_gemm(ctx, false, false, rows, p.d, j1, p.scale, ds, ld, rows * ld, kp.at(0, 0), p.d, k_stride, 0.0f,
+                     dq_acc.as<float>() + (r * p.tq + i0) * p.d, p.d, q_stride, bf, jobs);
         // dK[0:j1] += scale dS^T Q, dV[0:j1] += PZ^T dO.
-        batched_gemm(ctx, true, false, j1, p.d, rows, p.scale, ds, ld, rows * ld, qo.at(h, i0), qo.layout.row_stride,
-                     qo.layout.batch_stride, 1.0f, dk_acc.as<float>() + hk * acc_k.head_stride, acc_k.row_stride,
-                     acc_k.batch_stride, bf, B);
-        batched_gemm(ctx, true, false, j1, p.dv, rows, 1.0f, pz, ld, rows * ld, doo.at(h, i0), doo.layout.row_stride,
-                     doo.layout.batch_stride, 1.0f, dv_acc.as<float>() + hk * acc_v.head_stride, acc_v.row_stride,
-                     acc_v.batch_stride, bf, B);
+        batched_gemm(ctx, true, false, j1, p.d, rows, p.scale, ds, ld, rows * ld, qp.at(r, i0), p.d, q_stride, 1.0f,
+                     dk_acc.as<float>(), p.d, k_stride, bf, jobs);
+        batched_gemm(ctx, true, false, j1, p.dv, rows, 1.0f, pz, ld, rows * ld, dop.at(r, i0), p.dv, do_stride, 1.0f,
+                     dv_acc.as<float>(), p.dv, v_stride, bf, jobs);
       }
     }
   }
-  if (nk > 0) {
-    unpack_kernel<<<grid_for(nk, 256), 256, 0, ctx.stream>>>(dk_acc.as<float>(), p.k, Hkv, p.tk, p.d, nk, dk);
-    LOOM_CUDA_CHECK_LAUNCH(op);
-  }
-  if (nv > 0) {
-    unpack_kernel<<<grid_for(nv, 256), 256, 0, ctx.stream>>>(dv_acc.as<float>(), p.v, Hkv, p.tk, p.dv, nv, dv);
-    LOOM_CUDA_CHECK_LAUNCH(op);
-  }
+  unpack(ctx, dq_acc.as<float>(), p.q, B, Hq, p.tq, p.d, dq, op);
+  unpack(ctx, dk_acc.as<float>(), p.k, B, Hkv, p.tk, p.d, dk, op);
+  unpack(ctx, dv_acc.as<float>(), p.v, B, Hkv, p.tk, p.dv, dv, op);
 }
 
 }  // namespace loom::cuda

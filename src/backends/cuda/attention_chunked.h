@@ -3,21 +3,26 @@
 //
 // Why: the warp kernels run on the CUDA cores at ~1 TFLOP/s (GPT-2 small, T = 1024: 1.0 s of a 1.4 s step
 // on an H200), while the GEMMs of a block of query rows run on the tensor cores (bf16 products) or at the
-// f32 rate. Per query head h and block of c query rows [i0, i0 + c), batched over the B batch entries,
-// with j1 the block's last visible key + 1 (causal blocks stop early, so about half the square is done):
+// f32 rate. q, k, v (and dO) are first packed head-major, [B, H, T, D], so that one strided-batched GEMM
+// covers every batch entry and every k/v head at once: batch j = b * Hkv + hk, and query head
+// n = j * g + r for the group's member r (g = kv_group). Per member r and block of c query rows
+// [i0, i0 + c), with j1 the block's last visible key + 1 (causal blocks stop early, so about half the
+// square is done):
 //
-//   forward:  S [B, c, j1] = Q_h[i0:] K_g^T             (GEMM, raw scores, f32)
+//   forward:  S [B Hkv, c, j1] = Q_n[i0:] K_j^T          (GEMM, raw scores, f32)
 //             P = exp2(S scale log2e - lse) Z, lse      (row kernel; Z the dropout factor, 1 without)
-//             O_h[i0:] = P V_g                           (GEMM, written in place in out's layout)
+//             O_n[i0:] = P V_j                           (GEMM into a packed O, unpacked into out at the end)
 //   backward: delta_i = dO_i . O_i                       (row kernel, once)
-//             S again; dP [B, c, j1] = dO_h[i0:] V_g^T   (GEMMs)
+//             S again; dP = dO_n[i0:] V_j^T              (GEMMs)
 //             dS = P (dP Z - delta), PZ = P Z            (row kernel)
-//             dQ_h[i0:] = scale dS K_g                   (GEMM, in place)
-//             dK_g += scale dS^T Q_h[i0:], dV_g += PZ^T dO_h[i0:]  (GEMMs into f32 accumulators, in head
-//                                                        and block order: the same bits every run)
+//             dQ_n[i0:] = scale dS K_j                   (GEMM into a packed dQ)
+//             dK_j += scale dS^T Q_n[i0:], dV_j += PZ^T dO_n[i0:]  (GEMMs into f32 accumulators, in
+//                                                        member and block order: the same bits every run)
 //
-// Memory: the block buffers, B * c * Tk floats (c shrinks so they stay under 256 MiB), plus f32 dK/dV
-// accumulators: linear in T, never [Tq, Tk] for all heads at once.
+// Launches: (3 forward, 6 backward) per member and block, not per head: host time per launch, not the GPU,
+// bounded the per-head version (GPT-2 small: 432 launches a layer).
+// Memory: the block buffers, B * Hkv * c * Tk floats (c shrinks so they stay under 512 MiB), the packed
+// copies and f32 dK/dV accumulators: linear in T, never [Tq, Tk] for all heads at once.
 // bf16_products (mixed precision): q, k, v, dO are packed as bf16 and P, dS rounded to bf16 as they form,
 // the CPU's AVX512-BF16 contract (attention_problem.h), so the five products run on the tensor cores
 // with f32 accumulation; scores, the softmax, lse, delta and every sum stay f32.

@@ -17,12 +17,16 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4;  // rows per block of the row kernels
 constexpr int kThreads = 32 * kWarps;
-constexpr size_t kBlockBufferBytes = size_t(512) << 20;  // one [B Hkv, c, Tk] f32 buffer at most
+// The f32 score buffer of one GEMM call: small enough that S, then P, stay in the H200's 60 MB L2
+// between the GEMM that writes them and the kernel or GEMM that reads them (calls take fewer k/v heads
+// when the rows are long). All of B Hkv at once streamed 0.5 GB buffers through HBM: slower at batch 64.
+constexpr size_t kBlockBufferBytes = size_t(32) << 20;
 constexpr int64_t kMaxBlockRows = 256;                  // small enough that causal blocks skip ~half
 
 // What the row kernels need about one block (by value: a kernel argument).
 struct Block {
-  int64_t batches;          // B * Hkv, the GEMMs' batch
+  int64_t batches;          // the call's k/v heads j0 .. j0 + batches - 1 (of B * Hkv)
+  int64_t j0;
   int64_t rows;             // c
   int64_t i0;               // the block's first query row
   int64_t width;            // j1: the keys a row of the buffers holds
@@ -63,7 +67,7 @@ __global__ void softmax_rows_kernel(Block g, const float* s, E* p, float* lse) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // j * rows + r
   if (row >= g.batches * g.rows) return;
-  const int64_t j = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t j = g.j0 + row / g.rows, i = g.i0 + row % g.rows;
   const int64_t n = j * g.group + g.member;
   const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);  // <= width
   const float* srow = s + row * g.ld;
@@ -90,7 +94,7 @@ __global__ void softmax_backward_rows_kernel(Block g, const float* s, const floa
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= g.batches * g.rows) return;
-  const int64_t j = row / g.rows, i = g.i0 + row % g.rows;
+  const int64_t j = g.j0 + row / g.rows, i = g.i0 + row % g.rows;
   const int64_t n = j * g.group + g.member;
   const int64_t limit = key_limit(g.causal, g.tq, g.tk, i);
   const float li = lse[n * g.tq + i], di = delta[n * g.tq + i];
@@ -218,14 +222,20 @@ Block block_geometry(const AttentionProblem& p) {
   return g;
 }
 
-// Query rows per block: at most kMaxBlockRows, fewer when B * Hkv rows of Tk floats would pass the budget.
+int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
+
+// Query rows per block: at most kMaxBlockRows, fewer when one k/v head's rows of Tk floats would pass
+// the buffer's budget.
 int64_t block_rows(const AttentionProblem& p) {
-  const int64_t jobs = p.batches * (p.heads_per_batch / p.kv_group);
-  const int64_t per_row = std::max<int64_t>(1, jobs * std::max<int64_t>(p.tk, 1) * int64_t(sizeof(float)));
+  const int64_t per_row = std::max<int64_t>(1, padded(std::max<int64_t>(p.tk, 1)) * int64_t(sizeof(float)));
   return std::clamp<int64_t>(int64_t(kBlockBufferBytes) / per_row, 1, std::min<int64_t>(kMaxBlockRows, p.tq));
 }
 
-int64_t padded(int64_t n) { return (n + 7) / 8 * 8; }
+// k/v heads per GEMM call for a block of `rows` x `ld` scores: as many as the budget holds.
+int64_t heads_per_call(int64_t rows, int64_t ld, int64_t jobs) {
+  const int64_t per_head = std::max<int64_t>(1, rows * ld * int64_t(sizeof(float)));
+  return std::clamp<int64_t>(int64_t(kBlockBufferBytes) / per_head, 1, jobs);
+}
 
 // The block's key count j1: keys [0, j1) are visible to some row of [i0, i0 + rows).
 int64_t block_width(const AttentionProblem& p, int64_t i0, int64_t rows) {
@@ -284,7 +294,7 @@ void chunked_attention_forward(const Context& ctx, const AttentionProblem& p, co
   Scratch o_packed(ctx.index, size_t(n_out) * sizeof(float));
   LOOM_CUDA_CHECK(op, cudaMemsetAsync(o_packed.as<void>(), 0, size_t(n_out) * sizeof(float), ctx.stream));
   const int64_t chunk = block_rows(p);
-  const size_t cells = size_t(jobs * chunk * padded(std::max<int64_t>(p.tk, 1)));
+  const size_t cells = std::max<size_t>(kBlockBufferBytes / sizeof(float), size_t(chunk * padded(std::max<int64_t>(p.tk, 1))));
   Scratch s_buf(ctx.index, cells * sizeof(float)), p_buf(ctx.index, cells * (bf ? sizeof(bf16) : sizeof(float)));
   Block g = block_geometry(p);
   // Batch j = b * Hkv + hk reads k/v head j and query head n = j * G + r: strides G rows of heads apart.
@@ -293,24 +303,31 @@ void chunked_attention_forward(const Context& ctx, const AttentionProblem& p, co
     g.member = r;
     for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
       const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
+      const int64_t per_call = heads_per_call(rows, std::max<int64_t>(ld, 1), jobs);
       g.i0 = i0;
       g.rows = rows;
       g.width = j1;
       g.ld = ld;
-      if (j1 > 0) {
-        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(r, i0), p.d, q_stride, kp.at(0, 0), p.d, k_stride,
-                     0.0f, s_buf.as<float>(), ld, rows * ld, bf, jobs);
-      }
-      const unsigned grid = unsigned((jobs * rows + kWarps - 1) / kWarps);
-      if (bf) {
-        softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<bf16>(), lse);
-      } else {
-        softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<float>(), lse);
-      }
-      LOOM_CUDA_CHECK_LAUNCH(op);
-      if (j1 > 0) {
-        batched_gemm(ctx, false, false, rows, p.dv, j1, 1.0f, p_buf.as<void>(), ld, rows * ld, vp.at(0, 0), p.dv,
-                     v_stride, 0.0f, o_packed.as<float>() + (r * p.tq + i0) * p.dv, p.dv, o_stride, bf, jobs);
+      for (int64_t j0 = 0; j0 < jobs; j0 += per_call) {
+        const int64_t nb = std::min(per_call, jobs - j0);
+        g.j0 = j0;
+        g.batches = nb;
+        if (j1 > 0) {
+          batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(j0 * G + r, i0), p.d, q_stride, kp.at(j0, 0), p.d,
+                       k_stride, 0.0f, s_buf.as<float>(), ld, rows * ld, bf, nb);
+        }
+        const unsigned grid = unsigned((nb * rows + kWarps - 1) / kWarps);
+        if (bf) {
+          softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<bf16>(), lse);
+        } else {
+          softmax_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(g, s_buf.as<float>(), p_buf.as<float>(), lse);
+        }
+        LOOM_CUDA_CHECK_LAUNCH(op);
+        if (j1 > 0) {
+          batched_gemm(ctx, false, false, rows, p.dv, j1, 1.0f, p_buf.as<void>(), ld, rows * ld, vp.at(j0, 0), p.dv,
+                       v_stride, 0.0f, o_packed.as<float>() + ((j0 * G + r) * p.tq + i0) * p.dv, p.dv, o_stride, bf,
+                       nb);
+        }
       }
     }
   }
@@ -344,7 +361,7 @@ void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, c
     const Packed vp = pack(ctx, v, p.v, B, Hkv, p.tk, p.dv, bf, op);
     const Packed dop = pack(ctx, dout, p.out, B, Hq, p.tq, p.dv, bf, op);
     const int64_t chunk = block_rows(p);
-    const size_t cells = size_t(jobs * chunk * padded(std::max<int64_t>(p.tk, 1)));
+    const size_t cells = std::max<size_t>(kBlockBufferBytes / sizeof(float), size_t(chunk * padded(std::max<int64_t>(p.tk, 1))));
     // f32 S and dP; dS and PZ over them in f32, or in their own bf16 buffers.
     Scratch s_buf(ctx.index, cells * sizeof(float)), dp_buf(ctx.index, cells * sizeof(float));
     std::unique_ptr<Scratch> ds_b, pz_b;
@@ -362,31 +379,37 @@ void chunked_attention_backward(const Context& ctx, const AttentionProblem& p, c
       for (int64_t i0 = 0; i0 < p.tq; i0 += chunk) {
         const int64_t rows = std::min(chunk, p.tq - i0), j1 = block_width(p, i0, rows), ld = padded(j1);
         if (j1 == 0) continue;  // no key: dq rows stay 0, nothing reaches dk, dv
+        const int64_t per_call = heads_per_call(rows, ld, jobs);
         g.i0 = i0;
         g.rows = rows;
         g.width = j1;
         g.ld = ld;
-        batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(r, i0), p.d, q_stride, kp.at(0, 0), p.d, k_stride,
-                     0.0f, s_buf.as<float>(), ld, rows * ld, bf, jobs);
-        batched_gemm(ctx, false, true, rows, j1, p.dv, 1.0f, dop.at(r, i0), p.dv, do_stride, vp.at(0, 0), p.dv,
-                     v_stride, 0.0f, dp_buf.as<float>(), ld, rows * ld, bf, jobs);
-        const unsigned grid = unsigned((jobs * rows + kWarps - 1) / kWarps);
-        if (bf) {
-          softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
-              g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), ds_b->as<bf16>(), pz_b->as<bf16>());
-        } else {
-          softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
-              g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), s_buf.as<float>(), dp_buf.as<float>());
+        for (int64_t j0 = 0; j0 < jobs; j0 += per_call) {
+          const int64_t nb = std::min(per_call, jobs - j0), n0 = j0 * G + r;  // the call's first query head
+          g.j0 = j0;
+          g.batches = nb;
+          batched_gemm(ctx, false, true, rows, j1, p.d, 1.0f, qp.at(n0, i0), p.d, q_stride, kp.at(j0, 0), p.d,
+                       k_stride, 0.0f, s_buf.as<float>(), ld, rows * ld, bf, nb);
+          batched_gemm(ctx, false, true, rows, j1, p.dv, 1.0f, dop.at(n0, i0), p.dv, do_stride, vp.at(j0, 0), p.dv,
+                       v_stride, 0.0f, dp_buf.as<float>(), ld, rows * ld, bf, nb);
+          const unsigned grid = unsigned((nb * rows + kWarps - 1) / kWarps);
+          if (bf) {
+            softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+                g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), ds_b->as<bf16>(), pz_b->as<bf16>());
+          } else {
+            softmax_backward_rows_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+                g, s_buf.as<float>(), dp_buf.as<float>(), lse, delta.as<float>(), s_buf.as<float>(), dp_buf.as<float>());
+          }
+          LOOM_CUDA_CHECK_LAUNCH(op);
+          // dQ rows of this block: scale dS K.
+          batched_gemm(ctx, false, false, rows, p.d, j1, p.scale, ds, ld, rows * ld, kp.at(j0, 0), p.d, k_stride, 0.0f,
+                       dq_acc.as<float>() + (n0 * p.tq + i0) * p.d, p.d, q_stride, bf, nb);
+          // dK[0:j1] += scale dS^T Q, dV[0:j1] += PZ^T dO.
+          batched_gemm(ctx, true, false, j1, p.d, rows, p.scale, ds, ld, rows * ld, qp.at(n0, i0), p.d, q_stride, 1.0f,
+                       dk_acc.as<float>() + j0 * k_stride, p.d, k_stride, bf, nb);
+          batched_gemm(ctx, true, false, j1, p.dv, rows, 1.0f, pz, ld, rows * ld, dop.at(n0, i0), p.dv, do_stride,
+                       1.0f, dv_acc.as<float>() + j0 * v_stride, p.dv, v_stride, bf, nb);
         }
-        LOOM_CUDA_CHECK_LAUNCH(op);
-        // dQ rows of this block: scale dS K.
-        batched_gemm(ctx, false, false, rows, p.d, j1, p.scale, ds, ld, rows * ld, kp.at(0, 0), p.d, k_stride, 0.0f,
-                     dq_acc.as<float>() + (r * p.tq + i0) * p.d, p.d, q_stride, bf, jobs);
-        // dK[0:j1] += scale dS^T Q, dV[0:j1] += PZ^T dO.
-        batched_gemm(ctx, true, false, j1, p.d, rows, p.scale, ds, ld, rows * ld, qp.at(r, i0), p.d, q_stride, 1.0f,
-                     dk_acc.as<float>(), p.d, k_stride, bf, jobs);
-        batched_gemm(ctx, true, false, j1, p.dv, rows, 1.0f, pz, ld, rows * ld, dop.at(r, i0), p.dv, do_stride, 1.0f,
-                     dv_acc.as<float>(), p.dv, v_stride, bf, jobs);
       }
     }
   }

@@ -17,10 +17,11 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4;  // rows per block of the row kernels
 constexpr int kThreads = 32 * kWarps;
-// The f32 score buffer of one GEMM call: small enough that S, then P, stay in the H200's 60 MB L2
-// between the GEMM that writes them and the kernel or GEMM that reads them (calls take fewer k/v heads
-// when the rows are long). All of B Hkv at once streamed 0.5 GB buffers through HBM: slower at batch 64.
-constexpr size_t kBlockBufferBytes = size_t(32) << 20;
+// The f32 score buffer of one GEMM call. Measured on an H200 (docs/cuda.md): one call per head (432
+// launches a layer for GPT-2 small) was bound by host time per launch; all B Hkv heads in one call was
+// fastest up to ~200 MB of scores and slower at batch 64 (0.5 GB); a 32 MiB cap (to stay in L2) was in
+// between. Calls take as many k/v heads as fit this budget.
+constexpr size_t kBlockBufferBytes = size_t(256) << 20;
 constexpr int64_t kMaxBlockRows = 256;                  // small enough that causal blocks skip ~half
 
 // What the row kernels need about one block (by value: a kernel argument).

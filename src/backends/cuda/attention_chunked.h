@@ -19,11 +19,11 @@
 //             dK_j += scale dS^T Q_n[i0:], dV_j += PZ^T dO_n[i0:]  (GEMMs into f32 accumulators, in
 //                                                        member and block order: the same bits every run)
 //
-// A call covers as many k/v heads as keep its f32 scores under 32 MiB, so that S and P stay in L2
-// between the GEMM that writes them and what reads them: one call per head (432 launches a layer for
-// GPT-2 small) was bound by host time per launch, all heads at once (0.5 GB buffers at batch 64) by HBM.
-// Memory: the block buffers (32 MiB of scores, or one head's block if larger), the packed copies and
-// f32 dK/dV accumulators: linear in T, never [Tq, Tk] for all heads at once.
+// A call covers as many k/v heads as keep its f32 scores within a budget (256 MiB; the .cu says what
+// other choices measured): one call per head (432 launches a layer for GPT-2 small) was bound by host
+// time per launch, all heads at once slowed down at batch 64 (0.5 GB of scores a call).
+// Memory: the block buffers (the budget, or one head's block if larger), the packed copies and f32
+// dK/dV accumulators: linear in T, never [Tq, Tk] for all heads at once.
 // bf16_products (mixed precision): q, k, v, dO are packed as bf16 and P, dS rounded to bf16 as they form,
 // the CPU's AVX512-BF16 contract (attention_problem.h), so the five products run on the tensor cores
 // with f32 accumulation; scores, the softmax, lse, delta and every sum stay f32.

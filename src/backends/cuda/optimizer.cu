@@ -1,6 +1,6 @@
 // Optimizer kernels (optimizer.h). AdamW is one grid-stride pass (memory bound: 4 f32 reads, 3 writes
-// per element, 2 more bytes with the bf16 copy); one launch per parameter tensor (a multi-tensor launch
-// over all parameters is the next step once a GPU run has timed the per-tensor launches).
+// per element, 2 more bytes with the bf16 copy); one launch per parameter tensor. On an H200 clip + AdamW
+// took 4 ms of GPT-2 small's 123 ms bf16 step (docs/cuda.md), so a multi-tensor launch can wait.
 #include <cmath>
 
 #include "backends/cuda/check.h"

@@ -150,10 +150,11 @@ def loom_counters(url):
             text = r.read().decode()
     except Exception:
         return None
-    found = dict(re.findall(r"^(loom_steps_total|loom_step_rows_total) (\S+)$", text, re.M))
-    if len(found) != 2:
+    names = ("loom_steps_total", "loom_step_rows_total", "loom_forward_seconds_total", "loom_sample_seconds_total")
+    found = dict(re.findall(r"^(%s) (\S+)$" % "|".join(names), text, re.M))
+    if len(found) != len(names):
         return None
-    return float(found["loom_steps_total"]), float(found["loom_step_rows_total"])
+    return tuple(float(found[n]) for n in names)
 
 
 def main():
@@ -197,7 +198,12 @@ def main():
                 after = loom_counters(url)
                 if before and after and after[0] > before[0]:
                     r["steps"] = int(after[0] - before[0])
-                    r["rows_per_step"] = round((after[1] - before[1]) / (after[0] - before[0]), 2)
+                    steps = after[0] - before[0]
+                    r["rows_per_step"] = round((after[1] - before[1]) / steps, 2)
+                    # Where loom's scheduler spent the level: its forward passes, and sampling and delivering.
+                    r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
+                    r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
+                    r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
                 r["load_average"] = round(os.getloadavg()[0], 2)
                 print(json.dumps({"server": name, **r}), flush=True)
     finally:

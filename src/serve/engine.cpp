@@ -514,8 +514,10 @@ void Engine::step() {
   if (items.empty()) return;
 
   const int64_t V = model_.vocab_size();
-  std::vector<float> logits;  // [items wanting logits, V]
+  std::vector<float> logits;  // per-sequence mode: [items wanting logits, V]
+  Tensor batched_logits;      // batched mode: [items wanting logits, V], read where it lies
   std::vector<Sequence*> wanting;
+  const auto forward_start = Clock::now();
   try {
     if (decoder_) {
       std::vector<nn::DecoderBatchItem> batch;
@@ -525,8 +527,7 @@ void Engine::step() {
                          std::span<const int32_t>(it.seq->tokens.data() + it.seq->computed, static_cast<size_t>(it.n)), last});
         if (last) wanting.push_back(it.seq);
       }
-      Tensor out = nn::paged_decoder_forward(*decoder_, *kv_, batch);  // [wanting, V]
-      logits.assign(out.data<float>(), out.data<float>() + out.numel());
+      batched_logits = nn::paged_decoder_forward(*decoder_, *kv_, batch);  // [wanting, V]
     } else {
       for (const Item& it : items) {
         std::vector<int32_t> ids(it.seq->tokens.begin() + it.seq->computed, it.seq->tokens.begin() + it.seq->computed + it.n);
@@ -543,12 +544,16 @@ void Engine::step() {
     return;
   }
   ++counters_.steps;
+  const auto forward_end = Clock::now();
+  counters_.forward_seconds += std::chrono::duration<double>(forward_end - forward_start).count();
   for (const Item& it : items) {
     it.seq->computed += it.n;
     counters_.step_rows += it.n;
     publish_full_blocks(*it.seq);
   }
-  for (size_t i = 0; i < wanting.size(); ++i) sample(*wanting[i], logits.data() + i * static_cast<size_t>(V));
+  const float* rows = wanting.empty() ? nullptr : decoder_ ? batched_logits.data<float>() : logits.data();
+  for (size_t i = 0; i < wanting.size(); ++i) sample(*wanting[i], rows + i * static_cast<size_t>(V));
+  counters_.sample_seconds += std::chrono::duration<double>(Clock::now() - forward_end).count();
   std::erase_if(running_, [](const auto& s) { return s->done; });
 }
 

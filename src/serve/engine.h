@@ -161,6 +161,9 @@ struct EngineStats {
   int64_t finished_by_reason[5] = {};  // indexed by FinishReason
   int64_t prompt_tokens = 0, prefix_cached_tokens = 0, generated_tokens = 0;
   int64_t steps = 0, step_rows = 0, preemptions = 0;
+  // Seconds the scheduler spent in forward passes, and in sampling and delivering their tokens: with the
+  // wall time they say whether a step's arithmetic or what surrounds it (HTTP, scheduling) bounds a load.
+  double forward_seconds = 0, sample_seconds = 0;
   int64_t queued = 0;  // requests in the queue (waiting, not yet running): what max_queued bounds
   double time_to_first_token_sum = 0;  // seconds, over the requests that produced a token
   int64_t time_to_first_token_count = 0;

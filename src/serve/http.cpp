@@ -59,6 +59,8 @@ std::string metrics_text(const EngineStats& s, int64_t rejected_queue_full, int6
   metric("loom_tokens_per_second", "gauge", "Tokens sampled per second over the last 10 s.", s.tokens_per_second);
   metric("loom_steps_total", "counter", "Forward passes of the running batch.", s.steps);
   metric("loom_step_rows_total", "counter", "Rows (tokens) computed over all forward passes.", s.step_rows);
+  metric("loom_forward_seconds_total", "counter", "Seconds spent in forward passes.", s.forward_seconds);
+  metric("loom_sample_seconds_total", "counter", "Seconds spent sampling and delivering the passes' tokens.", s.sample_seconds);
   metric("loom_preemptions_total", "counter", "Sequences that gave back their blocks to be recomputed later.", s.preemptions);
   metric("loom_kv_blocks", "gauge", "Blocks in the KV cache.", s.kv_blocks);
   metric("loom_kv_blocks_free", "gauge", "Blocks no running sequence holds (cached prefixes included).", s.kv_blocks_free);

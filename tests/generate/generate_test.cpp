@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "generate/generate.h"
@@ -116,4 +117,45 @@ TEST(Sampler, NonFiniteLogitsAreAnError) {
   EXPECT_EQ(generate::sample_token(masked, 3, {0.0f, 0, 1.0f}, RngKey::from_seed(1), 0), 1);
   const float none[2] = {-INFINITY, -INFINITY};
   EXPECT_THROW(generate::sample_token(none, 2, {0.0f, 0, 1.0f}, RngKey::from_seed(1), 0), Error);
+}
+
+// Greedy sampling scans the logits in 16 lanes: its token is std::max_element's (the first of equal
+// maxima) wherever the maximum sits, in the lanes' body or the tail, ties across lanes included; a NaN
+// or +Inf anywhere is found and named; rows of -Inf but one pick that one.
+TEST(Sampler, GreedyIsTheFirstMaximumAtAnyPosition) {
+  const int64_t V = 49157;  // not a multiple of 16: a tail of 5
+  std::vector<float> logits(static_cast<size_t>(V));
+  uint32_t state = 12345;
+  for (float& x : logits) {
+    state = state * 1664525u + 1013904223u;
+    x = static_cast<float>(state >> 8) / 16777216.0f * 8.0f - 4.0f;
+  }
+  const generate::SamplingOptions greedy{0.0f, 0, 1.0f};
+  for (const int64_t at : {int64_t{0}, int64_t{15}, int64_t{16}, int64_t{777}, V - 6, V - 5, V - 1}) {
+    std::vector<float> l = logits;
+    l[static_cast<size_t>(at)] = 9.0f;
+    EXPECT_EQ(generate::sample_token(l.data(), V, greedy, RngKey{}, 0), at) << "max at " << at;
+    // A tie later (another lane, or the tail) keeps the first; a tie earlier takes the earlier.
+    for (const int64_t other : {int64_t{3}, int64_t{40001}, V - 2}) {
+      if (other == at) continue;
+      std::vector<float> t = l;
+      t[static_cast<size_t>(other)] = 9.0f;
+      EXPECT_EQ(generate::sample_token(t.data(), V, greedy, RngKey{}, 0), std::min(at, other)) << at << " and " << other;
+    }
+    for (const float bad : {std::nanf(""), INFINITY}) {
+      std::vector<float> b = l;
+      b[static_cast<size_t>(at)] = bad;
+      try {
+        generate::sample_token(b.data(), V, greedy, RngKey{}, 0);
+        ADD_FAILURE() << "sampled from logits holding " << bad << " at " << at;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("token " + std::to_string(at) + " of"), std::string::npos) << e.what();
+      }
+    }
+    std::vector<float> masked(static_cast<size_t>(V), -INFINITY);
+    masked[static_cast<size_t>(at)] = -1e30f;
+    EXPECT_EQ(generate::sample_token(masked.data(), V, greedy, RngKey{}, 0), at);
+  }
+  EXPECT_EQ(generate::sample_token(logits.data(), V, greedy, RngKey{}, 0),
+            std::max_element(logits.begin(), logits.end()) - logits.begin());
 }

@@ -12,10 +12,13 @@
 // prefetch), payload (bytes as CommStats counts them: an all-reduce's buffer, an all-gather's input, a
 // reduce-scatter's whole input, a message) and gap (compute between calls, in microseconds of one core's
 // CPU time), each rank runs N rounds of [compute the gap, the collective] and, separately, N rounds of
-// the gap alone, alternating, `reps` times. The collective's cost is the median difference of the two wall
-// times per call, the slowest rank's:
-// what adding the collective to the step adds to its time, with the scheduling and wake-ups it brings
-// when more ranks than cores share the machine (the gap alone already counts its share of the cores).
+// the gap alone, alternating, `reps` times. The collective's cost (per_call_s) is what adding it to the
+// step adds to its time. With a core per rank: the ranks' mean time inside the call (a started one's
+// start and wait), the median over the reps, measured directly. With more ranks than cores: the median
+// difference of the two rounds' wall times per call, the slowest rank's, with the scheduling and wake-ups
+// the call brings (the gap alone already counts its share of the cores). Both are printed
+// (in_call_s, rounds_difference_s); at 2 ranks the difference, two wall times of 1-4 ms, swung by
+// hundreds of microseconds per call between runs minutes apart and came out negative at the 400 us gap.
 // The ranks' mean CPU time in the rounds with the collective, less the gaps' own (every thread: the MPI
 // waits' polling and naps, the copies, the communication thread), per call is the CPU a call takes from
 // the cores (cpu_per_call_s): what it costs a step whose cores are all busy, whatever the wait.
@@ -144,9 +147,9 @@ int main(int argc, char** argv) {
   // The CPU is the process's (every thread) less what the gaps' compute took on this thread: the calls'
   // own CPU on the calling thread, the communication thread's, MPI's.
   struct Timing {
-    double wall = 0, cpu = 0;
+    double wall = 0, cpu = 0, in_call = 0;
   };
-  double work_cpu = 0;
+  double work_cpu = 0, in_call = 0;
   auto compute = [&](int64_t iters) {
     const double a = thread_cpu_seconds();
     work(iters);
@@ -157,16 +160,21 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = process_cpu_seconds();
     work_cpu = 0;
+    in_call = 0;
     for (int c = 0; c < calls; ++c) body();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = process_cpu_seconds() - cpu_start - work_cpu;
-    std::vector<double> all(static_cast<size_t>(2 * world), 0.0);
+    std::vector<double> all(static_cast<size_t>(3 * world), 0.0);
     all[static_cast<size_t>(rank)] = s;
     all[static_cast<size_t>(world + rank)] = cpu;
-    comm->all_reduce_sum(all.data(), 2 * world, comm->world());
-    double cpu_sum = 0;
-    for (int r = 0; r < world; ++r) cpu_sum += all[static_cast<size_t>(world + r)];
-    return Timing{*std::max_element(all.begin(), all.begin() + world), cpu_sum / world};
+    all[static_cast<size_t>(2 * world + rank)] = in_call;
+    comm->all_reduce_sum(all.data(), 3 * world, comm->world());
+    double cpu_sum = 0, in_call_sum = 0;
+    for (int r = 0; r < world; ++r) {
+      cpu_sum += all[static_cast<size_t>(world + r)];
+      in_call_sum += all[static_cast<size_t>(2 * world + r)];
+    }
+    return Timing{*std::max_element(all.begin(), all.begin() + world), cpu_sum / world, in_call_sum / world};
   };
   for (const std::string& kind : kinds) {
     for (int64_t bytes : list_of(bytes_text)) {
@@ -192,9 +200,14 @@ int main(int argc, char** argv) {
               comm->send(in.data(), n, next);
             }
           } else if (kind == "started_all_gather") {
+            auto t = std::chrono::steady_clock::now();
             auto pending = comm->start_all_gather(in.data(), n, out.data(), group);
+            in_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
             compute(iters);
+            t = std::chrono::steady_clock::now();
             comm->wait(pending);
+            in_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+            return;
           } else {
             if (rank == 0) std::fprintf(stderr, "unknown kind %s\n", kind.c_str());
             std::exit(2);
@@ -203,19 +216,27 @@ int main(int argc, char** argv) {
         // started_all_gather computes its gap while the gather runs (the overlap FSDP does).
         const bool overlapped = kind == "started_all_gather";
         auto with_call = [&] {
-          if (!overlapped) compute(iters);
+          if (overlapped) {
+            call();  // times its own start and wait
+            return;
+          }
+          compute(iters);
+          const auto t = std::chrono::steady_clock::now();
           call();
+          in_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         };
         timed(with_call);  // warm-up (groups, buffers)
         // Rounds with and without the collective, alternating; the median of their differences (other
         // jobs on the machine take cores at random moments: a median keeps one unlucky round out).
-        std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size()), cpu_diff(alone.size());
+        std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size()), cpu_diff(alone.size()),
+            inside(alone.size());
         for (int k = 0; k < reps; ++k) {
           const Timing a = timed([&] { compute(iters); }), w = timed(with_call);
           alone[static_cast<size_t>(k)] = a.wall;
           with[static_cast<size_t>(k)] = w.wall;
           diff[static_cast<size_t>(k)] = w.wall - a.wall;
           cpu_diff[static_cast<size_t>(k)] = w.cpu;
+          inside[static_cast<size_t>(k)] = w.in_call;
         }
         comm->complete_sends();
         auto median = [](std::vector<double> v) {
@@ -233,7 +254,14 @@ int main(int argc, char** argv) {
                               {"reps", reps},
                               {"gap_alone_s", median(alone) / calls},
                               {"with_call_s", median(with) / calls},
-                              {"per_call_s", median(diff) / calls},
+                              // With a core per rank nothing else competes for the cores: the time the
+                              // ranks spend inside the call (their mean) is what it adds, measured directly
+                              // (the difference of two rounds' wall times swung by hundreds of microseconds
+                              // per call at 2 ranks). With more ranks than cores a waiting rank's time is
+                              // another's compute: only the rounds' difference says what the call adds.
+                              {"per_call_s", (world <= static_cast<int>(cores) ? median(inside) : median(diff)) / calls},
+                              {"rounds_difference_s", median(diff) / calls},
+                              {"in_call_s", median(inside) / calls},
                               {"cpu_per_call_s", median(cpu_diff) / calls}};
           std::printf("%s\n", j.dump().c_str());
           std::fflush(stdout);

@@ -1,6 +1,7 @@
 #include "mesh/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -40,6 +41,7 @@ struct Communicator::Async {
   std::condition_variable cv;  // the queue grew, a collective finished, or stop
   std::deque<std::pair<Pending, std::function<void()>>> queue;
   int in_flight = 0;            // queued or running
+  std::atomic<int> blocked{0};  // compute threads in wait()/wait_all() (changed under the mutex)
   bool stop = false;
   std::exception_ptr failure;   // the first started collective that threw
   std::thread thread;
@@ -65,6 +67,16 @@ struct Communicator::Async {
       --in_flight;
       cv.notify_all();
     }
+  }
+  // The compute thread blocks until `done`, telling the communication thread (whose transport then
+  // polls without napping: the core is free) and waking it from a nap.
+  template <typename Done>
+  void block(std::unique_lock<std::mutex>& lock, Done done) {
+    if (done()) return;
+    ++blocked;
+    cv.notify_all();
+    cv.wait(lock, done);
+    --blocked;
   }
   void shut_down() {
     {
@@ -111,11 +123,29 @@ Communicator::Pending Communicator::start_all_reduce_sum(float* data, int64_t n,
   return start([this, data, n, group] { all_reduce_sum(data, n, group); });
 }
 
+bool Communicator::on_communication_thread() const {
+  return async_ && std::this_thread::get_id() == async_->thread.get_id();
+}
+
+bool Communicator::compute_thread_blocked() const { return on_communication_thread() && async_->blocked > 0; }
+
+void Communicator::nap(std::chrono::microseconds d) {
+  if (!on_communication_thread()) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  // Ends early only when the compute thread blocks during the nap (not if it already was: a transport
+  // that naps while it is blocked wants the nap).
+  std::unique_lock<std::mutex> lock(async_->mutex);
+  const int before = async_->blocked;
+  async_->cv.wait_for(lock, d, [&] { return async_->blocked > before; });
+}
+
 void Communicator::wait(const Pending& work) {
   if (!work || !async_) return;  // null, or run inline
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(async_->mutex);
-  async_->cv.wait(lock, [&] { return work->done; });
+  async_->block(lock, [&] { return work->done; });
   stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (work->error) std::rethrow_exception(work->error);
 }
@@ -123,7 +153,7 @@ void Communicator::wait(const Pending& work) {
 void Communicator::wait_all() {
   if (!async_) return;
   std::unique_lock<std::mutex> lock(async_->mutex);
-  async_->cv.wait(lock, [&] { return async_->in_flight == 0; });
+  async_->block(lock, [&] { return async_->in_flight == 0; });
   if (async_->failure) std::rethrow_exception(async_->failure);
 }
 

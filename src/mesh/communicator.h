@@ -115,6 +115,12 @@ class Communicator {
   // implementations' per-call helpers do it too, so a collective added without a Blocking stays ordered.
   void settle();
   void stop_communication_thread();  // implementations' destructors: started work then runs no more
+  // For a transport's polling loop. On the communication thread, whether the compute thread is blocked
+  // waiting for started work (then its core is idle and polling costs nobody); a nap there ends as soon
+  // as the compute thread blocks. Anywhere else: false, and a plain sleep.
+  bool on_communication_thread() const;
+  bool compute_thread_blocked() const;
+  void nap(std::chrono::microseconds d);
   bool run_started_inline_ = false;  // a transport that cannot take calls from a second thread
 
  private:

@@ -9,6 +9,10 @@
 #include <map>
 #include <thread>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 #include "core/error.h"
 #include "mesh/mpi.h"
 
@@ -39,6 +43,7 @@ class MpiCommunicator final : public Communicator {
     int level = MPI_THREAD_SINGLE;
     LOOM_MPI(MPI_Query_thread(&level));
     run_started_inline_ = level < MPI_THREAD_SERIALIZED;
+    core_per_rank_ = core_per_rank();
   }
   ~MpiCommunicator() override {
     stop_communication_thread();
@@ -81,13 +86,13 @@ class MpiCommunicator final : public Communicator {
     // As a sum of the members' blocks in group order: an all-to-all, then a local sum, so every
     // member's block is added in the same order as in the in-process communicator.
     const int g = static_cast<int>(group.size());
-    std::vector<float> blocks(static_cast<size_t>(n) * static_cast<size_t>(g));
+    float* blocks = scratch<float>(1, n * g);
     MPI_Request req;
-    LOOM_MPI(MPI_Ialltoall(in, count(n), MPI_FLOAT, blocks.data(), count(n), MPI_FLOAT, comm(group), &req));
+    LOOM_MPI(MPI_Ialltoall(in, count(n), MPI_FLOAT, blocks, count(n), MPI_FLOAT, comm(group), &req));
     wait(req, "reduce_scatter", group);
     std::fill(out, out + n, 0.0f);
     for (int i = 0; i < g; ++i) {
-      const float* b = blocks.data() + static_cast<int64_t>(i) * n;
+      const float* b = blocks + static_cast<int64_t>(i) * n;
       for (int64_t j = 0; j < n; ++j) out[j] += b[j];
     }
     stats.reduce_scatter_bytes += n * g * 4;
@@ -183,24 +188,44 @@ class MpiCommunicator final : public Communicator {
   // each element summed over the members in group order by the member that owns its chunk: every member
   // gets the same bits, in the in-process communicator's order. (MPI_Allreduce does not promise equal
   // results on all ranks, and replicated weights must stay bitwise identical.)
+  // In place where the group divides n (no copies but MPI's): the all-to-all reads `data` and the
+  // sums are written into this member's chunk of it, which the all-gather (MPI_IN_PLACE) sends. Else
+  // through a scratch copy padded with zeros. The scratch lives on (collectives never run on two threads
+  // at once): a fresh 256 KiB vector per call cost its zero-filling and page faults.
   template <typename T>
   void reduce(T* data, int64_t n, MPI_Datatype type, const std::vector<int>& group) {
     const int g = static_cast<int>(group.size());
+    const int me = index_in(group);
     const int64_t chunk = (n + g - 1) / g;
-    std::vector<T> send(static_cast<size_t>(chunk * g), T(0)), recv(send.size());
-    std::copy(data, data + n, send.begin());
-    MPI_Request req;
-    LOOM_MPI(MPI_Ialltoall(send.data(), count(chunk), type, recv.data(), count(chunk), type, comm(group), &req));
-    wait(req, "all_reduce", group);
-    std::vector<T> mine(static_cast<size_t>(chunk), T(0));
-    for (int i = 0; i < g; ++i) {
-      const T* b = recv.data() + static_cast<int64_t>(i) * chunk;
-      for (int64_t j = 0; j < chunk; ++j) mine[static_cast<size_t>(j)] += b[j];
+    T* whole = data;  // chunk * g elements
+    if (chunk * g != n) {
+      whole = scratch<T>(0, chunk * g);
+      std::copy(data, data + n, whole);
+      std::fill(whole + n, whole + chunk * g, T(0));
     }
-    LOOM_MPI(MPI_Iallgather(mine.data(), count(chunk), type, send.data(), count(chunk), type, comm(group), &req));
+    T* blocks = scratch<T>(1, chunk * g);
+    MPI_Request req;
+    LOOM_MPI(MPI_Ialltoall(whole, count(chunk), type, blocks, count(chunk), type, comm(group), &req));
     wait(req, "all_reduce", group);
-    std::copy(send.begin(), send.begin() + n, data);
+    T* mine = whole + static_cast<int64_t>(me) * chunk;  // (its input was sent: free to overwrite)
+    std::fill(mine, mine + chunk, T(0));
+    for (int i = 0; i < g; ++i) {  // block by block: contiguous, vectorised
+      const T* b = blocks + static_cast<int64_t>(i) * chunk;
+      for (int64_t j = 0; j < chunk; ++j) mine[j] += b[j];
+    }
+    LOOM_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, type, whole, count(chunk), type, comm(group), &req));
+    wait(req, "all_reduce", group);
+    if (whole != data) std::copy(whole, whole + n, data);
   }
+  // Scratch buffer `which` of at least `elements` Ts, grown (never shrunk) on demand.
+  template <typename T>
+  T* scratch(int which, int64_t elements) {
+    std::vector<unsigned char>& s = scratch_[which];
+    const size_t bytes = static_cast<size_t>(elements) * sizeof(T);
+    if (s.size() < bytes) s.resize(bytes);
+    return reinterpret_cast<T*>(s.data());
+  }
+  std::vector<unsigned char> scratch_[2];
 
   static constexpr int kP2pTag = 7;
   struct Outgoing {
@@ -243,28 +268,79 @@ class MpiCommunicator final : public Communicator {
     return c;
   }
 
-  // Polls with a growing sleep (1 us .. 1 ms), so waiting ranks leave the cores to the working ones
-  // (8 ranks on 2 cores), and gives up after the timeout: a dead peer never completes the request.
+  // Polls until the request completes; gives up after the timeout (a dead peer never completes it).
+  // Open MPI progresses a transfer only inside MPI calls, on both ends, so a rank that naps holds up its
+  // peers until its nap ends. Where the node has a core for each of its ranks, nobody else wants the
+  // caller's core: it polls without sleeping for up to kSpin (a 256 KiB all-reduce between 2 ranks takes
+  // ~120 us), then naps 1 us, 2, 4, ... 1 ms between tests with the timer slack cut to 1 us (the kernel's
+  // default 50 us made every nap at least 50 us late: tp's blocking all-reduces cost ~600 us each). On
+  // the communication thread it spins only while the compute thread is blocked on it (otherwise the two
+  // share the rank's core) and a nap ends when the compute thread blocks. With more ranks than cores (4
+  // or 8 ranks on 2) it tests 64 times, then naps as above with the default slack, so that waiting
+  // ranks leave the cores to the working ones (short naps there measured slower: their wake-ups
+  // preempt the ranks that compute). docs/mesh.md, "The MPI wait".
   void wait(MPI_Request& req, const char* op, const std::vector<int>& group, MPI_Status* status = MPI_STATUS_IGNORE) {
+    if (core_per_rank_) short_naps();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto nap = std::chrono::microseconds(1);
-    for (int spins = 0;; ++spins) {
+    std::chrono::steady_clock::time_point spin_until{};  // set when polling may first spin
+    for (int tests = 0;; ++tests) {
       int done = 0;
       LOOM_MPI(MPI_Test(&req, &done, status));
       if (done) return;
-      if (spins < 64) continue;
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (tests < 64) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) {
         mpi_abort(str("loom: rank ", rank_, ": ", op, " over ranks ", group_text(group), " got no answer within ",
                       timeout_.count() / 1000.0, " s: a peer rank has stopped (killed, crashed or lost); ending the job"),
                   3);
       }
-      std::this_thread::sleep_for(nap);
+      if (!core_per_rank_) {
+        std::this_thread::sleep_for(nap);
+      } else if (!on_communication_thread() || compute_thread_blocked()) {
+        if (spin_until == std::chrono::steady_clock::time_point{}) spin_until = now + kSpin;
+        if (now < spin_until) {
+          for (int i = 0; i < 16; ++i) cpu_relax();
+          continue;
+        }
+        Communicator::nap(nap);
+      } else {
+        Communicator::nap(nap);
+      }
       nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
+  }
+  static constexpr std::chrono::microseconds kSpin{200};
+
+  // A nap of 1 us takes about 1 us, not the kernel's default timer slack of 50 us (set per thread).
+  static void short_naps() {
+#ifdef __linux__
+    thread_local bool set = false;
+    if (!set) prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);  // ns
+    set = true;
+#endif
+  }
+  static void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Whether this node has a core for each of its ranks (MPI_COMM_TYPE_SHARED: the ranks that share memory).
+  bool core_per_rank() {
+    MPI_Comm node;
+    LOOM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int ranks = 1;
+    MPI_Comm_size(node, &ranks);
+    MPI_Comm_free(&node);
+    return ranks <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
   std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 1;
+  bool core_per_rank_ = false;
   std::map<std::vector<int>, MPI_Comm> comms_;
 };
 

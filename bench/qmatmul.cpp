@@ -1,8 +1,8 @@
 // The quantized matmul kernels side by side in one process: the AVX-512 VNNI path against the AMX path
 // (its 16-row pair groups through int8 tiles) on one thread, as the fused decode step calls them
 // (quantized_matmul_rows over a share of W's rows, activations already quantized), at the row counts of
-// a batched decode step: M tokens with int8 (one activation row each) or int8x2 (two, whose products
-// the AMX path sums in its tiles' epilogue; M = 16: 16 sequences), a call per 32 rows of W as the
+// a batched decode step: M tokens with int8 (one activation row each) or int8x2 (two, whose integer
+// dots each path combines before its f32 work; M = 16: 16 sequences), a call per 32 rows of W as the
 // step's phases hand them out.
 //   ./build/bench/loom_bench_qmatmul --benchmark_min_time=0.2 --benchmark_repetitions=5
 // Arguments: path (0 avx512-vnni, 1 amx), M tokens, N, K, weights (0 Q4_1 as SmolLM2's layers, 1 Q8_0

@@ -29,19 +29,18 @@ namespace loom::quant::detail {
 using TileKernel = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* packed, const ActBlock* a,
                             int64_t M, int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy);
 using QuantizeRow = void (*)(const float* x, int64_t K, ActBlock* out);
-// A tile kernel for Int8x2 activations that sums the two levels itself: a is [2M, nb], token m's levels
-// rows 2m and 2m + 1, and y[m * ldy + n] = (level 0's product) + (level 1's), the f32 add that
-// tile_levels (qmatmul.cpp) does on a plain kernel's two rows, so the same bits. It computes the rows
-// from n0 on that it takes (whole 16-row pairs of the interleaved copy) and returns where it stopped:
-// n0 when it takes none (too few rows, or no packed copy).
-using SummedTileKernel = int64_t (*)(const uint8_t* packed, const ActBlock* a, int64_t M, int64_t nb, int64_t n0,
-                                     int64_t n1, float* y, int64_t ldy);
+// Int8x2's level 1 of a row (qmatmul.h) from the row x [K] and its level-0 blocks: out [K / 32].
+using QuantizeResidual = void (*)(const float* x, int64_t K, const ActBlock* level0, ActBlock* out);
 
 struct KernelTable {
   QuantizeRow quantize_row;
+  QuantizeResidual quantize_residual;
   TileKernel q8_0, q4_0, q4_1, q4_k, q6_k;
-  // nullptr but in the AMX table (whose tiles' epilogue does the sum).
-  SummedTileKernel q8_0_x2 = nullptr, q4_0_x2 = nullptr, q4_1_x2 = nullptr, q4_k_x2 = nullptr;
+  // Int8x2's tile kernels: a is [2M, nb], token m's levels rows 2m and 2m + 1, and y[m * ldy + n] is the
+  // token's product, each block's two integer dots combined in int32 (256 dot0 + dot1) and scaled once
+  // by level 1's d and s (qmatmul.h). Q6_K has none (its sub-block scales would overflow the int32):
+  // its two levels go through q6_k as two rows, summed in f32 (qmatmul.cpp, tile_levels).
+  TileKernel q8_0_x2, q4_0_x2, q4_1_x2, q4_k_x2;
 };
 
 // Bytes of one block of a group of 8 rows in the interleaved layout; 0 for types without it.
@@ -54,7 +53,7 @@ const KernelTable& scalar_kernels();
 const KernelTable* avx2_kernels();
 const KernelTable* avx512_vnni_kernels();
 // avx512_vnni_kernels' table whose 16-row pair groups take AMX int8 tiles from 8 or 16 activation rows
-// on (kernels_amx.cpp); bitwise the same outputs.
+// on (kernels_amx.cpp); bitwise the same outputs, Int8x2's included.
 const KernelTable* amx_kernels();
 
 }  // namespace loom::quant::detail

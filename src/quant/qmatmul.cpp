@@ -263,7 +263,8 @@ const detail::KernelTable& kernels_for(KernelPath path) {
   }
 }
 
-detail::SummedTileKernel summed_tile_for(const detail::KernelTable& k, QuantType type) {
+// Int8x2's kernel for a weight type (nullptr for Q6_K: two rows through its one-level kernel).
+detail::TileKernel levels_tile_for(const detail::KernelTable& k, QuantType type) {
   switch (type) {
     case QuantType::Q8_0: return k.q8_0_x2;
     case QuantType::Q4_0: return k.q4_0_x2;
@@ -346,30 +347,17 @@ int64_t activation_levels(ActivationRounding r) {
 
 namespace {
 
-// One row of x [K] into L rows of blocks, out[l * nb + b]: level 0 rounds x, level 1 (Int8x2) rounds
-// the residual x - d q. The residual is formed here, in one place for every path, so the paths keep
-// producing the same bytes (each path's quantize_row does).
-void quantize_row_levels(detail::QuantizeRow quantize_row, const float* x, int64_t K, int64_t levels, ActBlock* out) {
-  quantize_row(x, K, out);
-  if (levels == 1) return;
-  thread_local std::vector<float> residual;
-  residual.resize(static_cast<size_t>(K));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const ActBlock& blk = out[b];
-    for (int j = 0; j < 32; ++j) {
-      const int64_t k = 32 * b + j;
-      // A non-finite block (d = NaN, q = 0) keeps its NaN in the residual, so both levels say NaN.
-      residual[static_cast<size_t>(k)] = x[k] - blk.d * static_cast<float>(blk.q[j]);
-    }
-  }
-  quantize_row(residual.data(), K, out + K / 32);
+// One row of x [K] into L rows of blocks, out[l * nb + b]: level 0 rounds x, level 1 (Int8x2) the
+// residual x - d q at the fixed scale d / 256 (qmatmul.h).
+void quantize_row_levels(const detail::KernelTable& kernels, const float* x, int64_t K, int64_t levels, ActBlock* out) {
+  kernels.quantize_row(x, K, out);
+  if (levels == 2) kernels.quantize_residual(x, K, out, out + K / 32);
 }
 
-// y[m * ldy + n] for n in [n0, n1) from the levels' rows of a [M * L, nb]. With one level the kernel
-// writes y itself; with two it writes both levels' products of a slice of rows into a small scratch
-// and y is their sum, level 0 + level 1, the same order for every path, thread count and batch. A
-// summed kernel (the AMX path's, from 8 tokens on) forms that same sum in its epilogue for the rows it
-// takes, so its outputs never pass through the scratch.
+// y[m * ldy + n] for n in [n0, n1) from the levels' rows of a [M * L, nb]. With one level, or with
+// Int8x2's kernels (the two levels' integer dots combined before the f32 work), the kernel writes y
+// itself. Q6_K's two levels go through its one-level kernel as two rows into a small scratch, and y is
+// their sum, level 0 + level 1, the same order for every path, thread count and batch.
 void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, const uint8_t* packed,
                  const ActBlock* a, int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const detail::TileKernel tile = tile_for(kernels, w.type());
@@ -378,8 +366,9 @@ void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, c
     tile(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
     return;
   }
-  if (const detail::SummedTileKernel summed = summed_tile_for(kernels, w.type()); summed != nullptr) {
-    n0 = summed(packed, a, M, nb, n0, n1, y, ldy);
+  if (const detail::TileKernel both = levels_tile_for(kernels, w.type()); both != nullptr) {
+    both(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
+    return;
   }
   const int64_t pb = detail::packed_block_bytes(w.type());
   constexpr int64_t kSlice = 64;  // rows of W per pass: a multiple of 16, the tiles' block of rows
@@ -406,10 +395,10 @@ void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, c
 void quantize_activations(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
                           ActivationRounding rounding) {
   check_activations(M, K);
-  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  const detail::KernelTable& kernels = kernels_for(path);
   const int64_t levels = activation_levels(rounding);
   parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(quantize_row, x + m * K, K, levels, out + m * levels * (K / 32));
+    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(kernels, x + m * K, K, levels, out + m * levels * (K / 32));
   });
 }
 
@@ -423,7 +412,7 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   const int64_t nb = K / 32, levels = activation_levels(rounding);
   std::vector<ActBlock> a(static_cast<size_t>(M * levels * nb));
   parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(kernels.quantize_row, x + m * K, K, levels, a.data() + m * levels * nb);
+    for (int64_t m = m0; m < m1; ++m) quantize_row_levels(kernels, x + m * K, K, levels, a.data() + m * levels * nb);
   });
   // Each output is computed whole by one chunk, so splitting N evenly over the threads (the grain
   // depends on the thread count) changes no result. Chunks are multiples of 16 rows (the tile's block).
@@ -436,9 +425,9 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
 void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
                               ActivationRounding rounding) {
   LOOM_ASSERT(K % 32 == 0);
-  const detail::QuantizeRow quantize_row = kernels_for(path).quantize_row;
+  const detail::KernelTable& kernels = kernels_for(path);
   const int64_t levels = activation_levels(rounding);
-  for (int64_t m = 0; m < M; ++m) quantize_row_levels(quantize_row, x + m * K, K, levels, out + m * levels * (K / 32));
+  for (int64_t m = 0; m < M; ++m) quantize_row_levels(kernels, x + m * K, K, levels, out + m * levels * (K / 32));
 }
 
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
@@ -473,7 +462,7 @@ void quantized_matmul_reference(const float* x, int64_t M, const QuantizedMatrix
   const int64_t nb = K / 32, levels = activation_levels(rounding);
   std::vector<ActBlock> a(static_cast<size_t>(M * levels * nb));
   for (int64_t m = 0; m < M; ++m) {
-    quantize_row_levels(detail::scalar_kernels().quantize_row, x + m * K, K, levels, a.data() + m * levels * nb);
+    quantize_row_levels(detail::scalar_kernels(), x + m * K, K, levels, a.data() + m * levels * nb);
   }
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {

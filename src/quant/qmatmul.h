@@ -17,10 +17,19 @@
 // up to f32 accumulation error; tests/quant/qmatmul_test.cpp checks exactly this bound.
 //
 // That is ActivationRounding::Int8, llama.cpp's choice. ActivationRounding::Int8x2 (loom's default, see
-// docs/quant.md for the measurement behind it) rounds each block twice: x ~ d q + d' q', where q' rounds
-// the residual x - d q with its own d' = max|x - d q| / 127 <= d / 254. The bound above then holds with
-// d' for d: ~16-bit activations. The two levels are two activation rows for the same kernels (one
-// unpack of a weight block serves both), summed in f32: twice the integer work, no new kernel.
+// docs/quant.md for the measurement behind it) rounds each block twice: level 0 as above, then level 1
+// rounds the residual r = x - d q (one fused multiply-add) at the fixed step d' = d / 256:
+//   q' = round-to-nearest-even(clamp(r * (256 / d), -127, 127)),   x ~ d q + d' q' = d' (256 q + q').
+// Since |r| <= d/2, each x is off by at most d/512, or by d/256 where |r| > 127.5 d' and q' clamps
+// (to +-127, not -128, which the Q8_0 kernels' sign trick cannot negate): about 16-bit activations, and
+// the bound above holds with those per-element bounds for d_b / 2 (tests/quant checks both, the
+// per-element one tightly). The two levels share a scale, so a block's two integer dots combine exactly
+// in int32, 256 dot(w, q) + dot(w, q') (the largest, Q8_0's: 32 * 128 * 127 * 257 < 2^31), and are
+// scaled once: level 1's ActBlock carries the token's d' and s' = d' sum(256 q + q'), and each kernel
+// runs its one-level f32 operations on (combined dot, d', s'): half the f32 work of two rows, and no
+// sum of levels. The integer work is two rows' (one unpack of a weight block serves both). Q6_K, whose
+// int8 sub-block scales would take the combined dot past int32, takes the levels as two rows of its
+// one-level kernel, summed in f32 (level 0 + level 1).
 //
 // Paths: Scalar (portable C++, the test oracle), Avx2, Avx512Vnni (AVX-512 VL + VNNI), Amx (the
 // Avx512Vnni kernels, with AMX int8 tiles for the integer dots of many activation rows), chosen at run
@@ -88,7 +97,7 @@ bool kernel_path_supported(KernelPath path);
 KernelPath best_kernel_path();
 
 // How finely activations are rounded (the comment at the top): one 8-bit level, or the value and its
-// residual at 8 bits each. Default: what default_activation_rounding() says.
+// residual at 8 bits each (the residual at 1/256 of the value's step). Default: what default_activation_rounding() says.
 enum class ActivationRounding { Default, Int8, Int8x2 };
 const char* activation_rounding_name(ActivationRounding r);  // "int8", "int8x2" (Default: the resolved one)
 // Int8 or Int8x2 from a name, refused by name otherwise ("where" names the setting in the message).
@@ -101,9 +110,11 @@ void set_default_activation_rounding(ActivationRounding r);
 int64_t activation_levels(ActivationRounding r = ActivationRounding::Default);
 
 // One 32-element block of an activation row quantized to 8 bits: x ~ d * q.
+// Int8x2's level 1 (the comment at the top) is a block of q' with d = d' = level 0's d / 256 and s the
+// token's, d' * (sum of 256 q + q'); its sum16 are its own.
 struct ActBlock {
   float d;           // max|x| / 127 (0 for an all-zero block, NaN if the block holds inf or NaN)
-  float s;           // d * (sum of q), for the formats whose weights have an offset (Q4_1, Q4_K, Q4_0, Q6_K)
+  float s;           // d * (sum of q), for the formats whose weights have an offset (Q4_1, Q4_K, Q4_0)
   int8_t q[32];
   int16_t sum16[2];  // sums of q over elements 0..15 and 16..31 (Q6_K's 16-element sub-blocks)
   int32_t pad;

@@ -110,15 +110,24 @@ TEST(QuantizedMatmul, EveryPathMatchesTheOracle) {
   EXPECT_GE(paths_run, 1);
 }
 
-// The oracle against the exact product: each activation is off by at most d_b/2 after rounding, so
+// Int8x2's per-element bound (qmatmul.h): level 0 leaves r = x - d q with |r| <= d/2; level 1 rounds r at
+// the fixed step d/256, so x is off by at most d/512, except where |r| > 127.5 d/256 and q' clamps to
+// +-127: there by at most d/2 - 127 d/256 = d/256. The slack is f32's: t = fl(r * (256/d)) is within
+// ~3e-5 of r / (d/256) (two roundings of a value <= 128), so 1e-4 of d/512; a clamped element also carries
+// |r| <= d (1/2 + ~1.6e-5) (fl(x * (1/d)) rounded before q), 0.4% of d/256.
+double int8x2_element_bound(const ActBlock& level0, const ActBlock& level1, int j) {
+  const double d = level0.d;
+  return std::abs(level1.q[j]) == 127 ? d / 256.0 * (1 + 1e-2) : d / 512.0 * (1 + 1e-4);
+}
+
+// The oracle against the exact product. Int8: each activation is off by at most d_b/2 after rounding, so
 // |y - x W^T| <= sum_b (d_b / 2) sum_{k in b} |W[n,k]| (d_b = max|x| over the block / 127), plus f32
-// rounding of the dequantized weights' products. With Int8x2 the residual's own scale is at most
-// d_b / 254, so the bound shrinks 254-fold. Also checks that each bound is not vacuous: the observed
-// error reaches a sizeable fraction of it somewhere.
+// rounding of the dequantized weights' products. Int8x2: the same sum with each element's own bound
+// (int8x2_element_bound: d/512, d/256 where level 1 clamps). Also checks that each bound is not vacuous:
+// the observed error reaches a sizeable fraction of it somewhere.
 TEST(QuantizedMatmul, ActivationRoundingIsWithinTheStatedBound) {
   for (ActivationRounding rounding : kRoundings) {
     SCOPED_TRACE(activation_rounding_name(rounding));
-    const double shrink = rounding == ActivationRounding::Int8x2 ? 254.0 : 1.0;
     std::mt19937 gen(5);
     double worst_fraction = 0;
     for (const Case& c : cases()) {
@@ -128,10 +137,15 @@ TEST(QuantizedMatmul, ActivationRoundingIsWithinTheStatedBound) {
       std::vector<float> ref(static_cast<size_t>(c.M * c.N)), wf(static_cast<size_t>(c.N * c.K));
       quantized_matmul_reference(x.data(), c.M, w, ref.data(), rounding);
       w.dequantize(wf.data());
+      const int64_t nb = c.K / 32;
+      std::vector<ActBlock> a(static_cast<size_t>(2 * c.M * nb));
+      quantize_activations(x.data(), c.M, c.K, a.data(), KernelPath::Scalar, ActivationRounding::Int8x2);
       for (int64_t m = 0; m < c.M; ++m) {
         for (int64_t n = 0; n < c.N; ++n) {
           double exact = 0, bound = 0, mag = 0;
-          for (int64_t b = 0; b < c.K / 32; ++b) {
+          for (int64_t b = 0; b < nb; ++b) {
+            const ActBlock& l0 = a[static_cast<size_t>(2 * m * nb + b)];
+            const ActBlock& l1 = a[static_cast<size_t>((2 * m + 1) * nb + b)];
             double amax = 0, wsum = 0;
             for (int64_t k = 32 * b; k < 32 * b + 32; ++k) {
               const double wk = wf[n * c.K + k], xk = x[m * c.K + k];
@@ -139,17 +153,57 @@ TEST(QuantizedMatmul, ActivationRoundingIsWithinTheStatedBound) {
               mag += std::fabs(wk * xk);
               amax = std::max(amax, std::fabs(xk));
               wsum += std::fabs(wk);
+              if (rounding == ActivationRounding::Int8x2) bound += std::fabs(wk) * int8x2_element_bound(l0, l1, k % 32);
             }
-            bound += amax / 127.0 / shrink / 2.0 * wsum;
+            if (rounding == ActivationRounding::Int8) bound += amax / 127.0 / 2.0 * wsum * (1 + 1e-4);
           }
           const double err = std::fabs(ref[m * c.N + n] - exact);
-          ASSERT_LE(err, bound * (1 + 1e-4) + 1e-6 * mag) << "m " << m << " n " << n;
+          ASSERT_LE(err, bound + 1e-6 * mag) << "m " << m << " n " << n;
           worst_fraction = std::max(worst_fraction, err / bound);
         }
       }
     }
     EXPECT_GT(worst_fraction, 0.05) << "the rounding error never came near the bound: is the oracle quantizing?";
   }
+}
+
+// Int8x2 element by element: x against d q + (d/256) q' within int8x2_element_bound, the bound reached
+// (a residual rounded any coarser, or truncated, breaks it), and level 1's fields: d' = d / 256 exactly,
+// s' = d' (256 sum q + sum q') exactly (the token's offset sum, which the kernels use for both levels),
+// the 16-element sums its own.
+TEST(QuantizedMatmul, Int8x2RoundsEachActivationWithinDOver512) {
+  std::mt19937 gen(37);
+  const int64_t M = 16, K = 32 * 24, nb = K / 32;
+  const std::vector<float> x = random_activations(M, K, gen);
+  std::vector<ActBlock> a(static_cast<size_t>(2 * M * nb));
+  quantize_activations(x.data(), M, K, a.data(), KernelPath::Scalar, ActivationRounding::Int8x2);
+  double worst = 0, worst_clamped = 0;
+  int clamped = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const ActBlock& l0 = a[static_cast<size_t>(2 * m * nb + b)];
+      const ActBlock& l1 = a[static_cast<size_t>((2 * m + 1) * nb + b)];
+      ASSERT_EQ(l1.d, l0.d / 256.0f) << m << " " << b;
+      int sum0 = 0, sum1[2] = {0, 0};
+      for (int j = 0; j < 32; ++j) {
+        const double xk = x[static_cast<size_t>(m * K + 32 * b + j)];
+        const double err = std::fabs(xk - (static_cast<double>(l0.d) * l0.q[j] + static_cast<double>(l1.d) * l1.q[j]));
+        ASSERT_LE(err, int8x2_element_bound(l0, l1, j)) << m << " " << b << " " << j;
+        ASSERT_LE(std::abs(l1.q[j]), 127);
+        const bool clamp = std::fabs(xk - static_cast<double>(l0.d) * l0.q[j]) > 127.5 * l1.d;
+        clamped += clamp;
+        (clamp ? worst_clamped : worst) = std::max(clamp ? worst_clamped : worst, err / (l0.d / (clamp ? 256.0 : 512.0)));
+        sum0 += l0.q[j];
+        sum1[j / 16] += l1.q[j];
+      }
+      EXPECT_EQ(l1.s, l1.d * static_cast<float>(256 * sum0 + sum1[0] + sum1[1])) << m << " " << b;
+      EXPECT_EQ(l1.sum16[0], sum1[0]);
+      EXPECT_EQ(l1.sum16[1], sum1[1]);
+    }
+  }
+  EXPECT_GT(worst, 0.99) << "no residual came near half a step of d/256";
+  EXPECT_GT(clamped, 0) << "no residual reached the clamp (|r| > 127.5 d/256)";
+  EXPECT_GT(worst_clamped, 0.5);
 }
 
 // What Int8x2 is for: on the same products its error against the exact (dequantized-f32) result is a
@@ -191,6 +245,9 @@ TEST(QuantizedMatmul, ActivationQuantizerIsIdenticalOnEveryPath) {
   for (int j = 0; j < 32; ++j) x[64 + j] = 0.0f;
   x[96 + 3] = INFINITY;
   x[128 + 30] = NAN;
+  // Block 5: d = 1 again, q = j - 16, and residuals that are ties of Int8x2's level 1 (steps of 1/256).
+  for (int j = 0; j < 32; ++j) x[160 + j] = static_cast<float>(j - 16) + (static_cast<float>(j - 16) + 0.5f) / 256.0f;
+  x[160] = 127.0f;
   std::vector<ActBlock> scalar(static_cast<size_t>(M * K / 32)), other(scalar.size());
   quantize_activations(x.data(), M, K, scalar.data(), KernelPath::Scalar, ActivationRounding::Int8);
   // Ties went to even: 0.5 -> 0, 1.5 -> 2, -0.5 -> 0, -1.5 -> -2.
@@ -210,7 +267,8 @@ TEST(QuantizedMatmul, ActivationQuantizerIsIdenticalOnEveryPath) {
       EXPECT_EQ(std::memcmp(&scalar[b], &other[b], sizeof(ActBlock)), 0) << "block " << b;
     }
   }
-  // Int8x2: row m's level 0 is Int8's row m, level 1 the residual's blocks; the same bytes on every path.
+  // Int8x2: row m's level 0 is Int8's row m, level 1 the residual's blocks at d / 256; the same bytes on
+  // every path.
   const int64_t nb = K / 32;
   std::vector<ActBlock> scalar2(static_cast<size_t>(2 * M * nb)), other2(scalar2.size());
   quantize_activations(x.data(), M, K, scalar2.data(), KernelPath::Scalar, ActivationRounding::Int8x2);
@@ -219,14 +277,24 @@ TEST(QuantizedMatmul, ActivationQuantizerIsIdenticalOnEveryPath) {
       EXPECT_EQ(std::memcmp(&scalar2[(2 * m) * nb + b], &scalar[m * nb + b], sizeof(ActBlock)), 0) << m << " " << b;
       const ActBlock& lo = scalar2[(2 * m + 1) * nb + b];
       if (std::isfinite(scalar[m * nb + b].d)) {
-        EXPECT_LE(lo.d, scalar[m * nb + b].d / 254.0f * (1 + 1e-5f)) << m << " " << b;
+        EXPECT_EQ(lo.d, scalar[m * nb + b].d / 256.0f) << m << " " << b;
       } else {
-        EXPECT_TRUE(std::isnan(lo.d)) << m << " " << b;
+        EXPECT_TRUE(std::isnan(lo.d) && std::isnan(lo.s)) << m << " " << b;
       }
     }
   }
-  // Row 0, level 1: block 1's ties leave residuals of exactly +-0.5 (d' = 0.5 / 127); block 2 is all zeros.
-  EXPECT_EQ(scalar2[nb + 1].d, 0.5f / 127.0f);
+  // Row 0, level 1: block 1's ties leave residuals of exactly +-0.5 = +-128 steps of 1/256, clamped to
+  // +-127; block 5's residuals are exact ties of level 1's step, (j - 16 + 0.5) / 256, rounded to even;
+  // block 2 is all zeros.
+  EXPECT_EQ(scalar2[nb + 1].d, 1.0f / 256.0f);
+  EXPECT_EQ(scalar2[nb + 1].q[16], 127);   // 0.5
+  EXPECT_EQ(scalar2[nb + 1].q[15], -127);  // -0.5
+  EXPECT_EQ(scalar2[nb + 5].d, 1.0f / 256.0f);
+  EXPECT_EQ(scalar2[nb + 5].q[16], 0);   // 0.5 steps
+  EXPECT_EQ(scalar2[nb + 5].q[17], 2);   // 1.5
+  EXPECT_EQ(scalar2[nb + 5].q[18], 2);   // 2.5
+  EXPECT_EQ(scalar2[nb + 5].q[15], 0);   // -0.5
+  EXPECT_EQ(scalar2[nb + 5].q[14], -2);  // -1.5
   EXPECT_EQ(scalar2[nb + 2].d, 0.0f);
   for (KernelPath path : kPaths) {
     if (path == KernelPath::Scalar || !kernel_path_supported(path)) continue;

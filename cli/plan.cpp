@@ -32,6 +32,7 @@ struct Options {
   int threads = 0;
   int rows = 12;
   std::string collectives;  // measured collective costs (docs/plan/cpu-collectives.json)
+  std::string head = "whole";  // under a tensor axis: "whole" (loom's) or "split" (vocab-parallel, Megatron's)
   bool json = false, no_overlap = false;
 };
 
@@ -99,6 +100,10 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
                                     "measured collective costs (tools/measure_collectives.py, e.g. docs/plan/cpu-collectives.json)"),
                      "costs");
   loom::cli::in_range(cmd.add_option("--rows", o->rows, "layouts to show"), 1, 10000)->capture_default_str();
+  cmd.add_option("--head", o->head,
+                 "under a tensor axis, the head's compute: whole (on every tensor rank, as loom runs it) or split "
+                 "(vocab-parallel across the tensor ranks, as Megatron-LM runs it)")
+      ->capture_default_str();
   cmd.add_flag("--no-overlap", o->no_overlap, "collectives waited on where issued (loom train --no-overlap)");
   cmd.add_flag("--json", o->json, "print one JSON object");
   cmd.callback([o] {
@@ -133,6 +138,8 @@ loom::cli::Register reg("plan", "Which mesh fits a model in memory and trains it
     r.precision = !o->precision.empty() ? o->precision : o->device == "cpu" ? cfg.training.precision : "bf16";
     LOOM_CHECK(r.precision == "f32" || r.precision == "bf16", "plan: --precision must be f32 or bf16, got \"", r.precision, "\"");
     r.overlap = !o->no_overlap;
+    LOOM_CHECK(o->head == "whole" || o->head == "split", "plan: --head must be whole or split, got \"", o->head, "\"");
+    r.head_split = o->head == "split";
     if (o->memory_gib > 0) r.memory_per_device = o->memory_gib * 1024.0 * 1024.0 * 1024.0;
     else if (o->device == "cpu") r.memory_per_device = loom::runs::MemoryBudget::of_machine().bytes / static_cast<double>(o->devices);
     if (!o->mesh.empty()) r.only = parse_layout(*o);

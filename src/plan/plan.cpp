@@ -444,6 +444,12 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   double extra = 0;
   if (l.recompute == models::Recompute::Full) extra = layer_matmuls + attention / 3;
   if (l.recompute == models::Recompute::Selective) extra = attention / 3;
+  // Under tensor parallelism loom computes the whole head on every tensor rank (Request::head_split):
+  // its 6·V·C FLOPs per token (forward and both backward GEMMs), once for the head and once for each
+  // MTP module that reads it, run tensor times where the count above runs them once.
+  const double heads = 1 + (moe ? key(j, "n_mtp") : 0);
+  const double head_repeat = l.tensor > 1 && !r.head_split ? static_cast<double>(l.tensor - 1) : 0;
+  extra += head_repeat * heads * 6 * V * C;
   e.hardware_flops = (per_token + extra) * tokens;
   const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
   const double N = static_cast<double>(r.devices);
@@ -471,6 +477,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       cost[static_cast<size_t>(s)] += p.count * (routed && E > 0 ? topk / E : 1.0);
     }
     if (tied) cost.back() += V * C;
+    cost.back() += head_repeat * heads * V * C;  // the head repeated on every tensor rank (loom's)
     double total = 0, slowest = 0;
     for (double c : cost) {
       total += c;
@@ -856,6 +863,7 @@ json to_json(const Plan& p, int rows) {
             {"inter_node_bandwidth", r.device.inter_node_bandwidth}, {"gemm_efficiency", r.device.gemm_efficiency},
             {"sources", sources}}},
           {"precision", r.precision},
+          {"head", r.head_split ? "split across the tensor ranks" : "whole on every tensor rank (loom)"},
           {"evaluated", p.evaluated},
           {"fitting_count", p.fitting.size()},
           {"best", p.fitting.empty() ? json(nullptr) : to_json(p.fitting.front())},
@@ -878,6 +886,8 @@ std::string format_plan(const Plan& p, int rows) {
                 static_cast<long long>(r.batch), static_cast<long long>(r.seq > 0 ? r.seq : r.model.context_length()),
                 static_cast<long long>(r.devices), r.device.name.c_str(), r.device.description.c_str(), r.precision.c_str());
   o << buf;
+  o << "head under a tensor axis: " << (r.head_split ? "split across the tensor ranks (vocab-parallel)" : "whole on every tensor rank (loom)")
+    << "\n";
   std::snprintf(buf, sizeof buf, "%lld layouts evaluated, %zu fit in %s per device\n\n", static_cast<long long>(p.evaluated),
                 p.fitting.size(), gib(p.fitting.empty() ? (p.rejected.empty() ? 0 : p.rejected.front().memory_limit)
                                                          : p.fitting.front().memory_limit).c_str());

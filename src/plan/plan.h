@@ -68,6 +68,13 @@ struct Request {
   bool overlap = true;             // loom's overlap of FSDP and data-axis collectives with compute
   double memory_per_device = 0;    // bytes; 0: the device's (for "cpu": the machine's MemAvailable / devices)
   std::optional<Layout> only;      // evaluate this layout alone
+  // Under a tensor axis, how the output head's compute is charged. loom (false) gathers the head's table
+  // whole and every tensor rank computes all the logits, the loss and their gradients for its tokens
+  // (mesh/mesh.h: lm_head (None, tensor), gathered before use; the batch replicated over tensor), so the
+  // head's 6·V·C FLOPs per token are not divided by the tensor ranks. true: the head is vocab-parallel,
+  // its FLOPs split across the tensor ranks as Megatron-LM's is (the published-run rows, docs/plan.md).
+  // Only the compute changes: the memory and the table gathers stay loom's.
+  bool head_split = false;
 };
 
 // One collective of a step, per device.

@@ -313,6 +313,55 @@ TEST(Plan, PicksAFittingLayoutAndExplainsTheOthers) {
   EXPECT_NE(plan::estimate(r, il).invalid.find("interleaved x7 on pipe=8"), std::string::npos);
 }
 
+// loom's tensor parallelism gathers the head's table and every tensor rank computes all the logits and
+// the loss for its tokens (mesh/mesh.h: lm_head (None, tensor), the batch replicated over tensor): the
+// plan charges the head's 6·V·C FLOPs per token on each of the tensor ranks, unless the head is split
+// (Megatron-LM's vocab-parallel head, the published-run rows). Without a tensor axis nothing changes.
+TEST(Plan, TensorRanksRepeatLoomsWholeHead) {
+  plan::Request r;
+  r.model = model_of("tiny", {"model.num_layers=4"});
+  r.batch = 16;
+  r.devices = 4;
+  r.device = fake_device();
+  r.precision = "f32";
+  const double V = 512, C = 64, tokens = 16.0 * static_cast<double>(r.model.context_length());
+  ASSERT_EQ(r.model.json().at("vocab_size").get<double>(), V);
+  ASSERT_EQ(r.model.json().at("d_model").get<double>(), C);
+  for (int64_t t : {2, 4}) {
+    plan::Layout l;
+    l.tensor = t;
+    l.data = 4 / t;
+    l.shard = l.data > 1 ? "fsdp" : "none";
+    r.head_split = false;
+    const plan::Estimate whole = plan::estimate(r, l);
+    r.head_split = true;
+    const plan::Estimate split = plan::estimate(r, l);
+    EXPECT_DOUBLE_EQ(split.hardware_flops, split.model_flops);
+    EXPECT_NEAR(whole.hardware_flops - split.hardware_flops, static_cast<double>(t - 1) * 6 * V * C * tokens, 1);
+    EXPECT_NEAR(whole.compute_s / split.compute_s, whole.hardware_flops / split.hardware_flops, 1e-12);
+    EXPECT_DOUBLE_EQ(whole.peak, split.peak);  // the memory stays loom's
+    // Under a pipe axis the head is the last stage's: it grows by the repeat, the slowest stage with it.
+    plan::Layout p = l;
+    p.data = 1;
+    p.pipe = 4 / t;
+    p.shard = "none";
+    p.micro_batches = 4;
+    if (p.pipe < 2) continue;
+    r.head_split = false;
+    const double pw = plan::estimate(r, p).compute_s;
+    r.head_split = true;
+    const double ps = plan::estimate(r, p).compute_s;
+    EXPECT_GT(pw, ps * 1.05);
+  }
+  plan::Layout dp;
+  dp.data = 4;
+  r.head_split = false;
+  const plan::Estimate a = plan::estimate(r, dp);
+  r.head_split = true;
+  EXPECT_DOUBLE_EQ(a.compute_s, plan::estimate(r, dp).compute_s);
+  EXPECT_DOUBLE_EQ(a.hardware_flops, a.model_flops);
+}
+
 // The search tries interleaved 1F1B beside plain 1F1B where loom runs it (micro-batches a multiple of
 // pipe, pipe x v <= layers), and picks it when its smaller bubble makes the step faster and it fits.
 TEST(Plan, SearchTriesInterleavedWhereItHelps) {

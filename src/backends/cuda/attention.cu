@@ -7,6 +7,7 @@
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_chunked.h"
+#include "backends/cuda/attention_mask.cuh"
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
 
@@ -26,11 +27,7 @@ struct Geometry {
   float scale;
   bool causal;
   HeadLayout q, k, v, out;
-  // dropout: keep iff (bits >> 8) >= threshold, kept values scaled by keep_scale; threshold 0 = none
-  uint32_t threshold;
-  float keep_scale;
-  uint32_t key0, key1;
-  int64_t tk64;
+  AttentionDropout dropout;
 };
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -41,18 +38,7 @@ __device__ __forceinline__ int64_t row_offset(const HeadLayout& l, int64_t b, in
 }
 
 // Keys [0, limit) are visible to query row i.
-__device__ __forceinline__ int64_t key_limit(const Geometry& g, int64_t i) {
-  if (!g.causal) return g.tk;
-  const int64_t last = i + (g.tk - g.tq);  // the last visible key
-  return last < 0 ? 0 : (last + 1 < g.tk ? last + 1 : g.tk);
-}
-
-// The dropout factor Z_ij (keep / (1 - p), or 0) of head n, row i, key j; 1 without dropout.
-__device__ __forceinline__ float dropout_factor(const Geometry& g, int64_t n, int64_t i, int64_t j) {
-  if (g.threshold == 0) return 1.0f;
-  const uint64_t counter = static_cast<uint64_t>(n * g.tq + i) * static_cast<uint64_t>(g.tk64) + static_cast<uint64_t>(j);
-  return keep_element(g.key0, g.key1, counter, g.threshold) ? g.keep_scale : 0.0f;
-}
+__device__ __forceinline__ int64_t key_limit(const Geometry& g, int64_t i) { return cuda::key_limit(g.causal, g.tq, g.tk, i); }
 
 // Loads `rows` rows of width `width` starting at row `first` of an operand into a shared [tile, width]
 // buffer (f32), by the whole block; rows past `limit` are not read.
@@ -105,7 +91,7 @@ __global__ void forward_kernel(Geometry g, const T* q, const T* k, const T* v, T
       const float corr = exp2f(m - m_new);  // 0 on the first key (m = -inf)
       const float pij = exp2f(s - m_new);
       l = l * corr + pij;
-      const float pz = pij * dropout_factor(g, n, i, j0 + r);
+      const float pz = pij * g.dropout.factor(n, i, j0 + r);
       for (int u = 0; u < kPerLane; ++u) {
         const int64_t c = lane + 32 * u;
         if (c < g.dv) acc[u] = acc[u] * corr + pz * vs[r * g.dv + c];
@@ -175,7 +161,7 @@ __global__ void dq_kernel(Geometry g, const T* q, const T* k, const T* v, const 
         if (c < g.dv) dp += dor[u] * vs[r * g.dv + c];
       }
       s = warp_sum(s) * g.scale_log2;
-      dp = warp_sum(dp) * dropout_factor(g, n, i, j0 + r);
+      dp = warp_sum(dp) * g.dropout.factor(n, i, j0 + r);
       const float ds = exp2f(s - li) * (dp - di);
       for (int u = 0; u < kPerLane; ++u) {
         const int64_t c = lane + 32 * u;
@@ -242,7 +228,7 @@ __global__ void dkdv_kernel(Geometry g, const T* q, const T* k, const T* v, cons
           if (c < g.dv) dp += vr[u] * ds_[r * g.dv + c];
         }
         s = warp_sum(s) * g.scale_log2;
-        const float z = dropout_factor(g, n, i, j);
+        const float z = g.dropout.factor(n, i, j);
         const float pij = exp2f(s - ls[r]);
         const float dsij = pij * (warp_sum(dp) * z - es[r]);
         const float pz = pij * z;
@@ -284,12 +270,7 @@ Geometry geometry(const AttentionProblem& p, const char* op) {
   g.k = p.k;
   g.v = p.v;
   g.out = p.out;
-  // p = 0: threshold 0 keeps everything and the factor is exactly 1 (dropout_factor's early return).
-  g.threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p.dropout_p) * 16777216.0));
-  g.keep_scale = 1.0f / (1.0f - p.dropout_p);
-  g.key0 = p.dropout_key.k0;
-  g.key1 = p.dropout_key.k1;
-  g.tk64 = (p.tk + 63) / 64 * 64;
+  g.dropout = AttentionDropout::of(p);
   return g;
 }
 

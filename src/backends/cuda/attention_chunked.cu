@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends/cuda/attention_chunked.h"
+#include "backends/cuda/attention_mask.cuh"
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
 #include "backends/cuda/gemm.h"
@@ -37,24 +38,8 @@ struct Block {
   float scale_log2;         // scale * log2(e)
   int64_t group;            // g = kv_group: query head n = j * g + member for batch j
   int64_t member;
-  uint32_t threshold;       // dropout: keep iff (bits >> 8) >= threshold; 0 = no dropout
-  float keep_scale;
-  uint32_t key0, key1;
-  int64_t tk64;
+  AttentionDropout dropout;
 };
-
-// Keys [0, limit) are visible to query row i (attention_problem.h's causal rule).
-__host__ __device__ __forceinline__ int64_t key_limit(bool causal, int64_t tq, int64_t tk, int64_t i) {
-  if (!causal) return tk;
-  const int64_t last = i + (tk - tq);
-  return last < 0 ? 0 : (last + 1 < tk ? last + 1 : tk);
-}
-
-__device__ __forceinline__ float dropout_factor(const Block& g, int64_t n, int64_t i, int64_t j) {
-  if (g.threshold == 0) return 1.0f;
-  const uint64_t counter = static_cast<uint64_t>(n * g.tq + i) * static_cast<uint64_t>(g.tk64) + static_cast<uint64_t>(j);
-  return keep_element(g.key0, g.key1, counter, g.threshold) ? g.keep_scale : 0.0f;
-}
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -81,7 +66,7 @@ __global__ void softmax_rows_kernel(Block g, const float* s, E* p, float* lse) {
   const float row_lse = limit > 0 ? m + log2f(l) : INFINITY;
   E* prow = p + row * g.ld;
   for (int64_t k = lane; k < g.width; k += 32) {
-    const float v = k < limit ? exp2f(srow[k] * g.scale_log2 - row_lse) * dropout_factor(g, n, i, k) : 0.0f;
+    const float v = k < limit ? exp2f(srow[k] * g.scale_log2 - row_lse) * g.dropout.factor(n, i, k) : 0.0f;
     store_f32(prow, k, v);
   }
   if (lane == 0) lse[n * g.tq + i] = row_lse;
@@ -104,7 +89,7 @@ __global__ void softmax_backward_rows_kernel(Block g, const float* s, const floa
     float dsv = 0.0f, pzv = 0.0f;
     if (k < limit) {
       const float pij = exp2f(s[base + k] * g.scale_log2 - li);
-      const float z = dropout_factor(g, n, i, k);
+      const float z = g.dropout.factor(n, i, k);
       dsv = pij * (dp[base + k] * z - di);
       pzv = pij * z;
     }
@@ -214,12 +199,7 @@ Block block_geometry(const AttentionProblem& p) {
   g.causal = p.causal;
   g.scale_log2 = p.scale * kLog2e;
   g.group = p.kv_group;
-  // p = 0: threshold 0 keeps everything and the factor is exactly 1 (dropout_factor's early return).
-  g.threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p.dropout_p) * 16777216.0));
-  g.keep_scale = 1.0f / (1.0f - p.dropout_p);
-  g.key0 = p.dropout_key.k0;
-  g.key1 = p.dropout_key.k1;
-  g.tk64 = (p.tk + 63) / 64 * 64;
+  g.dropout = AttentionDropout::of(p);
   return g;
 }
 

@@ -297,14 +297,14 @@ class MpiCommunicator final : public Communicator {
       }
       if (!core_per_rank_) {
         std::this_thread::sleep_for(nap);
-      } else if (!on_communication_thread() || compute_thread_blocked()) {
-        if (spin_until == std::chrono::steady_clock::time_point{}) spin_until = now + kSpin;
-        if (now < spin_until) {
-          for (int i = 0; i < 16; ++i) cpu_relax();
-          continue;
-        }
-        Communicator::nap(nap);
       } else {
+        if (!on_communication_thread() || compute_thread_blocked()) {  // nobody else wants this core
+          if (spin_until == std::chrono::steady_clock::time_point{}) spin_until = now + kSpin;
+          if (now < spin_until) {
+            for (int i = 0; i < 16; ++i) cpu_relax();
+            continue;
+          }
+        }
         Communicator::nap(nap);
       }
       nap = std::min(nap * 2, std::chrono::microseconds(1000));

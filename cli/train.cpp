@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "cli/exit_codes.h"
 #include "mesh/mpi.h"
+#include "train/device.h"
 #include "train/run.h"
 
 namespace {
@@ -26,7 +27,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::string max_memory;
   std::string mesh, parallel;
-  std::string device = "cpu";
+  std::string device;  // empty: the config's training.device
   bool no_overlap = false;
   std::string weights;
 };
@@ -65,7 +66,8 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
                  "ranks mpirun/srun started (docs/mesh.md)");
   cmd.add_option("--parallel", args.parallel, "parallel mode: dp, fsdp, tp, fsdp_tp, dp_ep or fsdp_ep (config key parallel.mode)");
   cmd.add_option("--device", args.device,
-                 "cpu (default), cuda or cuda:N; CUDA is refused with the reason until the models run there (docs/cuda.md)");
+                 "cpu (default), cuda or cuda:N: where the step runs, one process on a GPU (config key training.device; "
+                 "docs/cuda.md)");
   cmd.add_flag("--no-overlap", args.no_overlap,
                "on a mesh: wait on every collective where it is issued instead of overlapping communication with "
                "compute (docs/mesh.md; the results are the same bits either way)");
@@ -83,7 +85,6 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
                "replace the loom run in --out: its files and checkpoints are deleted (files loom did not write stay)")
       ->excludes(resume_opt);
   cmd.callback([config_opt] {
-    loom::model_device(args.device, "train");  // before anything is read or written
     loom::train::TrainRunOptions run;
     run.out = args.out.empty() ? loom::train::default_run_dir(args.config) : args.out;
     const fs::path saved_config = fs::path(run.out) / "config.json";
@@ -91,7 +92,9 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     run.sets = args.sets;
     if (!args.mesh.empty()) run.sets.push_back("parallel.mesh=" + args.mesh);
     if (!args.parallel.empty()) run.sets.push_back("parallel.mode=" + args.parallel);
+    if (!args.device.empty()) run.sets.push_back("training.device=" + args.device);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, run.sets);
+    loom::train::training_device(cfg.training.device, cfg.parallel.mesh, "train");  // before anything is written
     // One process is one rank: a mesh of several ranks runs under mpirun or srun (docs/mesh.md).
     const loom::dist::LaunchedRank rank = loom::train::start_ranks(cfg, !args.no_overlap);
     run.rank_context = rank.context;

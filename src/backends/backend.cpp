@@ -42,8 +42,9 @@ Device model_device(const std::string& text, const char* what) {
   }
   if (device.is_cpu()) return device;
   cuda::check_device(what, device);  // no backend, driver, GPU or index: the reason
-  LOOM_FAIL(what, ": ", device, " is usable, but loom's training and generation do not run on CUDA yet (the "
-            "trainer, checkpoints and decoding assume host tensors; docs/cuda.md); use the CPU (device cpu)");
+  LOOM_FAIL(what, ": ", device, " is usable, but loom's decoding and Python models do not run on CUDA yet (the "
+            "KV caches and samplers assume host tensors; `loom train --device cuda` does: docs/cuda.md); use the "
+            "CPU (device cpu)");
 }
 
 }  // namespace loom

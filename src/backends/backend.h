@@ -35,8 +35,8 @@ cuda::Context& cuda_context(const char* op, Device device);
 // For the programs that place a whole model on a device (`loom train/generate --device`, Python's
 // device=): the device named by `text` ("cpu", "cuda", "cuda:1"), checked to hold a model. The CPU
 // passes. A CUDA device gets one error naming it and why it cannot be used: this build has no CUDA
-// backend, no CUDA driver, no GPU, or no such index; and, with a usable GPU, that the models do not run on
-// CUDA yet (the trainer, checkpoints and decoding assume host tensors). `what` starts the message.
+// backend, no CUDA driver, no GPU, or no such index; and, with a usable GPU, that decoding and the Python
+// models do not run on CUDA yet (training does: train/device.h). `what` starts the message.
 Device model_device(const std::string& text, const char* what);
 
 }  // namespace loom

@@ -17,6 +17,7 @@
 #include "core/profile.h"
 #include "models/model.h"
 #include "models/stats.h"
+#include "train/device.h"
 #include "train/optimizer.h"
 
 using loom::train::AdamW;
@@ -43,45 +44,6 @@ double proc_status_mib(const char* key) {
   }
   std::fclose(f);
   return mib;
-}
-
-// The GPU's matrix rate, measured as MFU's denominator (as bench train's CPU peak is measured, not read
-// from a datasheet): 8192^3 GEMMs through cuBLASLt in the step's precision (bf16 operands with f32
-// accumulation, or plain f32), 3 untimed then 10 timed. Random data: zeros run faster on tensor cores.
-double cuda_gemm_peak_gflops(Device device, bool use_bf16) {
-  constexpr int64_t n = 8192;
-  const DType dtype = use_bf16 ? DType::BF16 : DType::F32;
-  Tensor a = Tensor::empty({n, n}, dtype), b = Tensor::empty({n, n}, dtype);
-  const RngKey key = RngKey::from_seed(7);
-  for (int64_t i = 0; i < n * n; ++i) {
-    const float v = static_cast<float>(random_bits(key, static_cast<uint64_t>(i)) % 2001) / 1000.0f - 1.0f;
-    if (use_bf16) {
-      a.data<bf16>()[i] = bf16::from_float(v);
-      b.data<bf16>()[i] = bf16::from_float(-v);
-    } else {
-      a.data<float>()[i] = v;
-      b.data<float>()[i] = -v;
-    }
-  }
-  a = a.to(device);
-  b = b.to(device);
-  Tensor c = Tensor::empty({n, n}, dtype, device);
-  const cuda::Context& ctx = cuda::context(device.index());
-  auto one = [&] {
-    if (use_bf16) {
-      cuda::gemm_bf16(ctx, false, false, n, n, n, 1.0f, a.data<bf16>(), n, b.data<bf16>(), n, 0.0f, c.data<bf16>(), n);
-    } else {
-      cuda::gemm(ctx, false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);
-    }
-  };
-  for (int i = 0; i < 3; ++i) one();
-  cuda::synchronize(device, "bench: GEMM peak");
-  constexpr int reps = 10;
-  auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) one();
-  cuda::synchronize(device, "bench: GEMM peak");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return 2.0 * double(n) * double(n) * double(n) * reps / seconds / 1e9;
 }
 
 }  // namespace
@@ -116,12 +78,7 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
 
   std::unique_ptr<models::LanguageModel> built = config.build(options.seed);
   models::LanguageModel& model = *built;
-  if (on_gpu) {  // built on the host (the same initial values), then every parameter moved over
-    for (nn::Parameter* p : model.parameters()) {
-      p->value = p->value.to(device);
-      p->value.set_requires_grad();
-    }
-  }
+  train::move_to_device(model, device);  // built on the host (the same initial values), then moved over
   if (options.bf16) model.set_matmul_precision(ops::MatmulPrecision::BF16);
   AdamW optimizer(model.parameters(), AdamWOptions{.lr = 1e-3f, .weight_decay = 0.1f});
   const int64_t B = options.batch_size, T = config.context_length();
@@ -202,7 +159,7 @@ TrainBenchResult bench_train(const models::ModelConfig& config, const TrainBench
   r.device = str(device);
   r.device_peak_mib = device_peak_mib;
   r.profile_ms = gpu_profile_ms;
-  r.peak_gflops = on_gpu ? cuda_gemm_peak_gflops(device, options.bf16) : cpu::measure_fma_peak(threads).gflops;
+  r.peak_gflops = on_gpu ? train::gpu_matrix_peak_flops(device, options.bf16) / 1e9 : cpu::measure_fma_peak(threads).gflops;
   r.mfu = r.gflops / r.peak_gflops;
   r.final_loss = loss_value;
   r.start_rss_mib = start_rss_mib;

@@ -138,7 +138,8 @@ json TrainConfig::to_json() const {
         {"threads", training.threads},
         {"sampling", data::sampling_name(training.sampling)},
         {"precision", training.precision},
-        {"recompute", training.recompute}}},
+        {"recompute", training.recompute},
+        {"device", training.device}}},
       {"eval", {{"interval", eval.interval}, {"batches", eval.batches}}},
       {"checkpoint", {{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last}}},
       {"logging",
@@ -191,6 +192,12 @@ TrainConfig TrainConfig::from_json(const json& j) {
   LOOM_CHECK(c.training.recompute == "none" || c.training.recompute == "full" || c.training.recompute == "selective",
              "config: training.recompute must be \"none\", \"full\" or \"selective\", got \"", c.training.recompute,
              "\"");
+  c.training.device = t["device"].get<std::string>();
+  try {
+    (void)Device::parse(c.training.device);
+  } catch (const Error& e) {
+    LOOM_FAIL("config: training.device: ", e.what());
+  }
   c.eval = {m["eval"]["interval"].get<int64_t>(), m["eval"]["batches"].get<int64_t>()};
   c.checkpoint = {m["checkpoint"]["interval"].get<int64_t>(), m["checkpoint"]["keep_last"].get<int64_t>()};
   const json& l = m["logging"];

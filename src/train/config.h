@@ -56,6 +56,9 @@ struct TrainingConfig {
   // Activation recomputation (models::Recompute): "none", "full" (keep each block's input, run the block
   // again in backward) or "selective" (keep the GEMMs' outputs, run the cheap ops again). Same bits.
   std::string recompute = "none";
+  // Where the step runs: "cpu", or "cuda" / "cuda:N" (one process; train/device.h). Not part of a run's
+  // identity: a checkpoint written on a GPU resumes on the CPU and back.
+  std::string device = "cpu";
 };
 
 struct EvalConfig {

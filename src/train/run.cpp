@@ -11,6 +11,7 @@
 #include "models/gguf.h"
 #include "tokenizer/formats.h"
 #include "train/config_file.h"
+#include "train/device.h"
 #include "train/memory.h"
 #include "train/run_data.h"
 #include "train/stop_signal.h"
@@ -99,7 +100,8 @@ TrainOutcome run_training(TrainConfig& cfg, const TrainRunOptions& options, cons
                "export a loom run, then train that on the mesh");
     init = start_from_weights(cfg, options.weights, options.sets, options.budget);
   }
-  runs::check_memory(training_memory(cfg), options.budget, "train");
+  const Device device = training_device(cfg.training.device, cfg.parallel.mesh, "train");
+  runs::check_memory(training_memory(cfg), memory_budget(device, options.budget), "train");
   auto* comm = rank_context ? rank_context->comm : nullptr;
   // Rank 0 owns the run directory and the data preparation; the others wait for it.
   std::optional<runs::RunDir> run_dir;
@@ -166,8 +168,9 @@ TrainOutcome run_training(TrainConfig& cfg, const TrainRunOptions& options, cons
   if (events.ended) events.ended(outcome);
   if (summary.stopped_early) return outcome;
   if (options.samples && cfg.sample.num_samples > 0 && !stop.requested()) {
-    // A sharded model generates only with its peers: rank 0 samples from the gathered weights instead.
-    auto whole = rank_context ? runs::load_model_weights(outcome.weights_path) : nullptr;
+    // A sharded model generates only with its peers, and decoding runs on the CPU: rank 0 (or a GPU
+    // run) samples from the saved weights instead.
+    auto whole = rank_context || !trainer.device().is_cpu() ? runs::load_model_weights(outcome.weights_path) : nullptr;
     generate_samples(cfg, whole ? *whole : trainer.model(), tokenizer::load_tokenizer(cfg.data.tokenizer), events.sample);
   }
   // A stop after the last step: the training is complete, the samples are not.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <cmath>
 #include <filesystem>
 
@@ -18,6 +19,7 @@
 #include "runs/checkpoint.h"
 #include "parallel/checkpoint.h"
 #include "parallel/pipeline.h"
+#include "train/device.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run_data.h"
@@ -37,7 +39,8 @@ Trainer::Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudg
                  std::shared_ptr<const dist::RankContext> dist)
     : config_(std::move(config)), dist_(std::move(dist)), run_dir_(std::move(run_dir)) {
   config_.validate();
-  runs::check_memory(training_memory(config_), memory, "train");
+  device_ = training_device(config_.training.device, config_.parallel.mesh, "train");
+  runs::check_memory(training_memory(config_), memory_budget(device_, memory), "train");
   if (config_.training.threads > 0) {
     set_num_threads(static_cast<int>(clamp_to_cores(config_.training.threads, "training.threads")));
   }
@@ -49,6 +52,7 @@ Trainer::Trainer(TrainConfig config, std::string run_dir, const runs::MemoryBudg
   data_ = std::make_shared<Data>(Data{std::move(run_data.train), std::move(val)});
 
   model_ = config_.model.build(config_.training.seed);
+  move_to_device(*model_, device_);  // before the optimizer: its moments are made beside the parameters
   if (config_.training.precision == "bf16") model_->set_matmul_precision(ops::MatmulPrecision::BF16);
   if (dist_) layout_ = dist::shard_model(*model_, dist_);  // before the optimizer: its moments follow the shards
   const auto& o = config_.optimizer;
@@ -66,7 +70,7 @@ std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
   for (const data::Batch& b : data_->val) {
     if (stop != nullptr && agreed(stop->requested())) return std::nullopt;  // thousands of batches must not delay a stop
     total += pipelined() ? dist::pipeline_loss(*model_, local(b.inputs), local(b.targets), *dist_)
-                         : global(model_->loss(local(b.inputs), local(b.targets)).item());
+                         : global(on_host(model_->loss(local(b.inputs), local(b.targets))).item());
   }
   return data_->val.empty() ? 0.0 : total / static_cast<double>(data_->val.size());
 }
@@ -94,8 +98,10 @@ TrainSummary Trainer::run(const StopSignal* stop) {
   // MFU's denominator. Measured for 0.3 s, it comes out low on a busy host (MFU above 100% was shown, issue
   // 32): the larger of the measurement and /proc/cpuinfo's estimate, and never below the rate the
   // training itself reached (raised below when a window exceeds it), so MFU cannot pass 100%.
-  double peak = config_.logging.peak_flops > 0
-                    ? config_.logging.peak_flops
+  // On a GPU: its measured matrix rate in the step's precision.
+  double peak = config_.logging.peak_flops > 0 ? config_.logging.peak_flops
+                : device_.is_cuda()
+                    ? gpu_matrix_peak_flops(device_, config_.training.precision == "bf16")
                     : std::max(cpu::measure_fma_peak(num_threads(), 0.3).gflops * 1e9,
                                estimate_cpu_peak_flops(num_threads())) *
                           (dist_ ? static_cast<double>(dist_->mesh.size()) : 1.0);
@@ -160,7 +166,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       if (micro > 0 && stop_requested()) break;
       data::Batch batch = data_->train.next();  // the global batch: every rank reads the same one
       Tensor loss = model_->loss(local(batch.inputs), local(batch.targets), train_context(micro));
-      loss_sum += global(loss.item());
+      loss_sum += global(on_host(loss).item());  // on a GPU this read waits for the forward pass
       // Mean over micro-batches: each contributes 1/accum of the gradient.
       const Tensor scaled = tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss;
       if (dist_) {
@@ -322,6 +328,7 @@ std::string Trainer::save_checkpoint() {
   files.push_back({"optimizer.safetensors", [&](const std::string& path) {
                      const int64_t count = optimizer_->step_count();
                      std::vector<io::SafetensorsEntry> entries;
+                     std::deque<Tensor> host_moments;  // stable addresses while entries point at them
                      entries.push_back({"step", io::SafetensorsDtype::I64, {}, &count, sizeof(count)});
                      const auto& params = optimizer_->params();
                      for (size_t i = 0; i < params.size(); ++i) {
@@ -329,7 +336,8 @@ std::string Trainer::save_checkpoint() {
                                                 {".exp_avg_sq", &optimizer_->exp_avg_sq(i)}}) {
                          if (!t->defined()) continue;  // parameter never updated yet
                          std::vector<uint64_t> shape(t->shape().begin(), t->shape().end());
-                         entries.push_back({params[i]->name + suffix, io::SafetensorsDtype::F32, shape, t->data<float>(),
+                         const Tensor& host = host_moments.emplace_back(on_host(*t));  // kept until written
+                         entries.push_back({params[i]->name + suffix, io::SafetensorsDtype::F32, shape, host.data<float>(),
                                             static_cast<uint64_t>(t->numel()) * sizeof(float)});
                        }
                      }
@@ -473,7 +481,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
         if (dst->defined()) {
           dst->copy_from(*src);
         } else {
-          *dst = src->clone();
+          *dst = src->to(params[i]->value.device());  // beside the parameter (a copy: never the file mapping)
+          if (dst->device().is_cpu()) *dst = dst->clone();
         }
       }
     }
@@ -504,7 +513,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
 }
 
 Tensor Trainer::local(const Tensor& batch_tensor) const {
-  return dist_ ? dist::local_batch(batch_tensor, *dist_) : batch_tensor;
+  if (dist_) return dist::local_batch(batch_tensor, *dist_);
+  return device_.is_cpu() ? batch_tensor : batch_tensor.to(device_);  // the batch is read on the host
 }
 
 double Trainer::global(double local_loss) const { return dist_ ? dist::global_loss(local_loss, *dist_) : local_loss; }

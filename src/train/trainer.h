@@ -82,6 +82,8 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   models::LanguageModel& model() { return *model_; }
+  // training.device: the parameters, optimizer moments and batches are there (train/device.h).
+  Device device() const { return device_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t step() const { return step_; }
 
@@ -89,6 +91,7 @@ class Trainer {
   struct Data;
   TrainConfig config_;
   std::shared_ptr<const dist::RankContext> dist_;  // null: one process
+  Device device_;                                  // training.device: where parameters and batches live
   std::vector<dist::TensorLayout> layout_;         // when sharded, indexed like model_->parameters()
   std::string run_dir_;
   std::unique_ptr<models::LanguageModel> model_;

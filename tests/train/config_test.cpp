@@ -95,6 +95,8 @@ TEST(Config, ImpossibleValuesAreRejectedByName) {
            {"training.batch_size=-2", "training.batch_size must be positive"},
            {"training.grad_accum_steps=0", "training.grad_accum_steps"},
            {"training.threads=-1", "training.threads"},
+           {"training.device=tpu", "training.device: unknown device 'tpu'"},
+           {"training.device=cuda:x", "training.device"},
            {"optimizer.lr=-0.1", "optimizer.lr must be >= 0"},
            {"optimizer.min_lr=1", "optimizer.min_lr=1 must be at most optimizer.lr=0.003"},
            {"optimizer.beta1=1", "optimizer.beta1"},

@@ -168,6 +168,13 @@ void check_device(const char* op, Device device) {
              n == 1 ? "" : "s", " (cuda:0", n > 1 ? str("..cuda:", n - 1) : std::string(), ")");
 }
 
+size_t total_memory(int index) {
+  check_device("total_memory", Device::cuda(index));
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK("total_memory", cudaGetDeviceProperties(&prop, index));
+  return prop.totalGlobalMem;
+}
+
 Context& context(int index) { return state(index).context; }
 Allocator& device_allocator(int index) { return *state(index).allocator; }
 CachingAllocator& caching_allocator(int index) { return state(index).allocator->caching(); }

@@ -45,6 +45,9 @@ std::string describe();
 
 // Throws a loom::Error naming `op` unless `device` is a CUDA device this process can use.
 void check_device(const char* op, Device device);
+// The memory of cuda:`index` in bytes (what a run's memory estimate is checked against). Throws like
+// check_device when the device is not usable.
+size_t total_memory(int index);
 
 // What an op needs to run on a device: its compute stream and its memory.
 struct Context {

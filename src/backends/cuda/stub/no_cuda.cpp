@@ -34,6 +34,7 @@ int device_count() { return 0; }
 std::string unavailable_reason() { return "this loom was built without the CUDA backend"; }
 std::string describe() { return "CUDA backend not built"; }
 void check_device(const char* op, Device device) { not_built(str(op, ": cannot use ", device)); }
+size_t total_memory(int index) { not_built(str("total_memory: cannot use ", Device::cuda(index))); }
 Context& context(int index) { not_built(str("context of cuda:", index)); }
 Allocator& device_allocator(int index) { not_built(str("allocator of cuda:", index)); }
 CachingAllocator& caching_allocator(int index) { not_built(str("allocator of cuda:", index)); }

@@ -24,6 +24,7 @@
 #   sanitizer.log     compute-sanitizer memcheck over the kernel tests, when the tool and time allow
 #   bench.jsonl       `loom bench train --device cuda` lines (GPT-2 small, a Llama, dsv3-mini), when time allows
 #   warp_attention.log  the attention tests on the one-warp-per-row kernels (LOOM_CUDA_ATTENTION=warp)
+#   train_gpu.jsonl   metrics.jsonl of a short `loom train --device cuda` run (GPT-2 small, bf16), when time allows
 # Every step is time-boxed so the whole run ends inside 9 minutes and the summary is always written.
 # LOOM_DEVICE_CHECK_CONFIGURE_ONLY=1 stops `run` after CMake has configured against the unpacked
 # packages: how this script itself is checked on a machine without a GPU.
@@ -188,6 +189,28 @@ except ValueError: result = sys.argv[2]
 print(json.dumps({"run": sys.argv[1], "result": result}))' "$preset $args" "$line" >>"$OUT/bench.jsonl"
     done
   fi
+  if [ -x "$bin/loom" ] && [ "$(elapsed)" -lt "${LOOM_DEVICE_CHECK_TRAIN_UNTIL:-300}" ]; then
+    note "loom train --device cuda (GPT-2 small, bf16, on random tokens)"
+    # The trainer's own loop on the GPU (batches copied over, validation, a checkpoint, the weights
+    # written): its tokens/s beside bench train's. Random tokens in GPT-2's vocabulary, made here.
+    data=$(mktemp -d)
+    python3 - "$data" <<'TOKENS'
+import array, json, random, sys
+random.seed(1)
+for name, n in (("train.bin", 2_000_000), ("val.bin", 200_000)):
+    array.array("H", (random.randrange(50257) for _ in range(n))).tofile(open(f"{sys.argv[1]}/{name}", "wb"))
+json.dump({"dtype": "uint16", "vocab_size": 50257}, open(f"{sys.argv[1]}/meta.json", "w"))
+TOKENS
+    timeout 120 "$bin/loom" train --config gpt2-small --device cuda --out "$data/run" \
+      --set training.precision=bf16 --set training.batch_size=16 --set training.max_steps=60 \
+      --set eval.interval=30 --set eval.batches=4 --set checkpoint.interval=60 --set logging.interval=20 \
+      --set logging.progress=lines --set sample.num_samples=0 --set data.tokenizer="$data/none.json" \
+      --set data.train="$data/train.bin" --set data.val="$data/val.bin" 2>&1 | tail -8
+    echo "loom train exit ${PIPESTATUS[0]}"
+    cp "$data/run/metrics.jsonl" "$OUT/train_gpu.jsonl" 2>/dev/null
+    ls -la "$data/run/checkpoints/"* 2>/dev/null | tail -4
+    rm -rf "$data"
+  fi
   if command -v compute-sanitizer >/dev/null && [ "$(elapsed)" -lt "${LOOM_DEVICE_CHECK_SANITIZE_UNTIL:-300}" ]; then
     note "compute-sanitizer memcheck over the kernel tests"
     # Every kernel suite (not the allocator's OOM probe or graph capture, which the sanitizer perturbs, nor the
@@ -251,8 +274,17 @@ if os.path.exists(bench):
         if isinstance(r, dict) and r.get("profile_ms"):
             top = sorted(r["profile_ms"].items(), key=lambda kv: -kv[1])[:10]
             print(f"- {row['run']}: total {sum(r['profile_ms'].values()):.1f}; " + ", ".join(f"{k} {v:.2f}" for k, v in top))
-print("\nNot run yet (the trainer, checkpoints and decoding do not take CUDA tensors; docs/cuda.md): "
-      "`loom train` runs. CudaModel.* above is the models' training step on the GPU against the CPU.")
+train = os.path.join(out, "train_gpu.jsonl")
+if os.path.exists(train):
+    print("\n`loom train --device cuda` (GPT-2 small, bf16, batch 16 x 1024, random tokens):\n")
+    for line in open(train):
+        e = json.loads(line)
+        if e.get("event") == "train":
+            print(f"- step {e['step']}: loss {e['loss']:.4f}, {e['tokens_per_s']:.0f} tokens/s, MFU {100 * e['mfu']:.1f}%")
+        elif e.get("event") == "val":
+            print(f"- step {e['step']}: validation loss {e['val_loss']:.4f}")
+else:
+    print("\n`loom train --device cuda` did not run (no metrics).")
 PY
 cat "$summary"
 note "done"

@@ -23,6 +23,7 @@ within 25%. The runs get the cores the kernel gives this session: while other se
 than the machine's (--cores plans for a given number).
 
     python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2]
+                                [--bench OTHER_BUILD/bench/loom_bench_plan]
 """
 import argparse
 import json
@@ -34,6 +35,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_plan")
 COSTS = os.path.join(ROOT, "docs", "plan", "cpu-collectives.json")
+BENCH_USED = BENCH
 
 LLAMA = ["--config", "tiny", "--set", "model.num_layers=4", "--batch", "16"]
 GPT2 = ["--config", "gpt2-small", "--set", "model.num_layers=4", "--set", "model.d_model=64", "--set",
@@ -69,7 +71,7 @@ RUNS = [
 
 
 def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores):
-    cmd = [BENCH] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
+    cmd = [BENCH_USED] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
     if collectives:
         cmd += ["--collectives", collectives]
     if flops:
@@ -91,6 +93,7 @@ def main():
     ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
+    ap.add_argument("--bench", default=BENCH, help="the loom_bench_plan binary (another build's, for back-to-back runs)")
     ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
                     help="the cores the runs have (default: the machine's; the kernel shares them between sessions, "
                          "so while another session computes a run gets fewer)")
@@ -99,6 +102,8 @@ def main():
                          "first, at this moment's load, into a temporary file), a file such as " + COSTS +
                          ", or 'none' (the ring formula)")
     a = ap.parse_args()
+    global BENCH_USED
+    BENCH_USED = a.bench
     collectives = "" if a.collectives == "none" else a.collectives
     if collectives == "measure":
         collectives = os.path.join(tempfile.mkdtemp(), "cpu-collectives.json")
@@ -107,8 +112,8 @@ def main():
     if collectives and not os.path.exists(collectives):
         sys.exit(f"{collectives} is missing: python3 tools/measure_collectives.py (or --collectives none)")
     print(f"collective costs: {collectives or 'none (the ring formula)'}")
-    if not os.path.exists(BENCH):
-        sys.exit(f"{BENCH} is missing: cmake --build build --target loom_bench_plan")
+    if not os.path.exists(BENCH_USED):
+        sys.exit(f"{BENCH_USED} is missing: cmake --build build --target loom_bench_plan")
     print(f"load average before: {os.getloadavg()}", flush=True)
     flops, bandwidth = a.flops, a.bandwidth
     efficiency = {}
@@ -141,7 +146,12 @@ def main():
             bandwidth = bandwidth or r["device"]["memory_bandwidth"]
             e0 = r["device"]["gemm_efficiency"]
             efficiency[name] = r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
-            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches {efficiency[name]:.3f} of it -->", flush=True)
+            # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
+            # another session's work shared the core, and the multi-rank rows of this run get less than
+            # the cores the plan gives them (docs/plan.md, "What the model still misses").
+            share = r["measured"]["cpu_s"] / r["measured"]["step_s"]
+            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches {efficiency[name]:.3f} of it; "
+                  f"the calibrating process had {share:.2f} of a core -->", flush=True)
         lines += got
         stages = sorted({r["stage"] for r in got})
         for s in stages:

@@ -20,9 +20,10 @@ docs/plan/cpu-collectives.json), --collectives none the ring formula.
 Beside each step it prints all the ranks' CPU time over the cores against the plan's floor (the
 plan's step is no shorter than it: docs/plan.md, "The cores"), and at the end how many layouts came
 within 25%. The runs get the cores the kernel gives this session: while other sessions compute, fewer
-than the machine's (--cores plans for a given number).
+than the machine's (--cores plans for a given number; --cores probe measures, before each layout, the
+cores its ranks would get, with copies of the one-process step).
 
-    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2]
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2|probe]
                                 [--bench OTHER_BUILD/bench/loom_bench_plan]
 """
 import argparse
@@ -86,6 +87,21 @@ def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collecti
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def probe_cores(model_args, copies):
+    """The cores this session gets now: `copies` one-process steps at once, their CPU over their wall time
+    (the kernel shares the cores between sessions: while another session computes, fewer than the
+    machine's)."""
+    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", "10"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+    cpu = wall = 0.0
+    for p in procs:
+        out, _ = p.communicate()
+        r = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        cpu += r["measured"]["cpu_s"]
+        wall = max(wall, r["measured"]["step_s"])
+    return max(0.25, min(float(copies), cpu / wall))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
@@ -94,9 +110,11 @@ def main():
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
     ap.add_argument("--bench", default=BENCH, help="the loom_bench_plan binary (another build's, for back-to-back runs)")
-    ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
+    ap.add_argument("--cores", default=str(os.cpu_count() or 1),
                     help="the cores the runs have (default: the machine's; the kernel shares them between sessions, "
-                         "so while another session computes a run gets fewer)")
+                         "so while another session computes a run gets fewer), or 'probe': before each layout, "
+                         "as many copies of the one-process step as the layout has ranks (at most the machine's "
+                         "cores) run at once, and their CPU over their wall time is the cores the layout is planned for")
     ap.add_argument("--collectives", default="measure",
                     help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
                          "first, at this moment's load, into a temporary file), a file such as " + COSTS +
@@ -122,20 +140,24 @@ def main():
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
           "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    cores = a.cores
+    machine_cores = float(os.cpu_count() or 1)
+    probe = a.cores == "probe"
+    cores = machine_cores if probe else float(a.cores)
     ratios = []
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
         calibrate = ranks == 1 and layout == ["--micro", "1"]
+        if probe:
+            cores = probe_cores(model_args, min(ranks, int(machine_cores))) if ranks > 1 else machine_cores
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
-                  collectives, a.cores)
+                  collectives, cores)
         if calibrate:
             # The one number every later row leans on: the median of three runs, not one (a moment of
             # another session's work in one run moved every prediction of a table by 15%).
             flops = flops or got[0]["device"]["f32_flops"]
             bandwidth = bandwidth or got[0]["device"]["memory_bandwidth"]
-            runs = [got] + [run(model_args, ranks, layout, a.steps, flops, bandwidth, None, collectives, a.cores)
+            runs = [got] + [run(model_args, ranks, layout, a.steps, flops, bandwidth, None, collectives, cores)
                             for _ in range(2)]
             got = sorted(runs, key=lambda g: g[0]["measured"]["step_s"])[1]
         if calibrate:
@@ -181,7 +203,8 @@ def main():
                   f"| {1e3 * step:.1f} ms | {time_text} | {1e3 * (step - wait):.1f} + {1e3 * wait:.1f} ms "
                   f"| {1e3 * (p['compute_s'] + p['bubble_s'] + p['optimizer_s']):.1f} + {1e3 * p['exposed_comm_s']:.1f} ms "
                   f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} "
-                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |",
+                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |"
+                  + (f" planned for {cores:.2f} cores |" if probe else ""),
                   flush=True)
     print(f"load average after: {os.getloadavg()}")
     print(f"within 25%: {sum(x <= 1.25 for x in ratios)} of {len(ratios)} layouts (step, the slowest stage's ranks)")

@@ -78,7 +78,7 @@ def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collecti
     if flops:
         cmd += ["--flops", repr(flops), "--bandwidth", repr(bandwidth)]
     if efficiency:
-        cmd += ["--efficiency", repr(efficiency)]
+        cmd += ["--efficiency-at", ",".join(f"{rows:g}:{e!r}" for rows, e in sorted(efficiency.items()))]
     if ranks > 1:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -162,17 +162,30 @@ def main():
             got = sorted(runs, key=lambda g: g[0]["measured"]["step_s"])[1]
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
-            # communication): e = (compute_s * e0) / (measured - optimizer_s).
+            # communication): e = (compute_s * e0) / (measured - optimizer_s). Measured at three GEMM
+            # heights, the batch's 1024 tokens and one process's steps of 4 and 2 sequences (256 and 128
+            # rows, what the layouts' micro-batches give a rank), each the median of three: the plan
+            # interpolates between them (DeviceSpec::efficiency_by_rows).
+            def efficiency_of(r):
+                e0 = r["device"]["gemm_efficiency"]
+                return r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
             r = got[0]
             flops = flops or r["device"]["f32_flops"]
             bandwidth = bandwidth or r["device"]["memory_bandwidth"]
-            e0 = r["device"]["gemm_efficiency"]
-            efficiency[name] = r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
+            heights = {r["batch"] * r["seq"]: efficiency_of(r)}
+            for seqs in (4, 2):
+                small = model_args[:model_args.index("--batch")] + ["--batch", str(seqs)]
+                runs_small = sorted((run(small, 1, layout, a.steps, flops, bandwidth, None, collectives, cores)
+                                     for _ in range(3)), key=lambda g: g[0]["measured"]["step_s"])
+                rs = runs_small[1][0]
+                heights[rs["batch"] * rs["seq"]] = efficiency_of(rs)
+            efficiency[name] = heights
             # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
             # another session's work shared the core, and the multi-rank rows of this run get less than
             # the cores the plan gives them (docs/plan.md, "What the model still misses").
             share = r["measured"]["cpu_s"] / r["measured"]["step_s"]
-            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches {efficiency[name]:.3f} of it; "
+            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches "
+                  f"{', '.join(f'{e:.3f} at {rows:g} rows' for rows, e in sorted(heights.items()))} of it; "
                   f"the calibrating process had {share:.2f} of a core -->", flush=True)
         lines += got
         stages = sorted({r["stage"] for r in got})
@@ -190,7 +203,7 @@ def main():
             plan_step = rs[0]["plan"]["step_s"]
             desc = " ".join(layout)
             time_text = (f"{1e3 * plan_step:.1f} ms | {step / plan_step:.2f}" if not calibrate
-                         else f"calibrates the efficiency: {efficiency[name]:.3f} | 1 by definition")
+                         else f"calibrates the efficiency: {max(efficiency[name].items())[1]:.3f} | 1 by definition")
             slowest = max(rs, key=lambda r: r["measured"]["step_s"])
             # Every rank's CPU over the cores (the floor the plan puts under the step where ranks share
             # cores): measured from the processes' CPU time, planned as the stage's cpu_bound_s.

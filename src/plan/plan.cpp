@@ -451,7 +451,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double head_repeat = l.tensor > 1 && !r.head_split ? static_cast<double>(l.tensor - 1) : 0;
   extra += head_repeat * heads * 6 * V * C;
   e.hardware_flops = (per_token + extra) * tokens;
-  const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
+  // The efficiency at the rows a rank's GEMMs multiply: a micro-batch's tokens on this rank (where it was
+  // measured at several heights, DeviceSpec::efficiency_by_rows; else the one gemm_efficiency).
+  const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.efficiency_at(mb_tokens);
   const double N = static_cast<double>(r.devices);
   e.compute_s = e.hardware_flops / N / peak;
   // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do

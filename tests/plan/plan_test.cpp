@@ -498,6 +498,35 @@ TEST(Plan, MemoryPerDeviceMatchesTheAllocatorsPeak) {
   }
 }
 
+// The efficiency measured at several GEMM heights: interpolated in log(rows), held outside, and taken at
+// the tokens of a micro-batch on a rank.
+TEST(Plan, EfficiencyIsTakenAtTheRowsOfAMicroBatch) {
+  plan::DeviceSpec d = fake_device();
+  d.gemm_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(d.efficiency_at(100), 0.5);  // none measured: the one assumption
+  d.efficiency_by_rows = {{1024, 0.6}, {128, 0.3}};
+  EXPECT_DOUBLE_EQ(d.efficiency_at(128), 0.3);
+  EXPECT_DOUBLE_EQ(d.efficiency_at(16), 0.3);
+  EXPECT_DOUBLE_EQ(d.efficiency_at(4096), 0.6);
+  EXPECT_NEAR(d.efficiency_at(std::sqrt(128.0 * 1024.0)), 0.45, 1e-12);
+
+  plan::Request r;
+  r.model = model_of("tiny", {"model.num_layers=4"});
+  r.batch = 16;
+  r.seq = 64;
+  r.devices = 2;
+  r.precision = "f32";
+  r.device = fake_device();
+  r.device.gemm_efficiency = 0.5;
+  plan::Layout dp;
+  dp.data = 2;
+  dp.micro_batches = 2;  // 16 / 2 ranks / 2 micro-batches = 4 sequences, 256 rows
+  const plan::Estimate one = plan::estimate(r, dp);
+  r.device.efficiency_by_rows = {{128, 0.5}, {512, 0.125}};  // at 256 rows: 0.3125
+  const plan::Estimate measured = plan::estimate(r, dp);
+  EXPECT_NEAR(measured.compute_s, one.compute_s * 0.5 / 0.3125, 1e-12 * one.compute_s);
+}
+
 // Measured collective costs (docs/plan/cpu-collectives.json): the lookup, the interpolation, the file,
 // and what the planner charges with them.
 TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {

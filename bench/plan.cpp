@@ -16,7 +16,8 @@
 // divided among the ranks when they outnumber the cores (as `loom plan --device cpu` does; --cores: the
 // cores the run has, default the machine's), and
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
-// tools/plan_check.sh calibrates the efficiency on the one-process run and keeps it for the others.
+// tools/plan_check.py calibrates the efficiency on one-process runs and keeps it for the others:
+// --efficiency-at ROWS:E,... gives it at several GEMM heights (the tokens of a micro-batch on a rank).
 #include <sys/resource.h>
 #include <time.h>
 
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
   int64_t batch = 16, seq = 0, micro = 1;
   int steps = 10, warmup = 3, threads = 1;
   double flops = 0, bandwidth = 0, efficiency = 0;
+  std::string efficiency_at;  // "ROWS:E,ROWS:E": the efficiency measured at several GEMM heights
   double cores_given = 0;  // the cores the run has (tools/plan_check.py measures its share of the machine)
   bool overlap = true;
   std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
     else if (a == "--flops") flops = std::atof(next().c_str());
     else if (a == "--bandwidth") bandwidth = std::atof(next().c_str());
     else if (a == "--efficiency") efficiency = std::atof(next().c_str());
+    else if (a == "--efficiency-at") efficiency_at = next();
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--collectives") collectives_file = next();
     else if (a == "--cores") cores_given = std::atof(next().c_str());
@@ -246,6 +250,20 @@ int main(int argc, char** argv) {
   if (!collectives_file.empty()) plan::load_collective_costs(req.device, collectives_file);
   if (flops > 0) req.device.f32_flops = req.device.bf16_flops = flops;
   if (efficiency > 0) req.device.gemm_efficiency = efficiency;
+  {
+    std::stringstream list(efficiency_at);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      const size_t colon = item.find(':');
+      const double rows = colon == std::string::npos ? 0 : std::atof(item.substr(0, colon).c_str());
+      const double e = colon == std::string::npos ? 0 : std::atof(item.substr(colon + 1).c_str());
+      if (rows <= 0 || e <= 0) {
+        std::fprintf(stderr, "--efficiency-at wants ROWS:EFFICIENCY pairs, both > 0; got \"%s\"\n", item.c_str());
+        return 2;
+      }
+      req.device.efficiency_by_rows.emplace_back(rows, e);
+    }
+  }
   const double cores = cores_given > 0 ? cores_given : std::max(1u, std::thread::hardware_concurrency());
   const double wanted = static_cast<double>(world) * threads;
   req.device.cores = cores;

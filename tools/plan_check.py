@@ -20,9 +20,11 @@ docs/plan/cpu-collectives.json), --collectives none the ring formula.
 Beside each step it prints all the ranks' CPU time over the cores against the plan's floor (the
 plan's step is no shorter than it: docs/plan.md, "The cores"), and at the end how many layouts came
 within 25%. The runs get the cores the kernel gives this session: while other sessions compute, fewer
-than the machine's (--cores plans for a given number).
+than the machine's (--cores plans for a given number; --cores probe measures, before each layout, the
+cores its ranks would get, with copies of the one-process step).
 
-    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2]
+    python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2|probe]
+                                [--bench OTHER_BUILD/bench/loom_bench_plan]
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_plan")
 COSTS = os.path.join(ROOT, "docs", "plan", "cpu-collectives.json")
+BENCH_USED = BENCH
 
 LLAMA = ["--config", "tiny", "--set", "model.num_layers=4", "--batch", "16"]
 GPT2 = ["--config", "gpt2-small", "--set", "model.num_layers=4", "--set", "model.d_model=64", "--set",
@@ -69,19 +72,34 @@ RUNS = [
 
 
 def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores):
-    cmd = [BENCH] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
+    cmd = [BENCH_USED] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
     if collectives:
         cmd += ["--collectives", collectives]
     if flops:
         cmd += ["--flops", repr(flops), "--bandwidth", repr(bandwidth)]
     if efficiency:
-        cmd += ["--efficiency", repr(efficiency)]
+        cmd += ["--efficiency-at", ",".join(f"{rows:g}:{e!r}" for rows, e in sorted(efficiency.items()))]
     if ranks > 1:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def probe_cores(model_args, copies):
+    """The cores this session gets now: `copies` one-process steps at once, their CPU over their wall time
+    (the kernel shares the cores between sessions: while another session computes, fewer than the
+    machine's)."""
+    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", "10"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+    cpu = wall = 0.0
+    for p in procs:
+        out, _ = p.communicate()
+        r = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        cpu += r["measured"]["cpu_s"]
+        wall = max(wall, r["measured"]["step_s"])
+    return max(0.25, min(float(copies), cpu / wall))
 
 
 def main():
@@ -91,14 +109,19 @@ def main():
     ap.add_argument("--flops", type=float, default=0, help="one core's f32 FLOP/s (default: measured once)")
     ap.add_argument("--bandwidth", type=float, default=0, help="read bandwidth, bytes/s (default: measured once)")
     ap.add_argument("--json", default="", help="also write every rank's line here")
-    ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
+    ap.add_argument("--bench", default=BENCH, help="the loom_bench_plan binary (another build's, for back-to-back runs)")
+    ap.add_argument("--cores", default=str(os.cpu_count() or 1),
                     help="the cores the runs have (default: the machine's; the kernel shares them between sessions, "
-                         "so while another session computes a run gets fewer)")
+                         "so while another session computes a run gets fewer), or 'probe': before each layout, "
+                         "as many copies of the one-process step as the layout has ranks (at most the machine's "
+                         "cores) run at once, and their CPU over their wall time is the cores the layout is planned for")
     ap.add_argument("--collectives", default="measure",
                     help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
                          "first, at this moment's load, into a temporary file), a file such as " + COSTS +
                          ", or 'none' (the ring formula)")
     a = ap.parse_args()
+    global BENCH_USED
+    BENCH_USED = a.bench
     collectives = "" if a.collectives == "none" else a.collectives
     if collectives == "measure":
         collectives = os.path.join(tempfile.mkdtemp(), "cpu-collectives.json")
@@ -107,8 +130,8 @@ def main():
     if collectives and not os.path.exists(collectives):
         sys.exit(f"{collectives} is missing: python3 tools/measure_collectives.py (or --collectives none)")
     print(f"collective costs: {collectives or 'none (the ring formula)'}")
-    if not os.path.exists(BENCH):
-        sys.exit(f"{BENCH} is missing: cmake --build build --target loom_bench_plan")
+    if not os.path.exists(BENCH_USED):
+        sys.exit(f"{BENCH_USED} is missing: cmake --build build --target loom_bench_plan")
     print(f"load average before: {os.getloadavg()}", flush=True)
     flops, bandwidth = a.flops, a.bandwidth
     efficiency = {}
@@ -117,31 +140,53 @@ def main():
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
           "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    cores = a.cores
+    machine_cores = float(os.cpu_count() or 1)
+    probe = a.cores == "probe"
+    cores = machine_cores if probe else float(a.cores)
     ratios = []
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
         calibrate = ranks == 1 and layout == ["--micro", "1"]
+        if probe:
+            cores = probe_cores(model_args, min(ranks, int(machine_cores))) if ranks > 1 else machine_cores
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
-                  collectives, a.cores)
+                  collectives, cores)
         if calibrate:
             # The one number every later row leans on: the median of three runs, not one (a moment of
             # another session's work in one run moved every prediction of a table by 15%).
             flops = flops or got[0]["device"]["f32_flops"]
             bandwidth = bandwidth or got[0]["device"]["memory_bandwidth"]
-            runs = [got] + [run(model_args, ranks, layout, a.steps, flops, bandwidth, None, collectives, a.cores)
+            runs = [got] + [run(model_args, ranks, layout, a.steps, flops, bandwidth, None, collectives, cores)
                             for _ in range(2)]
             got = sorted(runs, key=lambda g: g[0]["measured"]["step_s"])[1]
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
-            # communication): e = (compute_s * e0) / (measured - optimizer_s).
+            # communication): e = (compute_s * e0) / (measured - optimizer_s). Measured at three GEMM
+            # heights, the batch's 1024 tokens and one process's steps of 4 and 2 sequences (256 and 128
+            # rows, what the layouts' micro-batches give a rank), each the median of three: the plan
+            # interpolates between them (DeviceSpec::efficiency_by_rows).
+            def efficiency_of(r):
+                e0 = r["device"]["gemm_efficiency"]
+                return r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
             r = got[0]
             flops = flops or r["device"]["f32_flops"]
             bandwidth = bandwidth or r["device"]["memory_bandwidth"]
-            e0 = r["device"]["gemm_efficiency"]
-            efficiency[name] = r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
-            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches {efficiency[name]:.3f} of it -->", flush=True)
+            heights = {r["batch"] * r["seq"]: efficiency_of(r)}
+            for seqs in (4, 2):
+                small = model_args[:model_args.index("--batch")] + ["--batch", str(seqs)]
+                runs_small = sorted((run(small, 1, layout, a.steps, flops, bandwidth, None, collectives, cores)
+                                     for _ in range(3)), key=lambda g: g[0]["measured"]["step_s"])
+                rs = runs_small[1][0]
+                heights[rs["batch"] * rs["seq"]] = efficiency_of(rs)
+            efficiency[name] = heights
+            # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
+            # another session's work shared the core, and the multi-rank rows of this run get less than
+            # the cores the plan gives them (docs/plan.md, "What the model still misses").
+            share = r["measured"]["cpu_s"] / r["measured"]["step_s"]
+            print(f"<!-- {name}: one core {flops / 1e9:.2f} GFLOP/s, loom's step reaches "
+                  f"{', '.join(f'{e:.3f} at {rows:g} rows' for rows, e in sorted(heights.items()))} of it; "
+                  f"the calibrating process had {share:.2f} of a core -->", flush=True)
         lines += got
         stages = sorted({r["stage"] for r in got})
         for s in stages:
@@ -158,7 +203,7 @@ def main():
             plan_step = rs[0]["plan"]["step_s"]
             desc = " ".join(layout)
             time_text = (f"{1e3 * plan_step:.1f} ms | {step / plan_step:.2f}" if not calibrate
-                         else f"calibrates the efficiency: {efficiency[name]:.3f} | 1 by definition")
+                         else f"calibrates the efficiency: {max(efficiency[name].items())[1]:.3f} | 1 by definition")
             slowest = max(rs, key=lambda r: r["measured"]["step_s"])
             # Every rank's CPU over the cores (the floor the plan puts under the step where ranks share
             # cores): measured from the processes' CPU time, planned as the stage's cpu_bound_s.
@@ -171,7 +216,8 @@ def main():
                   f"| {1e3 * step:.1f} ms | {time_text} | {1e3 * (step - wait):.1f} + {1e3 * wait:.1f} ms "
                   f"| {1e3 * (p['compute_s'] + p['bubble_s'] + p['optimizer_s']):.1f} + {1e3 * p['exposed_comm_s']:.1f} ms "
                   f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} "
-                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |",
+                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |"
+                  + (f" planned for {cores:.2f} cores |" if probe else ""),
                   flush=True)
     print(f"load average after: {os.getloadavg()}")
     print(f"within 25%: {sum(x <= 1.25 for x in ratios)} of {len(ratios)} layouts (step, the slowest stage's ranks)")

@@ -183,6 +183,21 @@ double interpolate(const std::vector<std::pair<double, double>>& points, double 
 
 }  // namespace
 
+double DeviceSpec::efficiency_at(double rows) const {
+  if (efficiency_by_rows.empty()) return gemm_efficiency;
+  std::vector<std::pair<double, double>> e = efficiency_by_rows;
+  std::sort(e.begin(), e.end());
+  if (rows <= e.front().first) return e.front().second;
+  if (rows >= e.back().first) return e.back().second;
+  for (size_t i = 1; i < e.size(); ++i) {
+    if (rows <= e[i].first) {
+      const double t = std::log(rows / e[i - 1].first) / std::log(e[i].first / e[i - 1].first);
+      return e[i - 1].second + t * (e[i].second - e[i - 1].second);
+    }
+  }
+  return e.back().second;
+}
+
 double CollectiveCost::seconds(double bytes) const { return interpolate(points, bytes); }
 double CollectiveCost::cpu_seconds(double bytes) const { return interpolate(cpu_points, bytes); }
 

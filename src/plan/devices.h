@@ -44,6 +44,13 @@ struct DeviceSpec {
   // The fraction of the peak that large GEMMs reach on the device (the planner's compute efficiency; the
   // one assumption of the time model that is not a datasheet number).
   double gemm_efficiency = 0.7;
+  // Where it was measured at several GEMM heights (this CPU: tools/plan_check.py calibrates one-process
+  // steps of 1024, 256 and 128 tokens): (rows a GEMM multiplies, the fraction it reached), used in place
+  // of gemm_efficiency at the height a layout's micro-batches give a rank. Empty: gemm_efficiency at any.
+  std::vector<std::pair<double, double>> efficiency_by_rows;
+  // The efficiency at `rows`: interpolated in log(rows) between the measured heights, held at the
+  // nearest outside them; gemm_efficiency when none were measured.
+  double efficiency_at(double rows) const;
   // Devices that share cores (this CPU): the cores all ranks share, and each rank's compute threads; the
   // fraction of the measured peak a rank gets when the ranks' threads outnumber the cores (cores / (ranks
   // x threads), set where the peak is scaled: cli/plan.cpp, bench/plan.cpp). cores = 0: every device

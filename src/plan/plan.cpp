@@ -451,7 +451,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double head_repeat = l.tensor > 1 && !r.head_split ? static_cast<double>(l.tensor - 1) : 0;
   extra += head_repeat * heads * 6 * V * C;
   e.hardware_flops = (per_token + extra) * tokens;
-  const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.gemm_efficiency;
+  // The efficiency at the rows a rank's GEMMs multiply: a micro-batch's tokens on this rank (where it was
+  // measured at several heights, DeviceSpec::efficiency_by_rows; else the one gemm_efficiency).
+  const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.efficiency_at(mb_tokens);
   const double N = static_cast<double>(r.devices);
   e.compute_s = e.hardware_flops / N / peak;
   // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do
@@ -642,6 +644,14 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // measured on a collective started on the communication thread. A pipeline's messages keep the
   // formula (overlapped: a stage's receive mostly finds its message there, the wait for the previous
   // stage's compute being the bubble), and so does what was not measured (all-to-alls).
+  // With more ranks than cores (this CPU under --oversubscribe) a rank that waits leaves its core to one
+  // that computes: the chain below runs at a whole core's speed and each wall cost is the one measured
+  // with a core per rank (the transfer and the meeting); the time-slicing is the CPU floor's (below).
+  const double rank_threads = std::max(1.0, r.device.rank_threads);
+  const bool oversubscribed = r.device.cores > 0 && N * rank_threads > r.device.cores;
+  const double chain_share = oversubscribed ? r.device.peak_share : 1.0;
+  const int64_t wall_ranks =
+      oversubscribed ? std::max<int64_t>(1, static_cast<int64_t>(r.device.cores / rank_threads)) : l.devices();
   if (!r.device.collective_costs.empty()) {
     double blocking_calls = 0, overlapped_calls = 0;
     for (const Collective& c : e.collectives) {
@@ -651,8 +661,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     for (Collective& c : e.collectives) {
       if (c.kind == "send_recv" || c.kind == "all_to_all" || c.calls <= 0 || c.group < 2) continue;
       // The compute between two calls of the same kind of wait (the measurement's gap).
-      const double gap = e.compute_s / std::max(1.0, c.overlapped ? overlapped_calls : blocking_calls);
-      const CollectiveCost* k = r.device.cost_of(c.overlapped ? "started_all_gather" : c.kind, c.group, l.devices(), gap);
+      const double gap = chain_share * e.compute_s / std::max(1.0, c.overlapped ? overlapped_calls : blocking_calls);
+      const CollectiveCost* k = r.device.cost_of(c.overlapped ? "started_all_gather" : c.kind, c.group, wall_ranks, gap);
       if (!k) continue;
       c.seconds = c.calls * k->seconds(c.bytes / c.calls);
       c.measured = true;
@@ -687,7 +697,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // AdamW: read the parameter, gradient and two moments, write the parameter and moments (bf16 copy too).
   e.optimizer_s = (P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1)) * (bf16 ? 30 : 28) /
                   r.device.memory_bandwidth;
-  e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
+  e.step_s = (e.compute_s + e.bubble_s) * chain_share + e.exposed_comm_s + e.optimizer_s;
   // Ranks sharing cores (this CPU): the step takes at least every rank's CPU over the cores, however its
   // waits overlap. A rank's compute and AdamW take its threads at a whole core's speed (compute_s is at
   // the share of the peak a rank gets: peak_share), its collectives what the measurement says a call
@@ -695,9 +705,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // one rank's wait is another's compute, and the communication thread's polling and copies take
   // compute time (with 2 ranks on 2 cores, each rank's communication thread shares its core).
   if (r.device.cores > 0) {
-    const double threads = std::max(1.0, r.device.rank_threads);
-    e.cpu_s = (even_compute * r.device.peak_share + e.optimizer_s) * threads + e.comm_cpu_s;
-    e.cpu_bound_s = N * e.cpu_s / std::min(r.device.cores, N * threads);
+    e.cpu_s = (even_compute * r.device.peak_share + e.optimizer_s) * rank_threads + e.comm_cpu_s;
+    e.cpu_bound_s = N * e.cpu_s / std::min(r.device.cores, N * rank_threads);
     e.step_s = std::max(e.step_s, e.cpu_bound_s);
   }
   e.tokens_per_s = tokens / e.step_s;

@@ -22,7 +22,8 @@
 //                       collectives were measured (this CPU, DeviceSpec::collective_costs) each call
 //                       charged what the measurement says it adds to a step; where the ranks share
 //                       cores (this CPU), the step no shorter than all the ranks' CPU (compute, AdamW
-//                       and each call's measured CPU) over the cores
+//                       and each call's measured CPU) over the cores, and with more ranks than cores
+//                       one rank's chain at a whole core's speed (a waiting rank leaves its core)
 //
 // and picks the fastest layout that fits, saying for the others why they lose. docs/plan.md checks the
 // model against loom's own runs and against published large runs.
@@ -114,7 +115,8 @@ struct Estimate {
   // On a device whose ranks share cores (this CPU: DeviceSpec::cores): the core-seconds one rank's step
   // takes (its compute and AdamW at a whole core's speed, and its collectives' measured CPU per call), and
   // what all the ranks' take over the cores, a floor under the step whatever overlaps: step_s is the
-  // larger of that floor and compute + bubble + exposed communication + AdamW. 0 elsewhere.
+  // larger of that floor and compute + bubble + exposed communication + AdamW (with more ranks than cores,
+  // compute and bubble at a whole core's speed, the waits as measured with a core per rank). 0 elsewhere.
   double cpu_s = 0, comm_cpu_s = 0, cpu_bound_s = 0;
   double tokens_per_s = 0, mfu = 0;
   double hfu = 0;  // hardware FLOPs (recomputation included) over the peak: what Megatron-LM's papers report

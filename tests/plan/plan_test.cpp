@@ -498,6 +498,35 @@ TEST(Plan, MemoryPerDeviceMatchesTheAllocatorsPeak) {
   }
 }
 
+// The efficiency measured at several GEMM heights: interpolated in log(rows), held outside, and taken at
+// the tokens of a micro-batch on a rank.
+TEST(Plan, EfficiencyIsTakenAtTheRowsOfAMicroBatch) {
+  plan::DeviceSpec d = fake_device();
+  d.gemm_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(d.efficiency_at(100), 0.5);  // none measured: the one assumption
+  d.efficiency_by_rows = {{1024, 0.6}, {128, 0.3}};
+  EXPECT_DOUBLE_EQ(d.efficiency_at(128), 0.3);
+  EXPECT_DOUBLE_EQ(d.efficiency_at(16), 0.3);
+  EXPECT_DOUBLE_EQ(d.efficiency_at(4096), 0.6);
+  EXPECT_NEAR(d.efficiency_at(std::sqrt(128.0 * 1024.0)), 0.45, 1e-12);
+
+  plan::Request r;
+  r.model = model_of("tiny", {"model.num_layers=4"});
+  r.batch = 16;
+  r.seq = 64;
+  r.devices = 2;
+  r.precision = "f32";
+  r.device = fake_device();
+  r.device.gemm_efficiency = 0.5;
+  plan::Layout dp;
+  dp.data = 2;
+  dp.micro_batches = 2;  // 16 / 2 ranks / 2 micro-batches = 4 sequences, 256 rows
+  const plan::Estimate one = plan::estimate(r, dp);
+  r.device.efficiency_by_rows = {{128, 0.5}, {512, 0.125}};  // at 256 rows: 0.3125
+  const plan::Estimate measured = plan::estimate(r, dp);
+  EXPECT_NEAR(measured.compute_s, one.compute_s * 0.5 / 0.3125, 1e-12 * one.compute_s);
+}
+
 // Measured collective costs (docs/plan/cpu-collectives.json): the lookup, the interpolation, the file,
 // and what the planner charges with them.
 TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
@@ -598,6 +627,25 @@ TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
   const plan::Estimate f4 = plan::estimate(r, fsdp4);
   EXPECT_NEAR(f4.cpu_s, 0.5 * f4.compute_s + f4.optimizer_s + f4.comm_cpu_s, 1e-12);
   EXPECT_NEAR(f4.cpu_bound_s, 2 * f4.cpu_s, 1e-12);
+  // With more ranks than cores a waiting rank leaves its core to a computing one: the chain runs at a
+  // whole core (compute and bubble times the peak share) and a blocking call costs the entry measured
+  // with a core per rank (2 ranks here, 1e-3 s; the 8-rank entry, 5e-3 s, is the scheduling the floor
+  // already counts).
+  plan::Layout tp4 = tp;
+  tp4.data = 2;
+  const plan::Estimate t4 = plan::estimate(r, tp4);
+  double blocking = 0, tp_calls = 0;
+  for (const plan::Collective& k : t4.collectives) blocking += k.overlapped ? 0 : k.calls;
+  const double per_call = d.cost_of("all_reduce", 2, 2, 0.5 * t4.compute_s / blocking)->points[0].second;
+  for (const plan::Collective& k : t4.collectives) {
+    if (k.axis != "tensor" || k.kind != "all_reduce") continue;
+    EXPECT_TRUE(k.measured) << k.name;
+    EXPECT_DOUBLE_EQ(k.seconds, k.calls * per_call) << k.name;
+    tp_calls += k.calls;
+  }
+  EXPECT_GT(tp_calls, 0);
+  EXPECT_NEAR(t4.step_s,
+              std::max(t4.cpu_bound_s, 0.5 * (t4.compute_s + t4.bubble_s) + t4.exposed_comm_s + t4.optimizer_s), 1e-12);
   r.devices = 2;
   r.device = d;  // no shared cores (a GPU's spec): no floor
   EXPECT_EQ(plan::estimate(r, fsdp).cpu_bound_s, 0);

@@ -2,7 +2,9 @@
 // double-precision reference, and each row's result bitwise the same whatever rows it is computed with,
 // in whatever order, on any number of threads.
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "backends/cpu/row_linear.h"
 #include "core/parallel.h"
@@ -220,4 +222,56 @@ TEST(PagedAttention, OneLatentCacheServesAsKeysAndValuesWithItsOwnScale) {
   o.scale = -1;
   EXPECT_HAS(test::error_of([&] { ops::paged_attention(q, cache, cache, rows, o); }), "scale -1");
   EXPECT_HAS(test::error_of([&] { ops::paged_cache_write(cache, test::randn({2, 1, W}, 3), write); }), "should be [7");
+}
+
+// The kernel computes exactly the order paged_attention.h states, whatever it does to go faster (four
+// keys' dots side by side, the value sums in registers 64 at a time): a plain float reference of that
+// order gives the same bits. D = 64 takes the 64-wide value sums, 72 them and a tail of 8, 8 the tail
+// alone; positions 0..13 over blocks of 4 end blocks at every slot (the four-key dots and their
+// remainder). The serving paths' bits (prefill chunks = decode = batch) rest on this order.
+TEST(PagedAttention, ComputesTheStatedOrderBitForBit) {
+  // fixed_dot.h's order: lane i sums k = i, i+8, ... by fma, lanes combined as a tree, then the tail.
+  auto fixed_dot = [](const float* a, const float* b, int64_t K) {
+    float l[8] = {};
+    const int64_t k8 = K - K % 8;
+    for (int64_t k = 0; k < k8; ++k) l[k % 8] = std::fma(a[k], b[k], l[k % 8]);
+    float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (int64_t k = k8; k < K; ++k) sum = std::fma(a[k], b[k], sum);
+    return sum;
+  };
+  for (int64_t D : {64, 72, 8}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const int64_t NB = 8, Hkv = 2, S = 4, H = 6, P = 13;
+    Tensor k_cache = test::randn({NB, Hkv, S, D}, 31), v_cache = test::randn({NB, Hkv, S, D}, 32);
+    const std::vector<int32_t> table = {6, 1, 3, 0};
+    Tensor q = test::randn({P + 1, H, D}, 33);
+    ops::PagedRows rows;
+    for (int64_t p = 0; p <= P; ++p) {
+      rows.positions.push_back(p);
+      rows.tables.push_back(&table);
+    }
+    const Tensor out = ops::paged_attention(q, k_cache, v_cache, rows);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t r = 0; r <= P; ++r) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / (H / Hkv);
+        auto slot = [&](const Tensor& c, int64_t j) {
+          return c.data<float>() + ((table[static_cast<size_t>(j / S)] * Hkv + g) * S + j % S) * D;
+        };
+        const float* qh = q.data<float>() + (r * H + h) * D;
+        std::vector<float> s(static_cast<size_t>(r + 1));
+        float max = -INFINITY;
+        for (int64_t j = 0; j <= r; ++j) max = std::max(max, s[static_cast<size_t>(j)] = fixed_dot(qh, slot(k_cache, j), D) * scale);
+        double total = 0;
+        for (float& e : s) total += (e = std::exp(e - max));
+        const float inv = static_cast<float>(1.0 / total);
+        for (int64_t d = 0; d < D; ++d) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j <= r; ++j) acc = std::fma(s[static_cast<size_t>(j)], slot(v_cache, j)[d], acc);
+          const float want = acc * inv, got = out.data<float>()[(r * H + h) * D + d];
+          ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0) << "row " << r << ", head " << h << ", " << d << ": " << got << " vs " << want;
+        }
+      }
+    }
+  }
 }

@@ -342,26 +342,32 @@ TEST(QuantizedMatmul, ResultsDoNotDependOnTheThreadCount) {
 
 // A row's result does not depend on the other rows beside it (a batch of tokens, or Int8x2's second
 // level taking the R = 2 tiles), nor on whether it goes through quantized_matmul or one thread's
-// quantized_matmul_rows (the fused decode step's entry).
+// quantized_matmul_rows (the fused decode step's entry), on every path. 19 rows: the AVX-512 pair
+// kernels take 8 tokens a pass, then 2 and 1 (from 16 activation rows on; a lone row takes the 8-row
+// groups), the AMX tiles 16 activation rows and a padded remainder.
 TEST(QuantizedMatmul, EachRowIsTheSameAloneOrInABatch) {
   std::mt19937 gen(23);
   for (QuantType type : kTypes) {
-    const int64_t K = block_elements(type) == 256 ? 512 : 192, N = 72, M = 7;
+    const int64_t K = block_elements(type) == 256 ? 512 : 192, N = 72, M = 19;
     const QuantizedMatrix w = random_matrix(type, N, K, gen);
     const std::vector<float> x = random_activations(M, K, gen);
-    for (ActivationRounding rounding : kRoundings) {
-      SCOPED_TRACE(std::string(quant_type_name(type)) + " " + activation_rounding_name(rounding));
-      std::vector<float> batch(static_cast<size_t>(M * N));
-      quantized_matmul(x.data(), M, w, batch.data(), KernelPath::Auto, rounding);
-      const int64_t levels = activation_levels(rounding);
-      std::vector<ActBlock> a(static_cast<size_t>(levels * K / 32));
-      for (int64_t m = 0; m < M; ++m) {
-        std::vector<float> alone(static_cast<size_t>(N)), rows(alone.size());
-        quantized_matmul(x.data() + m * K, 1, w, alone.data(), KernelPath::Auto, rounding);
-        quantize_activation_rows(x.data() + m * K, 1, K, a.data(), KernelPath::Auto, rounding);
-        quantized_matmul_rows(a.data(), 1, w, 0, N, rows.data(), 0, KernelPath::Auto, rounding);
-        EXPECT_EQ(std::memcmp(alone.data(), batch.data() + m * N, N * 4), 0) << "row " << m;
-        EXPECT_EQ(std::memcmp(rows.data(), alone.data(), N * 4), 0) << "row " << m;
+    for (KernelPath path : kPaths) {
+      if (!kernel_path_supported(path)) continue;
+      for (ActivationRounding rounding : kRoundings) {
+        SCOPED_TRACE(std::string(quant_type_name(type)) + " " + kernel_path_name(path) + " " +
+                     activation_rounding_name(rounding));
+        std::vector<float> batch(static_cast<size_t>(M * N));
+        quantized_matmul(x.data(), M, w, batch.data(), path, rounding);
+        const int64_t levels = activation_levels(rounding);
+        std::vector<ActBlock> a(static_cast<size_t>(levels * K / 32));
+        for (int64_t m = 0; m < M; ++m) {
+          std::vector<float> alone(static_cast<size_t>(N)), rows(alone.size());
+          quantized_matmul(x.data() + m * K, 1, w, alone.data(), path, rounding);
+          quantize_activation_rows(x.data() + m * K, 1, K, a.data(), path, rounding);
+          quantized_matmul_rows(a.data(), 1, w, 0, N, rows.data(), 0, path, rounding);
+          EXPECT_EQ(std::memcmp(alone.data(), batch.data() + m * N, N * 4), 0) << "row " << m;
+          EXPECT_EQ(std::memcmp(rows.data(), alone.data(), N * 4), 0) << "row " << m;
+        }
       }
     }
   }

@@ -35,6 +35,8 @@ struct Corpus : SyntheticCorpusDir {
                  "schedule.cosine_steps=12", "eval.interval=6", "eval.batches=2",
                  "logging.interval=1", "logging.progress=none", "logging.peak_flops=1e11", "checkpoint.interval=6",
                  "checkpoint.keep_last=0", "training.device=" + device,
+                 // No tokenizer (the presets name data/ ones, whose vocabularies are larger than 64).
+                 "data.tokenizer=\"" + (dir / "no_tokenizer.json").string() + "\"",
                  "data.train=\"" + (dir / "train.bin").string() + "\"", "data.val=\"" + (dir / "val.bin").string() + "\""};
     if (family == "gpt2") {  // LayerNorm, GELU, biases, a tied head and dropout 0.1, at tiny's sizes
       for (const char* s : {"model.d_model=64", "model.num_layers=2", "model.num_heads=4"}) sets.push_back(s);
@@ -70,18 +72,19 @@ void expect_tracks(const std::vector<double>& gpu, const std::vector<double>& cp
 // track (the GEMMs sum in another order, so not bit for bit), the parameters stay on the GPU, and the
 // final weights, written from the device, load into a CPU model whose loss is the run's.
 TEST(CudaTrainer, TracksTheCpuRunForEveryFamily) {
+  LOOM_REQUIRE_GPU();
   
   for (const std::string family : {"llama", "gpt2", "deepseek_v3"}) {
     SCOPED_TRACE(family);
     Corpus corpus;
     train::Trainer cpu(corpus.config("cpu", 12, family), (corpus.dir / "cpu").string());
     cpu.run();
-    train::Trainer gpu(corpus.config("cpu", 12, family), (corpus.dir / "gpu").string());
-    EXPECT_EQ(gpu.device(), Device::cpu());
+    train::Trainer gpu(corpus.config("cuda", 12, family), (corpus.dir / "gpu").string());
+    EXPECT_EQ(gpu.device(), kGpu);
     auto summary = gpu.run();
     EXPECT_EQ(summary.steps_completed, 12);
     EXPECT_EQ(summary.steps_skipped, 0);
-    for (nn::Parameter* p : gpu.model().parameters()) EXPECT_EQ(p->value.device(), Device::cpu()) << p->name;
+    for (nn::Parameter* p : gpu.model().parameters()) EXPECT_EQ(p->value.device(), kGpu) << p->name;
     const auto gl = metric_of(corpus.dir / "gpu", "train", "loss"), cl = metric_of(corpus.dir / "cpu", "train", "loss");
     expect_tracks(gl, cl, 2e-3, "train loss");
     expect_tracks(metric_of(corpus.dir / "gpu", "val", "val_loss"), metric_of(corpus.dir / "cpu", "val", "val_loss"), 2e-3,
@@ -102,12 +105,13 @@ TEST(CudaTrainer, TracksTheCpuRunForEveryFamily) {
 // steps straight (the kernels are deterministic: no atomics on floats), and the same checkpoint resumes on
 // the CPU, whose losses then track the GPU's.
 TEST(CudaTrainer, CheckpointsResumeOnTheGpuBitForBitAndOnTheCpu) {
+  LOOM_REQUIRE_GPU();
   
   Corpus corpus;
-  train::Trainer straight(corpus.config("cpu", 12), (corpus.dir / "straight").string());
+  train::Trainer straight(corpus.config("cuda", 12), (corpus.dir / "straight").string());
   straight.run();
 
-  train::Trainer first(corpus.config("cpu", 6), (corpus.dir / "split").string());
+  train::Trainer first(corpus.config("cuda", 6), (corpus.dir / "split").string());
   first.run();
   auto checkpoint_of = [&](const char* run, int64_t step) {
     return fs::path(runs::checkpoints_dir((corpus.dir / run).string())) / runs::checkpoint_name(step);
@@ -116,9 +120,9 @@ TEST(CudaTrainer, CheckpointsResumeOnTheGpuBitForBitAndOnTheCpu) {
   ASSERT_TRUE(fs::exists(checkpoint / "optimizer.safetensors"));
   fs::copy(corpus.dir / "split", corpus.dir / "on_cpu", fs::copy_options::recursive);
 
-  train::Trainer second(corpus.config("cpu", 12), (corpus.dir / "split").string());
+  train::Trainer second(corpus.config("cuda", 12), (corpus.dir / "split").string());
   ASSERT_EQ(second.resume(), std::optional<int64_t>(6));
-  for (nn::Parameter* p : second.model().parameters()) EXPECT_EQ(p->value.device(), Device::cpu()) << p->name;
+  for (nn::Parameter* p : second.model().parameters()) EXPECT_EQ(p->value.device(), kGpu) << p->name;
   second.run();
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const std::string split = bytes_of(checkpoint_of("split", 12) / file);
@@ -136,9 +140,10 @@ TEST(CudaTrainer, CheckpointsResumeOnTheGpuBitForBitAndOnTheCpu) {
 
 // bf16 mixed precision on the GPU (bf16 GEMM operands, f32 master weights) learns like the CPU's.
 TEST(CudaTrainer, Bf16MixedPrecisionLearns) {
+  LOOM_REQUIRE_GPU();
   
   Corpus corpus;
-  auto config = corpus.config("cpu", 30);
+  auto config = corpus.config("cuda", 30);
   config.training.precision = "bf16";
   train::Trainer gpu(config, (corpus.dir / "gpu").string());
   auto summary = gpu.run();
@@ -150,6 +155,7 @@ TEST(CudaTrainer, Bf16MixedPrecisionLearns) {
 // A GPU with a mesh of several ranks is refused, naming both (the mesh's communicators are MPI's on host
 // memory for now); one rank is one process and fine.
 TEST(CudaTrainer, AMeshOnAGpuIsRefused) {
+  LOOM_REQUIRE_GPU();
   
   try {
     train::training_device("cuda", "data=2", "train");
@@ -172,7 +178,7 @@ TEST(CudaTrainer, TheDeviceIsCheckedFirst) {
   if (cuda_available()) return;
   Corpus corpus;
   try {
-    train::Trainer t(corpus.config("cpu", 2), (corpus.dir / "run").string());
+    train::Trainer t(corpus.config("cuda", 2), (corpus.dir / "run").string());
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("train: cannot use cuda:0: " + cuda::unavailable_reason()), std::string::npos)

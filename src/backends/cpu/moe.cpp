@@ -244,37 +244,41 @@ void moe_experts_backward(const MoeDispatch& d, const float* dy, const T* x, con
       T* pd1 = dh1 ? dh1.get() + r * F : nullptr;
       T* pd3 = dh3 ? dh3.get() + r * F : nullptr;
       T* pga = ga ? ga.get() + r * F : nullptr;
+      // dgate = <dau, a> in a loop of its own, the same whichever gradients are wanted: the vectorizer
+      // picks each loop's order of the sum, so a sum shared with the variants below gave different bits
+      // for dgates alone and dgates beside dx (seen on a Zen 5).
       float dot = 0.0f;
-      // One pass per row; the variants are separate loops so that none carries a branch.
-      if (pga != nullptr && pd1 != nullptr) {
 #pragma omp simd simdlen(16) reduction(+ : dot)
+      for (int64_t f = 0; f < F; ++f) {
+        const float s = simd::sigmoid(ph1[f]);
+        dot += pda[f] * (ph1[f] * s * ph3[f]);
+      }
+      // The row's other outputs; the variants are separate loops so that none carries a branch.
+      if (pga != nullptr && pd1 != nullptr) {
+#pragma omp simd simdlen(16)
         for (int64_t f = 0; f < F; ++f) {
           const float s = simd::sigmoid(ph1[f]);
           const float silu = ph1[f] * s;
           const float a = silu * ph3[f];
-          dot += pda[f] * a;
           const float da = g * pda[f];
           store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
           store(pd3, f, da * silu);
           store(pga, f, g * a);
         }
       } else if (pd1 != nullptr) {
-#pragma omp simd simdlen(16) reduction(+ : dot)
+#pragma omp simd simdlen(16)
         for (int64_t f = 0; f < F; ++f) {
           const float s = simd::sigmoid(ph1[f]);
           const float silu = ph1[f] * s;
-          dot += pda[f] * (silu * ph3[f]);
           const float da = g * pda[f];
           store(pd1, f, da * ph3[f] * s * (1.0f + ph1[f] * (1.0f - s)));
           store(pd3, f, da * silu);
         }
-      } else {
-#pragma omp simd simdlen(16) reduction(+ : dot)
+      } else if (pga != nullptr) {
+#pragma omp simd simdlen(16)
         for (int64_t f = 0; f < F; ++f) {
           const float s = simd::sigmoid(ph1[f]);
-          const float a = ph1[f] * s * ph3[f];
-          dot += pda[f] * a;
-          if (pga != nullptr) store(pga, f, g * a);
+          store(pga, f, g * (ph1[f] * s * ph3[f]));
         }
       }
       if (dgates != nullptr) dgates[slot] = dot;

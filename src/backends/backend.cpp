@@ -33,15 +33,20 @@ cuda::Context& cuda_context(const char* op, Device device) {
   return cuda::context(device.index());
 }
 
-Device model_device(const std::string& text, const char* what) {
+Device usable_device(const std::string& text, const char* what) {
   Device device;
   try {
     device = Device::parse(text);
   } catch (const Error& e) {
     LOOM_FAIL(what, ": ", e.what());
   }
+  if (device.is_cuda()) cuda::check_device(what, device);  // no backend, driver, GPU or index: the reason
+  return device;
+}
+
+Device model_device(const std::string& text, const char* what) {
+  const Device device = usable_device(text, what);
   if (device.is_cpu()) return device;
-  cuda::check_device(what, device);  // no backend, driver, GPU or index: the reason
   LOOM_FAIL(what, ": ", device, " is usable, but loom's decoding and Python models do not run on CUDA yet (the "
             "KV caches and samplers assume host tensors; `loom train --device cuda` does: docs/cuda.md); use the "
             "CPU (device cpu)");

@@ -39,4 +39,8 @@ cuda::Context& cuda_context(const char* op, Device device);
 // models do not run on CUDA yet (training does: train/device.h). `what` starts the message.
 Device model_device(const std::string& text, const char* what);
 
+// The device `text` names, parsed and, for a CUDA device, checked to be usable by this build on this
+// machine (the same errors as model_device's, less the models' refusal): `loom train --device`'s start.
+Device usable_device(const std::string& text, const char* what);
+
 }  // namespace loom

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "backends/backend.h"
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/runtime.h"
 #include "core/error.h"
@@ -12,14 +13,8 @@
 namespace loom::train {
 
 Device training_device(const std::string& text, const std::string& mesh, const char* what) {
-  Device device;
-  try {
-    device = Device::parse(text);
-  } catch (const Error& e) {
-    LOOM_FAIL(what, ": ", e.what());
-  }
+  const Device device = usable_device(text, what);
   if (device.is_cpu()) return device;
-  cuda::check_device(what, device);  // no backend, driver or GPU, or no such index: the reason
   const int64_t ranks = dist::Mesh::parse(mesh).size();
   LOOM_CHECK(ranks == 1, what, ": ", device, " with the mesh '", mesh, "' (", ranks,
              " ranks): a mesh trains on CPUs for now (the NCCL communicator is not checked on GPUs yet, "

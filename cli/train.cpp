@@ -8,12 +8,10 @@
 #include <filesystem>
 #include <thread>
 
-#include "backends/backend.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "cli/exit_codes.h"
 #include "mesh/mpi.h"
-#include "train/device.h"
 #include "train/run.h"
 
 namespace {
@@ -94,7 +92,6 @@ loom::cli::Register reg("train", "Train a model (default: the small Llama-style 
     if (!args.parallel.empty()) run.sets.push_back("parallel.mode=" + args.parallel);
     if (!args.device.empty()) run.sets.push_back("training.device=" + args.device);
     auto cfg = loom::train::TrainConfig::load(use_saved ? saved_config.string() : args.config, run.sets);
-    loom::train::training_device(cfg.training.device, cfg.parallel.mesh, "train");  // before anything is written
     // One process is one rank: a mesh of several ranks runs under mpirun or srun (docs/mesh.md).
     const loom::dist::LaunchedRank rank = loom::train::start_ranks(cfg, !args.no_overlap);
     run.rank_context = rank.context;

@@ -19,10 +19,9 @@ namespace fs = std::filesystem;
 void save_model_weights(const models::LanguageModel& model, const std::string& path) {
   io::NamedTensors tensors;
   for (nn::Parameter* p : const_cast<models::LanguageModel&>(model).parameters()) {
-    // A model trained on a GPU is written from a host copy.
-    tensors.emplace_back(p->name, p->value.device().is_cpu() ? p->value.detach() : p->value.to(Device::cpu()));
+    tensors.emplace_back(p->name, p->value.detach().to(Device::cpu()));  // a GPU's model from a host copy
   }
-  for (const auto& [name, t] : model.state_tensors()) tensors.emplace_back(name, t.device().is_cpu() ? t : t.to(Device::cpu()));
+  for (const auto& [name, t] : model.state_tensors()) tensors.emplace_back(name, t.to(Device::cpu()));
   io::write_safetensors(path, tensors, {{"loom.model_config", model.model_config().json().dump()}});
 }
 

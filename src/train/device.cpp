@@ -13,7 +13,12 @@
 namespace loom::train {
 
 Device training_device(const std::string& text, const std::string& mesh, const char* what) {
-  const Device device = usable_device(text, what);
+  Device device;
+  try {
+    device = usable_device(text, what);
+  } catch (const Error& e) {  // e.g. --resume of a GPU run (its config.json says cuda) on a machine without one
+    LOOM_FAIL(e.what(), " (training.device; --device cpu trains on the CPU, where a GPU run's checkpoints resume too)");
+  }
   if (device.is_cpu()) return device;
   const int64_t ranks = dist::Mesh::parse(mesh).size();
   LOOM_CHECK(ranks == 1, what, ": ", device, " with the mesh '", mesh, "' (", ranks,
@@ -36,8 +41,6 @@ void move_to_device(models::LanguageModel& model, Device device) {
     for (deepseek_v3::MoE* m : dsv3->moe_layers()) m->bias = m->bias.to(device);
   }
 }
-
-Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
 runs::MemoryBudget memory_budget(Device device, const runs::MemoryBudget& host) {
   if (device.is_cpu()) return host;

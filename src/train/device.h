@@ -21,9 +21,6 @@ Device training_device(const std::string& text, const std::string& mesh, const c
 // is built on the host from the seed first, so the initial values are the CPU run's.
 void move_to_device(models::LanguageModel& model, Device device);
 
-// `t` itself on the CPU, else a host copy: for files, item() and the host-side checks.
-Tensor on_host(const Tensor& t);
-
 // What the run's memory estimate is checked against: the host's budget on the CPU, the GPU's memory on
 // a CUDA device (the parameters, gradients, moments and activations all live there).
 runs::MemoryBudget memory_budget(Device device, const runs::MemoryBudget& host);

@@ -92,6 +92,8 @@ TrainOutcome run_training(TrainConfig& cfg, const TrainRunOptions& options, cons
   auto note = [&](const std::string& line) {
     if (writer && events.note) events.note(line);
   };
+  // The device first, before --weights converts a file and writes its tokenizer (train/device.h).
+  const Device device = training_device(cfg.training.device, cfg.parallel.mesh, "train");
   // Before any compute: the whole run's memory (runs/memory.h), then where the data paths point.
   std::optional<runs::LoadedRun> init;
   if (!options.weights.empty()) {
@@ -100,7 +102,6 @@ TrainOutcome run_training(TrainConfig& cfg, const TrainRunOptions& options, cons
                "export a loom run, then train that on the mesh");
     init = start_from_weights(cfg, options.weights, options.sets, options.budget);
   }
-  const Device device = training_device(cfg.training.device, cfg.parallel.mesh, "train");
   runs::check_memory(training_memory(cfg), memory_budget(device, options.budget), "train");
   auto* comm = rank_context ? rank_context->comm : nullptr;
   // Rank 0 owns the run directory and the data preparation; the others wait for it.

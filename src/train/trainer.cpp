@@ -70,7 +70,7 @@ std::optional<double> Trainer::validation_loss(const StopSignal* stop) {
   for (const data::Batch& b : data_->val) {
     if (stop != nullptr && agreed(stop->requested())) return std::nullopt;  // thousands of batches must not delay a stop
     total += pipelined() ? dist::pipeline_loss(*model_, local(b.inputs), local(b.targets), *dist_)
-                         : global(on_host(model_->loss(local(b.inputs), local(b.targets))).item());
+                         : global(model_->loss(local(b.inputs), local(b.targets)).to(Device::cpu()).item());
   }
   return data_->val.empty() ? 0.0 : total / static_cast<double>(data_->val.size());
 }
@@ -166,7 +166,7 @@ TrainSummary Trainer::run(const StopSignal* stop) {
       if (micro > 0 && stop_requested()) break;
       data::Batch batch = data_->train.next();  // the global batch: every rank reads the same one
       Tensor loss = model_->loss(local(batch.inputs), local(batch.targets), train_context(micro));
-      loss_sum += global(on_host(loss).item());  // on a GPU this read waits for the forward pass
+      loss_sum += global(loss.to(Device::cpu()).item());  // on a GPU this read waits for the forward pass
       // Mean over micro-batches: each contributes 1/accum of the gradient.
       const Tensor scaled = tc.grad_accum_steps > 1 ? ops::scale(loss, 1.0f / static_cast<float>(tc.grad_accum_steps)) : loss;
       if (dist_) {
@@ -336,7 +336,7 @@ std::string Trainer::save_checkpoint() {
                                                 {".exp_avg_sq", &optimizer_->exp_avg_sq(i)}}) {
                          if (!t->defined()) continue;  // parameter never updated yet
                          std::vector<uint64_t> shape(t->shape().begin(), t->shape().end());
-                         const Tensor& host = host_moments.emplace_back(on_host(*t));  // kept until written
+                         const Tensor& host = host_moments.emplace_back(t->to(Device::cpu()));  // kept until written
                          entries.push_back({params[i]->name + suffix, io::SafetensorsDtype::F32, shape, host.data<float>(),
                                             static_cast<uint64_t>(t->numel()) * sizeof(float)});
                        }

@@ -7,13 +7,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "gpu_test.h"
 #include "io/safetensors.h"
 #include "runs/checkpoint.h"
 #include "runs/load.h"
+#include "support/files.h"
 #include "support/synthetic_corpus.h"
 #include "train/device.h"
 #include "train/metrics.h"
@@ -52,11 +51,6 @@ std::vector<double> metric_of(const fs::path& run, const std::string& event, con
     if (e.value("event", "") == event) out.push_back(e.at(key).get<double>());
   }
   return out;
-}
-
-std::string bytes_of(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 void expect_tracks(const std::vector<double>& gpu, const std::vector<double>& cpu, double tolerance, const char* what) {
@@ -125,9 +119,9 @@ TEST(CudaTrainer, CheckpointsResumeOnTheGpuBitForBitAndOnTheCpu) {
   for (nn::Parameter* p : second.model().parameters()) EXPECT_EQ(p->value.device(), kGpu) << p->name;
   second.run();
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const std::string split = bytes_of(checkpoint_of("split", 12) / file);
+    const std::string split = read_file(checkpoint_of("split", 12) / file);
     EXPECT_FALSE(split.empty()) << file;
-    EXPECT_TRUE(split == bytes_of(checkpoint_of("straight", 12) / file)) << file << " differs";
+    EXPECT_TRUE(split == read_file(checkpoint_of("straight", 12) / file)) << file << " differs";
   }
 
   train::Trainer on_cpu(corpus.config("cpu", 12), (corpus.dir / "on_cpu").string());

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/fast_exp.h"
 #include "backends/cpu/fixed_dot.h"
 #include "core/parallel.h"
 
@@ -57,12 +58,19 @@ void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, 
     scores[j] *= scale;
     max = std::max(max, scores[j]);
   }
-  double total = 0;
-  for (int64_t j = 0; j <= P; ++j) {
-    const float e = std::exp(scores[j] - max);
-    scores[j] = e;
-    total += e;
+  // e_j = exp(s_j - max), every position through the same exp (16 at a time, the last vector masked),
+  // then summed in order. (std::exp, a library call per position, was ~40% of this function's time.)
+#if defined(__AVX512F__)
+  const __m512 max16 = _mm512_set1_ps(max);
+  for (int64_t j = 0; j <= P; j += 16) {
+    const __mmask16 k = P + 1 - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (P + 1 - j)) - 1u);
+    _mm512_mask_storeu_ps(scores + j, k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + j), max16)));
   }
+#else
+  for (int64_t j = 0; j <= P; ++j) scores[j] = fast_exp(scores[j] - max);
+#endif
+  double total = 0;
+  for (int64_t j = 0; j <= P; ++j) total += scores[j];
   // acc[d] = fma(e_j, v_j[d], acc[d]) over j in order, 64 values of d at a time held in registers
   // (through `acc` in memory, each position's fused multiply-adds waited on the stores of the one
   // before), the rest of Dv one value at a time: the same operations either way.

@@ -2,7 +2,8 @@
 """`loom serve` against llama.cpp's server on the same GGUF file, side by side in one run.
 
 For each concurrency (1, 4, 16, 64 by default) and each server in turn, that many clients each send
-streamed /v1/completions requests (one after another, over loopback) and the load generator records,
+streamed /v1/completions requests (one after another, over loopback; 16 a client, at least 64 a level,
+unless --requests says) and the load generator records,
 per request, the time to the first token and the time between tokens. It prints one JSON line per
 (server, concurrency): aggregate generated tokens/s (all clients' tokens over the level's wall time),
 TTFT p50/p99 and per-token latency p50/p99, in milliseconds; the share of one CPU the load generator
@@ -163,16 +164,26 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=64, help="requests per level (at least one per client)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests per level (at least one per client); default 16 per client, at least 64, so that "
+                         "a level's ramp-up and drain (fewer clients active than its concurrency) are a small part of it")
     ap.add_argument("--loom-args", default="", help="extra arguments for loom serve, e.g. --f32")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--also-per-sequence", action="store_true", help="a second loom server with --no-batching")
+    ap.add_argument("--also-loom", metavar="BINARY", help="another loom binary (an earlier build, say) served beside "
+                    "build/loom, level by level: a before/after comparison in one run")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     servers = []
-    for name, extra in [("loom", [])] + ([("loom --no-batching", ["--no-batching"])] if args.also_per_sequence else []):
+    binary = os.path.join(REPO, "build", "loom")
+    looms = [("loom", binary, [])]
+    if args.also_per_sequence:
+        looms.append(("loom --no-batching", binary, ["--no-batching"]))
+    if args.also_loom:
+        looms.append(("loom " + args.also_loom, args.also_loom, []))
+    for name, path, extra in looms:
         loom_port = free_port()
-        loom = subprocess.Popen([os.path.join(REPO, "build", "loom"), "serve", "--weights", args.weights, "--port",
+        loom = subprocess.Popen([path, "serve", "--weights", args.weights, "--port",
                                  str(loom_port), "--threads", str(args.threads), "--max-running", str(max(levels)),
                                  *args.loom_args.split(), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         servers.append((name, f"http://127.0.0.1:{loom_port}", loom))
@@ -194,7 +205,8 @@ def main():
         for c in levels:
             for name, url, _ in servers:
                 before = loom_counters(url)
-                r = run_level(url, c, max(1, args.requests // c), args.max_tokens, None)
+                requests = args.requests if args.requests is not None else max(64, 16 * c)
+                r = run_level(url, c, max(1, requests // c), args.max_tokens, None)
                 after = loom_counters(url)
                 if before and after and after[0] > before[0]:
                     r["steps"] = int(after[0] - before[0])

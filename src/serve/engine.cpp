@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/parallel.h"
 #include "runs/memory.h"
 #include "serve/block_pool.h"
 #include "serve/stop_text.h"
@@ -424,9 +425,8 @@ void Engine::publish_full_blocks(Sequence& seq) {
   }
 }
 
-void Engine::sample(Sequence& seq, const float* logits) {
+void Engine::sample(Sequence& seq, const float* logits, int32_t next) {
   const int64_t V = model_.vocab_size();
-  const int32_t next = generate::sample_token(logits, V, seq.spec.sampling, seq.key, static_cast<uint64_t>(seq.generated));
   ++seq.generated;
   ++counters_.generated_tokens;
   recent_tokens_.emplace_back(Clock::now(), 1);
@@ -552,7 +552,30 @@ void Engine::step() {
     publish_full_blocks(*it.seq);
   }
   const float* rows = wanting.empty() ? nullptr : decoder_ ? batched_logits.data<float>() : logits.data();
-  for (size_t i = 0; i < wanting.size(); ++i) sample(*wanting[i], rows + i * static_cast<size_t>(V));
+  // Each row's token drawn on the step's threads (a pure function of its logits and its own key: which
+  // thread draws it changes nothing), then delivered in order on this one.
+  // A row whose logits cannot be sampled (not finite) ends its own request, as a failed forward pass
+  // does; no exception may leave the threads' region.
+  std::vector<int32_t> next(wanting.size());
+  std::vector<std::string> failed(wanting.size());
+  parallel_for(0, static_cast<int64_t>(wanting.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Sequence& seq = *wanting[static_cast<size_t>(i)];
+      try {
+        next[static_cast<size_t>(i)] = generate::sample_token(rows + i * V, V, seq.spec.sampling, seq.key,
+                                                              static_cast<uint64_t>(seq.generated));
+      } catch (const std::exception& e) {
+        failed[static_cast<size_t>(i)] = e.what();
+      }
+    }
+  });
+  for (size_t i = 0; i < wanting.size(); ++i) {
+    if (failed[i].empty()) {
+      sample(*wanting[i], rows + i * static_cast<size_t>(V), next[i]);
+    } else {
+      finish(*wanting[i], FinishReason::Error, "sampling failed: " + failed[i]);
+    }
+  }
   counters_.sample_seconds += std::chrono::duration<double>(Clock::now() - forward_end).count();
   std::erase_if(running_, [](const auto& s) { return s->done; });
 }

@@ -192,6 +192,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // Phases a layer: q/k/v, attention, output_proj, w1/w3, w2, and before each of the four matmuls' one
   // that quantizes the rows when they are shared; then the head's two.
   ClaimedPhases phases(9 * L + 2);
+  // Attention's (row, head) items are ~1 µs each at short contexts: claimed a few at a time, so that the
+  // claims (an atomic on a line the cores share) stay rare, still 8 claims a thread to balance.
+  const int64_t heads_per_claim = std::max<int64_t>(1, R * H / (8 * static_cast<int64_t>(threads)));
 
   parallel_team(threads, [&](Team& team) {
     const int t = team.rank();
@@ -207,8 +210,12 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     auto matmul_phase = [&](int64_t M, int64_t K, auto&& row, int64_t chunks, auto&& chunk) {
       const int64_t stride = levels * K / 32;
       if (M > kOwnRows) {
-        phases.run(phase++, M, nothing, [&](int64_t i) {
-          quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
+        // A row is a few hundred ns to quantize: a few rows a claim (4 claims a thread), as attention.
+        const int64_t rows_per_claim = std::max<int64_t>(1, M / (4 * static_cast<int64_t>(threads)));
+        phases.run(phase++, (M + rows_per_claim - 1) / rows_per_claim, nothing, [&](int64_t c) {
+          for (int64_t i = c * rows_per_claim; i < std::min(M, (c + 1) * rows_per_claim); ++i) {
+            quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
+          }
         });
         phases.run(phase++, chunks, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
       } else {
@@ -266,8 +273,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
       });
       // 2. attention of each (row, query head) over its sequence's positions [0, P] (a row of a prompt
       // chunk reads the keys the chunk's earlier rows wrote in 1).
-      phases.run(phase++, R * H, nothing, [&](int64_t i) {
-        paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
+      phases.run(phase++, chunks_of(R * H, heads_per_claim), nothing, [&](int64_t c) {
+        const auto [i0, i1] = span(c, heads_per_claim, R * H);
+        for (int64_t i = i0; i < i1; ++i) paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
       });
       // 3. x += output_proj(y).
       matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {

@@ -157,12 +157,17 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // Up to this many rows every thread normalizes and quantizes them all for itself: repeating a few rows
   // costs less than the phase that sharing them needs (a single decoding sequence is the case).
   constexpr int64_t kOwnRows = 2;
-  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), small enough that
-  // a thread descheduled while holding one delays the step little. 64 rather than 32: fewer claims and
-  // kernel calls, longer runs of weights read in order (bench/serve_step, 2 threads, SmolLM2 Q4_1, three
-  // interleaved runs at load 1.5-2.6: R = 1 3.65-4.20 -> 3.43-3.99 ms, R = 16 18.9-20.1 -> 17.8-18.7 ms).
-  constexpr int64_t kChunk = 64, kHeadChunk = 256;
   const int threads = num_threads();
+  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), about two chunks a
+  // thread, between 64 and 256 rows. Long chunks are fewer claims and kernel calls and longer runs of
+  // weights read in order (bench/serve_step, 2 threads, SmolLM2 Q4_1, interleaved: 64 -> 256 rows, R = 1
+  // 2.63 -> 2.26 ms, R = 16 9.28 -> 8.58 ms; 32 -> 64 had gained ~5% too); two a thread at least, so that
+  // many threads still share a matrix, and a thread descheduled while holding one delays the step little.
+  auto chunk_rows = [threads](int64_t N) {
+    return std::clamp<int64_t>(N / (2 * static_cast<int64_t>(threads)) / 16 * 16, 64, 256);
+  };
+  constexpr int64_t kHeadChunk = 256;
+  const int64_t chunk_c = chunk_rows(C), chunk_f = chunk_rows(F);
 
   // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's
   // output; o [R, C] a projection's output; g, u, h [R, F]; shared_act the shared rows' quantized blocks.
@@ -278,23 +283,23 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
         for (int64_t i = i0; i < i1; ++i) paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
       });
       // 3. x += output_proj(y).
-      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
-        const auto [c0, c1] = span(c, kChunk, C);
+      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, chunk_c), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, chunk_c, C);
         quant::quantized_matmul_rows(a, R, *b.output_proj, c0, c1, o, C);
         for (int64_t r = 0; r < R; ++r) {
           for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
         }
       });
       // 4. h = swiglu(w1 x_n, w3 x_n).
-      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, kChunk), [&](const quant::ActBlock* a, int64_t c) {
-        const auto [f0, f1] = span(c, kChunk, F);
+      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, chunk_f), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [f0, f1] = span(c, chunk_f, F);
         quant::quantized_matmul_rows(a, R, *b.w1, f0, f1, g, F);
         quant::quantized_matmul_rows(a, R, *b.w3, f0, f1, u, F);
         for (int64_t r = 0; r < R; ++r) swiglu_forward(h + r * F + f0, g + r * F + f0, u + r * F + f0, f1 - f0);
       });
       // 5. x += w2 h.
-      matmul_phase(R, F, plain(h, F), chunks_of(C, kChunk), [&](const quant::ActBlock* a, int64_t c) {
-        const auto [c0, c1] = span(c, kChunk, C);
+      matmul_phase(R, F, plain(h, F), chunks_of(C, chunk_c), [&](const quant::ActBlock* a, int64_t c) {
+        const auto [c0, c1] = span(c, chunk_c, C);
         quant::quantized_matmul_rows(a, R, *b.w2, c0, c1, o, C);
         for (int64_t r = 0; r < R; ++r) {
           for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];

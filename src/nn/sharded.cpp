@@ -1,6 +1,7 @@
 #include "nn/sharded.h"
 
 #include <cstring>
+#include <string>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -88,39 +89,146 @@ int data_dim(const nn::Parameter& p) {
   return found;
 }
 
-// `p` gathered over data, started in the background (its value as it is when nothing splits it).
-ops::StartedCollective start_gather(const nn::Parameter& p, const RankContext& c) {
-  const int d = data_dim(p);
-  if (d >= 0) return ops::start_all_gather_values(p.value, d, data_dim_group(p, d, c));
-  Tensor whole = gather_data_values(p.value, p, c);  // nothing to gather (or several dims: at once)
-  return ops::StartedCollective([whole] { return whole; });
+// The block a parameter belongs to: its name up to the second dot ("layers.3"), or the whole name.
+std::string block_of(const nn::Parameter& p) {
+  const size_t first = p.name.find('.');
+  const size_t second = first == std::string::npos ? first : p.name.find('.', first + 1);
+  return second == std::string::npos ? p.name : p.name.substr(0, second);
 }
 
-// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, the prefetched gathers
-// when they are this Linear's (else gathered now), and then the gathers of the Linear the pass meets
-// next start, to run while this one computes.
+// Whether `p` can join a packed gather over `ranks`: one FSDP dim, gathered over those ranks.
+bool packs_over(const nn::Parameter& p, const std::vector<int>& ranks, const RankContext& c) {
+  const int d = data_dim(p);
+  return d >= 0 && data_dim_group(p, d, c).ranks == ranks;
+}
+
+// Cuts a learned order into groups: runs of consecutive uses of one block that gather over the same
+// ranks (a use that cannot pack is a group of its own).
+void cut_groups(OverlapState::Order& o, const RankContext& c) {
+  if (!o.learned || o.group_end.size() == o.uses.size()) return;
+  const size_t n = o.uses.size();
+  o.group_end.assign(n, n);
+  size_t start = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    bool joins = i < n;
+    if (joins) {
+      const nn::Parameter& first = *o.uses[start].weight;
+      const nn::Parameter& w = *o.uses[i].weight;
+      const int d = data_dim(first);
+      joins = d >= 0 && block_of(w) == block_of(first) && packs_over(w, data_dim_group(first, d, c).ranks, c);
+    }
+    if (!joins) {
+      for (size_t k = start; k < i; ++k) o.group_end[k] = i;
+      start = i;
+    }
+  }
+}
+
+// The uses [from, to) of `o` (weights, and the biases gathered with them) packed and all-gathered in one
+// call, started in the background: its Gathered, and the collective that fills its raw.
+std::pair<OverlapState::Gathered, ops::StartedCollective> start_group(const OverlapState::Order& o, size_t from, size_t to,
+                                                                      const RankContext& c) {
+  const nn::Parameter& first = *o.uses[from].weight;
+  const Group group = data_dim_group(first, data_dim(first), c);
+  const std::vector<int>& ranks = group.ranks;
+  OverlapState::Gathered g;
+  for (size_t i = from; i < to; ++i) {
+    for (const nn::Parameter* p : {o.uses[i].weight, o.uses[i].bias}) {
+      if (!p || g.has(p) || !packs_over(*p, ranks, c)) continue;  // a bias not split over data stays out
+      g.members.push_back(p);
+      g.offsets.push_back(g.block);
+      g.block += p->value.numel();
+    }
+  }
+  g.ranks = group.size();
+  Tensor send = Tensor::empty({g.block});  // this rank's shards, one after another
+  for (size_t m = 0; m < g.members.size(); ++m) {
+    const Tensor& shard = g.members[m]->value;
+    std::memcpy(send.data<float>() + g.offsets[m], shard.data<float>(), shard.nbytes());
+  }
+  Tensor raw = Tensor::empty({g.ranks * g.block});
+  Communicator* comm = group.comm;
+  auto work = comm->start_all_gather(send.data<float>(), g.block, raw.data<float>(), group.ranks);
+  return {std::move(g), ops::StartedCollective([comm, work, send, raw] {
+            comm->wait(work);
+            return raw;
+          })};
+}
+
+// Member `p` of a gathered group, whole: rank r's shard is block r of p's data dim.
+Tensor unpack(const OverlapState::Gathered& g, const nn::Parameter& p) {
+  size_t m = 0;
+  while (g.members[m] != &p) ++m;
+  const int d = data_dim(p);
+  const Shape& shard = p.value.shape();
+  int64_t outer = 1, row = 1;  // shard: [outer, row] around dim d (row: dim d and everything after it)
+  for (int i = 0; i < static_cast<int>(shard.size()); ++i) (i < d ? outer : row) *= shard[static_cast<size_t>(i)];
+  Shape whole = shard;
+  whole[static_cast<size_t>(d)] *= g.ranks;
+  Tensor out = Tensor::empty(whole);  // [outer, ranks, row]
+  float* dst = out.data<float>();
+  const float* src = g.raw.data<float>() + g.offsets[m];
+  for (int64_t r = 0; r < g.ranks; ++r) {
+    for (int64_t o = 0; o < outer; ++o) {
+      std::memcpy(dst + (o * g.ranks + r) * row, src + r * g.block + o * row, static_cast<size_t>(row) * sizeof(float));
+    }
+  }
+  return out;
+}
+
+// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, once the pass's order is
+// learned, a block's Linears are gathered in one collective (the group's; the first group of a pass
+// when its first Linear runs, each later one started then for the group after it, to run while this
+// group computes), and each Linear copies its whole weight out of it. Before that (the first step's
+// passes), each on its own. A backward gathers the biases of its group's forward too (a recomputed
+// forward inside it then finds them), so every gather of a block carries the same bytes.
 std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Parameter* b, const RankContext& c,
                                        bool backward_pass) {
   OverlapState* s = overlap_of(c);
   if (!s) return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
   if (backward_pass) s->forward.close();  // the forward before this backward has ended
   OverlapState::Order& order = backward_pass ? s->backward : s->forward;
-  order.note({&w, b});
+  const OverlapState::Use* forward_use = backward_pass ? s->forward.find(&w) : nullptr;
+  order.note({&w, backward_pass ? (forward_use ? forward_use->bias : nullptr) : b});
+  cut_groups(order, c);
   OverlapState::Prefetch& pre = s->prefetch;
-  Tensor wf, bf;
-  if (pre.weight == &w) {
-    wf = pre.w.wait();
-    if (b) bf = pre.b.defined() ? pre.b.wait() : gather_data_values(b->value, *b, c);
+  auto start_after = [&](const OverlapState::Order& o, size_t end) {
+    if (end >= o.uses.size() || data_dim(*o.uses[end].weight) < 0) return;
+    auto [group, done] = start_group(o, end, o.group_end[end], c);
+    pre.group = std::move(group);
+    pre.done = std::move(done);
+    pre.order = &o;
+    pre.end = o.group_end[end];
+  };
+  if (!s->current.has(&w)) {
+    s->current = {};  // freed before the next group lands
+    if (pre.group.has(&w)) {
+      s->current = std::move(pre.group);
+      s->current.raw = pre.done.wait();
+      const OverlapState::Order* from = pre.order;
+      const size_t end = pre.end;
+      pre = {};
+      start_after(*from, end);
+    } else {
+      pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
+      auto it = order.position.find(&w);
+      if (!order.learned || it == order.position.end() || data_dim(w) < 0) {  // the order is being learned: this Linear alone
+        return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
+      }
+      const size_t end = order.group_end[it->second];
+      auto [group, done] = start_group(order, it->second, end, c);
+      s->current = std::move(group);
+      s->current.raw = done.wait();
+      start_after(order, end);
+    }
   }
-  pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
-  if (!wf.defined()) {
-    wf = gather_data_values(w.value, w, c);
-    if (b) bf = gather_data_values(b->value, *b, c);
-  }
-  if (const OverlapState::Use* next = order.after(&w)) {
-    pre.weight = next->weight;
-    pre.w = start_gather(*next->weight, c);
-    if (next->bias && !backward_pass) pre.b = start_gather(*next->bias, c);
+  Tensor wf = unpack(s->current, w);
+  Tensor bf = !b ? Tensor() : s->current.has(b) ? unpack(s->current, *b) : gather_data_values(b->value, *b, c);
+  // After the pass's last Linear nothing it gathered is kept: the next pass starts afresh.
+  auto it = order.position.find(&w);
+  if (order.learned && it != order.position.end() && it->second + 1 == order.uses.size()) {
+    s->current = {};
+    pre = {};
   }
   return {wf, bf};
 }

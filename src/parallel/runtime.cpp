@@ -133,6 +133,7 @@ void finish_gradients(const std::vector<nn::Parameter*>& params, const RankConte
   if (OverlapState* s = overlap_of(c)) {
     complete_grad_sums(*s, 0);
     s->prefetch = {};
+    s->current = {};
     s->forward.close();
     s->backward.close();
     start_bucket(*s, c);  // what is left of the last one

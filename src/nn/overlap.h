@@ -75,13 +75,29 @@ struct OverlapState {
     const Order* order = nullptr;
     size_t end = 0;  // the group's end in *order
   } prefetch;
-  // FSDP gradients being reduce-scattered, oldest first; each is added to its shard's .grad on completion
-  // (in start order, which is the order backward() would have added them in).
-  struct GradSum {
+  // FSDP gradients being reduce-scattered, oldest first; each part is added to its shard's .grad on
+  // completion (in start order, which is the order backward() would have added them in). A sum holds
+  // one gradient, or a block's (a bucket): the parts' shards packed one after another in its result.
+  struct GradPart {
     Tensor shard;
     bool accumulate = true;
+    int64_t offset = 0;  // in the sum's result
+  };
+  struct GradSum {
+    std::vector<GradPart> parts;
     ops::StartedCollective sum;
   };
+  // The bucket of the block whose backward is running: its gradients, whole, packed as they come for
+  // one reduce-scatter, started when the block's last Linear (in the backward's order) has added its own.
+  struct GradBucket {
+    std::vector<const nn::Parameter*> members;  // weights and biases, in packing order
+    std::vector<int64_t> offsets;               // of each member's shard in a rank's block
+    std::vector<char> added, accumulate;
+    int64_t block = 0, ranks = 0;
+    size_t end = 0;  // the group's end in the backward's order
+    Tensor packed;   // [ranks, block]: rank r's block holds every member's block r
+  };
+  GradBucket bucket;
   std::deque<GradSum> grads;
   // Data-axis all-reduces of the other gradients: the bucket being filled, and the started ones.
   struct Bucket {
@@ -100,5 +116,7 @@ struct OverlapState {
 OverlapState* overlap_of(const RankContext& c);
 // Started gradient sums before the newest `keep` are completed (added to their shards' .grad).
 void complete_grad_sums(OverlapState& s, size_t keep);
+// The open gradient bucket's reduce-scatter started (nothing when none is open).
+void start_bucket_sum(OverlapState& s, const RankContext& c);
 
 }  // namespace loom::dist

@@ -240,18 +240,77 @@ bool reduce_in_background(OverlapState& s, const Tensor& grad, const nn::Paramet
                           bool accumulate, const RankContext& c) {
   const int d = data_dim(p);
   if (d < 0) return false;
-  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c))});
+  OverlapState::GradSum sum;
+  sum.parts.push_back({shard, accumulate, 0});
+  sum.sum = ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c));
+  s.grads.push_back(std::move(sum));
   return true;
+}
+
+// With the backward's order learned, the gradients of a block's Linears (and of the biases their forward
+// gathers with them) go into one bucket, reduce-scattered in one call when the block's last Linear has
+// added its own. Returns false for a gradient that takes the one-call path instead.
+bool add_to_bucket(OverlapState& s, const nn::Parameter& p, const Tensor& whole, bool accumulate,
+                   const nn::Parameter& weight, const RankContext& c) {
+  const OverlapState::Order& o = s.backward;
+  auto it = o.position.find(&weight);
+  if (!o.learned || it == o.position.end() || o.group_end.size() != o.uses.size() || data_dim(weight) < 0) return false;
+  const size_t end = o.group_end[it->second];
+  OverlapState::GradBucket& k = s.bucket;
+  if (!k.members.empty() && k.end != end) start_bucket_sum(s, c);  // a path the order did not foresee
+  if (k.members.empty()) {
+    size_t start = it->second;
+    while (start > 0 && o.group_end[start - 1] == end) --start;
+    const nn::Parameter& first = *o.uses[start].weight;
+    const Group group = data_dim_group(first, data_dim(first), c);
+    for (size_t i = start; i < end; ++i) {
+      for (const nn::Parameter* q : {o.uses[i].weight, o.uses[i].bias}) {
+        if (!q || !packs_over(*q, group.ranks, c)) continue;
+        k.members.push_back(q);
+        k.offsets.push_back(k.block);
+        k.block += q->value.numel();
+      }
+    }
+    k.ranks = group.size();
+    k.end = end;
+    k.added.assign(k.members.size(), 0);
+    k.accumulate.assign(k.members.size(), 0);
+    k.packed = Tensor::zeros({k.ranks * k.block});
+  }
+  size_t m = 0;
+  while (m < k.members.size() && k.members[m] != &p) ++m;
+  if (m == k.members.size()) return false;
+  // Block r of the whole gradient on p's data dim goes to rank r's block of the bucket.
+  const int d = data_dim(p);
+  for (int64_t r = 0; r < k.ranks; ++r) {
+    const Tensor part = ops::block_of(whole, d, r, k.ranks);
+    std::memcpy(k.packed.data<float>() + r * k.block + k.offsets[m], part.data<float>(), part.nbytes());
+  }
+  k.added[m] = 1;
+  k.accumulate[m] = accumulate ? 1 : 0;
+  return true;
+}
+
+// Closes the bucket after the block's last Linear in the backward's order.
+void close_bucket_after(OverlapState& s, const nn::Parameter& weight, const RankContext& c) {
+  if (s.bucket.members.empty()) return;
+  auto it = s.backward.position.find(&weight);
+  if (it != s.backward.position.end() && it->second + 1 == s.bucket.end) start_bucket_sum(s, c);
 }
 
 void complete_grad_sum(OverlapState::GradSum& g) {
   Tensor sum = g.sum.wait();
-  if (!g.accumulate) return;
-  Tensor current = g.shard.grad();
-  if (!current.defined()) {
-    g.shard.set_grad(sum);
-  } else {
-    ops::add_(current, sum);  // as backward() accumulates a leaf's gradients
+  for (const OverlapState::GradPart& part : g.parts) {
+    if (!part.accumulate) continue;
+    const int64_t n = part.shard.numel();
+    Tensor piece = sum.numel() == n ? sum.view(part.shard.shape()) : sum.slice(part.offset, n).view(part.shard.shape()).clone();
+    Tensor current = part.shard.grad();
+    if (!current.defined()) {
+      Tensor shard = part.shard;
+      shard.set_grad(piece);
+    } else {
+      ops::add_(current, piece);  // as backward() accumulates a leaf's gradients
+    }
   }
 }
 
@@ -296,11 +355,17 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
     // backward; their results reach .grad in finish_gradients (the engine gets none here).
     OverlapState* s = overlap_of(c);
     const size_t before = s ? s->grads.size() : 0;
-    if (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c)) grads[1] = scatter_data_values(dW, *w, c);
-    if (b && (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
+    const bool bucketed = s && add_to_bucket(*s, *w, dW, ctx.needs_input_grad(1), *w, c);
+    if (!bucketed && (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c))) {
+      grads[1] = scatter_data_values(dW, *w, c);
+    }
+    if (b && !(s && add_to_bucket(*s, *b, db, ctx.needs_input_grad(2), *w, c)) &&
+        (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
       grads[2] = scatter_data_values(db, *b, c);
     }
-    if (s) complete_grad_sums(*s, s->grads.size() - before);  // keep only this layer's in flight
+    if (s) close_bucket_after(*s, *w, c);
+    // Keep in flight only this layer's sums, or the newest block's bucket until the next one starts.
+    if (s) complete_grad_sums(*s, bucketed ? std::min<size_t>(s->grads.size(), 1) : s->grads.size() - before);
     return grads;
   });
   return y;
@@ -309,6 +374,30 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
 }  // namespace
 
 OverlapState* overlap_of(const RankContext& c) { return c.overlap ? c.overlap_state.get() : nullptr; }
+
+// The open bucket's reduce-scatter started (the members that did not add a gradient, on a path the
+// order did not foresee, were packed as zeros and are not added to anything).
+void start_bucket_sum(OverlapState& s, const RankContext& c) {
+  OverlapState::GradBucket& k = s.bucket;
+  if (k.members.empty()) return;
+  OverlapState::GradSum sum;
+  for (size_t m = 0; m < k.members.size(); ++m) {
+    if (k.added[m]) sum.parts.push_back({k.members[m]->value, k.accumulate[m] != 0, k.offsets[m]});
+  }
+  const nn::Parameter& first = *k.members.front();
+  const Group group = data_dim_group(first, data_dim(first), c);
+  Tensor out = Tensor::empty({k.block});
+  Tensor packed = k.packed;
+  Communicator* comm = group.comm;
+  auto work = comm->start_reduce_scatter_sum(packed.data<float>(), k.block, out.data<float>(), group.ranks);
+  sum.sum = ops::StartedCollective([comm, work, packed, out] {
+    comm->wait(work);
+    return out;
+  });
+  s.grads.push_back(std::move(sum));
+  k = {};
+}
+
 
 // By now the older sums have had a layer's backward to run; completing them bounds the whole-size
 // gradients alive.

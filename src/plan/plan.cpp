@@ -420,10 +420,11 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // FSDP's gathered weights: without overlap the weight computing, and the whole-size gradient being
   // reduce-scattered with its staging copy; with it (nn/sharded.cpp) the block computing and the next
   // block's gather in flight (each packed whole: a block's weights and biases, and this rank's packed
-  // shards), the weight copied out of the block and the gradient being reduce-scattered.
+  // shards), the block's gradient bucket (whole), the weight copied out of the block and the gradient
+  // being packed into the bucket.
   const double block_whole = worst_layers > 0 ? 4 * gathered_whole / static_cast<double>(worst_layers) : 0;
   const double gathered = l.shard != "fsdp" ? 0
-                          : r.overlap       ? 2 * block_whole + block_whole / shard_ways + 2 * 4 * largest_weight
+                          : r.overlap       ? 3 * block_whole + block_whole / shard_ways + 2 * 4 * largest_weight
                                             : 3 * 4 * largest_weight;
   const double weight_grad = l.shard == "fsdp" ? 0 : 4 * F_hidden * C / static_cast<double>(l.tensor);
   const double hidden_grads = (l.pipe > 1 && !last_stage ? 2 : 1) * F_hidden / static_cast<double>(l.tensor);
@@ -608,9 +609,11 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     }
     e.collectives.push_back(collective("FSDP weight all-gathers", "all_gather", l.expert > 1 ? "data x expert" : "data", g,
                                        bytes, k, r.overlap, gathers));
+    // One reduce-scatter per block and backward with overlap (its Linears' gradients and their biases'
+    // in one bucket), else one per Linear and sharded bias.
     e.collectives.push_back(collective("FSDP gradient reduce-scatters", "reduce_scatter", l.expert > 1 ? "data x expert" : "data",
                                        g, 4 * sharded_whole * micro, k, r.overlap,
-                                       micro * (layers_here * linears + sharded_bias_tensors)));
+                                       micro * (r.overlap ? layers_here : layers_here * linears + sharded_bias_tensors)));
   }
   if (l.expert > 1) {
     const double moe_layers_here = layers_here * (1 - key(j, "n_dense") / static_cast<double>(L));

@@ -364,8 +364,13 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
       grads[2] = scatter_data_values(db, *b, c);
     }
     if (s) close_bucket_after(*s, *w, c);
-    // Keep in flight only this layer's sums, or the newest block's bucket until the next one starts.
-    if (s) complete_grad_sums(*s, bucketed ? std::min<size_t>(s->grads.size(), 1) : s->grads.size() - before);
+    // Keep in flight only this layer's sums, or the newest block's bucket until the next one starts;
+    // none after the pass's last Linear (nothing whole outlives its backward into the next forward).
+    if (s) {
+      auto at = s->backward.position.find(w);
+      const bool last = bucketed && at != s->backward.position.end() && at->second + 1 == s->backward.uses.size();
+      complete_grad_sums(*s, last ? 0 : bucketed ? std::min<size_t>(s->grads.size(), 1) : s->grads.size() - before);
+    }
     return grads;
   });
   return y;

@@ -200,6 +200,13 @@ std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Paramet
     pre.order = &o;
     pre.end = o.group_end[end];
   };
+  // A pass that begins finds nothing of an earlier one (a pass that did not reach its last Linear, such as
+  // a forward without a training-only module, may have left its group; the shards may have changed since).
+  auto at = order.position.find(&w);
+  if (order.learned && at != order.position.end() && at->second == 0 && !pre.group.has(&w)) {
+    s->current = {};
+    pre = {};
+  }
   if (!s->current.has(&w)) {
     s->current = {};  // freed before the next group lands
     if (pre.group.has(&w)) {
@@ -211,12 +218,11 @@ std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Paramet
       start_after(*from, end);
     } else {
       pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
-      auto it = order.position.find(&w);
-      if (!order.learned || it == order.position.end() || data_dim(w) < 0) {  // the order is being learned: this Linear alone
+      if (!order.learned || at == order.position.end() || data_dim(w) < 0) {  // the order is being learned: this Linear alone
         return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
       }
-      const size_t end = order.group_end[it->second];
-      auto [group, done] = start_group(order, it->second, end, c);
+      const size_t end = order.group_end[at->second];
+      auto [group, done] = start_group(order, at->second, end, c);
       s->current = std::move(group);
       s->current.raw = done.wait();
       start_after(order, end);
@@ -225,8 +231,7 @@ std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Paramet
   Tensor wf = unpack(s->current, w);
   Tensor bf = !b ? Tensor() : s->current.has(b) ? unpack(s->current, *b) : gather_data_values(b->value, *b, c);
   // After the pass's last Linear nothing it gathered is kept: the next pass starts afresh.
-  auto it = order.position.find(&w);
-  if (order.learned && it != order.position.end() && it->second + 1 == order.uses.size()) {
+  if (order.learned && at != order.position.end() && at->second + 1 == order.uses.size()) {
     s->current = {};
     pre = {};
   }

@@ -538,6 +538,10 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // Data-axis gradient sums: the parameters replicated over the batch axes.
   double replicated = 0, sharded_shard = 0, sharded_whole = 0, expert_replicated = 0, sharded_bias = 0;
   double sharded_bias_tensors = 0;  // FSDP-sharded biases: a gather in each forward, a reduce-scatter each backward
+  // FSDP-sharded routed experts (DeepSeek-V3): gathered whole by their layer's forward, each tensor on its
+  // own, and kept to its backward, which reduce-scatters each gradient (the census's "w1, w3" is two).
+  double sharded_experts = 0, sharded_expert_tensors = 0;
+  double last_block_shard = 0;  // the stage's last block's sharded weights and biases, experts aside
   std::vector<double> replicated_order;  // the replicated gradients' bytes, in the census's order
   for (const ParamCount& p : params) {
     if (!on_stage(p)) continue;
@@ -550,6 +554,12 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       }
       else sharded_shard += local;
       sharded_whole += local * sp.shard;
+      if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
+        sharded_experts += local;
+        sharded_expert_tensors += p.group == ParamGroup::ExpertIn ? 2 : 1;
+      } else if (p.layer == stage_last - 1) {
+        last_block_shard += local;
+      }
     } else if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
       expert_replicated += local;
     } else {
@@ -594,26 +604,32 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     const Link& k = l.expert > 1 ? dx_link : data_link;
     // With overlap (nn/sharded.cpp), a block's Linears are gathered in one call per pass, their
     // weights and the biases their forward adds packed together: a forward and a backward per
-    // micro-batch; under recomputation the recomputed forward of the stage's last block gathers its
+    // micro-batch, for each of the stage's blocks (on the last stage DeepSeek-V3's MTP modules are
+    // blocks too); under recomputation the recomputed forward of the stage's last block gathers its
     // block once more (the forward's gathers end with its pass; every other block's recomputed forward
-    // uses its backward's prefetched group). Without overlap: one gather per Linear and pass, one per
-    // sharded bias and forward, recomputed forwards included.
+    // uses its backward's prefetched group), unless the forward ends in an MTP module, which is not
+    // recomputed. The routed experts are gathered on their own, once per forward. Without overlap: one gather per Linear and pass, one per sharded bias and forward,
+    // recomputed forwards included.
     const bool again = l.recompute != models::Recompute::None;
     const double passes = micro * (again ? 3 : 2), forwards = micro * (again ? 2 : 1);
     double bytes = 4 * (sharded_shard * passes + sharded_bias * forwards);
     const double linears = linears_per_layer(m);
     double gathers = passes * layers_here * linears + sharded_bias_tensors * forwards;
+    const double blocks_here = layers_here + (m.arch() == "deepseek_v3" && last_stage ? key(j, "n_mtp") : 0);
     if (r.overlap) {
-      gathers = micro * (2 * layers_here + (again ? 1 : 0));
-      bytes = 4 * (sharded_shard + sharded_bias) / static_cast<double>(layers_here) * gathers;
+      const double blocks_bytes = sharded_shard + sharded_bias - sharded_experts;
+      const bool last_again = again && blocks_here == layers_here;
+      gathers = micro * (2 * blocks_here + (last_again ? 1 : 0)) + sharded_expert_tensors * forwards;
+      bytes = 4 * (blocks_bytes * 2 * micro + (last_again ? micro * last_block_shard : 0) + sharded_experts * forwards);
     }
     e.collectives.push_back(collective("FSDP weight all-gathers", "all_gather", l.expert > 1 ? "data x expert" : "data", g,
                                        bytes, k, r.overlap, gathers));
     // One reduce-scatter per block and backward with overlap (its Linears' gradients and their biases'
-    // in one bucket), else one per Linear and sharded bias.
+    // in one bucket) and one per routed-expert tensor, else one per Linear and sharded bias.
     e.collectives.push_back(collective("FSDP gradient reduce-scatters", "reduce_scatter", l.expert > 1 ? "data x expert" : "data",
                                        g, 4 * sharded_whole * micro, k, r.overlap,
-                                       micro * (r.overlap ? layers_here : layers_here * linears + sharded_bias_tensors)));
+                                       micro * (r.overlap ? blocks_here + sharded_expert_tensors
+                                                          : layers_here * linears + sharded_bias_tensors)));
   }
   if (l.expert > 1) {
     const double moe_layers_here = layers_here * (1 - key(j, "n_dense") / static_cast<double>(L));

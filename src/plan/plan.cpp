@@ -257,7 +257,7 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
   return 7;                                 // f: q, k, v, w1, w3; g: output_proj, w2
 }
 
-// The Linears of a block whose weights FSDP gathers, one collective each per pass: q, k, v,
+// The Linears of a block whose weights FSDP gathers, one collective each per pass without overlap: q, k, v,
 // output_proj and the MLP's (Llama w1, w3, w2; GPT-2 fc, proj); DeepSeek-V3's MLA wq_a, wkv_a, wq_b, wkv_b,
 // wo and a dense MLP's three (a MoE block's shared expert and router, about as many).
 double linears_per_layer(const models::ModelConfig& m) {
@@ -608,8 +608,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     // blocks too); under recomputation the recomputed forward of the stage's last block gathers its
     // block once more (the forward's gathers end with its pass; every other block's recomputed forward
     // uses its backward's prefetched group), unless the forward ends in an MTP module, which is not
-    // recomputed. The routed experts are gathered on their own, once per forward. Without overlap: one gather per Linear and pass, one per sharded bias and forward,
-    // recomputed forwards included.
+    // recomputed. The routed experts are gathered on their own, once per forward. Without overlap
+    // (approximately, as before the groups): one gather per Linear and pass, one per sharded bias and
+    // forward, recomputed forwards included.
     const bool again = l.recompute != models::Recompute::None;
     const double passes = micro * (again ? 3 : 2), forwards = micro * (again ? 2 : 1);
     double bytes = 4 * (sharded_shard * passes + sharded_bias * forwards);

@@ -27,9 +27,12 @@ struct OverlapState {
   };
   // The order the forward (or the backward) pass gathers FSDP weights in, learned from the first pass:
   // complete when a weight comes round again, when the pass after it begins, or at finish_gradients.
+  // Once complete it is cut into groups, the runs of uses of one block (nn/sharded.cpp), each gathered
+  // in one collective.
   struct Order {
     std::vector<Use> uses;
     std::unordered_map<const nn::Parameter*, size_t> position;
+    std::vector<size_t> group_end;  // per use, one past the last use of its group (made once learned)
     bool learned = false;
     void note(const Use& u) {
       if (learned) return;
@@ -41,26 +44,60 @@ struct OverlapState {
       uses.push_back(u);
     }
     void close() { learned = learned || !uses.empty(); }
-    const Use* after(const nn::Parameter* weight) const {
-      if (!learned) return nullptr;
+    const Use* find(const nn::Parameter* weight) const {
       auto it = position.find(weight);
-      return it == position.end() || it->second + 1 >= uses.size() ? nullptr : &uses[it->second + 1];
+      return it == position.end() ? nullptr : &uses[it->second];
     }
   };
   Order forward, backward;
-  // The gathers of the next Linear, started while the current one computes: at most one in flight, so
-  // at most two layers' weights are whole at a time.
+  // A group's shards gathered whole in one all-gather: every member's shard packed one after another
+  // into a rank's block of `block` floats, the ranks' blocks back to back in `raw` ([g * block]).
+  struct Gathered {
+    std::vector<const nn::Parameter*> members;  // weights and biases, in packing order
+    std::vector<int64_t> offsets;               // of each member's shard in a block
+    int64_t block = 0, ranks = 0;
+    Tensor raw;
+    bool has(const nn::Parameter* p) const {
+      for (const nn::Parameter* m : members) {
+        if (m == p) return true;
+      }
+      return false;
+    }
+  };
+  // The group the pass is in (its whole weights are copied out of it as each Linear needs them), and
+  // the next group's gather, started when this one's first Linear runs: at most two blocks' weights
+  // whole at a time. Both are dropped after a pass's last Linear and at finish_gradients, so nothing
+  // gathered outlives the pass (or sees the optimizer change the shards).
+  Gathered current;
   struct Prefetch {
-    const nn::Parameter* weight = nullptr;
-    ops::StartedCollective w, b;
+    Gathered group;
+    ops::StartedCollective done;  // gives the group's raw
+    const Order* order = nullptr;
+    size_t end = 0;  // the group's end in *order
   } prefetch;
-  // FSDP gradients being reduce-scattered, oldest first; each is added to its shard's .grad on completion
-  // (in start order, which is the order backward() would have added them in).
-  struct GradSum {
+  // FSDP gradients being reduce-scattered, oldest first; each part is added to its shard's .grad on
+  // completion (in start order, which is the order backward() would have added them in). A sum holds
+  // one gradient, or a block's (a bucket): the parts' shards packed one after another in its result.
+  struct GradPart {
     Tensor shard;
     bool accumulate = true;
+    int64_t offset = 0;  // in the sum's result
+  };
+  struct GradSum {
+    std::vector<GradPart> parts;
     ops::StartedCollective sum;
   };
+  // The bucket of the block whose backward is running: its gradients, whole, packed as they come for
+  // one reduce-scatter, started when the block's last Linear (in the backward's order) has added its own.
+  struct GradBucket {
+    std::vector<const nn::Parameter*> members;  // weights and biases, in packing order
+    std::vector<int64_t> offsets;               // of each member's shard in a rank's block
+    std::vector<char> added, accumulate;
+    int64_t block = 0, ranks = 0;
+    size_t end = 0;  // the group's end in the backward's order
+    Tensor packed;   // [ranks, block]: rank r's block holds every member's block r
+  };
+  GradBucket bucket;
   std::deque<GradSum> grads;
   // Data-axis all-reduces of the other gradients: the bucket being filled, and the started ones.
   struct Bucket {
@@ -79,5 +116,7 @@ struct OverlapState {
 OverlapState* overlap_of(const RankContext& c);
 // Started gradient sums before the newest `keep` are completed (added to their shards' .grad).
 void complete_grad_sums(OverlapState& s, size_t keep);
+// The open gradient bucket's reduce-scatter started (nothing when none is open).
+void start_bucket_sum(OverlapState& s, const RankContext& c);
 
 }  // namespace loom::dist

@@ -1,6 +1,7 @@
 #include "nn/sharded.h"
 
 #include <cstring>
+#include <string>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -88,39 +89,151 @@ int data_dim(const nn::Parameter& p) {
   return found;
 }
 
-// `p` gathered over data, started in the background (its value as it is when nothing splits it).
-ops::StartedCollective start_gather(const nn::Parameter& p, const RankContext& c) {
-  const int d = data_dim(p);
-  if (d >= 0) return ops::start_all_gather_values(p.value, d, data_dim_group(p, d, c));
-  Tensor whole = gather_data_values(p.value, p, c);  // nothing to gather (or several dims: at once)
-  return ops::StartedCollective([whole] { return whole; });
+// The block a parameter belongs to: its name up to the second dot ("layers.3"), or the whole name.
+std::string block_of(const nn::Parameter& p) {
+  const size_t first = p.name.find('.');
+  const size_t second = first == std::string::npos ? first : p.name.find('.', first + 1);
+  return second == std::string::npos ? p.name : p.name.substr(0, second);
 }
 
-// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, the prefetched gathers
-// when they are this Linear's (else gathered now), and then the gathers of the Linear the pass meets
-// next start, to run while this one computes.
+// Whether `p` can join a packed gather over `ranks`: one FSDP dim, gathered over those ranks.
+bool packs_over(const nn::Parameter& p, const std::vector<int>& ranks, const RankContext& c) {
+  const int d = data_dim(p);
+  return d >= 0 && data_dim_group(p, d, c).ranks == ranks;
+}
+
+// Cuts a learned order into groups: runs of consecutive uses of one block that gather over the same
+// ranks (a use that cannot pack is a group of its own).
+void cut_groups(OverlapState::Order& o, const RankContext& c) {
+  if (!o.learned || o.group_end.size() == o.uses.size()) return;
+  const size_t n = o.uses.size();
+  o.group_end.assign(n, n);
+  size_t start = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    bool joins = i < n;
+    if (joins) {
+      const nn::Parameter& first = *o.uses[start].weight;
+      const nn::Parameter& w = *o.uses[i].weight;
+      const int d = data_dim(first);
+      joins = d >= 0 && block_of(w) == block_of(first) && packs_over(w, data_dim_group(first, d, c).ranks, c);
+    }
+    if (!joins) {
+      for (size_t k = start; k < i; ++k) o.group_end[k] = i;
+      start = i;
+    }
+  }
+}
+
+// The uses [from, to) of `o` (weights, and the biases gathered with them) packed and all-gathered in one
+// call, started in the background: its Gathered, and the collective that fills its raw.
+std::pair<OverlapState::Gathered, ops::StartedCollective> start_group(const OverlapState::Order& o, size_t from, size_t to,
+                                                                      const RankContext& c) {
+  const nn::Parameter& first = *o.uses[from].weight;
+  const Group group = data_dim_group(first, data_dim(first), c);
+  const std::vector<int>& ranks = group.ranks;
+  OverlapState::Gathered g;
+  for (size_t i = from; i < to; ++i) {
+    for (const nn::Parameter* p : {o.uses[i].weight, o.uses[i].bias}) {
+      if (!p || g.has(p) || !packs_over(*p, ranks, c)) continue;  // a bias not split over data stays out
+      g.members.push_back(p);
+      g.offsets.push_back(g.block);
+      g.block += p->value.numel();
+    }
+  }
+  g.ranks = group.size();
+  Tensor send = Tensor::empty({g.block});  // this rank's shards, one after another
+  for (size_t m = 0; m < g.members.size(); ++m) {
+    const Tensor& shard = g.members[m]->value;
+    std::memcpy(send.data<float>() + g.offsets[m], shard.data<float>(), shard.nbytes());
+  }
+  Tensor raw = Tensor::empty({g.ranks * g.block});
+  Communicator* comm = group.comm;
+  auto work = comm->start_all_gather(send.data<float>(), g.block, raw.data<float>(), group.ranks);
+  return {std::move(g), ops::StartedCollective([comm, work, send, raw] {
+            comm->wait(work);
+            return raw;
+          })};
+}
+
+// Member `p` of a gathered group, whole: rank r's shard is block r of p's data dim.
+Tensor unpack(const OverlapState::Gathered& g, const nn::Parameter& p) {
+  size_t m = 0;
+  while (g.members[m] != &p) ++m;
+  const int d = data_dim(p);
+  const Shape& shard = p.value.shape();
+  int64_t outer = 1, row = 1;  // shard: [outer, row] around dim d (row: dim d and everything after it)
+  for (int i = 0; i < static_cast<int>(shard.size()); ++i) (i < d ? outer : row) *= shard[static_cast<size_t>(i)];
+  Shape whole = shard;
+  whole[static_cast<size_t>(d)] *= g.ranks;
+  Tensor out = Tensor::empty(whole);  // [outer, ranks, row]
+  float* dst = out.data<float>();
+  const float* src = g.raw.data<float>() + g.offsets[m];
+  for (int64_t r = 0; r < g.ranks; ++r) {
+    for (int64_t o = 0; o < outer; ++o) {
+      std::memcpy(dst + (o * g.ranks + r) * row, src + r * g.block + o * row, static_cast<size_t>(row) * sizeof(float));
+    }
+  }
+  return out;
+}
+
+// The whole weight (and bias) of an FSDP Linear for this pass. With overlap, once the pass's order is
+// learned, a block's Linears are gathered in one collective (the group's; the first group of a pass
+// when its first Linear runs, each later one started then for the group after it, to run while this
+// group computes), and each Linear copies its whole weight out of it. Before that (the first step's
+// passes), each on its own. A backward gathers the biases of its group's forward too (a recomputed
+// forward inside it then finds them), so every gather of a block carries the same bytes.
 std::pair<Tensor, Tensor> gather_layer(const nn::Parameter& w, const nn::Parameter* b, const RankContext& c,
                                        bool backward_pass) {
   OverlapState* s = overlap_of(c);
   if (!s) return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
   if (backward_pass) s->forward.close();  // the forward before this backward has ended
   OverlapState::Order& order = backward_pass ? s->backward : s->forward;
-  order.note({&w, b});
+  const OverlapState::Use* forward_use = backward_pass ? s->forward.find(&w) : nullptr;
+  order.note({&w, backward_pass ? (forward_use ? forward_use->bias : nullptr) : b});
+  cut_groups(order, c);
   OverlapState::Prefetch& pre = s->prefetch;
-  Tensor wf, bf;
-  if (pre.weight == &w) {
-    wf = pre.w.wait();
-    if (b) bf = pre.b.defined() ? pre.b.wait() : gather_data_values(b->value, *b, c);
+  auto start_after = [&](const OverlapState::Order& o, size_t end) {
+    if (end >= o.uses.size() || data_dim(*o.uses[end].weight) < 0) return;
+    auto [group, done] = start_group(o, end, o.group_end[end], c);
+    pre.group = std::move(group);
+    pre.done = std::move(done);
+    pre.order = &o;
+    pre.end = o.group_end[end];
+  };
+  // A pass that begins finds nothing of an earlier one (a pass that did not reach its last Linear, such as
+  // a forward without a training-only module, may have left its group; the shards may have changed since).
+  auto at = order.position.find(&w);
+  if (order.learned && at != order.position.end() && at->second == 0 && !pre.group.has(&w)) {
+    s->current = {};
+    pre = {};
   }
-  pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
-  if (!wf.defined()) {
-    wf = gather_data_values(w.value, w, c);
-    if (b) bf = gather_data_values(b->value, *b, c);
+  if (!s->current.has(&w)) {
+    s->current = {};  // freed before the next group lands
+    if (pre.group.has(&w)) {
+      s->current = std::move(pre.group);
+      s->current.raw = pre.done.wait();
+      const OverlapState::Order* from = pre.order;
+      const size_t end = pre.end;
+      pre = {};
+      start_after(*from, end);
+    } else {
+      pre = {};  // a prefetch this pass did not use (another path through the model) is waited for and dropped
+      if (!order.learned || at == order.position.end() || data_dim(w) < 0) {  // the order is being learned: this Linear alone
+        return {gather_data_values(w.value, w, c), b ? gather_data_values(b->value, *b, c) : Tensor()};
+      }
+      const size_t end = order.group_end[at->second];
+      auto [group, done] = start_group(order, at->second, end, c);
+      s->current = std::move(group);
+      s->current.raw = done.wait();
+      start_after(order, end);
+    }
   }
-  if (const OverlapState::Use* next = order.after(&w)) {
-    pre.weight = next->weight;
-    pre.w = start_gather(*next->weight, c);
-    if (next->bias && !backward_pass) pre.b = start_gather(*next->bias, c);
+  Tensor wf = unpack(s->current, w);
+  Tensor bf = !b ? Tensor() : s->current.has(b) ? unpack(s->current, *b) : gather_data_values(b->value, *b, c);
+  // After the pass's last Linear nothing it gathered is kept: the next pass starts afresh.
+  if (order.learned && at != order.position.end() && at->second + 1 == order.uses.size()) {
+    s->current = {};
+    pre = {};
   }
   return {wf, bf};
 }
@@ -132,18 +245,77 @@ bool reduce_in_background(OverlapState& s, const Tensor& grad, const nn::Paramet
                           bool accumulate, const RankContext& c) {
   const int d = data_dim(p);
   if (d < 0) return false;
-  s.grads.push_back({shard, accumulate, ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c))});
+  OverlapState::GradSum sum;
+  sum.parts.push_back({shard, accumulate, 0});
+  sum.sum = ops::start_reduce_scatter_values(grad, d, data_dim_group(p, d, c));
+  s.grads.push_back(std::move(sum));
   return true;
+}
+
+// With the backward's order learned, the gradients of a block's Linears (and of the biases their forward
+// gathers with them) go into one bucket, reduce-scattered in one call when the block's last Linear has
+// added its own. Returns false for a gradient that takes the one-call path instead.
+bool add_to_bucket(OverlapState& s, const nn::Parameter& p, const Tensor& whole, bool accumulate,
+                   const nn::Parameter& weight, const RankContext& c) {
+  const OverlapState::Order& o = s.backward;
+  auto it = o.position.find(&weight);
+  if (!o.learned || it == o.position.end() || o.group_end.size() != o.uses.size() || data_dim(weight) < 0) return false;
+  const size_t end = o.group_end[it->second];
+  OverlapState::GradBucket& k = s.bucket;
+  if (!k.members.empty() && k.end != end) start_bucket_sum(s, c);  // a path the order did not foresee
+  if (k.members.empty()) {
+    size_t start = it->second;
+    while (start > 0 && o.group_end[start - 1] == end) --start;
+    const nn::Parameter& first = *o.uses[start].weight;
+    const Group group = data_dim_group(first, data_dim(first), c);
+    for (size_t i = start; i < end; ++i) {
+      for (const nn::Parameter* q : {o.uses[i].weight, o.uses[i].bias}) {
+        if (!q || !packs_over(*q, group.ranks, c)) continue;
+        k.members.push_back(q);
+        k.offsets.push_back(k.block);
+        k.block += q->value.numel();
+      }
+    }
+    k.ranks = group.size();
+    k.end = end;
+    k.added.assign(k.members.size(), 0);
+    k.accumulate.assign(k.members.size(), 0);
+    k.packed = Tensor::zeros({k.ranks * k.block});
+  }
+  size_t m = 0;
+  while (m < k.members.size() && k.members[m] != &p) ++m;
+  if (m == k.members.size()) return false;
+  // Block r of the whole gradient on p's data dim goes to rank r's block of the bucket.
+  const int d = data_dim(p);
+  for (int64_t r = 0; r < k.ranks; ++r) {
+    const Tensor part = ops::block_of(whole, d, r, k.ranks);
+    std::memcpy(k.packed.data<float>() + r * k.block + k.offsets[m], part.data<float>(), part.nbytes());
+  }
+  k.added[m] = 1;
+  k.accumulate[m] = accumulate ? 1 : 0;
+  return true;
+}
+
+// Closes the bucket after the block's last Linear in the backward's order.
+void close_bucket_after(OverlapState& s, const nn::Parameter& weight, const RankContext& c) {
+  if (s.bucket.members.empty()) return;
+  auto it = s.backward.position.find(&weight);
+  if (it != s.backward.position.end() && it->second + 1 == s.bucket.end) start_bucket_sum(s, c);
 }
 
 void complete_grad_sum(OverlapState::GradSum& g) {
   Tensor sum = g.sum.wait();
-  if (!g.accumulate) return;
-  Tensor current = g.shard.grad();
-  if (!current.defined()) {
-    g.shard.set_grad(sum);
-  } else {
-    ops::add_(current, sum);  // as backward() accumulates a leaf's gradients
+  for (const OverlapState::GradPart& part : g.parts) {
+    if (!part.accumulate) continue;
+    const int64_t n = part.shard.numel();
+    Tensor piece = sum.numel() == n ? sum.view(part.shard.shape()) : sum.slice(part.offset, n).view(part.shard.shape()).clone();
+    Tensor current = part.shard.grad();
+    if (!current.defined()) {
+      Tensor shard = part.shard;
+      shard.set_grad(piece);
+    } else {
+      ops::add_(current, piece);  // as backward() accumulates a leaf's gradients
+    }
   }
 }
 
@@ -188,11 +360,22 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
     // backward; their results reach .grad in finish_gradients (the engine gets none here).
     OverlapState* s = overlap_of(c);
     const size_t before = s ? s->grads.size() : 0;
-    if (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c)) grads[1] = scatter_data_values(dW, *w, c);
-    if (b && (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
+    const bool bucketed = s && add_to_bucket(*s, *w, dW, ctx.needs_input_grad(1), *w, c);
+    if (!bucketed && (!s || !reduce_in_background(*s, dW, *w, w_shard, ctx.needs_input_grad(1), c))) {
+      grads[1] = scatter_data_values(dW, *w, c);
+    }
+    if (b && !(s && add_to_bucket(*s, *b, db, ctx.needs_input_grad(2), *w, c)) &&
+        (!s || !reduce_in_background(*s, db, *b, b->value, ctx.needs_input_grad(2), c))) {
       grads[2] = scatter_data_values(db, *b, c);
     }
-    if (s) complete_grad_sums(*s, s->grads.size() - before);  // keep only this layer's in flight
+    if (s) close_bucket_after(*s, *w, c);
+    // Keep in flight only this layer's sums, or the newest block's bucket until the next one starts;
+    // none after the pass's last Linear (nothing whole outlives its backward into the next forward).
+    if (s) {
+      auto at = s->backward.position.find(w);
+      const bool last = bucketed && at != s->backward.position.end() && at->second + 1 == s->backward.uses.size();
+      complete_grad_sums(*s, last ? 0 : bucketed ? std::min<size_t>(s->grads.size(), 1) : s->grads.size() - before);
+    }
     return grads;
   });
   return y;
@@ -201,6 +384,30 @@ Tensor fsdp_linear(const Tensor& x, const nn::Parameter& weight, const nn::Param
 }  // namespace
 
 OverlapState* overlap_of(const RankContext& c) { return c.overlap ? c.overlap_state.get() : nullptr; }
+
+// The open bucket's reduce-scatter started (the members that did not add a gradient, on a path the
+// order did not foresee, were packed as zeros and are not added to anything).
+void start_bucket_sum(OverlapState& s, const RankContext& c) {
+  OverlapState::GradBucket& k = s.bucket;
+  if (k.members.empty()) return;
+  OverlapState::GradSum sum;
+  for (size_t m = 0; m < k.members.size(); ++m) {
+    if (k.added[m]) sum.parts.push_back({k.members[m]->value, k.accumulate[m] != 0, k.offsets[m]});
+  }
+  const nn::Parameter& first = *k.members.front();
+  const Group group = data_dim_group(first, data_dim(first), c);
+  Tensor out = Tensor::empty({k.block});
+  Tensor packed = k.packed;
+  Communicator* comm = group.comm;
+  auto work = comm->start_reduce_scatter_sum(packed.data<float>(), k.block, out.data<float>(), group.ranks);
+  sum.sum = ops::StartedCollective([comm, work, packed, out] {
+    comm->wait(work);
+    return out;
+  });
+  s.grads.push_back(std::move(sum));
+  k = {};
+}
+
 
 // By now the older sums have had a layer's backward to run; completing them bounds the whole-size
 // gradients alive.

@@ -131,8 +131,10 @@ void backward(const Tensor& loss, const std::vector<nn::Parameter*>& params, con
 
 void finish_gradients(const std::vector<nn::Parameter*>& params, const RankContext& c) {
   if (OverlapState* s = overlap_of(c)) {
+    start_bucket_sum(*s, c);  // (a bucket the backward left open: a path the order did not foresee)
     complete_grad_sums(*s, 0);
     s->prefetch = {};
+    s->current = {};
     s->forward.close();
     s->backward.close();
     start_bucket(*s, c);  // what is left of the last one

@@ -257,7 +257,7 @@ double tp_all_reduces_per_layer(const models::ModelConfig& m) {
   return 7;                                 // f: q, k, v, w1, w3; g: output_proj, w2
 }
 
-// The Linears of a block whose weights FSDP gathers, one collective each per pass: q, k, v,
+// The Linears of a block whose weights FSDP gathers, one collective each per pass without overlap: q, k, v,
 // output_proj and the MLP's (Llama w1, w3, w2; GPT-2 fc, proj); DeepSeek-V3's MLA wq_a, wkv_a, wq_b, wkv_b,
 // wo and a dense MLP's three (a MoE block's shared expert and router, about as many).
 double linears_per_layer(const models::ModelConfig& m) {
@@ -347,7 +347,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
            (p.layer >= L && worst_stage == l.pipe - 1) ||
            (table_on_last && p.group == ParamGroup::Embedding && worst_stage == l.pipe - 1);
   };
-  double stage_params = 0, largest_weight = 0;
+  double stage_params = 0, largest_weight = 0, gathered_whole = 0, shard_ways = 1;
   for (const ParamCount& p : params) {
     if (!on_stage(p)) continue;
     const Split sp = split_of(p, l);
@@ -355,6 +355,11 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     // The largest weight FSDP gathers whole (over its shard axis; still split over tensor and expert).
     if (p.ndim >= 2 && p.layer >= 0 && p.layer < L && sp.shard > 1) {
       largest_weight = std::max(largest_weight, p.count / sp.tensor / sp.expert);
+    }
+    // What the stage's blocks gather whole, weights and biases (FSDP's packed groups: one block each).
+    if (p.layer >= 0 && p.layer < L && sp.shard > 1) {
+      gathered_whole += p.count / sp.tensor / sp.expert;
+      shard_ways = sp.shard;
     }
   }
   e.worst_stage = worst_stage;
@@ -412,7 +417,15 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   //   the end of the last backward: the gradients and the buckets.
   const double F_hidden = m.arch() == "gpt2" ? (key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C) : key(j, "d_ff");
   const double loss_chunk = last_stage ? 2 * std::min(mb_tokens, 512.0) * V * 4 : 0;  // ops::linear_cross_entropy's chunk
-  const double gathered = l.shard == "fsdp" ? 3 * 4 * largest_weight : 0;
+  // FSDP's gathered weights: without overlap the weight computing, and the whole-size gradient being
+  // reduce-scattered with its staging copy; with it (nn/sharded.cpp) the block computing and the next
+  // block's gather in flight (each packed whole: a block's weights and biases, and this rank's packed
+  // shards), the block's gradient bucket (whole), the weight copied out of the block and the gradient
+  // being packed into the bucket.
+  const double block_whole = worst_layers > 0 ? 4 * gathered_whole / static_cast<double>(worst_layers) : 0;
+  const double gathered = l.shard != "fsdp" ? 0
+                          : r.overlap       ? 3 * block_whole + block_whole / shard_ways + 2 * 4 * largest_weight
+                                            : 3 * 4 * largest_weight;
   const double weight_grad = l.shard == "fsdp" ? 0 : 4 * F_hidden * C / static_cast<double>(l.tensor);
   const double hidden_grads = (l.pipe > 1 && !last_stage ? 2 : 1) * F_hidden / static_cast<double>(l.tensor);
   const double backward_values = mb_tokens * act_bytes * (C + hidden_grads + am.recompute) + weight_grad + gathered;
@@ -525,6 +538,10 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // Data-axis gradient sums: the parameters replicated over the batch axes.
   double replicated = 0, sharded_shard = 0, sharded_whole = 0, expert_replicated = 0, sharded_bias = 0;
   double sharded_bias_tensors = 0;  // FSDP-sharded biases: a gather in each forward, a reduce-scatter each backward
+  // FSDP-sharded routed experts (DeepSeek-V3): gathered whole by their layer's forward, each tensor on its
+  // own, and kept to its backward, which reduce-scatters each gradient (the census's "w1, w3" is two).
+  double sharded_experts = 0, sharded_expert_tensors = 0;
+  double last_block_shard = 0;  // the stage's last block's sharded weights and biases, experts aside
   std::vector<double> replicated_order;  // the replicated gradients' bytes, in the census's order
   for (const ParamCount& p : params) {
     if (!on_stage(p)) continue;
@@ -537,6 +554,12 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       }
       else sharded_shard += local;
       sharded_whole += local * sp.shard;
+      if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
+        sharded_experts += local;
+        sharded_expert_tensors += p.group == ParamGroup::ExpertIn ? 2 : 1;
+      } else if (p.layer == stage_last - 1) {
+        last_block_shard += local;
+      }
     } else if (p.group == ParamGroup::ExpertIn || p.group == ParamGroup::ExpertOut) {
       expert_replicated += local;
     } else {
@@ -579,27 +602,35 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   if (l.shard == "fsdp" && sharded_shard > 0) {
     const int64_t g = l.expert > 1 ? l.data * l.expert : l.data;
     const Link& k = l.expert > 1 ? dx_link : data_link;
-    // Forward, backward, and the recomputation's forward (which gathers again under either kind); a
-    // bias only with its weight's forward.
+    // With overlap (nn/sharded.cpp), a block's Linears are gathered in one call per pass, their
+    // weights and the biases their forward adds packed together: a forward and a backward per
+    // micro-batch, for each of the stage's blocks (on the last stage DeepSeek-V3's MTP modules are
+    // blocks too); under recomputation the recomputed forward of the stage's last block gathers its
+    // block once more (the forward's gathers end with its pass; every other block's recomputed forward
+    // uses its backward's prefetched group), unless the forward ends in an MTP module, which is not
+    // recomputed. The routed experts are gathered on their own, once per forward. Without overlap
+    // (approximately, as before the groups): one gather per Linear and pass, one per sharded bias and
+    // forward, recomputed forwards included.
     const bool again = l.recompute != models::Recompute::None;
     const double passes = micro * (again ? 3 : 2), forwards = micro * (again ? 2 : 1);
     double bytes = 4 * (sharded_shard * passes + sharded_bias * forwards);
-    // One gather per Linear and pass, one per sharded bias and forward.
     const double linears = linears_per_layer(m);
     double gathers = passes * layers_here * linears + sharded_bias_tensors * forwards;
-    // Under recomputation the prefetch guesses wrong at each layer boundary of the backward: the
-    // backward's guess (the previous layer's last weight) and the recomputed forward's (the next
-    // layer's first weight) are gathered and dropped (nn/sharded.cpp: a wrong guess costs time).
-    if (again && layers_here > 1 && m.arch() != "deepseek_v3") {
-      const double F = m.arch() == "gpt2" ? (key(j, "d_ff") > 0 ? key(j, "d_ff") : 4 * C) : key(j, "d_ff");
-      bytes += 4 * micro * (layers_here - 1) * (C * C + C * F) / static_cast<double>(l.tensor) / static_cast<double>(g);
-      gathers += 2 * micro * (layers_here - 1);
+    const double blocks_here = layers_here + (m.arch() == "deepseek_v3" && last_stage ? key(j, "n_mtp") : 0);
+    if (r.overlap) {
+      const double blocks_bytes = sharded_shard + sharded_bias - sharded_experts;
+      const bool last_again = again && blocks_here == layers_here;
+      gathers = micro * (2 * blocks_here + (last_again ? 1 : 0)) + sharded_expert_tensors * forwards;
+      bytes = 4 * (blocks_bytes * 2 * micro + (last_again ? micro * last_block_shard : 0) + sharded_experts * forwards);
     }
     e.collectives.push_back(collective("FSDP weight all-gathers", "all_gather", l.expert > 1 ? "data x expert" : "data", g,
                                        bytes, k, r.overlap, gathers));
+    // One reduce-scatter per block and backward with overlap (its Linears' gradients and their biases'
+    // in one bucket) and one per routed-expert tensor, else one per Linear and sharded bias.
     e.collectives.push_back(collective("FSDP gradient reduce-scatters", "reduce_scatter", l.expert > 1 ? "data x expert" : "data",
                                        g, 4 * sharded_whole * micro, k, r.overlap,
-                                       micro * (layers_here * linears + sharded_bias_tensors)));
+                                       micro * (r.overlap ? blocks_here + sharded_expert_tensors
+                                                          : layers_here * linears + sharded_bias_tensors)));
   }
   if (l.expert > 1) {
     const double moe_layers_here = layers_here * (1 - key(j, "n_dense") / static_cast<double>(L));

@@ -1,7 +1,9 @@
 // `loom plan` against loom itself: the parameter census equals the built model's parameters, group by
 // group; each rank's parameter bytes equal its shards'; the bytes per collective of a step equal what
-// the communicator counted (CommStats), for dp, fsdp, tp and fsdp_tp (Llama, GPT-2) and the all-reduces
-// of dp_ep (DeepSeek-V3; its all-to-alls depend on the routing), with and without recomputation.
+// the communicator counted (CommStats), for dp, fsdp, tp and fsdp_tp (Llama, GPT-2), fsdp (DeepSeek-V3:
+// its MTP module a block of its own, its routed experts gathered alone), and the all-reduces and FSDP
+// collectives of dp_ep and fsdp_ep (their all-to-alls depend on the routing), with and without
+// recomputation.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -83,6 +85,9 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
       {"tiny", {2, 2, 1}, dist::ParallelMode::FsdpTp, models::Recompute::None},
       {"gpt2-small", {2, 1, 1}, dist::ParallelMode::Fsdp, models::Recompute::None},
       {"dsv3-tiny", {1, 1, 2}, dist::ParallelMode::DpEp, models::Recompute::None},
+      {"dsv3-tiny", {2, 1, 1}, dist::ParallelMode::Fsdp, models::Recompute::None},
+      {"dsv3-tiny", {2, 1, 2}, dist::ParallelMode::FsdpEp, models::Recompute::None},
+      {"dsv3-tiny", {2, 1, 1}, dist::ParallelMode::Fsdp, models::Recompute::Full},
   };
   for (const Case& c : cases) {
     const models::ModelConfig mc =
@@ -130,7 +135,9 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
     l.data = c.mesh.data;
     l.tensor = c.mesh.tensor;
     l.expert = c.mesh.expert;
-    l.shard = c.mode == dist::ParallelMode::Fsdp || c.mode == dist::ParallelMode::FsdpTp ? "fsdp" : "none";
+    l.shard = c.mode == dist::ParallelMode::Fsdp || c.mode == dist::ParallelMode::FsdpTp || c.mode == dist::ParallelMode::FsdpEp
+                  ? "fsdp"
+                  : "none";
     l.recompute = c.recompute;
     ASSERT_EQ(l.loom_mode(), dist::parallel_mode_name(c.mode));
     const plan::Estimate e = plan::estimate(r, l);

@@ -3,7 +3,7 @@
 // computes for a while, then calls the collective (docs/plan.md, "The network of this CPU").
 //
 //   mpirun --oversubscribe -np R loom_bench_collectives [--group G] [--calls N] [--reps K] [--gaps-us 100,400]
-//       [--bytes 8,16384,131072,1048576] [--kinds all_reduce,...]
+//       [--bytes 8,16384,131072,1048576] [--kinds all_reduce,...] [--gap-bytes B]
 //
 // The R ranks form R / G groups of G consecutive ranks (as a mesh's innermost axis: tensor), each group
 // running its collectives at the same time as the others. For every kind (all_reduce, all_gather,
@@ -22,6 +22,12 @@
 // The ranks' mean CPU time in the rounds with the collective, less the gaps' own (every thread: the MPI
 // waits' polling and naps, the copies, the communication thread), per call is the CPU a call takes from
 // the cores (cpu_per_call_s): what it costs a step whose cores are all busy, whatever the wait.
+// --gap-bytes B: the gap walks a working set of B bytes of its own (a multiply-add per float, the same
+// work at any speed) instead of staying in registers, as a step's compute walks its weights and
+// activations. With more ranks than cores every call is then a switch that brings another rank's
+// working set into the core's caches, and the gap after it runs slower: cpu_with_gaps_per_call_s, the
+// ranks' whole CPU (gaps included) in the rounds with the call less in the rounds without, per call,
+// counts that too (cpu_per_call_s, which takes the gaps' own CPU off, does not).
 // Rank 0 prints one JSON line per case; tools/measure_collectives.py fits them and writes the data file
 // the planner reads (docs/plan/cpu-collectives.json).
 #include <sys/resource.h>
@@ -70,14 +76,27 @@ void work(int64_t iters) {
   sink = s;
 }
 
-// Rounds of work() per microsecond of this thread's CPU time (the best of a few tries: CPU time does
-// not count the time another process held the core).
+// --gap-bytes: `iters` multiply-adds over the working set, one a float, from where the last gap stopped.
+std::vector<float> working_set;
+size_t walk_at = 0;
+void walk(int64_t iters) {
+  float* w = working_set.data();
+  const size_t n = working_set.size();
+  for (int64_t i = 0; i < iters; ++i) {
+    w[walk_at] = w[walk_at] * 0.9999f + 1e-4f;
+    if (++walk_at == n) walk_at = 0;
+  }
+}
+
+// Rounds of the gap's work per microsecond of this thread's CPU time, the working set (if any) warm in
+// the caches (the best of a few tries: CPU time does not count the time another process held the core).
 double iters_per_us() {
   double best = 0;
   for (int t = 0; t < 5; ++t) {
-    const int64_t n = 20000;
+    const int64_t n = working_set.empty() ? 20000 : static_cast<int64_t>(working_set.size());
+    if (!working_set.empty()) walk(n);  // warm
     const double a = thread_cpu_seconds();
-    work(n);
+    working_set.empty() ? work(n) : walk(n);
     const double s = thread_cpu_seconds() - a;
     if (s > 0) best = std::max(best, static_cast<double>(n) / (s * 1e6));
   }
@@ -98,6 +117,7 @@ std::vector<int64_t> list_of(const std::string& text) {
 
 int main(int argc, char** argv) {
   int group_size = 0, calls = 10, reps = 5;
+  int64_t gap_bytes = 0;
   std::string gaps_text = "100,400", bytes_text = "8,16384,131072,1048576";
   std::string kinds_text = "all_reduce,all_gather,reduce_scatter,send_recv,started_all_gather";
   for (int i = 1; i < argc; ++i) {
@@ -115,6 +135,7 @@ int main(int argc, char** argv) {
     else if (a == "--gaps-us") gaps_text = next();
     else if (a == "--bytes") bytes_text = next();
     else if (a == "--kinds") kinds_text = next();
+    else if (a == "--gap-bytes") gap_bytes = std::atoll(next().c_str());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -123,13 +144,14 @@ int main(int argc, char** argv) {
   auto comm = dist::mpi_world();
   const int rank = comm->rank(), world = comm->size();
   if (group_size <= 0) group_size = world;
-  if (group_size < 2 || world % group_size != 0 || calls < 1 || reps < 1) {
+  if (group_size < 2 || world % group_size != 0 || calls < 1 || reps < 1 || gap_bytes < 0 || gap_bytes > (int64_t{1} << 32)) {
     if (rank == 0) {
-      std::fprintf(stderr, "--group %d must be >= 2 and divide the %d ranks; --calls %d and --reps %d >= 1\n", group_size,
-                   world, calls, reps);
+      std::fprintf(stderr, "--group %d must be >= 2 and divide the %d ranks; --calls %d and --reps %d >= 1; --gap-bytes %lld in [0, 2^32]\n",
+                   group_size, world, calls, reps, static_cast<long long>(gap_bytes));
     }
     return 2;
   }
+  if (gap_bytes > 0) working_set.assign(static_cast<size_t>(std::max<int64_t>(1, gap_bytes / 4)), 1.0f);
   std::vector<int> group;
   for (int r = rank / group_size * group_size; r < (rank / group_size + 1) * group_size; ++r) group.push_back(r);
   const int me = comm->index_in(group);
@@ -147,12 +169,12 @@ int main(int argc, char** argv) {
   // The CPU is the process's (every thread) less what the gaps' compute took on this thread: the calls'
   // own CPU on the calling thread, the communication thread's, MPI's.
   struct Timing {
-    double wall = 0, cpu = 0, in_call = 0;
+    double wall = 0, cpu = 0, in_call = 0, cpu_total = 0;  // cpu_total: the gaps' CPU included
   };
   double work_cpu = 0, in_call = 0;
   auto compute = [&](int64_t iters) {
     const double a = thread_cpu_seconds();
-    work(iters);
+    working_set.empty() ? work(iters) : walk(iters);
     work_cpu += thread_cpu_seconds() - a;
   };
   auto timed = [&](auto&& body) {
@@ -163,18 +185,21 @@ int main(int argc, char** argv) {
     in_call = 0;
     for (int c = 0; c < calls; ++c) body();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double cpu = process_cpu_seconds() - cpu_start - work_cpu;
-    std::vector<double> all(static_cast<size_t>(3 * world), 0.0);
+    const double cpu_total = process_cpu_seconds() - cpu_start, cpu = cpu_total - work_cpu;
+    std::vector<double> all(static_cast<size_t>(4 * world), 0.0);
     all[static_cast<size_t>(rank)] = s;
     all[static_cast<size_t>(world + rank)] = cpu;
     all[static_cast<size_t>(2 * world + rank)] = in_call;
-    comm->all_reduce_sum(all.data(), 3 * world, comm->world());
-    double cpu_sum = 0, in_call_sum = 0;
+    all[static_cast<size_t>(3 * world + rank)] = cpu_total;
+    comm->all_reduce_sum(all.data(), 4 * world, comm->world());
+    double cpu_sum = 0, in_call_sum = 0, total_sum = 0;
     for (int r = 0; r < world; ++r) {
       cpu_sum += all[static_cast<size_t>(world + r)];
       in_call_sum += all[static_cast<size_t>(2 * world + r)];
+      total_sum += all[static_cast<size_t>(3 * world + r)];
     }
-    return Timing{*std::max_element(all.begin(), all.begin() + world), cpu_sum / world, in_call_sum / world};
+    return Timing{*std::max_element(all.begin(), all.begin() + world), cpu_sum / world, in_call_sum / world,
+                  total_sum / world};
   };
   for (const std::string& kind : kinds) {
     for (int64_t bytes : list_of(bytes_text)) {
@@ -229,7 +254,7 @@ int main(int argc, char** argv) {
         // Rounds with and without the collective, alternating; the median of their differences (other
         // jobs on the machine take cores at random moments: a median keeps one unlucky round out).
         std::vector<double> alone(static_cast<size_t>(reps)), with(alone.size()), diff(alone.size()), cpu_diff(alone.size()),
-            inside(alone.size());
+            inside(alone.size()), cpu_total_diff(alone.size());
         for (int k = 0; k < reps; ++k) {
           const Timing a = timed([&] { compute(iters); }), w = timed(with_call);
           alone[static_cast<size_t>(k)] = a.wall;
@@ -237,6 +262,7 @@ int main(int argc, char** argv) {
           diff[static_cast<size_t>(k)] = w.wall - a.wall;
           cpu_diff[static_cast<size_t>(k)] = w.cpu;
           inside[static_cast<size_t>(k)] = w.in_call;
+          cpu_total_diff[static_cast<size_t>(k)] = w.cpu_total - a.cpu_total;
         }
         comm->complete_sends();
         auto median = [](std::vector<double> v) {
@@ -262,7 +288,9 @@ int main(int argc, char** argv) {
                               {"per_call_s", (world <= static_cast<int>(cores) ? median(inside) : median(diff)) / calls},
                               {"rounds_difference_s", median(diff) / calls},
                               {"in_call_s", median(inside) / calls},
-                              {"cpu_per_call_s", median(cpu_diff) / calls}};
+                              {"cpu_per_call_s", median(cpu_diff) / calls},
+                              {"gap_bytes", gap_bytes},
+                              {"cpu_with_gaps_per_call_s", median(cpu_total_diff) / calls}};
           std::printf("%s\n", j.dump().c_str());
           std::fflush(stdout);
         }

@@ -50,19 +50,23 @@ struct OverlapState {
     }
   };
   Order forward, backward;
-  // A group's shards gathered whole in one all-gather: every member's shard packed one after another
-  // into a rank's block of `block` floats, the ranks' blocks back to back in `raw` ([g * block]).
-  struct Gathered {
-    std::vector<const nn::Parameter*> members;  // weights and biases, in packing order
+  // A group's weights and biases, one collective's worth: every member's shard packed one after another
+  // into a rank's block of `block` floats, `ranks` blocks back to back.
+  struct Packing {
+    std::vector<const nn::Parameter*> members;  // in packing order
     std::vector<int64_t> offsets;               // of each member's shard in a block
     int64_t block = 0, ranks = 0;
-    Tensor raw;
-    bool has(const nn::Parameter* p) const {
-      for (const nn::Parameter* m : members) {
-        if (m == p) return true;
-      }
-      return false;
+    // The member's index, or members.size() when p is not one.
+    size_t index_of(const nn::Parameter* p) const {
+      size_t m = 0;
+      while (m < members.size() && members[m] != p) ++m;
+      return m;
     }
+    bool has(const nn::Parameter* p) const { return index_of(p) < members.size(); }
+  };
+  // A group's shards gathered whole in one all-gather, the ranks' blocks in `raw` ([ranks * block]).
+  struct Gathered : Packing {
+    Tensor raw;
   };
   // The group the pass is in (its whole weights are copied out of it as each Linear needs them), and
   // the next group's gather, started when this one's first Linear runs: at most two blocks' weights
@@ -89,11 +93,8 @@ struct OverlapState {
   };
   // The bucket of the block whose backward is running: its gradients, whole, packed as they come for
   // one reduce-scatter, started when the block's last Linear (in the backward's order) has added its own.
-  struct GradBucket {
-    std::vector<const nn::Parameter*> members;  // weights and biases, in packing order
-    std::vector<int64_t> offsets;               // of each member's shard in a rank's block
+  struct GradBucket : Packing {
     std::vector<char> added, accumulate;
-    int64_t block = 0, ranks = 0;
     size_t end = 0;  // the group's end in the backward's order
     Tensor packed;   // [ranks, block]: rank r's block holds every member's block r
   };

@@ -124,29 +124,43 @@ void cut_groups(OverlapState::Order& o, const RankContext& c) {
   }
 }
 
-// The uses [from, to) of `o` (weights, and the biases gathered with them) packed and all-gathered in one
-// call, started in the background: its Gathered, and the collective that fills its raw.
-std::pair<OverlapState::Gathered, ops::StartedCollective> start_group(const OverlapState::Order& o, size_t from, size_t to,
-                                                                      const RankContext& c) {
+// The packing of the uses [from, to) of `o`: their weights, and the biases gathered with them, that
+// gather over the first weight's FSDP ranks (a bias not split over data stays out).
+OverlapState::Packing pack_uses(const OverlapState::Order& o, size_t from, size_t to, const RankContext& c) {
   const nn::Parameter& first = *o.uses[from].weight;
   const Group group = data_dim_group(first, data_dim(first), c);
-  const std::vector<int>& ranks = group.ranks;
-  OverlapState::Gathered g;
+  OverlapState::Packing k;
   for (size_t i = from; i < to; ++i) {
     for (const nn::Parameter* p : {o.uses[i].weight, o.uses[i].bias}) {
-      if (!p || g.has(p) || !packs_over(*p, ranks, c)) continue;  // a bias not split over data stays out
-      g.members.push_back(p);
-      g.offsets.push_back(g.block);
-      g.block += p->value.numel();
+      if (!p || k.has(p) || !packs_over(*p, group.ranks, c)) continue;
+      k.members.push_back(p);
+      k.offsets.push_back(k.block);
+      k.block += p->value.numel();
     }
   }
-  g.ranks = group.size();
+  k.ranks = group.size();
+  return k;
+}
+
+// The group the packing's members gather over (the first member's FSDP ranks).
+Group packing_group(const OverlapState::Packing& k, const RankContext& c) {
+  const nn::Parameter& first = *k.members.front();
+  return data_dim_group(first, data_dim(first), c);
+}
+
+// The uses [from, to) of `o` packed and all-gathered in one call, started in the background: its
+// Gathered, and the collective that fills its raw.
+std::pair<OverlapState::Gathered, ops::StartedCollective> start_group(const OverlapState::Order& o, size_t from, size_t to,
+                                                                      const RankContext& c) {
+  OverlapState::Gathered g;
+  static_cast<OverlapState::Packing&>(g) = pack_uses(o, from, to, c);
   Tensor send = Tensor::empty({g.block});  // this rank's shards, one after another
   for (size_t m = 0; m < g.members.size(); ++m) {
     const Tensor& shard = g.members[m]->value;
     std::memcpy(send.data<float>() + g.offsets[m], shard.data<float>(), shard.nbytes());
   }
   Tensor raw = Tensor::empty({g.ranks * g.block});
+  const Group group = packing_group(g, c);
   Communicator* comm = group.comm;
   auto work = comm->start_all_gather(send.data<float>(), g.block, raw.data<float>(), group.ranks);
   return {std::move(g), ops::StartedCollective([comm, work, send, raw] {
@@ -157,8 +171,7 @@ std::pair<OverlapState::Gathered, ops::StartedCollective> start_group(const Over
 
 // Member `p` of a gathered group, whole: rank r's shard is block r of p's data dim.
 Tensor unpack(const OverlapState::Gathered& g, const nn::Parameter& p) {
-  size_t m = 0;
-  while (g.members[m] != &p) ++m;
+  const size_t m = g.index_of(&p);
   const int d = data_dim(p);
   const Shape& shard = p.value.shape();
   int64_t outer = 1, row = 1;  // shard: [outer, row] around dim d (row: dim d and everything after it)
@@ -266,24 +279,13 @@ bool add_to_bucket(OverlapState& s, const nn::Parameter& p, const Tensor& whole,
   if (k.members.empty()) {
     size_t start = it->second;
     while (start > 0 && o.group_end[start - 1] == end) --start;
-    const nn::Parameter& first = *o.uses[start].weight;
-    const Group group = data_dim_group(first, data_dim(first), c);
-    for (size_t i = start; i < end; ++i) {
-      for (const nn::Parameter* q : {o.uses[i].weight, o.uses[i].bias}) {
-        if (!q || !packs_over(*q, group.ranks, c)) continue;
-        k.members.push_back(q);
-        k.offsets.push_back(k.block);
-        k.block += q->value.numel();
-      }
-    }
-    k.ranks = group.size();
+    static_cast<OverlapState::Packing&>(k) = pack_uses(o, start, end, c);
     k.end = end;
     k.added.assign(k.members.size(), 0);
     k.accumulate.assign(k.members.size(), 0);
     k.packed = Tensor::zeros({k.ranks * k.block});
   }
-  size_t m = 0;
-  while (m < k.members.size() && k.members[m] != &p) ++m;
+  const size_t m = k.index_of(&p);
   if (m == k.members.size()) return false;
   // Block r of the whole gradient on p's data dim goes to rank r's block of the bucket.
   const int d = data_dim(p);
@@ -394,8 +396,7 @@ void start_bucket_sum(OverlapState& s, const RankContext& c) {
   for (size_t m = 0; m < k.members.size(); ++m) {
     if (k.added[m]) sum.parts.push_back({k.members[m]->value, k.accumulate[m] != 0, k.offsets[m]});
   }
-  const nn::Parameter& first = *k.members.front();
-  const Group group = data_dim_group(first, data_dim(first), c);
+  const Group group = packing_group(k, c);
   Tensor out = Tensor::empty({k.block});
   Tensor packed = k.packed;
   Communicator* comm = group.comm;

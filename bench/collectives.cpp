@@ -90,6 +90,9 @@ __attribute__((noinline)) void walk(int64_t iters) {
   }
 }
 
+// The gap's compute: in registers, or over the working set with --gap-bytes.
+void gap_work(int64_t iters) { working_set.empty() ? work(iters) : walk(iters); }
+
 // Rounds of the gap's work per microsecond of this thread's CPU time, the working set (if any) warm in
 // the caches (the best of a few tries: CPU time does not count the time another process held the core).
 double iters_per_us() {
@@ -98,7 +101,7 @@ double iters_per_us() {
     const int64_t n = working_set.empty() ? 20000 : static_cast<int64_t>(working_set.size());
     if (!working_set.empty()) walk(n);  // warm
     const double a = thread_cpu_seconds();
-    working_set.empty() ? work(n) : walk(n);
+    gap_work(n);
     const double s = thread_cpu_seconds() - a;
     if (s > 0) best = std::max(best, static_cast<double>(n) / (s * 1e6));
   }
@@ -176,7 +179,7 @@ int main(int argc, char** argv) {
   double work_cpu = 0, in_call = 0;
   auto compute = [&](int64_t iters) {
     const double a = thread_cpu_seconds();
-    working_set.empty() ? work(iters) : walk(iters);
+    gap_work(iters);
     work_cpu += thread_cpu_seconds() - a;
   };
   auto timed = [&](auto&& body) {

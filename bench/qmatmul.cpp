@@ -2,11 +2,11 @@
 // (its 16-row pair groups through int8 tiles) on one thread, as the fused decode step calls them
 // (quantized_matmul_rows over a share of W's rows, activations already quantized), at the row counts of
 // a batched decode step: M tokens with int8 (one activation row each) or int8x2 (two, whose integer
-// dots each path combines before its f32 work; M = 16: 16 sequences), a call per 64 rows of W (256 of the head) as
-// the step's phases hand them out.
+// dots each path combines before its f32 work; M = 16: 16 sequences), a call per 64 rows of W (256 of the head),
+// the smallest chunks the step's phases hand out.
 //   ./build/bench/loom_bench_qmatmul --benchmark_min_time=0.2 --benchmark_repetitions=5
 // Arguments: path (0 avx512-vnni, 1 amx), M tokens, N, K, weights (0 Q4_1 as SmolLM2's layers, 1 Q8_0
-// as its head), rounding (0 int8, 1 int8x2), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 32-256
+// as its head), rounding (0 int8, 1 int8x2), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 64-256
 // rows of W at a time, and the rows' activations stay in L1/L2), so this times the kernels, not DRAM. "MACs" is multiply-adds per
 // second. Each run first checks that both paths give the same bits where the CPU has both.
 // On a shared machine quote the best repetition of each: others' jobs only ever add time.

@@ -425,7 +425,7 @@ void Engine::publish_full_blocks(Sequence& seq) {
   }
 }
 
-void Engine::sample(Sequence& seq, const float* logits, int32_t next) {
+void Engine::emit_token(Sequence& seq, const float* logits, int32_t next) {
   const int64_t V = model_.vocab_size();
   ++seq.generated;
   ++counters_.generated_tokens;
@@ -571,7 +571,7 @@ void Engine::step() {
   });
   for (size_t i = 0; i < wanting.size(); ++i) {
     if (failed[i].empty()) {
-      sample(*wanting[i], rows + i * static_cast<size_t>(V), next[i]);
+      emit_token(*wanting[i], rows + i * static_cast<size_t>(V), next[i]);
     } else {
       finish(*wanting[i], FinishReason::Error, "sampling failed: " + failed[i]);
     }

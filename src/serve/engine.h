@@ -209,7 +209,7 @@ class Engine {
   void release_blocks(Sequence& seq);
   void preempt_for(Sequence& seq);
   void publish_full_blocks(Sequence& seq);
-  void sample(Sequence& seq, const float* logits, int32_t next);
+  void emit_token(Sequence& seq, const float* logits, int32_t next);  // token `next` drawn from `logits`
   void publish_stats();
 
   const models::LanguageModel& model_;

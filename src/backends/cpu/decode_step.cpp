@@ -197,9 +197,18 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // Phases a layer: q/k/v, attention, output_proj, w1/w3, w2, and before each of the four matmuls' one
   // that quantizes the rows when they are shared; then the head's two.
   ClaimedPhases phases(9 * L + 2);
-  // Attention's (row, head) items are ~1 µs each at short contexts: claimed a few at a time, so that the
-  // claims (an atomic on a line the cores share) stay rare, still 8 claims a thread to balance.
-  const int64_t heads_per_claim = std::max<int64_t>(1, R * H / (8 * static_cast<int64_t>(threads)));
+  // Items of ~1 µs or less (attention's (row, head) pairs at short contexts, a row to quantize) are
+  // claimed a few at a time, so that the claims (an atomic on a line the cores share) stay rare, with
+  // still `claims` claims a thread to balance.
+  auto per_claim = [threads](int64_t items, int64_t claims) {
+    return std::max<int64_t>(1, items / (claims * static_cast<int64_t>(threads)));
+  };
+  const int64_t heads_per_claim = per_claim(R * H, 8);
+  // [c * size, min(total, (c + 1) * size)): chunk c of `total` items.
+  auto span = [](int64_t c, int64_t size, int64_t total) {
+    return std::pair<int64_t, int64_t>{c * size, std::min(total, (c + 1) * size)};
+  };
+  auto chunks_of = [](int64_t total, int64_t size) { return (total + size - 1) / size; };
 
   parallel_team(threads, [&](Team& team) {
     const int t = team.rank();
@@ -211,16 +220,14 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     auto nothing = [] {};
     // A matmul phase over `chunks` chunks that reads the quantized rows [M, K] of row(i, scratch), i in
     // [0, M): each thread that takes part quantizes them all for itself (prepared before its first
-    // chunk), or a phase before quantizes one shared copy, a row a chunk.
+    // chunk), or a phase before quantizes one shared copy, a few rows a chunk.
     auto matmul_phase = [&](int64_t M, int64_t K, auto&& row, int64_t chunks, auto&& chunk) {
       const int64_t stride = levels * K / 32;
       if (M > kOwnRows) {
-        // A row is a few hundred ns to quantize: a few rows a claim (4 claims a thread), as attention.
-        const int64_t rows_per_claim = std::max<int64_t>(1, M / (4 * static_cast<int64_t>(threads)));
-        phases.run(phase++, (M + rows_per_claim - 1) / rows_per_claim, nothing, [&](int64_t c) {
-          for (int64_t i = c * rows_per_claim; i < std::min(M, (c + 1) * rows_per_claim); ++i) {
-            quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
-          }
+        const int64_t rows_per_claim = per_claim(M, 4);
+        phases.run(phase++, chunks_of(M, rows_per_claim), nothing, [&](int64_t c) {
+          const auto [i0, i1] = span(c, rows_per_claim, M);
+          for (int64_t i = i0; i < i1; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
         });
         phases.run(phase++, chunks, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
       } else {
@@ -240,11 +247,6 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     auto plain = [](const float* base, int64_t K) {
       return [=](int64_t i, float*) { return base + i * K; };
     };
-    // [c * size, min(total, (c + 1) * size)): chunk c of `total` rows.
-    auto span = [](int64_t c, int64_t size, int64_t total) {
-      return std::pair<int64_t, int64_t>{c * size, std::min(total, (c + 1) * size)};
-    };
-    auto chunks_of = [](int64_t total, int64_t size) { return (total + size - 1) / size; };
     for (int64_t li = 0; li < L; ++li) {
       const DecodeLayer& b = m.layers[static_cast<size_t>(li)];
       float* kc = k_cache[li];  // [NB, Hkv, S, D]

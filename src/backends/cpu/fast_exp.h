@@ -1,4 +1,4 @@
-// A fast f32 exp with the same bits scalar and 16 lanes wide (AVX-512), for the kernels whose
+// A fast f32 exp, scalar and 16 lanes wide (AVX-512), for the kernels whose
 // exponentials are a measurable share of their time: the fused softmax + cross-entropy (loss.cpp) and
 // paged attention's softmax (paged_attention.cpp; one std::exp call per position and head there was
 // ~40% of a batched decode step's attention).
@@ -63,6 +63,10 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// The lanes [0, min(left, 16)) of a vector: all of them, or a row's last, partial vector.
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
 #endif
 
 }  // namespace loom::cpu

@@ -32,8 +32,6 @@ constexpr int kLanes = 16;
 
 #if defined(__AVX512F__)
 
-inline __mmask16 tail_mask(int64_t left) { return static_cast<__mmask16>((1u << left) - 1u); }
-
 float row_max(const float* x, int64_t V) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 m0 = neg_inf, m1 = neg_inf;
@@ -43,7 +41,7 @@ float row_max(const float* x, int64_t V) {
     m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
   }
   for (; i < V; i += 16) {
-    const __mmask16 k = V - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(V - i);
+    const __mmask16 k = tail_mask(V - i);
     m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(neg_inf, k, x + i));
   }
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
@@ -64,7 +62,7 @@ float row_exp_sum(const float* x, int64_t V, float m, float* e) {
     s1 = _mm512_add_ps(s1, e1);
   }
   for (; i < V; i += 16) {
-    const __mmask16 k = V - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(V - i);
+    const __mmask16 k = tail_mask(V - i);
     const __m512 ev = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
     if (e != nullptr) _mm512_mask_storeu_ps(e + i, k, ev);
     s0 = _mm512_mask_add_ps(s0, k, s0, ev);

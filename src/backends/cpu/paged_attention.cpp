@@ -63,7 +63,7 @@ void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, 
 #if defined(__AVX512F__)
   const __m512 max16 = _mm512_set1_ps(max);
   for (int64_t j = 0; j <= P; j += 16) {
-    const __mmask16 k = P + 1 - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (P + 1 - j)) - 1u);
+    const __mmask16 k = tail_mask(P + 1 - j);
     _mm512_mask_storeu_ps(scores + j, k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + j), max16)));
   }
 #else

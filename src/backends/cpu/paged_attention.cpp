@@ -1,5 +1,9 @@
 #include "backends/cpu/paged_attention.h"
 
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_*, inlined from fast_exp.h's exp16)
+// with false positives under -Wall, as in loss.cpp.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>

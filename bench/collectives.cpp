@@ -34,6 +34,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -108,12 +110,34 @@ double iters_per_us() {
   return best;
 }
 
-std::vector<int64_t> list_of(const std::string& text) {
+// `text` as a whole number, or exit naming the flag and the value.
+int64_t number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) {
+    std::fprintf(stderr, "%s: '%s' is not a whole number\n", flag.c_str(), text.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
+// A count (--group, --calls, --reps): a whole number that fits an int.
+int count(const std::string& flag, const std::string& text) {
+  const int64_t v = number(flag, text);
+  if (v < INT32_MIN || v > INT32_MAX) {
+    std::fprintf(stderr, "%s: %s is out of range\n", flag.c_str(), text.c_str());
+    std::exit(2);
+  }
+  return static_cast<int>(v);
+}
+
+std::vector<int64_t> list_of(const std::string& flag, const std::string& text) {
   std::vector<int64_t> out;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+    if (!item.empty()) out.push_back(number(flag, item));
   }
   return out;
 }
@@ -134,13 +158,13 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--group") group_size = std::atoi(next().c_str());
-    else if (a == "--calls") calls = std::atoi(next().c_str());
-    else if (a == "--reps") reps = std::atoi(next().c_str());
+    if (a == "--group") group_size = count(a, next());
+    else if (a == "--calls") calls = count(a, next());
+    else if (a == "--reps") reps = count(a, next());
     else if (a == "--gaps-us") gaps_text = next();
     else if (a == "--bytes") bytes_text = next();
     else if (a == "--kinds") kinds_text = next();
-    else if (a == "--gap-bytes") gap_bytes = std::atoll(next().c_str());
+    else if (a == "--gap-bytes") gap_bytes = number(a, next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -207,8 +231,8 @@ int main(int argc, char** argv) {
                   total_sum / world};
   };
   for (const std::string& kind : kinds) {
-    for (int64_t bytes : list_of(bytes_text)) {
-      for (int64_t gap : list_of(gaps_text)) {
+    for (int64_t bytes : list_of("--bytes", bytes_text)) {
+      for (int64_t gap : list_of("--gaps-us", gaps_text)) {
         const int64_t iters = static_cast<int64_t>(rate * static_cast<double>(gap));
         const int64_t n = std::max<int64_t>(1, bytes / 4);
         // The buffers: a reduce-scatter's input is the whole g blocks; an all-gather's output g inputs.

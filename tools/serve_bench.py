@@ -176,6 +176,9 @@ def main():
     levels = [int(c) for c in args.concurrency.split(",")]
     servers = []
     binary = os.path.join(REPO, "build", "loom")
+    for flag, path in [("build/loom", binary), ("--also-loom", args.also_loom)]:
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            sys.exit(f"{flag}: {path} is not an executable file (cmake --build build --target loom)")
     looms = [("loom", binary, [])]
     if args.also_per_sequence:
         looms.append(("loom --no-batching", binary, ["--no-batching"]))

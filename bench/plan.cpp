@@ -58,7 +58,7 @@ Tensor ids_for(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 // What one rank measured, as doubles (summed over the ranks to reach rank 0: each rank fills its slot).
-enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kMainCpu, kFields };
+enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kMainCpu, kWaitCpu, kFields };
 
 // This process's CPU seconds (user + system, every thread): the work a rank did, which other jobs on a
 // shared machine do not inflate the way they inflate wall time (a rank waiting on a peer naps).
@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
   mine[kSends] = static_cast<double>(a.sends - before.sends) / n;
   mine[kCpu] = cpu / n;
   mine[kMainCpu] = main_cpu / n;
+  mine[kWaitCpu] = (a.wait_cpu_seconds - before.wait_cpu_seconds) / n;
   if (comm) comm->all_reduce_sum(got.data(), static_cast<int64_t>(got.size()), comm->world());
   if (rank != 0) return 0;
 
@@ -294,7 +295,8 @@ int main(int argc, char** argv) {
          {{"all_reduce", m[kAllReduce]}, {"all_gather", m[kAllGather]}, {"reduce_scatter", m[kReduceScatter]},
           {"all_to_all", m[kAllToAll]}, {"send_recv", m[kSend]}, {"peak", m[kPeak]}, {"step_s", m[kSeconds]},
           {"wait_s", m[kWait]}, {"calls", m[kCalls]}, {"sends", m[kSends]},
-          {"cpu_s", m[kCpu]}, {"main_thread_cpu_s", m[kMainCpu]}}},
+          {"cpu_s", m[kCpu]}, {"main_thread_cpu_s", m[kMainCpu]},
+          {"wait_cpu_s", m[kWaitCpu]}}},
         {"plan",
          {{"all_reduce", planned["all_reduce"]}, {"all_gather", planned["all_gather"]},
           {"reduce_scatter", planned["reduce_scatter"]}, {"all_to_all", planned["all_to_all"]},

@@ -138,8 +138,9 @@ def main():
     lines = []
     print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio "
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
-          "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| calls/step: measured / plan | all ranks' CPU over the cores: measured / plan "
+          "| of the measured: compute threads outside collectives, inside them, communication threads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     machine_cores = float(os.cpu_count() or 1)
     probe = a.cores == "probe"
     cores = machine_cores if probe else float(a.cores)
@@ -208,6 +209,12 @@ def main():
             # Every rank's CPU over the cores (the floor the plan puts under the step where ranks share
             # cores): measured from the processes' CPU time, planned as the stage's cpu_bound_s.
             cpu_measured = sum(r["measured"]["cpu_s"] for r in got) / min(cores, ranks)
+            # Where that CPU went (summed over the ranks, over the cores as above): the compute threads
+            # outside collectives (the model's compute and AdamW), inside them (polling, naps' wake-ups,
+            # copies: CommStats::wait_cpu_seconds), and the communication threads (process less compute thread).
+            split = [sum(f(r["measured"]) for r in got) / min(cores, ranks) for f in (
+                lambda m: m["main_thread_cpu_s"] - m["wait_cpu_s"], lambda m: m["wait_cpu_s"],
+                lambda m: max(0.0, m["cpu_s"] - m["main_thread_cpu_s"]))]
             if s == stages[-1] and not calibrate:
                 ratios.append(max(step / plan_step, plan_step / step))
             wait = slowest["measured"]["wait_s"]
@@ -216,7 +223,8 @@ def main():
                   f"| {1e3 * step:.1f} ms | {time_text} | {1e3 * (step - wait):.1f} + {1e3 * wait:.1f} ms "
                   f"| {1e3 * (p['compute_s'] + p['bubble_s'] + p['optimizer_s']):.1f} + {1e3 * p['exposed_comm_s']:.1f} ms "
                   f"| {slowest['measured']['calls']:.0f} / {p['calls']:.0f} "
-                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms |"
+                  f"| {1e3 * cpu_measured:.1f} / {1e3 * p.get('cpu_bound_s', 0):.1f} ms "
+                  f"| {' + '.join(f'{1e3 * x:.1f}' for x in split)} ms |"
                   + (f" planned for {cores:.2f} cores |" if probe else ""),
                   flush=True)
     print(f"load average after: {os.getloadavg()}")

@@ -9,10 +9,20 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <time.h>
 
 #include "core/error.h"
 
 namespace loom::dist {
+
+namespace {
+// The calling thread's CPU time (what it spends blocked is CommStats::wait_cpu_seconds).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
 
 std::vector<int> Communicator::world() const {
   std::vector<int> all(static_cast<size_t>(size()));
@@ -144,9 +154,11 @@ void Communicator::nap(std::chrono::microseconds d) {
 void Communicator::wait(const Pending& work) {
   if (!work || !async_) return;  // null, or run inline
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = thread_cpu_seconds();
   std::unique_lock<std::mutex> lock(async_->mutex);
   async_->block(lock, [&] { return work->done; });
   stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.wait_cpu_seconds += thread_cpu_seconds() - cpu_start;
   if (work->error) std::rethrow_exception(work->error);
 }
 
@@ -161,7 +173,8 @@ void Communicator::settle() {
   if (async_ && std::this_thread::get_id() != async_->thread.get_id()) wait_all();
 }
 
-Communicator::Blocking::Blocking(Communicator& c) : c_(&c), start_(std::chrono::steady_clock::now()) {
+Communicator::Blocking::Blocking(Communicator& c)
+    : c_(&c), start_(std::chrono::steady_clock::now()), cpu_start_(thread_cpu_seconds()) {
   if (c.async_ && std::this_thread::get_id() == c.async_->thread.get_id()) {
     c_ = nullptr;  // a started collective, on the communication thread: nothing to wait for or count
     return;
@@ -170,7 +183,9 @@ Communicator::Blocking::Blocking(Communicator& c) : c_(&c), start_(std::chrono::
 }
 
 Communicator::Blocking::~Blocking() {
-  if (c_) c_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (!c_) return;
+  c_->stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  c_->stats.wait_cpu_seconds += thread_cpu_seconds() - cpu_start_;
 }
 
 void Communicator::stop_communication_thread() {

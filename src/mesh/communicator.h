@@ -33,6 +33,7 @@ struct CommStats {
   int64_t sends = 0;             // point-to-point messages sent
   int64_t calls = 0;
   double wait_seconds = 0;  // the caller's thread blocked in collectives (blocking calls and waits on started ones)
+  double wait_cpu_seconds = 0;  // the CPU time that thread took while blocked (polling, naps' wake-ups, copies)
   int64_t started = 0;      // collectives started in the background (start_*)
   int64_t total_bytes() const {
     return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes + all_to_all_bytes + send_bytes;
@@ -110,6 +111,7 @@ class Communicator {
    private:
     Communicator* c_;
     std::chrono::steady_clock::time_point start_;
+    double cpu_start_ = 0;
   };
   // Waits for the started collectives unless called on the communication thread. Blocking does it; the
   // implementations' per-call helpers do it too, so a collective added without a Blocking stays ordered.

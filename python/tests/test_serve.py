@@ -21,6 +21,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -683,3 +684,22 @@ def test_the_chat_page_in_headless_chromium(server, tmp_path):
     finally:
         browser.kill()
         browser.wait()
+
+
+def test_serve_bench_runs_rounds_and_reports_the_median_ratio():
+    """tools/serve_bench.py against loom alone on the tiny model: every (round, level) line, then the
+    per-round ratios over the first level and their median; --rounds 0 is refused by name."""
+    bench = os.path.join(REPO, "tools", "serve_bench.py")
+    cmd = [sys.executable, bench, "--gguf", MODEL, "--threads", "1", "--no-llamacpp", "--concurrency", "1,2",
+           "--rounds", "2", "--requests", "2", "--max-tokens", "3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    levels = [(r["round"], r["concurrency"]) for r in lines if "concurrency" in r]
+    assert levels == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert all(r["tokens"] > 0 and r["requests"] == 2 for r in lines if "concurrency" in r)
+    ratio = [r for r in lines if "ratio" in r]
+    assert len(ratio) == 1 and ratio[0]["ratio"] == "2 over 1 clients" and len(ratio[0]["per_round"]) == 2
+    assert min(ratio[0]["per_round"]) <= ratio[0]["median"] <= max(ratio[0]["per_round"])
+    bad = subprocess.run(cmd[:-6] + ["--rounds", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--rounds must be at least 1, got 0" in bad.stderr

@@ -30,8 +30,6 @@
 // counts that too (cpu_per_call_s, which takes the gaps' own CPU off, does not).
 // Rank 0 prints one JSON line per case; tools/measure_collectives.py fits them and writes the data file
 // the planner reads (docs/plan/cpu-collectives.json).
-#include <sys/resource.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -45,25 +43,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_time.h"
 #include "mesh/mpi.h"
 
 using namespace loom;
 
 namespace {
-
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-// This process's CPU seconds, every thread (the communication thread's polling and copies included).
-double process_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
 
 // Compute that stays in registers and L1: `iters` rounds of 64 multiply-adds. Not inlined: inlined into
 // each round's lambda, GCC compiled it two ways, and the gap-alone rounds ran 2.3x slower per gap than the

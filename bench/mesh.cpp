@@ -18,7 +18,6 @@
 // f32, AdamW with clipping, synthetic batches. Bytes are payloads as CommStats counts them (an all-reduce
 // of n floats counts 4n; an all-gather counts this rank's 4n input; a reduce-scatter its whole 4gn input),
 // not wire bytes (a ring all-reduce puts about 2(g-1)/g of its payload on the wire per rank).
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -27,6 +26,7 @@
 #include <string>
 
 #include "core/allocator.h"
+#include "core/cpu_time.h"
 #include "core/parallel.h"
 #include "mesh/mpi.h"
 #include "parallel/runtime.h"
@@ -37,14 +37,6 @@
 using namespace loom;
 
 namespace {
-
-// This process's CPU seconds (user + system): the work a rank did, which other jobs on a shared machine
-// do not inflate the way they inflate wall time (a rank waiting on a peer sleeps).
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
 
 llama::Config tiny() {
   return {.vocab_size = 512, .context_length = 64, .d_model = 64, .num_layers = 2, .num_heads = 4, .d_ff = 192};
@@ -167,10 +159,10 @@ int main(int argc, char** argv) {
   if (comm) comm->barrier(comm->world());
   const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
   const auto start = std::chrono::steady_clock::now();
-  const double cpu_start = cpu_seconds();
+  const double cpu_start = process_cpu_seconds();
   for (int s = 3; s < 3 + steps; ++s) step(s);
   const dist::CommStats after = comm ? comm->stats : dist::CommStats{};
-  const double cpu_per_step = (cpu_seconds() - cpu_start) / steps;
+  const double cpu_per_step = (process_cpu_seconds() - cpu_start) / steps;
   if (comm) comm->barrier(comm->world());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (comm && comm->rank() != 0) return 0;

@@ -18,9 +18,6 @@
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.py calibrates the efficiency on one-process runs and keeps it for the others:
 // --efficiency-at ROWS:E,... gives it at several GEMM heights (the tokens of a micro-batch on a rank).
-#include <sys/resource.h>
-#include <time.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +30,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cpu_time.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "mesh/mpi.h"
@@ -59,23 +57,6 @@ Tensor ids_for(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 
 // What one rank measured, as doubles (summed over the ranks to reach rank 0: each rank fills its slot).
 enum Field { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSend, kPeak, kSeconds, kWait, kCalls, kSends, kCpu, kMainCpu, kWaitCpu, kFields };
-
-// This process's CPU seconds (user + system, every thread): the work a rank did, which other jobs on a
-// shared machine do not inflate the way they inflate wall time (a rank waiting on a peer naps).
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-// The calling thread's CPU seconds (the compute thread: the rest of the process's is its communication
-// thread's and MPI's).
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 }  // namespace
 
@@ -212,10 +193,10 @@ int main(int argc, char** argv) {
   allocator_for(Device::cpu()).reset_peak();
   const dist::CommStats before = comm ? comm->stats : dist::CommStats{};
   const auto start = std::chrono::steady_clock::now();
-  const double cpu_start = cpu_seconds(), main_cpu_start = thread_cpu_seconds();
+  const double cpu_start = process_cpu_seconds(), main_cpu_start = thread_cpu_seconds();
   for (int s = warmup; s < warmup + steps; ++s) step(s);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double cpu = cpu_seconds() - cpu_start, main_cpu = thread_cpu_seconds() - main_cpu_start;
+  const double cpu = process_cpu_seconds() - cpu_start, main_cpu = thread_cpu_seconds() - main_cpu_start;
   const dist::CommStats a = comm ? comm->stats : dist::CommStats{};
   std::vector<double> got(static_cast<size_t>(world * kFields), 0.0);
   double* mine = got.data() + static_cast<ptrdiff_t>(rank) * kFields;

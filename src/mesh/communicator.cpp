@@ -9,20 +9,11 @@
 #include <map>
 #include <mutex>
 #include <thread>
-#include <time.h>
 
+#include "core/cpu_time.h"
 #include "core/error.h"
 
 namespace loom::dist {
-
-namespace {
-// The calling thread's CPU time (what it spends blocked is CommStats::wait_cpu_seconds).
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-}  // namespace
 
 std::vector<int> Communicator::world() const {
   std::vector<int> all(static_cast<size_t>(size()));

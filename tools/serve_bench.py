@@ -76,9 +76,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_ready(url, timeout=180):
+def wait_ready(name, url, proc, timeout=180):
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if proc.poll() is not None:  # it ended before it served: a bad file, a port in use
+            sys.exit(f"{name} exited with status {proc.returncode} before serving (run it by hand to see why)")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
@@ -86,7 +88,7 @@ def wait_ready(url, timeout=180):
         except Exception:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become ready")
+    sys.exit(f"{name} at {url} did not become ready within {timeout} s")
 
 
 def one_request(url, prompt, max_tokens, model):
@@ -184,6 +186,8 @@ def main():
     ap.add_argument("--also-loom", metavar="BINARY", help="another loom binary (an earlier build, say) served beside "
                     "build/loom, level by level: a before/after comparison in one run")
     args = ap.parse_args()
+    if not os.path.isfile(args.weights):
+        sys.exit(f"--gguf/--weights: {args.weights} is not a file")
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.rounds < 1:
         sys.exit(f"--rounds must be at least 1, got {args.rounds}")
@@ -214,8 +218,8 @@ def main():
                                  stderr=subprocess.DEVNULL)
         servers.append(("llama.cpp", f"http://127.0.0.1:{port}", llama))
     try:
-        for _, url, _ in servers:
-            wait_ready(url)
+        for name, url, proc in servers:
+            wait_ready(name, url, proc)
         for name, url, _ in servers:  # warm-up
             one_request(url, PROMPTS[0], 4, None)
         rates = {}  # (server, concurrency) -> tokens/s of each round

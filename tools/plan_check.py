@@ -24,11 +24,16 @@ than the machine's (--cores plans for a given number; --cores probe measures, be
 cores its ranks would get, with copies of the one-process step).
 
     python3 tools/plan_check.py [--steps 10] [--only pipe] [--json out.jsonl] [--collectives measure|FILE|none] [--cores 2|probe]
-                                [--bench OTHER_BUILD/bench/loom_bench_plan]
+                                [--bench OTHER_BUILD/bench/loom_bench_plan] [--rounds N]
+
+--rounds N runs every layout N times in turn (each round calibrated again) and ends with each layout's
+rounds' step ratios and their median, counting the layouts whose median is within 25%: on a shared
+machine one run's count moves with the minute it ran in.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -115,11 +120,17 @@ def main():
                          "so while another session computes a run gets fewer), or 'probe': before each layout, "
                          "as many copies of the one-process step as the layout has ranks (at most the machine's "
                          "cores) run at once, and their CPU over their wall time is the cores the layout is planned for")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every layout this many times in turn (each round calibrated again) and judge each "
+                         "layout by the median of its rounds' step ratios: this machine's speed moves by 25%% "
+                         "between minutes, so one run's count says little")
     ap.add_argument("--collectives", default="measure",
                     help="the collective costs the plan charges: 'measure' (default: tools/measure_collectives.py "
                          "first, at this moment's load, into a temporary file), a file such as " + COSTS +
                          ", or 'none' (the ring formula)")
     a = ap.parse_args()
+    if a.rounds < 1:
+        sys.exit(f"--rounds {a.rounds}: must be at least 1")
     global BENCH_USED
     BENCH_USED = a.bench
     collectives = "" if a.collectives == "none" else a.collectives
@@ -134,7 +145,6 @@ def main():
         sys.exit(f"{BENCH_USED} is missing: cmake --build build --target loom_bench_plan")
     print(f"load average before: {os.getloadavg()}", flush=True)
     flops, bandwidth = a.flops, a.bandwidth
-    efficiency = {}
     lines = []
     print("| model | ranks | layout | stage | bytes/step/rank: measured = plan | allocator peak (max over the stage's ranks) | plan | ratio "
           "| step measured | plan | ratio | measured: outside + blocked in collectives | plan: compute, bubble, AdamW + exposed communication "
@@ -144,7 +154,35 @@ def main():
     machine_cores = float(os.cpu_count() or 1)
     probe = a.cores == "probe"
     cores = machine_cores if probe else float(a.cores)
-    ratios = []
+    by_layout = {}  # (model, ranks, layout) -> each round's measured / planned step
+    for round_ in range(a.rounds):
+        if a.rounds > 1:
+            print(f"<!-- round {round_ + 1} of {a.rounds}, load average {os.getloadavg()[0]:.2f} -->", flush=True)
+        flops, bandwidth = one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lines, by_layout)
+    print(f"load average after: {os.getloadavg()}")
+    ratios = {k: sorted(v) for k, v in by_layout.items()}
+    medians = {k: statistics.median(v) for k, v in ratios.items()}
+    within = sum(max(m, 1 / m) <= 1.25 for m in medians.values())
+    if a.rounds > 1:
+        print("| model | ranks | layout | step measured / plan, each round (sorted) | median | within 25% |")
+        print("|---|---|---|---|---|---|")
+        for (name, ranks, desc), v in ratios.items():
+            m = medians[(name, ranks, desc)]
+            print(f"| {name} | {ranks} | {desc} | {', '.join(f'{x:.2f}' for x in v)} | {m:.2f} | "
+                  f"{'yes' if max(m, 1 / m) <= 1.25 else 'no'} |")
+        print(f"within 25% by the median of {a.rounds} rounds: {within} of {len(medians)} layouts")
+    else:
+        print(f"within 25%: {within} of {len(medians)} layouts (step, the slowest stage's ranks)")
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in lines:
+                f.write(json.dumps(r) + "\n")
+
+
+def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lines, by_layout):
+    """Every layout once (the one-process runs first calibrate the efficiency): prints its rows, appends
+    each rank's line to `lines` and each layout's measured / planned step to by_layout."""
+    efficiency = {}
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
@@ -216,7 +254,7 @@ def main():
                 lambda m: m["main_thread_cpu_s"] - m["wait_cpu_s"], lambda m: m["wait_cpu_s"],
                 lambda m: max(0.0, m["cpu_s"] - m["main_thread_cpu_s"]))]
             if s == stages[-1] and not calibrate:
-                ratios.append(max(step / plan_step, plan_step / step))
+                by_layout.setdefault((name, ranks, desc), []).append(step / plan_step)
             wait = slowest["measured"]["wait_s"]
             p = slowest["plan"]
             print(f"| {name} | {ranks} | {desc} | {s} | {byte_text} | {peak:,.0f} | {plan_peak:,.0f} | {peak / plan_peak:.3f} "
@@ -227,12 +265,7 @@ def main():
                   f"| {' + '.join(f'{1e3 * x:.1f}' for x in split)} ms |"
                   + (f" planned for {cores:.2f} cores |" if probe else ""),
                   flush=True)
-    print(f"load average after: {os.getloadavg()}")
-    print(f"within 25%: {sum(x <= 1.25 for x in ratios)} of {len(ratios)} layouts (step, the slowest stage's ranks)")
-    if a.json:
-        with open(a.json, "w") as f:
-            for r in lines:
-                f.write(json.dumps(r) + "\n")
+    return flops, bandwidth
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@
 // for that rank's pipeline stage beside each number.
 //
 //   loom_bench_plan --config tiny --batch 16 --micro 2                       one process
-//   mpirun -np 4 loom_bench_plan --config tiny --set model.num_layers=4 --mesh pipe=2,data=2 --mode dp \
-//       --schedule gpipe --micro 4 --batch 32
+//   mpirun -np 4 loom_bench_plan --config tiny --set model.num_layers=4 --mesh pipe=2,data=2 --mode dp
+//       --schedule gpipe --micro 4 --batch 32                                (one command line)
 //
 // The plan's time needs the device's speed: --flops (f32 FLOP/s of one core; default: `loom bench peak`'s
 // FMA loop, measured here on rank 0) times --efficiency (default: the plan's cpu assumption), the peak

@@ -132,8 +132,9 @@ T parallel_reduce_chunks(int64_t begin, int64_t end, int64_t grain, T init, Fn&&
 // more in those forks and joins than in its work, and far more when OpenMP's threads sleep between
 // regions (OMP_WAIT_POLICY=passive) or the machine is busy. parallel_team forks once and runs fn on
 // every thread of the team; the steps are separated by team.barrier(), which spins for a bounded time
-// (kSpinMicros) and then sleeps on a futex, so a waiting thread neither burns a core indefinitely on a
-// loaded machine nor pays a kernel wake-up for the short waits of a balanced step.
+// (kSpinMicros, offering its core to other ready threads as it spins) and then sleeps on a futex, so a
+// waiting thread neither burns a core indefinitely on a loaded machine nor pays a kernel wake-up for the
+// short waits of a balanced step.
 
 class TeamBarrier {
  public:
@@ -206,8 +207,9 @@ class ClaimedPhases {
   }
 
  private:
-  // Spins for up to TeamBarrier::kSpinMicros, then sleeps until the last chunk is done (a thread that
-  // waits for a descheduled one leaves the core to it and to the others).
+  // Spins for up to TeamBarrier::kSpinMicros (yielding the core to other ready threads as it spins),
+  // then sleeps until the last chunk is done (a thread that waits for a descheduled one leaves the core
+  // to it and to the others).
   void wait_done(std::atomic<int64_t>& done, int64_t chunks);
   std::vector<std::atomic<int64_t>> claimed_, done_;
   std::atomic<int> sleepers_{0};

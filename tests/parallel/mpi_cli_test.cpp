@@ -214,7 +214,9 @@ TEST_F(MpiCli, PipeEqualsOneProcessAndResumesOnAnotherPipeCount) {
   std::ifstream inter_metrics(inter / "metrics.jsonl");
   for (std::string line; std::getline(inter_metrics, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "train") EXPECT_NEAR(j.at("pipe_bubble_ideal").get<double>(), 0.2, 1e-12);
+    if (j.value("event", "") == "train") {
+      EXPECT_NEAR(j.at("pipe_bubble_ideal").get<double>(), 0.2, 1e-12);
+    }
   }
 
   r = sh(c.command(2, resumed, 6, model + "--mesh pipe=2 --parallel dp --set parallel.schedule=gpipe"),
@@ -421,7 +423,9 @@ TEST_F(MpiCli, DeepSeekFsdpEpOnDataTimesExpertEqualsOneProcessAndResumesOnAnothe
   const fs::path step6 = resumed / "checkpoints" / "step_00000006";
   const auto index = nlohmann::json::parse(std::ifstream(step6 / dist::kShardIndex));
   for (const auto& t : index.at("tensors")) {
-    if (t.at("name") == "layers.0.attn.wq_b.weight") EXPECT_EQ(t.at("spec"), "(None, (data, expert))");
+    if (t.at("name") == "layers.0.attn.wq_b.weight") {
+      EXPECT_EQ(t.at("spec"), "(None, (data, expert))");
+    }
   }
   for (int rank = 0; rank < 4; ++rank) {
     auto f = io::SafetensorsFile::open((step6 / dist::shard_file_name(rank)).string());

@@ -236,7 +236,9 @@ TEST(PipelineOrder, EveryMicroBatchRunsForwardThenBackwardOnce) {
             }
             EXPECT_EQ(static_cast<int64_t>(forwarded.size()), M * v);
             for (int64_t n : next_backward) EXPECT_EQ(n, M);
-            if (schedule != "interleaved") EXPECT_EQ(peak, schedule == "gpipe" ? M : std::min(P - s, M));
+            if (schedule != "interleaved") {
+              EXPECT_EQ(peak, schedule == "gpipe" ? M : std::min(P - s, M));
+            }
           }
           // All ranks together finish (no rank waits for a message nobody sends before it).
           const auto idle = simulate(schedule, P, M, v);

@@ -65,7 +65,9 @@ TEST(Lora, ForwardAndBackwardMatchPyTorch) {
     expect_close(a.lora->B.value.grad(), f.get(tag + "_db_lora"), 2e-5f, 1e-4f, tag + " dB");
     // The base is frozen: no gradient is computed for it.
     EXPECT_FALSE(a.linear->weight.value.grad().defined());
-    if (a.linear->bias) EXPECT_FALSE(a.linear->bias->value.grad().defined());
+    if (a.linear->bias) {
+      EXPECT_FALSE(a.linear->bias->value.grad().defined());
+    }
   }
 }
 

@@ -153,7 +153,9 @@ TEST(Activation, Bf16OutputFromF32InputIsTheF32ResultRoundedOnce) {
     EXPECT_EQ(ym.to(DType::F32).to_vector<float>(), y32.to(DType::BF16).to(DType::F32).to_vector<float>());
     ASSERT_EQ(dxm.dtype(), DType::F32);
     EXPECT_EQ(dxm.to_vector<float>(), dx32.to_vector<float>());
-    if (which == 2) EXPECT_EQ(dupm.to_vector<float>(), dup32.to_vector<float>());
+    if (which == 2) {
+      EXPECT_EQ(dupm.to_vector<float>(), dup32.to_vector<float>());
+    }
   }
   expect_error_mentions([] { ops::gelu(Tensor::zeros({4}, DType::BF16), ops::GeluApproximation::None, DType::F32); },
                      {"gelu", "y_dtype f32", "bf16[4]"});

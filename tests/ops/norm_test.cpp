@@ -326,7 +326,9 @@ TEST(NormMixedBf16Output, IsTheF32NormRoundedOnceAndKeepsTheF32Backward) {
     ASSERT_EQ(xb.grad().dtype(), DType::F32);
     EXPECT_EQ(xb.grad().to_vector<float>(), xa.grad().to_vector<float>()) << "dx";
     EXPECT_EQ(wb.grad().to_vector<float>(), wa.grad().to_vector<float>()) << "dweight";
-    if (kind == 1) EXPECT_EQ(bb.grad().to_vector<float>(), ba.grad().to_vector<float>()) << "dbias";
+    if (kind == 1) {
+      EXPECT_EQ(bb.grad().to_vector<float>(), ba.grad().to_vector<float>()) << "dbias";
+    }
   }
   // Only f32 -> bf16 mixes: a bf16 x with an f32 y is refused, naming both.
   expect_error_mentions([&] { ops::rms_norm(x.to(DType::BF16), w, 1e-5f, DType::F32); },

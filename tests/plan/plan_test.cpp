@@ -155,7 +155,9 @@ TEST(Plan, BytesPerCollectiveEqualLoomsCounts) {
     EXPECT_EQ(planned["reduce_scatter"], static_cast<double>(measured.reduce_scatter_bytes)) << what;
     // The calls too (what the measured per-call costs multiply): every gather, reduce-scatter, bucket and
     // scalar sum. The expert modes' count exchanges are not planned.
-    if (c.mesh.expert == 1) EXPECT_EQ(planned_calls, static_cast<double>(measured.calls)) << what;
+    if (c.mesh.expert == 1) {
+      EXPECT_EQ(planned_calls, static_cast<double>(measured.calls)) << what;
+    }
     if (c.mesh.expert > 1) {  // the routing decides the all-to-alls: within the balanced estimate's order
       EXPECT_GT(static_cast<double>(measured.all_to_all_bytes), 0.25 * planned["all_to_all"]) << what;
       EXPECT_LT(static_cast<double>(measured.all_to_all_bytes), 2.0 * planned["all_to_all"]) << what;
@@ -431,7 +433,9 @@ TEST(Plan, SearchTriesInterleavedWhereItHelps) {
   r.seq = 64;
   r.devices = 2;
   for (const plan::Estimate& e : plan::make_plan(r).fitting) {
-    if (e.layout.pipe == 2) EXPECT_EQ(e.layout.schedule, "1f1b") << e.layout.str();
+    if (e.layout.pipe == 2) {
+      EXPECT_EQ(e.layout.schedule, "1f1b") << e.layout.str();
+    }
   }
 }
 
@@ -598,7 +602,9 @@ TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
   double exposed = 0;
   for (const plan::Collective& k : f.collectives) {
     EXPECT_TRUE(k.measured) << k.name;
-    if (k.overlapped) EXPECT_DOUBLE_EQ(k.seconds, k.calls * 3e-5) << k.name;
+    if (k.overlapped) {
+      EXPECT_DOUBLE_EQ(k.seconds, k.calls * 3e-5) << k.name;
+    }
     exposed += k.seconds;
   }
   EXPECT_NEAR(f.exposed_comm_s, exposed, 1e-12);  // nothing measured is hidden again

@@ -510,7 +510,9 @@ TEST(QuantizedMatmul, CpuDetectionAgreesWithTheCompiler) {
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   EXPECT_EQ(kernel_path_supported(KernelPath::Avx512Vnni), vnni);
   // AMX also needs the OS's consent, which GCC does not check; it can only narrow what CPUID says.
-  if (!__builtin_cpu_supports("amx-int8")) EXPECT_FALSE(kernel_path_supported(KernelPath::Amx));
+  if (!__builtin_cpu_supports("amx-int8")) {
+    EXPECT_FALSE(kernel_path_supported(KernelPath::Amx));
+  }
   std::printf("[   INFO   ] best kernel path here: %s\n", kernel_path_name(best_kernel_path()));
 }
 #endif

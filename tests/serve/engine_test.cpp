@@ -305,7 +305,9 @@ TEST_F(EngineTest, SeededRequestsGiveTheSameTokensAndLogprobsAloneOrTogetherInAn
       const EngineStats s = engine.stats();
       EXPECT_EQ(s.kv_blocks_free, setting.blocks);
       EXPECT_GT(s.prefix_hits, 0);
-      if (setting.blocks == 24) EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
+      if (setting.blocks == 24) {
+        EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
+      }
     }
   }
 }
@@ -486,7 +488,9 @@ TEST(EngineFamilies, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
           const std::vector<int32_t> p = prompt(7 + i, 5 + 11 * i);
           EXPECT_EQ(collect(*engine.submit(greedy(p, 12))).tokens, generate::generate(*m, p, g)) << "prompt " << i;
         }
-        if (batched) EXPECT_GT(engine.stats().prefix_hits, 0);
+        if (batched) {
+          EXPECT_GT(engine.stats().prefix_hits, 0);
+        }
       }
       Engine engine(*m, tok, o);
       std::vector<std::shared_ptr<RequestHandle>> hs;

@@ -327,7 +327,9 @@ TEST(Finetune, DeepSeekV3TakesAdaptersOnItsAttentionAndMlpsAndMergesThem) {
   model->loss(ids, targets, models::ForwardContext::train(RngKey::from_seed(6))).backward();
   for (nn::Parameter* p : trained) EXPECT_TRUE(p->value.grad().defined()) << p->name;
   for (nn::Parameter* p : model->parameters()) {
-    if (p->name.find(".lora_") == std::string::npos) EXPECT_FALSE(p->value.grad().defined()) << p->name;
+    if (p->name.find(".lora_") == std::string::npos) {
+      EXPECT_FALSE(p->value.grad().defined()) << p->name;
+    }
   }
   // PEFT's names for MLA: q_b_proj's B rows in the interleaved order HF's DeepSeek-V3 stores.
   bool q_b = false;

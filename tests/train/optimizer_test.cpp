@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/elementwise.h"
@@ -12,6 +13,19 @@
 
 using namespace loom;
 
+namespace {
+
+// A whole parameter (one process: no mesh, no pipe stages) named `name` holding `value`.
+nn::Parameter parameter(const std::string& name, Tensor value) {
+  nn::Parameter p;
+  p.name = name;
+  p.global_shape = value.shape();
+  p.value = std::move(value);
+  return p;
+}
+
+}  // namespace
+
 TEST(CosineSchedule, MatchesTheCS336ReferenceValues) {
   // The values of CS336's test_get_lr_cosine_schedule (max 1, min 0.1, warmup 7, cosine 21).
   const double expected[] = {0.0, 0.14285714285714285, 0.2857142857142857, 0.42857142857142855, 0.5714285714285714,
@@ -23,7 +37,7 @@ TEST(CosineSchedule, MatchesTheCS336ReferenceValues) {
 }
 
 TEST(AdamW, SingleStepByHand) {
-  nn::Parameter p{"w", Tensor::from_vector<float>({2}, {1.0f, -2.0f}), Shape{2}, {}};
+  nn::Parameter p = parameter("w", Tensor::from_vector<float>({2}, {1.0f, -2.0f}));
   p.value.set_requires_grad();
   p.value.set_grad(Tensor::from_vector<float>({2}, {0.5f, -0.25f}));
   train::AdamW opt({&p}, {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f});
@@ -39,8 +53,8 @@ TEST(AdamW, SingleStepByHand) {
 
 TEST(AdamW, ZeroGradDropsGradientsAndStepSkipsParametersWithoutOne) {
   // torch's zero_grad(set_to_none=True): a parameter that got no gradient is neither decayed nor moved.
-  nn::Parameter used{"used", Tensor::from_vector<float>({2}, {1.0f, -2.0f}), Shape{2}, {}};
-  nn::Parameter unused{"unused", Tensor::from_vector<float>({2}, {3.0f, 4.0f}), Shape{2}, {}};
+  nn::Parameter used = parameter("used", Tensor::from_vector<float>({2}, {1.0f, -2.0f}));
+  nn::Parameter unused = parameter("unused", Tensor::from_vector<float>({2}, {3.0f, 4.0f}));
   used.value.set_requires_grad();
   unused.value.set_requires_grad();
   train::AdamW opt({&used, &unused}, {.lr = 0.1f, .weight_decay = 0.5f});
@@ -57,7 +71,7 @@ TEST(AdamW, ZeroGradDropsGradientsAndStepSkipsParametersWithoutOne) {
 }
 
 TEST(AdamW, InvalidOptionsNameTheKey) {
-  nn::Parameter p{"w", Tensor::zeros({1}), Shape{1}, {}};
+  nn::Parameter p = parameter("w", Tensor::zeros({1}));
   try {
     train::AdamW opt({&p}, {.lr = 1e-3f, .beta1 = 1.5f});
     FAIL();
@@ -69,8 +83,8 @@ TEST(AdamW, InvalidOptionsNameTheKey) {
 TEST(AdamW, AStepThatFailsIsNotCountedAndChangesNothing) {
   // The second parameter's gradient is BF16: the step is refused before the first parameter moves, and
   // the step count (which sets the bias correction of every later step) stays where it was.
-  nn::Parameter a{"a", Tensor::from_vector<float>({2}, {1.0f, -2.0f}), Shape{2}, {}};
-  nn::Parameter b{"b", Tensor::from_vector<float>({2}, {3.0f, 4.0f}), Shape{2}, {}};
+  nn::Parameter a = parameter("a", Tensor::from_vector<float>({2}, {1.0f, -2.0f}));
+  nn::Parameter b = parameter("b", Tensor::from_vector<float>({2}, {3.0f, 4.0f}));
   train::AdamW opt({&a, &b}, {.lr = 0.1f});
   a.value.set_grad(Tensor::from_vector<float>({2}, {0.5f, -0.25f}));
   b.value.set_grad(Tensor::from_vector<float>({2}, {1.0f, 1.0f}).to(DType::BF16));
@@ -168,7 +182,7 @@ TEST(AdamW, EveryOperationRoundsAsWritten) {
 }
 
 TEST(AdamW, KeepsAMixedPrecisionLayersBf16CopyCurrent) {
-  nn::Parameter p{"w", test::randn({3, 300}, 5), Shape{3, 300}, {}};
+  nn::Parameter p = parameter("w", test::randn({3, 300}, 5));
   p.value.set_requires_grad();
   // What a bf16 layer does on its first forward: allocate the copy (not yet current: the optimizer
   // has not written it).

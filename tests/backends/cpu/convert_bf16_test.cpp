@@ -97,7 +97,9 @@ TEST(ConvertBf16, TheDispatchedThreadedVersionMatchesTheOneItNames) {
   }
   // This machine's choice, for the log: a CPU with AVX2 must not fall back to the scalar loop.
   std::printf("convert_f32_to_bf16 uses %s\n", cpu::convert_isa_name(cpu::active_convert_isa()));
-  if (cpu::convert_isa_available(cpu::ConvertIsa::Avx2)) EXPECT_NE(cpu::active_convert_isa(), cpu::ConvertIsa::Scalar);
+  if (cpu::convert_isa_available(cpu::ConvertIsa::Avx2)) {
+    EXPECT_NE(cpu::active_convert_isa(), cpu::ConvertIsa::Scalar);
+  }
 }
 
 TEST(ConvertBf16, AskingForAnIsaTheCpuLacksIsAnError) {

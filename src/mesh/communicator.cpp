@@ -164,12 +164,12 @@ void Communicator::settle() {
   if (async_ && std::this_thread::get_id() != async_->thread.get_id()) wait_all();
 }
 
-Communicator::Blocking::Blocking(Communicator& c)
-    : c_(&c), start_(std::chrono::steady_clock::now()), cpu_start_(thread_cpu_seconds()) {
+Communicator::Blocking::Blocking(Communicator& c) : c_(&c), start_(std::chrono::steady_clock::now()) {
   if (c.async_ && std::this_thread::get_id() == c.async_->thread.get_id()) {
     c_ = nullptr;  // a started collective, on the communication thread: nothing to wait for or count
     return;
   }
+  cpu_start_ = thread_cpu_seconds();  // a system call: only where the call is counted
   c.wait_all();
 }
 

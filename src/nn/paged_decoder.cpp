@@ -242,7 +242,7 @@ std::string DecoderWeights::fuse() {
 
 PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t kv_heads, int64_t block_size,
                            int64_t head_dim, bool values)
-    : num_blocks_(num_blocks), block_size_(block_size) {
+    : num_blocks_(num_blocks), block_size_(block_size), values_(values) {
   LOOM_CHECK(num_layers > 0 && num_blocks > 0 && kv_heads > 0 && block_size > 0 && head_dim > 0,
              "PagedKVCache: sizes must be positive: layers=", num_layers, " blocks=", num_blocks, " kv_heads=", kv_heads,
              " block_size=", block_size, " head_dim=", head_dim);
@@ -255,6 +255,24 @@ PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t kv_he
 PagedKVCache::PagedKVCache(const DecoderWeights& w, int64_t num_blocks, int64_t block_size)
     : PagedKVCache(static_cast<int64_t>(w.layers.size()), num_blocks, w.num_kv_heads, block_size, w.cache_head_dim(),
                    w.cache_values()) {}
+
+void PagedKVCache::copy_positions(int64_t from, int64_t to, int64_t count) {
+  LOOM_CHECK(from >= 0 && from < num_blocks_ && to >= 0 && to < num_blocks_ && from != to,
+             "PagedKVCache::copy_positions: blocks ", from, " -> ", to, " must be distinct and in [0, ", num_blocks_, ")");
+  LOOM_CHECK(count >= 0 && count <= block_size_, "PagedKVCache::copy_positions: ", count, " positions of a block of ",
+             block_size_);
+  for (size_t l = 0; l < k.size(); ++l) {
+    for (Tensor* t : {&k[l], &v[l]}) {
+      if (t == &v[l] && !values_) break;  // a latent cache: v[l] is k[l]
+      const int64_t heads = t->size(1), d = t->size(3);
+      float* base = t->data<float>();
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(base + ((to * heads + h) * block_size_) * d, base + ((from * heads + h) * block_size_) * d,
+                    static_cast<size_t>(count * d) * sizeof(float));
+      }
+    }
+  }
+}
 
 int64_t PagedKVCache::block_bytes(int64_t num_layers, int64_t kv_heads, int64_t block_size, int64_t head_dim,
                                   bool values) {

@@ -153,10 +153,15 @@ class PagedKVCache {
   static int64_t block_bytes(const DecoderWeights& w, int64_t block_size);
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
+  // Copies positions [0, count) of block `from` into block `to`, every layer and head, keys and values:
+  // a new sequence whose tokens start like those `from` holds takes their entries (serve's prefix
+  // cache, to the token); they are bitwise what computing them again would write.
+  void copy_positions(int64_t from, int64_t to, int64_t count);
   std::vector<Tensor> k, v;
 
  private:
   int64_t num_blocks_, block_size_;
+  bool values_;
 };
 
 // What a sequence brings to a step: tokens[i] at position start + i, its block table covering

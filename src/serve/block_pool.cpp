@@ -18,16 +18,25 @@ BlockPool::BlockPool(int64_t num_blocks, int64_t block_size)
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));  // block 0 first
 }
 
-void BlockPool::forget(int32_t block) {
-  Entry& e = entries_[static_cast<size_t>(block)];
-  if (!e.cached) return;
-  auto [first, last] = by_hash_.equal_range(e.hash);
+namespace {
+
+// Removes the one (key, block) pair from an index.
+void unindex(std::unordered_multimap<uint64_t, int32_t>& index, uint64_t key, int32_t block) {
+  auto [first, last] = index.equal_range(key);
   for (auto it = first; it != last; ++it) {
     if (it->second == block) {
-      by_hash_.erase(it);
-      break;
+      index.erase(it);
+      return;
     }
   }
+}
+
+}  // namespace
+
+void BlockPool::forget(int32_t block) {
+  Entry& e = entries_[static_cast<size_t>(block)];
+  if (e.cached) unindex(by_hash_, e.hash, block);
+  if (e.recorded) unindex(by_previous_, e.previous, block);
   e = Entry{};
 }
 
@@ -55,7 +64,7 @@ void BlockPool::retain(int32_t block) {
     evictable_.erase(evictable_at_[b]);
     is_evictable_[b] = false;
   }
-  LOOM_ASSERT(refs_[b] > 0 || entries_[b].cached);
+  LOOM_ASSERT(refs_[b] > 0 || entries_[b].known());
   ++refs_[b];
 }
 
@@ -63,7 +72,7 @@ void BlockPool::release(int32_t block) {
   const size_t b = static_cast<size_t>(block);
   LOOM_ASSERT(block >= 0 && b < refs_.size() && refs_[b] > 0);
   if (--refs_[b] > 0) return;
-  if (entries_[b].cached) {
+  if (entries_[b].known()) {
     evictable_at_[b] = evictable_.insert(evictable_.end(), block);
     is_evictable_[b] = true;
   } else {
@@ -106,13 +115,42 @@ void BlockPool::publish(int32_t block, uint64_t previous, std::span<const int32_
   const size_t b = static_cast<size_t>(block);
   LOOM_ASSERT(block >= 0 && b < refs_.size() && refs_[b] > 0);
   LOOM_ASSERT(static_cast<int64_t>(tokens.size()) == block_size_);
+  record(block, previous, tokens);
   if (entries_[b].cached || lookup(previous, tokens)) return;
   Entry& e = entries_[b];
-  e.previous = previous;
-  e.tokens.assign(tokens.begin(), tokens.end());
   e.hash = chain_hash(previous, tokens);
   e.cached = true;
   by_hash_.emplace(e.hash, block);
+}
+
+void BlockPool::record(int32_t block, uint64_t previous, std::span<const int32_t> tokens) {
+  const size_t b = static_cast<size_t>(block);
+  LOOM_ASSERT(block >= 0 && b < refs_.size() && refs_[b] > 0);
+  LOOM_ASSERT(static_cast<int64_t>(tokens.size()) <= block_size_);
+  Entry& e = entries_[b];
+  if (e.recorded && e.previous == previous && e.tokens.size() >= tokens.size()) return;  // holds them already
+  // The block only ever grows under one prefix; a new prefix (not expected) starts the record over.
+  LOOM_ASSERT(!e.cached);
+  if (e.recorded && e.previous != previous) unindex(by_previous_, e.previous, block);
+  if (!e.recorded || e.previous != previous) by_previous_.emplace(previous, block);
+  e.previous = previous;
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.recorded = true;
+}
+
+std::pair<int32_t, int64_t> BlockPool::longest_start(uint64_t previous, std::span<const int32_t> tokens) const {
+  std::pair<int32_t, int64_t> best{-1, 0};
+  auto [first, last] = by_previous_.equal_range(previous);
+  for (auto it = first; it != last; ++it) {
+    const Entry& e = entries_[static_cast<size_t>(it->second)];
+    if (e.previous != previous) continue;
+    const size_t n = std::min(e.tokens.size(), tokens.size());
+    const int64_t same = std::mismatch(e.tokens.begin(), e.tokens.begin() + static_cast<std::ptrdiff_t>(n), tokens.begin()).first -
+                         e.tokens.begin();
+    // The longest; among equals the lowest block, so that the choice does not depend on the index's order.
+    if (same > best.second || (same == best.second && same > 0 && it->second < best.first)) best = {it->second, same};
+  }
+  return best;
 }
 
 }  // namespace loom::serve

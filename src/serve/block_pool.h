@@ -10,12 +10,20 @@
 // sequence's tokens alone (nn/paged_decoder.h), so a cached block is bitwise what a recomputation would
 // write. Lookups compare the block's tokens and its predecessor's hash as well as its own hash.
 //
+// To the token: a block's leading positions serve a later prompt too when it is not full (the end of a
+// prompt or reply) or only starts the same way. Every block records the tokens whose keys and values it
+// holds (record()), and a new sequence finds the block after its cached full ones whose recorded tokens
+// start like its own (longest_start()); those positions are copied into a block of its own, since it
+// writes its own tokens after them (llama.cpp's server reuses a slot's cache to the token in the same
+// way). A released block that recorded tokens stays findable like a cached full one.
+//
 // Not thread-safe: the engine's scheduler thread owns it; the metrics read a snapshot it publishes.
 #pragma once
 
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <utility>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -53,6 +61,14 @@ class BlockPool {
   // contents is not recorded (the first stays the one found).
   void publish(int32_t block, uint64_t previous, std::span<const int32_t> tokens);
 
+  // Records that `block` (in use) holds the keys and values of `tokens` at its first tokens.size()
+  // positions, after the prefix whose last full block hashed to `previous`; a later call for the same
+  // block extends what it holds (a sequence's positions are written once, in order).
+  void record(int32_t block, uint64_t previous, std::span<const int32_t> tokens);
+  // The block whose recorded tokens after `previous` start with the most of `tokens`, and how many:
+  // {-1, 0} when none starts with tokens[0].
+  std::pair<int32_t, int64_t> longest_start(uint64_t previous, std::span<const int32_t> tokens) const;
+
   // Counters since start-up, for the metrics.
   int64_t hits() const { return hits_; }
   int64_t lookups() const { return lookups_; }
@@ -62,11 +78,15 @@ class BlockPool {
   }
 
  private:
+  // What a block holds: `tokens` after the prefix `previous`. cached: full and published (in by_hash_);
+  // recorded: in by_previous_ (full or not).
   struct Entry {
     uint64_t previous = 0;
     std::vector<int32_t> tokens;
     uint64_t hash = 0;
     bool cached = false;
+    bool recorded = false;
+    bool known() const { return cached || recorded; }
   };
   void forget(int32_t block);
 
@@ -78,6 +98,7 @@ class BlockPool {
   std::vector<bool> is_evictable_;
   std::vector<Entry> entries_;
   std::unordered_multimap<uint64_t, int32_t> by_hash_;
+  std::unordered_multimap<uint64_t, int32_t> by_previous_;  // recorded blocks by their prefix's hash
   mutable int64_t hits_ = 0, lookups_ = 0;
 };
 

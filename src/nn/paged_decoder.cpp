@@ -261,16 +261,17 @@ void PagedKVCache::copy_positions(int64_t from, int64_t to, int64_t count) {
              "PagedKVCache::copy_positions: blocks ", from, " -> ", to, " must be distinct and in [0, ", num_blocks_, ")");
   LOOM_CHECK(count >= 0 && count <= block_size_, "PagedKVCache::copy_positions: ", count, " positions of a block of ",
              block_size_);
-  for (size_t l = 0; l < k.size(); ++l) {
-    for (Tensor* t : {&k[l], &v[l]}) {
-      if (t == &v[l] && !values_) break;  // a latent cache: v[l] is k[l]
-      const int64_t heads = t->size(1), d = t->size(3);
-      float* base = t->data<float>();
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(base + ((to * heads + h) * block_size_) * d, base + ((from * heads + h) * block_size_) * d,
-                    static_cast<size_t>(count * d) * sizeof(float));
-      }
+  auto copy = [&](Tensor& t) {  // [NB, Hkv, S, D]
+    const int64_t heads = t.size(1), d = t.size(3);
+    float* base = t.data<float>();
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(base + ((to * heads + h) * block_size_) * d, base + ((from * heads + h) * block_size_) * d,
+                  static_cast<size_t>(count * d) * sizeof(float));
     }
+  };
+  for (size_t l = 0; l < k.size(); ++l) {
+    copy(k[l]);
+    if (values_) copy(v[l]);  // a latent cache's v[l] is k[l]
   }
 }
 

@@ -128,14 +128,16 @@ void BlockPool::record(int32_t block, uint64_t previous, std::span<const int32_t
   LOOM_ASSERT(block >= 0 && b < refs_.size() && refs_[b] > 0);
   LOOM_ASSERT(static_cast<int64_t>(tokens.size()) <= block_size_);
   Entry& e = entries_[b];
-  if (e.recorded && e.previous == previous && e.tokens.size() >= tokens.size()) return;  // holds them already
-  // The block only ever grows under one prefix; a new prefix (not expected) starts the record over.
-  LOOM_ASSERT(!e.cached);
-  if (e.recorded && e.previous != previous) unindex(by_previous_, e.previous, block);
-  if (!e.recorded || e.previous != previous) by_previous_.emplace(previous, block);
-  e.previous = previous;
-  e.tokens.assign(tokens.begin(), tokens.end());
-  e.recorded = true;
+  if (!e.recorded) {
+    e.previous = previous;
+    e.recorded = true;
+    by_previous_.emplace(previous, block);
+  }
+  // A block's entry is cleared when it is handed out (forget), and its holder writes it in order under
+  // one prefix: a record only ever grows.
+  LOOM_ASSERT(e.previous == previous && tokens.size() >= e.tokens.size() &&
+              std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()));
+  e.tokens.insert(e.tokens.end(), tokens.begin() + static_cast<std::ptrdiff_t>(e.tokens.size()), tokens.end());
 }
 
 std::pair<int32_t, int64_t> BlockPool::longest_start(uint64_t previous, std::span<const int32_t> tokens) const {
@@ -143,7 +145,6 @@ std::pair<int32_t, int64_t> BlockPool::longest_start(uint64_t previous, std::spa
   auto [first, last] = by_previous_.equal_range(previous);
   for (auto it = first; it != last; ++it) {
     const Entry& e = entries_[static_cast<size_t>(it->second)];
-    if (e.previous != previous) continue;
     const size_t n = std::min(e.tokens.size(), tokens.size());
     const int64_t same = std::mismatch(e.tokens.begin(), e.tokens.begin() + static_cast<std::ptrdiff_t>(n), tokens.begin()).first -
                          e.tokens.begin();

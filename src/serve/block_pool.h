@@ -63,7 +63,7 @@ class BlockPool {
 
   // Records that `block` (in use) holds the keys and values of `tokens` at its first tokens.size()
   // positions, after the prefix whose last full block hashed to `previous`; a later call for the same
-  // block extends what it holds (a sequence's positions are written once, in order).
+  // block passes what it held and more (a sequence's positions are written once, in order).
   void record(int32_t block, uint64_t previous, std::span<const int32_t> tokens);
   // The block whose recorded tokens after `previous` start with the most of `tokens`, and how many:
   // {-1, 0} when none starts with tokens[0].

@@ -153,6 +153,10 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model, distinct
         t.join()
     wall = time.perf_counter() - t0
     client_cpu = time.process_time() - cpu0
+    return summarize(concurrency, results, wall, client_cpu)
+
+
+def summarize(concurrency, results, wall, client_cpu):
     tokens = sum(len(t) for _, t in results)
     ttft = [(t[0] - s) * 1000 for s, t in results if t]
     gaps = [(b - a) * 1000 for _, t in results for a, b in zip(t, t[1:])]
@@ -162,6 +166,36 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model, distinct
             "token_latency_p50_ms": round(percentile(gaps, 50), 2) if gaps else None,
             "token_latency_p99_ms": round(percentile(gaps, 99), 2) if gaps else None,
             "client_cpu_share": round(client_cpu / wall, 3)}
+
+
+LOAD_GENERATOR = os.path.join(REPO, "build", "bench", "loom_bench_serve_load")
+
+
+def run_level_native(url, concurrency, requests_per_client, max_tokens, model, distinct=False):
+    """run_level's clients in bench/serve_load.cpp: the same requests and timings, a few µs of CPU a token."""
+    import tempfile
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for k in range(concurrency):
+            for i in range(requests_per_client):
+                prompt = PROMPTS[(k + i) % len(PROMPTS)]
+                if distinct:
+                    prompt = f"{next(REQUEST_NUMBER)}. {prompt}"
+                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+                if model:
+                    body["model"] = model
+                f.write(json.dumps(body) + "\n")
+        bodies = f.name
+    try:
+        out = subprocess.run([LOAD_GENERATOR, host, port, bodies, str(concurrency), str(requests_per_client)],
+                             capture_output=True, text=True)
+    finally:
+        os.unlink(bodies)
+    if out.returncode != 0:
+        sys.exit(f"the load generator failed: {out.stderr.strip()}")
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    level, results = lines[0], [(r["start"], r["times"]) for r in lines[1:]]
+    return summarize(concurrency, results, level["wall_s"], level["cpu_s"])
 
 
 def loom_counters(url):
@@ -201,7 +235,15 @@ def main():
                          "tokens: the 8 prompts otherwise recur, and both servers reuse a recurring prompt's cache")
     ap.add_argument("--also-loom", metavar="BINARY", help="another loom binary (an earlier build, say) served beside "
                     "build/loom, level by level: a before/after comparison in one run")
+    ap.add_argument("--load-generator", choices=["native", "python"], default="native",
+                    help="native (default): the clients of bench/serve_load.cpp (build/bench/loom_bench_serve_load), a "
+                         "few µs of CPU a token; python: a thread a client in this script, ~45 µs a token, CPU the "
+                         "servers on the same cores then lack")
     args = ap.parse_args()
+    native = args.load_generator == "native"
+    if native and not os.access(LOAD_GENERATOR, os.X_OK):
+        sys.exit(f"{LOAD_GENERATOR} is not built (cmake --build build --target loom_bench_serve_load), "
+                 "or pass --load-generator python")
     if not os.path.isfile(args.weights):
         sys.exit(f"--gguf/--weights: {args.weights} is not a file")
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -244,7 +286,8 @@ def main():
                 for name, url, _ in servers:
                     before = loom_counters(url)
                     requests = args.requests if args.requests is not None else max(64, 16 * c)
-                    r = run_level(url, c, max(1, requests // c), args.max_tokens, None, args.distinct_prompts)
+                    level = run_level_native if native else run_level
+                    r = level(url, c, max(1, requests // c), args.max_tokens, None, args.distinct_prompts)
                     after = loom_counters(url)
                     if before and after and after[0] > before[0]:
                         r["steps"] = int(after[0] - before[0])

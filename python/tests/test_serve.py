@@ -686,12 +686,47 @@ def test_the_chat_page_in_headless_chromium(server, tmp_path):
         browser.wait()
 
 
-def test_serve_bench_runs_rounds_and_reports_the_median_ratio():
-    """tools/serve_bench.py against loom alone on the tiny model: every (round, level) line, then the
-    per-round ratios over the first level and their median; --rounds 0 is refused by name."""
+def test_the_native_load_generator_counts_each_token_and_names_a_refusal(server, tmp_path):
+    """bench/serve_load.cpp, serve_bench's default clients: each request's events timed and its stream read
+    to the end (chunked bodies decoded), client by client in order; a 4xx ends it with the server's answer
+    in its message, and a bodies file of the wrong length is refused."""
+    gen = os.path.join(REPO, "build", "bench", "loom_bench_serve_load")
+    if not os.access(gen, os.X_OK):
+        pytest.skip("build/bench/loom_bench_serve_load is not built (Google Benchmark missing)")
+    bodies = tmp_path / "bodies.jsonl"
+    prompts = ["Once upon a time", "The capital of France is", "def f(x):", "Hello"]
+    bodies.write_text("".join(json.dumps({"prompt": p, "max_tokens": 5, "temperature": 0, "stream": True}) + "\n"
+                              for p in prompts))
+    out = subprocess.run([gen, "127.0.0.1", str(server.port), str(bodies), "2", "2"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    level, requests = lines[0], lines[1:]
+    assert level["wall_s"] > 0 and level["cpu_s"] >= 0 and len(requests) == 4
+    # The server sends a token an event unless its writer finds several waiting (a reader that fell behind):
+    # between 1 and max_tokens events a request, and every stream read to its [DONE].
+    for i, r in enumerate(requests):
+        assert r["client"] == i // 2 and 1 <= len(r["times"]) <= 5 and r["done"], r
+        assert r["start"] <= r["times"][0] and r["times"] == sorted(r["times"])
+    bodies.write_text(json.dumps({"prompt": "x", "max_tokens": -3, "stream": True}) + "\n")
+    bad = subprocess.run([gen, "127.0.0.1", str(server.port), str(bodies), "1", "1"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode != 0 and "400" in bad.stderr and "max_tokens" in bad.stderr, bad.stderr
+    wrong = subprocess.run([gen, "127.0.0.1", str(server.port), str(bodies), "2", "1"], capture_output=True,
+                           text=True, timeout=60)
+    assert wrong.returncode != 0 and "has 1 lines, expected 2" in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.parametrize("generator", ["native", "python"])
+def test_serve_bench_runs_rounds_and_reports_the_median_ratio(generator):
+    """tools/serve_bench.py against loom alone on the tiny model, with either load generator: every (round,
+    level) line, then the per-round ratios over the first level and their median; --rounds 0 is refused by
+    name."""
+    if generator == "native" and not os.access(os.path.join(REPO, "build", "bench", "loom_bench_serve_load"), os.X_OK):
+        pytest.skip("build/bench/loom_bench_serve_load is not built (Google Benchmark missing)")
     bench = os.path.join(REPO, "tools", "serve_bench.py")
-    cmd = [sys.executable, bench, "--gguf", MODEL, "--threads", "1", "--no-llamacpp", "--concurrency", "1,2",
-           "--rounds", "2", "--requests", "2", "--max-tokens", "3"]
+    cmd = [sys.executable, bench, "--gguf", MODEL, "--threads", "1", "--no-llamacpp", "--load-generator", generator,
+           "--concurrency", "1,2", "--rounds", "2", "--requests", "2", "--max-tokens", "3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

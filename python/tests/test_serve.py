@@ -703,10 +703,12 @@ def test_the_native_load_generator_counts_each_token_and_names_a_refusal(server,
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     level, requests = lines[0], lines[1:]
     assert level["wall_s"] > 0 and level["cpu_s"] >= 0 and len(requests) == 4
-    # The server sends a token an event unless its writer finds several waiting (a reader that fell behind):
-    # between 1 and max_tokens events a request, and every stream read to its [DONE].
+    # The server sends a token an event, unless its writer finds several waiting (a reader that fell behind),
+    # and text it held back (this model's tokens are often parts of characters) comes in one more event if
+    # the writer ran before the finish: between 1 and max_tokens + 1 events a request, each stream read to
+    # its [DONE].
     for i, r in enumerate(requests):
-        assert r["client"] == i // 2 and 1 <= len(r["times"]) <= 5 and r["done"], r
+        assert r["client"] == i // 2 and 1 <= len(r["times"]) <= 6 and r["done"], r
         assert r["start"] <= r["times"][0] and r["times"] == sorted(r["times"])
     bodies.write_text(json.dumps({"prompt": "x", "max_tokens": -3, "stream": True}) + "\n")
     bad = subprocess.run([gen, "127.0.0.1", str(server.port), str(bodies), "1", "1"], capture_output=True, text=True,

@@ -156,14 +156,18 @@ loom::cli::Register reg("serve", "Serve a model over the OpenAI API (continuous 
       sigwait(&wake, &sig);
       if (sig == SIGUSR1) return;
       signalled = true;
+      server.start_draining();  // before it says so: a request sent after the message is refused
       std::fprintf(stderr, "loom serve: draining (running requests finish; a second signal stops at once)\n");
-      server.start_draining();
       std::thread second([&] {
         int again = 0;
         sigwait(&wake, &again);
         if (again != SIGUSR1) engine.stop();
       });
       engine.drain();
+      // The engine's last tokens may still be on their way to the clients: stop() would cut those streams.
+      if (!server.finish_responses(std::chrono::seconds(30))) {
+        std::fprintf(stderr, "loom serve: responses still being written after 30 s; stopping\n");
+      }
       server.stop();
       pthread_kill(second.native_handle(), SIGUSR1);
       second.join();

@@ -206,7 +206,7 @@ def loom_counters(url):
     except Exception:
         return None
     names = ("loom_steps_total", "loom_step_rows_total", "loom_forward_seconds_total", "loom_sample_seconds_total",
-             "loom_prompt_tokens_total", "loom_prompt_tokens_cached_total")
+             "loom_prompt_tokens_total", "loom_prompt_tokens_cached_total", "loom_generation_tokens_total")
     found = dict(re.findall(r"^(%s) (\S+)$" % "|".join(names), text, re.M))
     if len(found) != len(names):
         return None
@@ -299,6 +299,9 @@ def main():
                         r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
                         # The prompt tokens the prefix cache served (whole blocks and, to the token, the start
                         # of one more), of all the level's prompt tokens.
+                        # Tokens sampled, by loom's count: the events counted as tokens, plus each
+                        # end-of-text token sampled (which ends a request without an event).
+                        r["sampled_tokens"] = int(after[6] - before[6])
                         if after[4] > before[4]:
                             r["prompt_cached_share"] = round((after[5] - before[5]) / (after[4] - before[4]), 3)
                     r["load_average"] = round(os.getloadavg()[0], 2)

@@ -350,22 +350,23 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones():
 
     t = threading.Thread(target=long_stream)
     t.start()
-    time.sleep(0.05)
+    # The signal once the request runs, the next request once the server says it drains (its stderr), so
+    # that it comes during the drain however fast the machine (fixed sleeps let the drain end first).
+    for _ in range(1000):
+        if s.metric("loom_running_requests") > 0 or done.is_set():
+            break
+        time.sleep(0.001)
+    assert not done.is_set(), "the long request ended before the signal could be sent"
     s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.02)
-    refused = None
-    try:
-        refused = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
-    except (urllib.error.URLError, ConnectionError):
-        pass
+    while "draining" not in (line := s.proc.stderr.readline()):
+        assert line, "loom serve ended without saying it drains"
+    refused = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
     t.join()
     code = s.stop()
     assert code == 0
     assert events and events[-1] == "[DONE]"  # the running request finished
     finishes = [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]]
     assert len(finishes) == 16
-    if refused is None:
-        pytest.skip("the drain ended before the second request was sent (a fast machine)")
     expect_error(refused, 503, code="draining")
     assert int(refused[1]["Retry-After"]) >= 1
 

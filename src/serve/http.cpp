@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -364,6 +365,26 @@ struct HttpServer::Impl {
   std::atomic<int64_t> next_id{1}, rejected_queue_full{0}, rejected_draining{0}, disconnects{0};
   std::atomic<bool>* draining = nullptr;
   socket_t listen_socket = INVALID_SOCKET;  // the last socket the options callback saw: the bound one
+  // Completion responses begun and not yet written whole (or dropped): the drain waits for them.
+  std::mutex responses_mutex;
+  std::condition_variable responses_done;
+  int64_t responses = 0;
+  // Counts a response from its request's start until the last copy (the handler's, its content
+  // provider's) goes: when the body is written, the client gone, or the request refused.
+  struct InFlight {
+    Impl* impl;
+    explicit InFlight(Impl* i) : impl(i) {
+      std::lock_guard lock(impl->responses_mutex);
+      ++impl->responses;
+    }
+    ~InFlight() {
+      {
+        std::lock_guard lock(impl->responses_mutex);
+        --impl->responses;
+      }
+      impl->responses_done.notify_all();
+    }
+  };
 
   Impl(Engine& e, const tokenizer::Tokenizer& t, ChatSetup c, ServerOptions o)
       : engine(e), tok(t), chat(std::move(c)), options(std::move(o)) {}
@@ -539,6 +560,7 @@ struct HttpServer::Impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
+    auto in_flight = std::make_shared<InFlight>(this);
     auto job = std::make_shared<Job>(start(req, chat_endpoint));
     // Until something comes, the status can still say what went wrong.
     while (!job->started()) job->poll(std::chrono::milliseconds(100));
@@ -551,7 +573,7 @@ struct HttpServer::Impl {
     Impl* self = this;
     if (job->stream) {
       res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider("text/event-stream", [job, &t, self](size_t, httplib::DataSink& sink) {
+      res.set_chunked_content_provider("text/event-stream", [job, &t, self, in_flight](size_t, httplib::DataSink& sink) {
         for (;;) {
           const std::string events = stream_events(*job, t);
           if (!events.empty() && !sink.write(events.data(), events.size())) {
@@ -577,7 +599,7 @@ struct HttpServer::Impl {
     }
     // Whole: the body once every choice has finished. Meanwhile a space every second (JSON allows
     // leading whitespace) finds out whether the client is still there, and cancels the request if not.
-    res.set_chunked_content_provider("application/json", [job, &t, self](size_t, httplib::DataSink& sink) {
+    res.set_chunked_content_provider("application/json", [job, &t, self, in_flight](size_t, httplib::DataSink& sink) {
       auto last = Clock::now();
       while (!job->done()) {
         job->poll(std::chrono::milliseconds(100));
@@ -719,6 +741,11 @@ int HttpServer::bind() {
 }
 
 void HttpServer::serve() { impl_->server.listen_after_bind(); }
+
+bool HttpServer::finish_responses(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->responses_mutex);
+  return impl_->responses_done.wait_for(lock, timeout, [&] { return impl_->responses == 0; });
+}
 
 void HttpServer::stop() {
   if (impl_ && impl_->server.is_running()) impl_->server.stop();

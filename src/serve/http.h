@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,6 +58,10 @@ class HttpServer {
   void serve();
   // Refuses new requests with 503 from now on (health too), letting the running ones finish.
   void start_draining() { draining_ = true; }
+  // Waits until every completion response begun has been written whole (or its client has gone), at
+  // most `timeout`; returns whether they all were. The drain calls it between the engine's last token
+  // and stop(): stop() ends the responses still being written, cutting their streams short.
+  bool finish_responses(std::chrono::milliseconds timeout);
   // Stops listening and returns once serve() has.
   void stop();
   int port() const { return port_; }

@@ -68,7 +68,7 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
 
 void Args(benchmark::internal::Benchmark* b) {
   for (int rounding = 0; rounding < 2; ++rounding) {
-    for (int64_t M : {1, 2, 4, 8, 16, 32, 64}) {
+    for (int64_t M : {1, 2, 4, 8, 15, 16, 32, 64}) {
       for (int path = 0; path < 2; ++path) {
         b->Args({path, M, 1536, 576, 0, rounding});  // w1 / w3 of SmolLM2-135M (Q4_1)
         b->Args({path, M, 576, 1536, 0, rounding});  // w2

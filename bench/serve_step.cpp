@@ -80,6 +80,7 @@ void BM_ServeStep(benchmark::State& state) {
 
 BENCHMARK(BM_ServeStep)
     ->ArgsProduct({{1, 4, 16, 64}, {40, 160}, {0}})
+    ->Args({15, 40, 0})
     ->Args({16, 40, 9})
     ->Args({25, 40, 0})
     ->ArgNames({"R", "P", "K"})

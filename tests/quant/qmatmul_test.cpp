@@ -345,28 +345,34 @@ TEST(QuantizedMatmul, ResultsDoNotDependOnTheThreadCount) {
 // quantized_matmul_rows (the fused decode step's entry), on every path. 19 rows: the AVX-512 pair
 // kernels take 8 tokens a pass, then 2 and 1 (from 16 activation rows on; a lone row takes the 8-row
 // groups), the AMX tiles 16 activation rows and a padded remainder.
+// Batches of 13 and 15 take the AVX-512 kernels' 16-token pass with the last token repeated in the
+// empty places, 19 a pass of 16 and then 2 + 1, 28 a pass of 16 and a padded one (kernels_x86.inc,
+// pair_passes).
 TEST(QuantizedMatmul, EachRowIsTheSameAloneOrInABatch) {
   std::mt19937 gen(23);
   for (QuantType type : kTypes) {
-    const int64_t K = block_elements(type) == 256 ? 512 : 192, N = 72, M = 19;
-    const QuantizedMatrix w = random_matrix(type, N, K, gen);
-    const std::vector<float> x = random_activations(M, K, gen);
-    for (KernelPath path : kPaths) {
-      if (!kernel_path_supported(path)) continue;
-      for (ActivationRounding rounding : kRoundings) {
-        SCOPED_TRACE(std::string(quant_type_name(type)) + " " + kernel_path_name(path) + " " +
-                     activation_rounding_name(rounding));
-        std::vector<float> batch(static_cast<size_t>(M * N));
-        quantized_matmul(x.data(), M, w, batch.data(), path, rounding);
-        const int64_t levels = activation_levels(rounding);
-        std::vector<ActBlock> a(static_cast<size_t>(levels * K / 32));
-        for (int64_t m = 0; m < M; ++m) {
-          std::vector<float> alone(static_cast<size_t>(N)), rows(alone.size());
-          quantized_matmul(x.data() + m * K, 1, w, alone.data(), path, rounding);
-          quantize_activation_rows(x.data() + m * K, 1, K, a.data(), path, rounding);
-          quantized_matmul_rows(a.data(), 1, w, 0, N, rows.data(), 0, path, rounding);
-          EXPECT_EQ(std::memcmp(alone.data(), batch.data() + m * N, N * 4), 0) << "row " << m;
-          EXPECT_EQ(std::memcmp(rows.data(), alone.data(), N * 4), 0) << "row " << m;
+    for (int64_t M : {13, 15, 19, 28}) {
+      SCOPED_TRACE("M = " + std::to_string(M));
+      const int64_t K = block_elements(type) == 256 ? 512 : 192, N = 72;
+      const QuantizedMatrix w = random_matrix(type, N, K, gen);
+      const std::vector<float> x = random_activations(M, K, gen);
+      for (KernelPath path : kPaths) {
+        if (!kernel_path_supported(path)) continue;
+        for (ActivationRounding rounding : kRoundings) {
+          SCOPED_TRACE(std::string(quant_type_name(type)) + " " + kernel_path_name(path) + " " +
+                       activation_rounding_name(rounding));
+          std::vector<float> batch(static_cast<size_t>(M * N));
+          quantized_matmul(x.data(), M, w, batch.data(), path, rounding);
+          const int64_t levels = activation_levels(rounding);
+          std::vector<ActBlock> a(static_cast<size_t>(levels * K / 32));
+          for (int64_t m = 0; m < M; ++m) {
+            std::vector<float> alone(static_cast<size_t>(N)), rows(alone.size());
+            quantized_matmul(x.data() + m * K, 1, w, alone.data(), path, rounding);
+            quantize_activation_rows(x.data() + m * K, 1, K, a.data(), path, rounding);
+            quantized_matmul_rows(a.data(), 1, w, 0, N, rows.data(), 0, path, rounding);
+            EXPECT_EQ(std::memcmp(alone.data(), batch.data() + m * N, N * 4), 0) << "row " << m;
+            EXPECT_EQ(std::memcmp(rows.data(), alone.data(), N * 4), 0) << "row " << m;
+          }
         }
       }
     }

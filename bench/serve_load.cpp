@@ -16,20 +16,20 @@
 // each, urllib, json.loads per event) took about 45 µs of CPU a token, ~7% of one core at 16 clients on
 // 2 cores, time the servers then lacked; these take a few µs (one recv and a scan a token).
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>

@@ -41,6 +41,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -95,11 +96,16 @@ def wait_ready(name, url, proc, timeout=180):
     sys.exit(f"{name} at {url} did not become ready within {timeout} s")
 
 
-def one_request(url, prompt, max_tokens, model):
+def request_body(prompt, max_tokens, model):
+    """Every level's request: a greedy streamed completion."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     if model:
         body["model"] = model
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+    return json.dumps(body)
+
+
+def one_request(url, prompt, max_tokens, model):
+    req = urllib.request.Request(url + "/v1/completions", data=request_body(prompt, max_tokens, model).encode(),
                                  headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     times = []
@@ -128,6 +134,16 @@ def percentile(xs, q):
 
 
 REQUEST_NUMBER = iter(range(1, 1 << 62))  # --distinct-prompts: every request's own number, first in its prompt
+REQUEST_NUMBER_LOCK = threading.Lock()
+
+
+def client_prompt(k, i, distinct):
+    """Client k's i-th prompt (numbered, so that none recurs, with --distinct-prompts)."""
+    prompt = PROMPTS[(k + i) % len(PROMPTS)]
+    if distinct:
+        with REQUEST_NUMBER_LOCK:
+            prompt = f"{next(REQUEST_NUMBER)}. {prompt}"
+    return prompt
 
 
 def run_level(url, concurrency, requests_per_client, max_tokens, model, distinct=False):
@@ -136,11 +152,7 @@ def run_level(url, concurrency, requests_per_client, max_tokens, model, distinct
 
     def client(k):
         for i in range(requests_per_client):
-            prompt = PROMPTS[(k + i) % len(PROMPTS)]
-            if distinct:
-                with lock:
-                    prompt = f"{next(REQUEST_NUMBER)}. {prompt}"
-            start, times = one_request(url, prompt, max_tokens, model)
+            start, times = one_request(url, client_prompt(k, i, distinct), max_tokens, model)
             with lock:
                 results.append((start, times))
 
@@ -173,18 +185,11 @@ LOAD_GENERATOR = os.path.join(REPO, "build", "bench", "loom_bench_serve_load")
 
 def run_level_native(url, concurrency, requests_per_client, max_tokens, model, distinct=False):
     """run_level's clients in bench/serve_load.cpp: the same requests and timings, a few µs of CPU a token."""
-    import tempfile
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for k in range(concurrency):
             for i in range(requests_per_client):
-                prompt = PROMPTS[(k + i) % len(PROMPTS)]
-                if distinct:
-                    prompt = f"{next(REQUEST_NUMBER)}. {prompt}"
-                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-                if model:
-                    body["model"] = model
-                f.write(json.dumps(body) + "\n")
+                f.write(request_body(client_prompt(k, i, distinct), max_tokens, model) + "\n")
         bodies = f.name
     try:
         out = subprocess.run([LOAD_GENERATOR, host, port, bodies, str(concurrency), str(requests_per_client)],
@@ -297,11 +302,11 @@ def main():
                         r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
                         r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
                         r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
-                        # The prompt tokens the prefix cache served (whole blocks and, to the token, the start
-                        # of one more), of all the level's prompt tokens.
                         # Tokens sampled, by loom's count: the events counted as tokens, plus each
                         # end-of-text token sampled (which ends a request without an event).
                         r["sampled_tokens"] = int(after[6] - before[6])
+                        # The prompt tokens the prefix cache served (whole blocks and, to the token, the start
+                        # of one more), of all the level's prompt tokens.
                         if after[4] > before[4]:
                             r["prompt_cached_share"] = round((after[5] - before[5]) / (after[4] - before[4]), 3)
                     r["load_average"] = round(os.getloadavg()[0], 2)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/fast_exp.h"
@@ -226,10 +227,12 @@ TEST(PagedAttention, OneLatentCacheServesAsKeysAndValuesWithItsOwnScale) {
 }
 
 // The kernel computes exactly the order paged_attention.h states, whatever it does to go faster (four
-// keys' dots side by side, the value sums in registers 64 at a time): a plain float reference of that
-// order gives the same bits. D = 64 takes the 64-wide value sums, 72 them and a tail of 8, 8 the tail
-// alone; positions 0..13 over blocks of 4 end blocks at every slot (the four-key dots and their
-// remainder). The serving paths' bits (prefill chunks = decode = batch) rest on this order.
+// keys' dots side by side, up to four query heads of a k/v head side by side, the value sums in
+// registers 64 at a time): a plain float reference of that order gives the same bits. D = 64 takes the
+// 64-wide value sums, 72 them and a tail of 8, 8 the tail alone; positions 0..13 over blocks of 4 end
+// blocks at every slot (the four-key dots and their remainder); 1, 2, 3, 4, 5 and 9 query heads a k/v
+// head take every count of heads side by side and the splits of a larger group. The serving paths'
+// bits (prefill chunks = decode = batch) rest on this order.
 TEST(PagedAttention, ComputesTheStatedOrderBitForBit) {
   // fixed_dot.h's order: lane i sums k = i, i+8, ... by fma, lanes combined as a tree, then the tail.
   auto fixed_dot = [](const float* a, const float* b, int64_t K) {
@@ -240,9 +243,10 @@ TEST(PagedAttention, ComputesTheStatedOrderBitForBit) {
     for (int64_t k = k8; k < K; ++k) sum = std::fma(a[k], b[k], sum);
     return sum;
   };
-  for (int64_t D : {64, 72, 8}) {
-    SCOPED_TRACE("D=" + std::to_string(D));
-    const int64_t NB = 8, Hkv = 2, S = 4, H = 6, P = 13;
+  for (const auto& [D, H, Hkv] : {std::tuple<int64_t, int64_t, int64_t>{64, 6, 2}, {72, 6, 2}, {8, 6, 2}, {64, 2, 2},
+                                  {64, 4, 2}, {72, 8, 2}, {64, 5, 1}, {64, 18, 2}}) {
+    SCOPED_TRACE("D=" + std::to_string(D) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv));
+    const int64_t NB = 8, S = 4, P = 13;
     Tensor k_cache = test::randn({NB, Hkv, S, D}, 31), v_cache = test::randn({NB, Hkv, S, D}, 32);
     const std::vector<int32_t> table = {6, 1, 3, 0};
     Tensor q = test::randn({P + 1, H, D}, 33);

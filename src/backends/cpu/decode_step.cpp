@@ -183,12 +183,12 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   float* u = g + R * F;
   float* h = u + R * F;
   std::vector<quant::ActBlock> shared_act(R > kOwnRows ? static_cast<size_t>(R * blocks) : 0);
-  // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch, scores
-  // [max position + 1] and acc [D].
+  // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch for
+  // kHeadsTogether heads, scores [max position + 1] and acc [D] each.
   int64_t max_pos = 0;
   for (int64_t r = 0; r < R; ++r) max_pos = std::max(max_pos, p.positions[r]);
   const int64_t own_blocks = kOwnRows * blocks;
-  const int64_t scratch = C + max_pos + 1 + D;
+  const int64_t scratch = C + kHeadsTogether * (max_pos + 1 + D);
   std::vector<float> per_thread(static_cast<size_t>(threads * scratch));
   std::vector<quant::ActBlock> own_act(static_cast<size_t>(threads * own_blocks));
   for (int64_t r = 0; r < R; ++r) {
@@ -203,7 +203,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   auto per_claim = [threads](int64_t items, int64_t claims) {
     return std::max<int64_t>(1, items / (claims * static_cast<int64_t>(threads)));
   };
-  const int64_t heads_per_claim = per_claim(R * H, 8);
+  // Attention's items: (row, up to kHeadsTogether query heads of one k/v head), computed side by side.
+  const int64_t group = H / Hkv, head_chunks = Hkv * ((group + kHeadsTogether - 1) / kHeadsTogether);
+  const int64_t heads_per_claim = per_claim(R * head_chunks, 8);
   // [c * size, min(total, (c + 1) * size)): chunk c of `total` items.
   auto span = [](int64_t c, int64_t size, int64_t total) {
     return std::pair<int64_t, int64_t>{c * size, std::min(total, (c + 1) * size)};
@@ -214,7 +216,7 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     const int t = team.rank();
     float* my_xn = per_thread.data() + t * scratch;
     float* my_scores = my_xn + C;
-    float* my_acc = my_scores + max_pos + 1;
+    float* my_acc = my_scores + kHeadsTogether * (max_pos + 1);
     quant::ActBlock* my_act = own_act.data() + t * own_blocks;
     int64_t phase = 0;
     auto nothing = [] {};
@@ -280,9 +282,19 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
       });
       // 2. attention of each (row, query head) over its sequence's positions [0, P] (a row of a prompt
       // chunk reads the keys the chunk's earlier rows wrote in 1).
-      phases.run(phase++, chunks_of(R * H, heads_per_claim), nothing, [&](int64_t c) {
-        const auto [i0, i1] = span(c, heads_per_claim, R * H);
-        for (int64_t i = i0; i < i1; ++i) paged_attention_head(p, i / H, i % H, q, kc, vc, y, my_scores, my_acc);
+      phases.run(phase++, chunks_of(R * head_chunks, heads_per_claim), nothing, [&](int64_t c) {
+        const auto [i0, i1] = span(c, heads_per_claim, R * head_chunks);
+        // Chunk i % head_chunks of row i / head_chunks: k/v head g's query heads [h0, h1).
+        const int64_t per_group = head_chunks / Hkv;
+        auto first_head = [&](int64_t i) {
+          const int64_t g = (i % head_chunks) / per_group, k = (i % head_chunks) % per_group;
+          return g * group + k * kHeadsTogether;
+        };
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t h0 = first_head(i), h1 = std::min(h0 + kHeadsTogether, (h0 / group + 1) * group);
+          if (i + 1 < i1) paged_attention_prefetch(p, (i + 1) / head_chunks, first_head(i + 1), kc);
+          paged_attention_heads(p, i / head_chunks, h0, h1, q, kc, vc, y, my_scores, my_acc);
+        }
       });
       // 3. x += output_proj(y).
       matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, chunk_c), [&](const quant::ActBlock* a, int64_t c) {

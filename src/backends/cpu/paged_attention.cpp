@@ -40,101 +40,206 @@ void paged_row_write(const PagedAttentionProblem& p, const float* x, float* cach
   }
 }
 
-void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
-                          const float* v_cache, float* out, float* scores, float* acc) {
-  const int64_t group = p.H / p.Hkv, D = p.D, Dv = p.value_dim(), g = h / group, P = p.positions[r], S = p.S;
+namespace {
+
+// Heads h0 .. h0 + NQ - 1 of row r, all reading k/v head g: each head's numbers are computed by exactly
+// the operations paged_attention.h states, the NQ heads' side by side so that their independent chains
+// (the dots' partial sums, the softmax's sum, the value sums) fill the cores' pipelines where one head's
+// chain alone waits on each fused multiply-add's latency, and each key and value is loaded once for all
+// NQ. scores: NQ x (P + 1) floats; acc: NQ x Dv floats.
+template <int NQ>
+void attend(const PagedAttentionProblem& p, int64_t r, int64_t h0, const float* q, const float* k_cache,
+            const float* v_cache, float* out, float* scores, float* acc) {
+  const int64_t group = p.H / p.Hkv, D = p.D, Dv = p.value_dim(), g = h0 / group, P = p.positions[r], S = p.S;
   const float scale = p.scale > 0 ? p.scale : 1.0f / std::sqrt(static_cast<float>(D));
   const int32_t* table = p.tables[r];
-  const float* qh = q + (r * p.H + h) * D;
+  const int64_t n_pos = P + 1;
+  const float* qh[NQ];
+  float* sc[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    qh[i] = q + (r * p.H + h0 + i) * D;
+    sc[i] = scores + i * n_pos;
+  }
   // The sequence's positions block by block: block i holds positions [i S, i S + n), its slots D apart.
   auto for_each_block = [&](auto&& f) {
     for (int64_t i = 0, j = 0; j <= P; ++i, j += S) f(j, std::min(S, P + 1 - j), paged_slot_offset(p, table[i], g, 0));
   };
-  // The scores, four keys at a time (fixed_dot::dot4: each key's dot in dot's own order).
+  // The scores, four keys at a time for every head (each key's dot in fixed_dot::dot's order).
+  // A block's slots (S x D floats, a page at the usual 16 x 64) lie apart from the next block's, where
+  // the hardware prefetcher does not follow, and in a batched step they come from DRAM: each block asks
+  // for the next block's keys and its own values before its dots.
+  const int64_t k8 = D - D % 8;
+  auto prefetch = [](const float* x, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(x + i, 0, 3);
+  };
+  prefetch(k_cache + paged_slot_offset(p, table[0], g, 0), std::min(S, n_pos) * D);
   for_each_block([&](int64_t j, int64_t n, int64_t at) {
     const float* k = k_cache + at;
+    if (j + S <= P) prefetch(k_cache + paged_slot_offset(p, table[(j + S) / S], g, 0), std::min(S, P + 1 - j - S) * D);
+    prefetch(v_cache + at, n * D);
     int64_t s = 0;
-    for (; s + 4 <= n; s += 4) fixed_dot::dot4(qh, k + s * D, D, D, scores + j + s);
-    for (; s < n; ++s) scores[j + s] = fixed_dot::dot(qh, k + s * D, D);
+    for (; s + 4 <= n; s += 4) {
+      const float* ks = k + s * D;
+      fixed_dot::Acc c[NQ][4];
+      for (int i = 0; i < NQ; ++i) {
+        for (int u = 0; u < 4; ++u) c[i][u] = fixed_dot::zero();
+      }
+      for (int64_t d = 0; d < k8; d += 8) {
+        const fixed_dot::Acc k0 = fixed_dot::load(ks + d), k1 = fixed_dot::load(ks + D + d),
+                             k2 = fixed_dot::load(ks + 2 * D + d), k3 = fixed_dot::load(ks + 3 * D + d);
+        for (int i = 0; i < NQ; ++i) {
+          const fixed_dot::Acc x = fixed_dot::load(qh[i] + d);
+          c[i][0] = fixed_dot::fma(x, k0, c[i][0]);
+          c[i][1] = fixed_dot::fma(x, k1, c[i][1]);
+          c[i][2] = fixed_dot::fma(x, k2, c[i][2]);
+          c[i][3] = fixed_dot::fma(x, k3, c[i][3]);
+        }
+      }
+      for (int i = 0; i < NQ; ++i) {
+        for (int u = 0; u < 4; ++u) sc[i][j + s + u] = fixed_dot::tail(fixed_dot::finish(c[i][u]), qh[i], ks + u * D, k8, D);
+      }
+    }
+    for (; s < n; ++s) {
+      for (int i = 0; i < NQ; ++i) sc[i][j + s] = fixed_dot::dot(qh[i], k + s * D, D);
+    }
   });
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j <= P; ++j) {
-    scores[j] *= scale;
-    max = std::max(max, scores[j]);
-  }
-  // e_j = exp(s_j - max), every position through the same exp (16 at a time, the last vector masked),
-  // then summed in order. (std::exp, a library call per position, was ~40% of this function's time.)
+  // Scaled, then e_j = exp(s_j - max): every position through the same exp (16 at a time, the last
+  // vector masked). The maximum is exact in any order, so it is taken 16 lanes at a time.
+  for (int i = 0; i < NQ; ++i) {
+    float* s = sc[i];
 #if defined(__AVX512F__)
-  const __m512 max16 = _mm512_set1_ps(max);
-  for (int64_t j = 0; j <= P; j += 16) {
-    const __mmask16 k = tail_mask(P + 1 - j);
-    _mm512_mask_storeu_ps(scores + j, k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + j), max16)));
-  }
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    __m512 max16 = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n_pos; j += 16) {
+      const __mmask16 m = tail_mask(n_pos - j);
+      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), scale16);
+      _mm512_mask_storeu_ps(s + j, m, x);
+      max16 = _mm512_mask_max_ps(max16, m, x, max16);
+    }
+    max16 = _mm512_set1_ps(_mm512_reduce_max_ps(max16));
+    for (int64_t j = 0; j < n_pos; j += 16) {
+      const __mmask16 m = tail_mask(n_pos - j);
+      _mm512_mask_storeu_ps(s + j, m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), max16)));
+    }
 #else
-  for (int64_t j = 0; j <= P; ++j) scores[j] = fast_exp(scores[j] - max);
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n_pos; ++j) {
+      s[j] *= scale;
+      max = std::max(max, s[j]);
+    }
+    for (int64_t j = 0; j < n_pos; ++j) s[j] = fast_exp(s[j] - max);
 #endif
-  double total = 0;
-  for (int64_t j = 0; j <= P; ++j) total += scores[j];
-  // acc[d] = fma(e_j, v_j[d], acc[d]) over j in order, 64 values of d at a time held in registers
-  // (through `acc` in memory, each position's fused multiply-adds waited on the stores of the one
-  // before), the rest of Dv one value at a time: the same operations either way.
+  }
+  // Each head's sum in j order, in double, the heads' sums side by side.
+  double total[NQ] = {};
+  for (int64_t j = 0; j < n_pos; ++j) {
+    for (int i = 0; i < NQ; ++i) total[i] += sc[i][j];
+  }
+  // acc[d] = fma(e_j, v_j[d], acc[d]) over j in order, 64 values of d at a time held in registers for
+  // every head (each value loaded once for all of them), the rest of Dv one value at a time: the same
+  // operations either way.
   int64_t d0 = 0;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-  for (; d0 + 64 <= Dv; d0 += 64) {
 #if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; d0 + 64 <= Dv; d0 += 64) {
+    __m512 a[NQ][4];
+    for (int i = 0; i < NQ; ++i) {
+      for (int u = 0; u < 4; ++u) a[i][u] = _mm512_setzero_ps();
+    }
     for_each_block([&](int64_t j, int64_t n, int64_t at) {
       const float* v = v_cache + at + d0;
       for (int64_t s = 0; s < n; ++s, v += D) {
-        const __m512 e = _mm512_set1_ps(scores[j + s]);
-        a0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(v), a0);
-        a1 = _mm512_fmadd_ps(e, _mm512_loadu_ps(v + 16), a1);
-        a2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(v + 32), a2);
-        a3 = _mm512_fmadd_ps(e, _mm512_loadu_ps(v + 48), a3);
+        const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16), v2 = _mm512_loadu_ps(v + 32),
+                     v3 = _mm512_loadu_ps(v + 48);
+        for (int i = 0; i < NQ; ++i) {
+          const __m512 e = _mm512_set1_ps(sc[i][j + s]);
+          a[i][0] = _mm512_fmadd_ps(e, v0, a[i][0]);
+          a[i][1] = _mm512_fmadd_ps(e, v1, a[i][1]);
+          a[i][2] = _mm512_fmadd_ps(e, v2, a[i][2]);
+          a[i][3] = _mm512_fmadd_ps(e, v3, a[i][3]);
+        }
       }
     });
-    _mm512_storeu_ps(acc + d0, a0);
-    _mm512_storeu_ps(acc + d0 + 16, a1);
-    _mm512_storeu_ps(acc + d0 + 32, a2);
-    _mm512_storeu_ps(acc + d0 + 48, a3);
-#else
-    __m256 a[8];
-    for (__m256& x : a) x = _mm256_setzero_ps();
-    for_each_block([&](int64_t j, int64_t n, int64_t at) {
-      const float* v = v_cache + at + d0;
-      for (int64_t s = 0; s < n; ++s, v += D) {
-        const __m256 e = _mm256_set1_ps(scores[j + s]);
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * i), a[i]);
-      }
-    });
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
-#endif
+    for (int i = 0; i < NQ; ++i) {
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + i * Dv + d0 + 16 * u, a[i][u]);
+    }
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; d0 + 64 <= Dv; d0 += 64) {
+    for (int i = 0; i < NQ; ++i) {
+      __m256 a[8];
+      for (__m256& x : a) x = _mm256_setzero_ps();
+      for_each_block([&](int64_t j, int64_t n, int64_t at) {
+        const float* v = v_cache + at + d0;
+        for (int64_t s = 0; s < n; ++s, v += D) {
+          const __m256 e = _mm256_set1_ps(sc[i][j + s]);
+          for (int w = 0; w < 8; ++w) a[w] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * w), a[w]);
+        }
+      });
+      for (int w = 0; w < 8; ++w) _mm256_storeu_ps(acc + i * Dv + d0 + 8 * w, a[w]);
+    }
   }
 #endif
   if (d0 < Dv) {
-    std::fill(acc + d0, acc + Dv, 0.0f);
+    for (int i = 0; i < NQ; ++i) std::fill(acc + i * Dv + d0, acc + (i + 1) * Dv, 0.0f);
     for_each_block([&](int64_t j, int64_t n, int64_t at) {
       const float* v = v_cache + at;
       for (int64_t s = 0; s < n; ++s, v += D) {
-        for (int64_t d = d0; d < Dv; ++d) acc[d] = std::fma(scores[j + s], v[d], acc[d]);
+        for (int i = 0; i < NQ; ++i) {
+          float* a = acc + i * Dv;
+          for (int64_t d = d0; d < Dv; ++d) a[d] = std::fma(sc[i][j + s], v[d], a[d]);
+        }
       }
     });
   }
-  const float inv = static_cast<float>(1.0 / total);
-  float* o = out + (r * p.H + h) * Dv;
-  for (int64_t d = 0; d < Dv; ++d) o[d] = acc[d] * inv;
+  for (int i = 0; i < NQ; ++i) {
+    const float inv = static_cast<float>(1.0 / total[i]);
+    const float* a = acc + i * Dv;
+    float* o = out + (r * p.H + h0 + i) * Dv;
+    for (int64_t d = 0; d < Dv; ++d) o[d] = a[d] * inv;
+  }
+}
+
+}  // namespace
+
+void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
+                          const float* v_cache, float* out, float* scores, float* acc) {
+  attend<1>(p, r, h, q, k_cache, v_cache, out, scores, acc);
+}
+
+void paged_attention_prefetch(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* k_cache) {
+  const int64_t g = h / (p.H / p.Hkv), floats = std::min(p.S, p.positions[r] + 1) * p.D;
+  const float* k = k_cache + paged_slot_offset(p, p.tables[r][0], g, 0);
+  for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(k + i, 0, 3);
+}
+
+void paged_attention_heads(const PagedAttentionProblem& p, int64_t r, int64_t h0, int64_t h1, const float* q,
+                           const float* k_cache, const float* v_cache, float* out, float* scores, float* acc) {
+  const int64_t group = p.H / p.Hkv;
+  for (int64_t h = h0; h < h1;) {
+    // Up to kHeadsTogether heads of one k/v head at a time.
+    const int64_t n = std::min({kHeadsTogether, h1 - h, group - h % group});
+    switch (n) {
+      case 1: attend<1>(p, r, h, q, k_cache, v_cache, out, scores, acc); break;
+      case 2: attend<2>(p, r, h, q, k_cache, v_cache, out, scores, acc); break;
+      case 3: attend<3>(p, r, h, q, k_cache, v_cache, out, scores, acc); break;
+      default: attend<4>(p, r, h, q, k_cache, v_cache, out, scores, acc); break;
+    }
+    h += n;
+  }
 }
 
 void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
                              const float* v_cache, float* out) {
-  // One (row, head) per item; a long row's work is its position, so chunks are single items.
-  parallel_for(0, p.R * p.H, 1, [&](int64_t i0, int64_t i1) {
+  // One (row, k/v head) per item, its query heads together; a long row's work is its position, so
+  // chunks are single items.
+  const int64_t group = p.H / p.Hkv;
+  parallel_for(0, p.R * p.Hkv, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(p.value_dim()));
+    std::vector<float> acc(static_cast<size_t>(kHeadsTogether * p.value_dim()));
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / p.H;
-      scores.resize(static_cast<size_t>(p.positions[r] + 1));
-      paged_attention_head(p, r, i % p.H, q, k_cache, v_cache, out, scores.data(), acc.data());
+      const int64_t r = i / p.Hkv, g = i % p.Hkv;
+      scores.resize(static_cast<size_t>(kHeadsTogether * (p.positions[r] + 1)));
+      paged_attention_heads(p, r, g * group, (g + 1) * group, q, k_cache, v_cache, out, scores.data(), acc.data());
     }
   });
 }

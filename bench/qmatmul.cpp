@@ -9,6 +9,7 @@
 // as its head), rounding (0 int8, 1 int8x2), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 64-256
 // rows of W at a time, and the rows' activations stay in L1/L2), so this times the kernels, not DRAM. "MACs" is multiply-adds per
 // second. Each run first checks that both paths give the same bits where the CPU has both.
+// BM_QuantizeActivations times the activations' quantization that precedes each of the step's matmuls.
 // On a shared machine quote the best repetition of each: others' jobs only ever add time.
 #include <benchmark/benchmark.h>
 
@@ -78,7 +79,26 @@ void Args(benchmark::internal::Benchmark* b) {
   }
 }
 
+// The activations' quantization a batched step does before each matmul (int8 or int8x2), on one thread:
+// M rows of K, SmolLM2's widths (576 the residual stream, 1536 w2's input). "floats" per second.
+void BM_QuantizeActivations(benchmark::State& state) {
+  const int64_t M = state.range(0), K = state.range(1);
+  const ActivationRounding rounding = state.range(2) == 0 ? ActivationRounding::Int8 : ActivationRounding::Int8x2;
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (float& v : x) v = normal(gen);
+  std::vector<ActBlock> a(static_cast<size_t>(M * activation_levels(rounding) * K / 32));
+  for (auto _ : state) {
+    quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Auto, rounding);
+    benchmark::DoNotOptimize(a.data());
+  }
+  state.SetLabel(activation_rounding_name(rounding));
+  state.counters["floats"] = benchmark::Counter(static_cast<double>(state.iterations() * M * K), benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
 BENCHMARK(BM_QuantizedMatmulRows)->Apply(Args);
+BENCHMARK(BM_QuantizeActivations)->ArgsProduct({{1, 16}, {576, 1536}, {0, 1}});
 BENCHMARK_MAIN();

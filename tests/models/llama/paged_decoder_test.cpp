@@ -164,44 +164,52 @@ TEST(PagedDecoder, ChecksItsItemsNamingTheProblem) {
 
 // The fused step (one parallel region per step, ops::paged_decode_step) against the op-by-op pass it
 // replaces for quantized weights: every logit bitwise equal, for one row (every thread quantizes it for
-// itself) and many (the rows split over the team), on 1-3 threads, with both activation roundings.
+// itself) and many (the rows split over the team), on 1-3 threads, with both activation roundings; with
+// 2, 8 and 5 query heads a k/v head (the fused step's attention items: up to 4 heads of one k/v head, so
+// 8 is two items a k/v head and 5 one of 4 and one of 1).
 TEST(PagedDecoder, TheFusedStepIsBitwiseTheOpByOpPass) {
-  llama::TransformerLM model(tiny_config(), 9);
-  quantize(model);
-  nn::DecoderWeights fused = *model.decoder_weights();
-  ASSERT_TRUE(fused.fused != nullptr) << "the quantized tiny Llama should run fused";
-  nn::DecoderWeights plain = fused;
-  plain.fused.reset();
   nn::DecoderWeights f32 = *llama::TransformerLM(tiny_config(), 9).decoder_weights();
   EXPECT_TRUE(f32.fused == nullptr);
   EXPECT_HAS(f32.fuse(), "f32");
 
   const quant::ActivationRounding saved_rounding = quant::default_activation_rounding();
-  for (quant::ActivationRounding rounding : {quant::ActivationRounding::Int8x2, quant::ActivationRounding::Int8}) {
-    quant::set_default_activation_rounding(rounding);
-    for (int threads : {1, 2, 3}) {
-      SCOPED_TRACE(std::string(quant::activation_rounding_name(rounding)) + ", threads " + std::to_string(threads));
-      const int saved = num_threads();
-      set_num_threads(threads);
-      // One sequence decoding alone (one row a step), then four with prompts in chunks (many rows).
-      for (size_t count : {size_t{1}, size_t{4}}) {
-        std::vector<Seq> a(count), b(count);
-        for (size_t s = 0; s < count; ++s) {
-          a[s].ids = tokens(20 + s, 18 + 4 * static_cast<int64_t>(s), 97);
-          a[s].chunks = count == 1 ? chunks({1}, 17) : chunks({3, 4}, 11 + 4 * static_cast<int64_t>(s));
-          b[s] = a[s];
-        }
-        run(fused, a, 4, 2, in_order);
-        run(plain, b, 4, 2, in_order);
-        for (size_t s = 0; s < count; ++s) {
-          ASSERT_EQ(a[s].logits.size(), b[s].logits.size());
-          for (size_t i = 0; i < a[s].logits.size(); ++i) {
-            EXPECT_EQ(std::memcmp(a[s].logits[i].data(), b[s].logits[i].data(), 97 * sizeof(float)), 0)
-                << count << " sequences: sequence " << s << ", logits " << i;
+  llama::Config group8 = tiny_config(), group5 = tiny_config();
+  group8.num_heads = 8, group8.num_kv_heads = 1;
+  group5.d_model = 160, group5.num_heads = 5, group5.num_kv_heads = 1;
+  for (const llama::Config& config : {tiny_config(), group8, group5}) {
+    llama::TransformerLM model(config, 9);
+    quantize(model);
+    nn::DecoderWeights fused = *model.decoder_weights();
+    ASSERT_TRUE(fused.fused != nullptr) << "the quantized tiny Llama should run fused";
+    nn::DecoderWeights plain = fused;
+    plain.fused.reset();
+    for (quant::ActivationRounding rounding : {quant::ActivationRounding::Int8x2, quant::ActivationRounding::Int8}) {
+      quant::set_default_activation_rounding(rounding);
+      for (int threads : {1, 2, 3}) {
+        SCOPED_TRACE(std::string(quant::activation_rounding_name(rounding)) + ", threads " + std::to_string(threads) +
+                     ", " + std::to_string(config.num_heads) + " heads over " + std::to_string(config.num_kv_heads));
+        const int saved = num_threads();
+        set_num_threads(threads);
+        // One sequence decoding alone (one row a step), then four with prompts in chunks (many rows).
+        for (size_t count : {size_t{1}, size_t{4}}) {
+          std::vector<Seq> a(count), b(count);
+          for (size_t s = 0; s < count; ++s) {
+            a[s].ids = tokens(20 + s, 18 + 4 * static_cast<int64_t>(s), 97);
+            a[s].chunks = count == 1 ? chunks({1}, 17) : chunks({3, 4}, 11 + 4 * static_cast<int64_t>(s));
+            b[s] = a[s];
+          }
+          run(fused, a, 4, 2, in_order);
+          run(plain, b, 4, 2, in_order);
+          for (size_t s = 0; s < count; ++s) {
+            ASSERT_EQ(a[s].logits.size(), b[s].logits.size());
+            for (size_t i = 0; i < a[s].logits.size(); ++i) {
+              EXPECT_EQ(std::memcmp(a[s].logits[i].data(), b[s].logits[i].data(), 97 * sizeof(float)), 0)
+                  << count << " sequences: sequence " << s << ", logits " << i;
+            }
           }
         }
+        set_num_threads(saved);
       }
-      set_num_threads(saved);
     }
   }
   quant::set_default_activation_rounding(saved_rounding);

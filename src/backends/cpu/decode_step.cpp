@@ -204,7 +204,8 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     return std::max<int64_t>(1, items / (claims * static_cast<int64_t>(threads)));
   };
   // Attention's items: (row, up to kHeadsTogether query heads of one k/v head), computed side by side.
-  const int64_t group = H / Hkv, head_chunks = Hkv * ((group + kHeadsTogether - 1) / kHeadsTogether);
+  const int64_t group = H / Hkv, per_group = (group + kHeadsTogether - 1) / kHeadsTogether;
+  const int64_t head_chunks = Hkv * per_group;
   const int64_t heads_per_claim = per_claim(R * head_chunks, 8);
   // [c * size, min(total, (c + 1) * size)): chunk c of `total` items.
   auto span = [](int64_t c, int64_t size, int64_t total) {
@@ -285,7 +286,6 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
       phases.run(phase++, chunks_of(R * head_chunks, heads_per_claim), nothing, [&](int64_t c) {
         const auto [i0, i1] = span(c, heads_per_claim, R * head_chunks);
         // Chunk i % head_chunks of row i / head_chunks: k/v head g's query heads [h0, h1).
-        const int64_t per_group = head_chunks / Hkv;
         auto first_head = [&](int64_t i) {
           const int64_t g = (i % head_chunks) / per_group, k = (i % head_chunks) % per_group;
           return g * group + k * kHeadsTogether;

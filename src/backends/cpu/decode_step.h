@@ -81,7 +81,7 @@ void decode_step(const DecodeModel& model, int32_t token, int64_t P, int64_t cap
 // row's arithmetic is the op-by-op paged pass's (nn::paged_decoder_forward with its weights quantized):
 // the same RMSNorm, activation quantization, quantized_matmul_rows over ranges starting on multiples of
 // 8 rows, RoPE from the same table rows, ops::paged_attention's per-(row, head) kernel
-// (paged_attention_head), SwiGLU and adds; so a row's logits are bitwise those of that pass, which are
+// (paged_attention_heads), SwiGLU and adds; so a row's logits are bitwise those of that pass, which are
 // the same whatever other rows share the step, and whichever thread computes a chunk. The rows'
 // normed and quantized activations are computed by every thread for itself when the rows are few, else
 // once, a row a chunk, in a phase of their own.

@@ -42,6 +42,11 @@ void paged_row_write(const PagedAttentionProblem& p, const float* x, float* cach
 
 namespace {
 
+// Asks for `floats` floats from x into L1, a cache line at a time.
+void prefetch_floats(const float* x, int64_t floats) {
+  for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(x + i, 0, 3);
+}
+
 // Heads h0 .. h0 + NQ - 1 of row r, all reading k/v head g: each head's numbers are computed by exactly
 // the operations paged_attention.h states, the NQ heads' side by side so that their independent chains
 // (the dots' partial sums, the softmax's sum, the value sums) fill the cores' pipelines where one head's
@@ -69,14 +74,11 @@ void attend(const PagedAttentionProblem& p, int64_t r, int64_t h0, const float* 
   // the hardware prefetcher does not follow, and in a batched step they come from DRAM: each block asks
   // for the next block's keys and its own values before its dots.
   const int64_t k8 = D - D % 8;
-  auto prefetch = [](const float* x, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(x + i, 0, 3);
-  };
-  prefetch(k_cache + paged_slot_offset(p, table[0], g, 0), std::min(S, n_pos) * D);
+  paged_attention_prefetch(p, r, h0, k_cache);
   for_each_block([&](int64_t j, int64_t n, int64_t at) {
     const float* k = k_cache + at;
-    if (j + S <= P) prefetch(k_cache + paged_slot_offset(p, table[(j + S) / S], g, 0), std::min(S, P + 1 - j - S) * D);
-    prefetch(v_cache + at, n * D);
+    if (j + S <= P) prefetch_floats(k_cache + paged_slot_offset(p, table[(j + S) / S], g, 0), std::min(S, P + 1 - j - S) * D);
+    prefetch_floats(v_cache + at, n * D);
     int64_t s = 0;
     for (; s + 4 <= n; s += 4) {
       const float* ks = k + s * D;
@@ -201,15 +203,9 @@ void attend(const PagedAttentionProblem& p, int64_t r, int64_t h0, const float* 
 
 }  // namespace
 
-void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
-                          const float* v_cache, float* out, float* scores, float* acc) {
-  attend<1>(p, r, h, q, k_cache, v_cache, out, scores, acc);
-}
-
 void paged_attention_prefetch(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* k_cache) {
-  const int64_t g = h / (p.H / p.Hkv), floats = std::min(p.S, p.positions[r] + 1) * p.D;
-  const float* k = k_cache + paged_slot_offset(p, p.tables[r][0], g, 0);
-  for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(k + i, 0, 3);
+  const int64_t g = h / (p.H / p.Hkv);
+  prefetch_floats(k_cache + paged_slot_offset(p, p.tables[r][0], g, 0), std::min(p.S, p.positions[r] + 1) * p.D);
 }
 
 void paged_attention_heads(const PagedAttentionProblem& p, int64_t r, int64_t h0, int64_t h1, const float* q,

@@ -35,20 +35,17 @@ struct PagedAttentionProblem {
 
 void paged_attention_forward(const PagedAttentionProblem& p, const float* q, const float* k_cache,
                              const float* v_cache, float* out);
-// One (row r, head h) of it, on the calling thread: out[r, h] from q[r, h]. scores: scratch of at least
-// positions[r] + 1 floats; acc: scratch of value_dim() floats. paged_attention_forward is this over every (r, h),
-// so a caller running its own team of threads (the fused paged step, decode_step.h) gets its bits.
-void paged_attention_head(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* q, const float* k_cache,
-                          const float* v_cache, float* out, float* scores, float* acc);
-// Query heads [h0, h1) of row r, the same bits as paged_attention_head on each, up to kHeadsTogether heads
-// of one k/v head computed side by side (their chains overlap, each key and value is loaded once for
-// them). scores: kHeadsTogether * (positions[r] + 1) floats; acc: kHeadsTogether * value_dim() floats.
+// Query heads [h0, h1) of row r, on the calling thread: out[r, h] from q[r, h], each head by the order
+// above, up to kHeadsTogether heads of one k/v head computed side by side (their chains overlap, each
+// key and value is loaded once for them). scores: scratch of kHeadsTogether * (positions[r] + 1) floats;
+// acc: kHeadsTogether * value_dim() floats. paged_attention_forward is this over every row's heads, so
+// a caller running its own team of threads (the fused paged step, decode_step.h) gets its bits.
 inline constexpr int64_t kHeadsTogether = 4;
+void paged_attention_heads(const PagedAttentionProblem& p, int64_t r, int64_t h0, int64_t h1, const float* q,
+                           const float* k_cache, const float* v_cache, float* out, float* scores, float* acc);
 // Asks for the first block of the keys row r's head h reads, a head or two ahead of computing it (the
 // kernel asks for each later block itself as it goes).
 void paged_attention_prefetch(const PagedAttentionProblem& p, int64_t r, int64_t h, const float* k_cache);
-void paged_attention_heads(const PagedAttentionProblem& p, int64_t r, int64_t h0, int64_t h1, const float* q,
-                           const float* k_cache, const float* v_cache, float* out, float* scores, float* acc);
 
 // The offset of (block, kv head g, slot) in a [NB, Hkv, S, D] cache.
 inline int64_t paged_slot_offset(const PagedAttentionProblem& p, int32_t block, int64_t g, int64_t slot) {

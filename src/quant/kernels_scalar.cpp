@@ -25,7 +25,7 @@ void quantize_row(const float* x, int64_t K, ActBlock* out) {
       amax = std::max(amax, std::fabs(x[j]));
       nonfinite += x[j] - x[j];  // NaN iff some x[j] is inf or NaN
     }
-    blk.pad = 0;
+    blk.q8_bias = 0;
     if (std::isnan(nonfinite)) {
       blk.d = blk.s = NAN;
       std::memset(blk.q, 0, 32);
@@ -43,6 +43,7 @@ void quantize_row(const float* x, int64_t K, ActBlock* out) {
     blk.s = d * static_cast<float>(sum[0] + sum[1]);
     blk.sum16[0] = static_cast<int16_t>(sum[0]);
     blk.sum16[1] = static_cast<int16_t>(sum[1]);
+    blk.q8_bias = 128 * (sum[0] + sum[1]);
   }
 }
 
@@ -53,7 +54,7 @@ void quantize_residual(const float* x, int64_t K, const ActBlock* level0, ActBlo
   for (int64_t b = 0; b < K / 32; ++b, x += 32) {
     const ActBlock& l0 = level0[b];
     ActBlock& blk = out[b];
-    blk.pad = 0;
+    blk.q8_bias = 0;
     if (std::isnan(l0.d)) {  // a block holding inf or NaN: NaN on both levels
       blk.d = blk.s = NAN;
       std::memset(blk.q, 0, 32);
@@ -74,6 +75,7 @@ void quantize_residual(const float* x, int64_t K, const ActBlock* level0, ActBlo
     blk.s = blk.d * static_cast<float>(256 * (l0.sum16[0] + l0.sum16[1]) + sum[0] + sum[1]);
     blk.sum16[0] = static_cast<int16_t>(sum[0]);
     blk.sum16[1] = static_cast<int16_t>(sum[1]);
+    blk.q8_bias = 256 * l0.q8_bias + 128 * (sum[0] + sum[1]);
   }
 }
 

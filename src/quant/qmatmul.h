@@ -116,9 +116,9 @@ struct ActBlock {
   float d;           // max|x| / 127 (0 for an all-zero block, NaN if the block holds inf or NaN)
   float s;           // d * (sum of q), for the formats whose weights have an offset (Q4_1, Q4_K, Q4_0)
   int8_t q[32];
-  int16_t sum16[2];  // sums of q over elements 0..15 and 16..31 (Q6_K's 16-element sub-blocks; the
-                     // AVX-512 Q8_0 pair kernels' 128 sum(q), kernels_x86.inc)
-  int32_t pad;
+  int16_t sum16[2];  // sums of q over elements 0..15 and 16..31 (Q6_K's 16-element sub-blocks)
+  int32_t q8_bias;   // what the AVX-512 Q8_0 pair kernels take off their dots (kernels_x86.inc, pair_bias):
+                     // 128 sum(q); on Int8x2's level 1, 256 times level 0's plus its own 128 sum(q')
 };
 static_assert(sizeof(ActBlock) == 48);
 

@@ -199,6 +199,9 @@ TEST(QuantizedMatmul, Int8x2RoundsEachActivationWithinDOver512) {
       EXPECT_EQ(l1.s, l1.d * static_cast<float>(256 * sum0 + sum1[0] + sum1[1])) << m << " " << b;
       EXPECT_EQ(l1.sum16[0], sum1[0]);
       EXPECT_EQ(l1.sum16[1], sum1[1]);
+      // The Q8_0 pair kernels' bias: 128 sum(q), and on level 1 the levels' combined.
+      EXPECT_EQ(l0.q8_bias, 128 * sum0) << m << " " << b;
+      EXPECT_EQ(l1.q8_bias, 256 * 128 * sum0 + 128 * (sum1[0] + sum1[1])) << m << " " << b;
     }
   }
   EXPECT_GT(worst, 0.99) << "no residual came near half a step of d/256";

@@ -253,10 +253,10 @@ void Engine::publish_stats() {
   // The recent-throughput window: the last ~10 s of sampled tokens.
   const auto now = Clock::now();
   while (!recent_tokens_.empty() && now - recent_tokens_.front().first > std::chrono::seconds(10)) {
+    recent_tokens_sum_ -= recent_tokens_.front().second;
     recent_tokens_.pop_front();
   }
-  int64_t recent = 0;
-  for (const auto& [t, n] : recent_tokens_) recent += n;
+  const int64_t recent = recent_tokens_sum_;
   const double window =
       recent_tokens_.empty() ? 1.0 : std::max(1.0, std::chrono::duration<double>(now - recent_tokens_.front().first).count());
   std::lock_guard lock(mutex_);
@@ -452,7 +452,13 @@ void Engine::emit_token(Sequence& seq, const float* logits, int32_t next) {
   const int64_t V = model_.vocab_size();
   ++seq.generated;
   ++counters_.generated_tokens;
-  recent_tokens_.emplace_back(Clock::now(), 1);
+  // One entry a millisecond (a step's tokens share one), not one a token: the window moves by at most that.
+  if (const auto t = Clock::now(); !recent_tokens_.empty() && t - recent_tokens_.back().first < std::chrono::milliseconds(1)) {
+    ++recent_tokens_.back().second;
+  } else {
+    recent_tokens_.emplace_back(t, 1);
+  }
+  ++recent_tokens_sum_;
   if (!seq.first_token) {
     seq.first_token = true;
     const double ttft = std::chrono::duration<double>(Clock::now() - seq.arrival).count();

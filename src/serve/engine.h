@@ -235,6 +235,8 @@ class Engine {
   EngineStats counters_;
   int64_t admissions_ = 0;
   std::deque<std::pair<Clock::time_point, int64_t>> recent_tokens_;
+  int64_t recent_tokens_sum_ = 0;  // the tokens in recent_tokens_, kept as they come and go (a step summed
+                                   // the window's entries before: at 24k tokens/s, 1.6% of the server's CPU)
   std::thread thread_;
 };
 

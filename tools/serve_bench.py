@@ -172,7 +172,9 @@ def summarize(concurrency, results, wall, client_cpu):
     tokens = sum(len(t) for _, t in results)
     ttft = [(t[0] - s) * 1000 for s, t in results if t]
     gaps = [(b - a) * 1000 for _, t in results for a, b in zip(t, t[1:])]
-    return {"concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": round(wall, 3),
+    # wall_s to the microsecond: a level of a few tiny requests can end within a millisecond, and the
+    # shares below divide by it (rounded to 3 places it was 0 in one CI run).
+    return {"concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": round(wall, 6),
             "tokens_per_s": round(tokens / wall, 2),
             "ttft_p50_ms": round(percentile(ttft, 50), 1), "ttft_p99_ms": round(percentile(ttft, 99), 1),
             "token_latency_p50_ms": round(percentile(gaps, 50), 2) if gaps else None,
@@ -301,7 +303,8 @@ def main():
                         # Where loom's scheduler spent the level: its forward passes, and sampling and delivering.
                         r["forward_ms_per_step"] = round(1000 * (after[2] - before[2]) / steps, 2)
                         r["sample_ms_per_step"] = round(1000 * (after[3] - before[3]) / steps, 2)
-                        r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
+                        if r["wall_s"] > 0:
+                            r["forward_share"] = round((after[2] - before[2]) / r["wall_s"], 3)
                         # Tokens sampled, by loom's count: the events counted as tokens, plus each
                         # end-of-text token sampled (which ends a request without an event).
                         r["sampled_tokens"] = int(after[6] - before[6])

@@ -452,16 +452,17 @@ void Engine::emit_token(Sequence& seq, const float* logits, int32_t next) {
   const int64_t V = model_.vocab_size();
   ++seq.generated;
   ++counters_.generated_tokens;
+  const auto now = Clock::now();
   // One entry a millisecond (a step's tokens share one), not one a token: the window moves by at most that.
-  if (const auto t = Clock::now(); !recent_tokens_.empty() && t - recent_tokens_.back().first < std::chrono::milliseconds(1)) {
+  if (!recent_tokens_.empty() && now - recent_tokens_.back().first < std::chrono::milliseconds(1)) {
     ++recent_tokens_.back().second;
   } else {
-    recent_tokens_.emplace_back(t, 1);
+    recent_tokens_.emplace_back(now, 1);
   }
   ++recent_tokens_sum_;
   if (!seq.first_token) {
     seq.first_token = true;
-    const double ttft = std::chrono::duration<double>(Clock::now() - seq.arrival).count();
+    const double ttft = std::chrono::duration<double>(now - seq.arrival).count();
     counters_.time_to_first_token_sum += ttft;
     ++counters_.time_to_first_token_count;
     for (size_t i = 0; i < std::size(kTtftBounds); ++i) {

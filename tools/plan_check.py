@@ -202,10 +202,14 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
             got = sorted(runs, key=lambda g: g[0]["measured"]["step_s"])[1]
         if calibrate:
             # The plan's compute at efficiency e is compute_s; the step is compute + optimizer (no
-            # communication): e = (compute_s * e0) / (measured - optimizer_s). Measured at three GEMM
-            # heights, the batch's 1024 tokens and one process's steps of 4 and 2 sequences (256 and 128
+            # communication): e = (compute_s * e0) / (measured - optimizer_s). Measured at three heights
+            # of a micro-batch, the batch's 1024 tokens whole and in 4 and 8 micro-batches (256 and 128
             # rows, what the layouts' micro-batches give a rank), each the median of three: the plan
-            # interpolates between them (DeviceSpec::efficiency_by_rows).
+            # interpolates between them (DeviceSpec::efficiency_by_rows). The batch is split, not shrunk
+            # (as until 2026-12-05: steps of 4 and 2 sequences), so that what a rank pays per micro-batch
+            # (the gradients accumulated, the loss, each op's fixed cost) is in the number: on an Intel
+            # Xeon, 8 micro-batches of 2 sequences reached 0.432 of the peak against the whole batch's
+            # 0.479, where a step of 2 sequences alone had reached 0.536 against 0.504.
             def efficiency_of(r):
                 e0 = r["device"]["gemm_efficiency"]
                 return r["plan"]["compute_s"] * e0 / (r["measured"]["step_s"] - r["plan"]["optimizer_s"])
@@ -213,12 +217,12 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
             flops = flops or r["device"]["f32_flops"]
             bandwidth = bandwidth or r["device"]["memory_bandwidth"]
             heights = {r["batch"] * r["seq"]: efficiency_of(r)}
-            for seqs in (4, 2):
-                small = model_args[:model_args.index("--batch")] + ["--batch", str(seqs)]
-                runs_small = sorted((run(small, 1, layout, a.steps, flops, bandwidth, None, collectives, cores)
-                                     for _ in range(3)), key=lambda g: g[0]["measured"]["step_s"])
-                rs = runs_small[1][0]
-                heights[rs["batch"] * rs["seq"]] = efficiency_of(rs)
+            for micro in (4, 8):
+                runs_micro = sorted((run(model_args, 1, ["--micro", str(micro)], a.steps, flops, bandwidth, None,
+                                         collectives, cores) for _ in range(3)),
+                                    key=lambda g: g[0]["measured"]["step_s"])
+                rs = runs_micro[1][0]
+                heights[rs["batch"] * rs["seq"] / rs["micro"]] = efficiency_of(rs)
             efficiency[name] = heights
             # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
             # another session's work shared the core, and the multi-rank rows of this run get less than
@@ -254,7 +258,8 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
             split = [sum(f(r["measured"]) for r in got) / min(cores, ranks) for f in (
                 lambda m: m["main_thread_cpu_s"] - m["wait_cpu_s"], lambda m: m["wait_cpu_s"],
                 lambda m: max(0.0, m["cpu_s"] - m["main_thread_cpu_s"]))]
-            if s == stages[-1] and not calibrate:
+            # One-process rows beside the calibration (--micro 4 is one of its heights) check nothing.
+            if s == stages[-1] and ranks > 1:
                 by_layout.setdefault((name, ranks, desc), []).append(step / plan_step)
             wait = slowest["measured"]["wait_s"]
             p = slowest["plan"]

@@ -17,7 +17,8 @@
 // cores the run has, default the machine's), and
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.py calibrates the efficiency on one-process runs and keeps it for the others:
-// --efficiency-at ROWS:E,... gives it at several GEMM heights (the tokens of a micro-batch on a rank).
+// --efficiency-at ROWS:E,... gives it at several GEMM heights (the tokens of a micro-batch on a rank);
+// --shared-core-slowdown S what ranks sharing the cores cost their compute (DeviceSpec::shared_core_slowdown).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   double flops = 0, bandwidth = 0, efficiency = 0;
   std::string efficiency_at;  // "ROWS:E,ROWS:E": the efficiency measured at several GEMM heights
   double cores_given = 0;  // the cores the run has (tools/plan_check.py measures its share of the machine)
+  double shared_core_slowdown = 1;  // DeviceSpec::shared_core_slowdown (tools/plan_check.py measures it)
   bool overlap = true;
   std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
   for (int i = 1; i < argc; ++i) {
@@ -98,6 +100,14 @@ int main(int argc, char** argv) {
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--collectives") collectives_file = next();
     else if (a == "--cores") cores_given = std::atof(next().c_str());
+    else if (a == "--shared-core-slowdown") {
+      const std::string v = next();
+      shared_core_slowdown = std::atof(v.c_str());
+      if (!(shared_core_slowdown > 0 && shared_core_slowdown < 10)) {
+        std::fprintf(stderr, "--shared-core-slowdown wants a number in (0, 10), got \"%s\"\n", v.c_str());
+        return 2;
+      }
+    }
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -250,6 +260,7 @@ int main(int argc, char** argv) {
   const double wanted = static_cast<double>(world) * threads;
   req.device.cores = cores;
   req.device.rank_threads = threads;
+  req.device.shared_core_slowdown = shared_core_slowdown;
   if (wanted > cores) {
     req.device.peak_share = cores / wanted;
     req.device.f32_flops *= cores / wanted;

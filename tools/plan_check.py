@@ -76,8 +76,10 @@ RUNS = [
 ]
 
 
-def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores):
+def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores, slowdown=None):
     cmd = [BENCH_USED] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
+    if slowdown:
+        cmd += ["--shared-core-slowdown", repr(slowdown)]
     if collectives:
         cmd += ["--collectives", collectives]
     if flops:
@@ -105,6 +107,24 @@ def probe_cores(model_args, copies):
         cpu += r["measured"]["cpu_s"]
         wall = max(wall, r["measured"]["step_s"])
     return max(0.25, min(float(copies), cpu / wall))
+
+
+def shared_core_slowdown(model_args, copies, steps, flops, bandwidth, alone_cpu):
+    """What sharing the cores costs a rank's compute: `copies` one-process steps at once on this session's
+    cores (as many as a layout's ranks), the median of their CPU time a step over one step's alone
+    (`alone_cpu`, the calibration's). Each switch between processes leaves the caches cold for the one
+    that comes back; the copies switch at the kernel's time slices, ranks also at every wait, so this is
+    the part of the cost that does not depend on the layout."""
+    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", str(steps), "--flops", repr(flops),
+                                       "--bandwidth", repr(bandwidth)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+    cpus = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}")
+        cpus.append(json.loads(next(line for line in out.splitlines() if line.startswith("{")))["measured"]["cpu_s"])
+    return statistics.median(cpus) / alone_cpu
 
 
 def main():
@@ -184,14 +204,24 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
     """Every layout once (the one-process runs first calibrate the efficiency): prints its rows, appends
     each rank's line to `lines` and each layout's measured / planned step to by_layout."""
     efficiency = {}
+    alone_cpu = {}  # model -> the calibration's CPU a step, one process alone
+    slowdowns = {}  # (model, ranks) -> shared_core_slowdown, where the ranks outnumber the cores
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
         calibrate = ranks == 1 and layout == ["--micro", "1"]
         if probe:
             cores = probe_cores(model_args, min(ranks, int(machine_cores))) if ranks > 1 else machine_cores
+        slowdown = None
+        if ranks > cores and name in alone_cpu:
+            if (name, ranks) not in slowdowns:
+                slowdowns[(name, ranks)] = shared_core_slowdown(model_args, ranks, a.steps, flops, bandwidth, alone_cpu[name])
+                print(f"<!-- {name}: {ranks} copies of the one-process step on {cores:g} cores took "
+                      f"{slowdowns[(name, ranks)]:.3f}x its CPU a step alone (the plan's shared-core slowdown) -->",
+                      flush=True)
+            slowdown = slowdowns[(name, ranks)]
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
-                  collectives, cores)
+                  collectives, cores, slowdown)
         if calibrate:
             # The one number every later row leans on: the median of three runs, not one (a moment of
             # another session's work in one run moved every prediction of a table by 15%).
@@ -224,6 +254,7 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
                 rs = runs_micro[1][0]
                 heights[rs["batch"] * rs["seq"] / rs["micro"]] = efficiency_of(rs)
             efficiency[name] = heights
+            alone_cpu[name] = r["measured"]["cpu_s"]
             # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
             # another session's work shared the core, and the multi-rank rows of this run get less than
             # the cores the plan gives them (docs/plan.md, "What the model still misses").

@@ -45,7 +45,8 @@ struct DeviceSpec {
   // one assumption of the time model that is not a datasheet number).
   double gemm_efficiency = 0.7;
   // Where it was measured at several GEMM heights (this CPU: tools/plan_check.py calibrates one-process
-  // steps of 1024, 256 and 128 tokens): (rows a GEMM multiplies, the fraction it reached), used in place
+  // steps of 1024 tokens, whole and in micro-batches of 256 and 128): (rows a GEMM multiplies, the
+  // fraction it reached), used in place
   // of gemm_efficiency at the height a layout's micro-batches give a rank. Empty: gemm_efficiency at any.
   std::vector<std::pair<double, double>> efficiency_by_rows;
   // The efficiency at `rows`: interpolated in log(rows) between the measured heights, held at the
@@ -56,6 +57,10 @@ struct DeviceSpec {
   // x threads), set where the peak is scaled: cli/plan.cpp, bench/plan.cpp). cores = 0: every device
   // computes alone (the GPUs, TPUs).
   double cores = 0, rank_threads = 1, peak_share = 1;
+  // With more ranks' threads than cores: the CPU time a rank's compute takes over what it takes with a
+  // core of its own (the caches each switch between ranks leaves cold). tools/plan_check.py measures it
+  // as copies of the one-process step sharing the cores against one alone; 1: not measured.
+  double shared_core_slowdown = 1;
   std::map<std::string, std::string> sources;  // field -> where its value comes from
   // Measured collective costs (empty: the ring and tree formula over the links above). When a kind, group
   // and rank count has an entry, the planner charges each call of it the entry's cost instead.

@@ -681,6 +681,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double rank_threads = std::max(1.0, r.device.rank_threads);
   const bool oversubscribed = r.device.cores > 0 && N * rank_threads > r.device.cores;
   const double chain_share = oversubscribed ? r.device.peak_share : 1.0;
+  // What sharing the cores costs the compute itself (DeviceSpec::shared_core_slowdown), measured.
+  const double slowdown = oversubscribed && r.device.shared_core_slowdown > 0 ? r.device.shared_core_slowdown : 1.0;
   const int64_t wall_ranks =
       oversubscribed ? std::max<int64_t>(1, static_cast<int64_t>(r.device.cores / rank_threads)) : l.devices();
   if (!r.device.collective_costs.empty()) {
@@ -728,7 +730,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // AdamW: read the parameter, gradient and two moments, write the parameter and moments (bf16 copy too).
   e.optimizer_s = (P / (l.shard == "zero1" ? static_cast<double>(l.data * l.expert) : 1)) * (bf16 ? 30 : 28) /
                   r.device.memory_bandwidth;
-  e.step_s = (e.compute_s + e.bubble_s) * chain_share + e.exposed_comm_s + e.optimizer_s;
+  e.step_s = (e.compute_s + e.bubble_s) * chain_share * slowdown + e.exposed_comm_s + e.optimizer_s;
   // Ranks sharing cores (this CPU): the step takes at least every rank's CPU over the cores, however its
   // waits overlap. A rank's compute and AdamW take its threads at a whole core's speed (compute_s is at
   // the share of the peak a rank gets: peak_share), its collectives what the measurement says a call
@@ -736,7 +738,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // one rank's wait is another's compute, and the communication thread's polling and copies take
   // compute time (with 2 ranks on 2 cores, each rank's communication thread shares its core).
   if (r.device.cores > 0) {
-    e.cpu_s = (even_compute * r.device.peak_share + e.optimizer_s) * rank_threads + e.comm_cpu_s;
+    e.cpu_s = (even_compute * r.device.peak_share * slowdown + e.optimizer_s) * rank_threads + e.comm_cpu_s;
     e.cpu_bound_s = N * e.cpu_s / std::min(r.device.cores, N * rank_threads);
     e.step_s = std::max(e.step_s, e.cpu_bound_s);
   }

@@ -659,7 +659,30 @@ TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
   EXPECT_GT(tp_calls, 0);
   EXPECT_NEAR(t4.step_s,
               std::max(t4.cpu_bound_s, 0.5 * (t4.compute_s + t4.bubble_s) + t4.exposed_comm_s + t4.optimizer_s), 1e-12);
+  // The compute's own slowdown from sharing the cores (measured by tools/plan_check.py): the chain and
+  // the floor's compute grow by it, the collectives and AdamW do not; with a core per rank it is unused.
+  shared.shared_core_slowdown = 1.2;
+  r.device = shared;
+  const plan::Estimate s4 = plan::estimate(r, tp4);
+  EXPECT_NEAR(s4.cpu_s, (0.5 * s4.compute_s * 1.2 + s4.optimizer_s) + s4.comm_cpu_s, 1e-12);
+  EXPECT_NEAR(s4.cpu_s - t4.cpu_s, 0.5 * t4.compute_s * 0.2, 1e-12);
+  EXPECT_NEAR(s4.step_s,
+              std::max(s4.cpu_bound_s, 0.5 * 1.2 * (s4.compute_s + s4.bubble_s) + s4.exposed_comm_s + s4.optimizer_s),
+              1e-12);
   r.devices = 2;
+  {
+    plan::DeviceSpec own = shared;  // 2 ranks on 2 cores: the slowdown does not apply
+    own.peak_share = 1;
+    own.f32_flops = d.f32_flops;
+    own.bf16_flops = d.bf16_flops;
+    for (plan::CollectiveCost& k : own.collective_costs) k.cpu_points = {{8, 1e-3}, {1 << 20, 1e-3}};
+    r.device = own;
+    const plan::Estimate with = plan::estimate(r, fsdp);
+    own.shared_core_slowdown = 1;
+    r.device = own;
+    EXPECT_DOUBLE_EQ(with.step_s, plan::estimate(r, fsdp).step_s);
+    EXPECT_DOUBLE_EQ(with.cpu_s, heavy.cpu_s);
+  }
   r.device = d;  // no shared cores (a GPU's spec): no floor
   EXPECT_EQ(plan::estimate(r, fsdp).cpu_bound_s, 0);
 

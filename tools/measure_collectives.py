@@ -8,6 +8,7 @@ the data file `loom plan --device cpu --collectives FILE` and bench/plan.cpp rea
 network of this CPU"), saying when, by which command and at what load it was measured.
 
     python3 tools/measure_collectives.py [--out docs/plan/cpu-collectives.json] [--calls 10] [--reps 5] [--gaps-us 100,400]
+                                         [--gap-bytes 4194304]
 """
 import argparse
 import datetime
@@ -41,6 +42,10 @@ def main():
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gaps-us", default="100,400", help="compute between calls, microseconds of one core's CPU time")
+    ap.add_argument("--gap-bytes", type=int, default=4 << 20,
+                    help="the working set each gap walks (default 4 MiB, more than a core's L2): with more ranks than "
+                         "cores every wait hands the core to another rank, and the rank that comes back finds its "
+                         "data gone from the caches; the CPU a call takes counts that refill (0: the gap in registers)")
     ap.add_argument("--raw", default="", help="also write the benchmark's lines here")
     a = ap.parse_args()
     if not os.path.exists(BENCH):
@@ -49,7 +54,7 @@ def main():
     lines = []
     for ranks, group in RUNS:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), BENCH, "--group", str(group),
-               "--calls", str(a.calls), "--reps", str(a.reps), "--gaps-us", a.gaps_us, "--kinds", KINDS, "--bytes", ",".join(map(str, BYTES))]
+               "--calls", str(a.calls), "--reps", str(a.reps), "--gaps-us", a.gaps_us, "--gap-bytes", str(a.gap_bytes), "--kinds", KINDS, "--bytes", ",".join(map(str, BYTES))]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
@@ -68,7 +73,10 @@ def main():
                 if not rows:
                     continue
                 pts = sorted((r["bytes"], r["per_call_s"]) for r in rows)
-                cpu = sorted((r["bytes"], r["cpu_per_call_s"]) for r in rows)
+                # The CPU a call takes, with the slowdown of the gap that follows it (its working set
+                # refetched after the switches the call caused; the same as cpu_per_call_s with a core per
+                # rank or a gap in registers).
+                cpu = sorted((r["bytes"], r["cpu_with_gaps_per_call_s"]) for r in rows)
                 # The gap as the step meets it: the wall time of the compute alone, with the ranks sharing
                 # the cores (the planner compares it with its compute per call).
                 walls = sorted(r["gap_alone_s"] for r in rows)
@@ -86,7 +94,7 @@ def main():
                 "(cpu_points); send_recv per message; started_all_gather "
                 "the part a compute of gap_s did not hide (src/plan/devices.h, CollectiveCost)",
         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"python3 tools/measure_collectives.py --calls {a.calls} --reps {a.reps} --gaps-us {a.gaps_us}",
+        "command": f"python3 tools/measure_collectives.py --calls {a.calls} --reps {a.reps} --gaps-us {a.gaps_us} --gap-bytes {a.gap_bytes}",
         "machine": f"{os.cpu_count()} cores, " + open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],

@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
           {"send_recv", planned["send_recv"]}, {"calls", planned_calls}, {"peak", e.memory()}, {"step_s", e.step_s},
           {"compute_s", e.compute_s}, {"exposed_comm_s", e.exposed_comm_s}, {"bubble_s", e.bubble_s},
           {"optimizer_s", e.optimizer_s}, {"cpu_s", e.cpu_s}, {"comm_cpu_s", e.comm_cpu_s},
-          {"cpu_bound_s", e.cpu_bound_s}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
+          {"cpu_bound_s", e.cpu_bound_s}, {"shared_pipeline_s", e.shared_pipeline_s}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
           {"activations", e.activations}, {"pipeline_buffers", e.pipeline_buffers}, {"transient", e.transient}}},
         {"device",
          {{"f32_flops", req.device.f32_flops}, {"memory_bandwidth", req.device.memory_bandwidth},

@@ -281,6 +281,73 @@ struct PipeScheduleCost {
   // held at once: interleaved, only the last chunk's, which runs each backward right after its forward.
   double head_in_flight = std::numeric_limits<double>::infinity();
 };
+double shared_core_pipeline_s(const std::string& schedule, const std::vector<double>& stage_work, int64_t micro,
+                              double cores) {
+  const int64_t P = static_cast<int64_t>(stage_work.size()), M = micro;
+  LOOM_CHECK(P >= 1 && M >= 1 && cores > 0, "shared_core_pipeline_s: ", P, " stages, ", M, " micro-batches, ",
+             cores, " cores");
+  LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b", "shared_core_pipeline_s: schedule ", schedule,
+             " (gpipe or 1f1b)");
+  // Each stage's order, as src/parallel/pipeline.cpp's pipeline_order runs it: (forward?, micro-batch).
+  std::vector<std::vector<std::pair<bool, int64_t>>> order(static_cast<size_t>(P));
+  for (int64_t s = 0; s < P; ++s) {
+    auto& o = order[static_cast<size_t>(s)];
+    if (schedule == "gpipe") {
+      for (int64_t m = 0; m < M; ++m) o.emplace_back(true, m);
+      for (int64_t m = 0; m < M; ++m) o.emplace_back(false, m);
+      continue;
+    }
+    const int64_t warmup = std::min(P - s - 1, M);
+    int64_t f = 0, b = 0;
+    for (; f < warmup; ++f) o.emplace_back(true, f);
+    for (; f < M; ++f, ++b) {
+      o.emplace_back(true, f);
+      o.emplace_back(false, b);
+    }
+    for (; b < M; ++b) o.emplace_back(false, b);
+  }
+  std::vector<char> forward_done(static_cast<size_t>(P * M), 0), backward_done(static_cast<size_t>(P * M), 0);
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<double> left(static_cast<size_t>(P), -1);  // the running op's work left; -1: none started
+  const double scale = *std::max_element(stage_work.begin(), stage_work.end());
+  auto ready = [&](int64_t s) {
+    const auto [forward, m] = order[static_cast<size_t>(s)][next[static_cast<size_t>(s)]];
+    if (forward) return s == 0 || forward_done[static_cast<size_t>((s - 1) * M + m)] != 0;
+    return s == P - 1 || backward_done[static_cast<size_t>((s + 1) * M + m)] != 0;
+  };
+  double t = 0;
+  std::vector<int64_t> running;
+  for (;;) {
+    running.clear();
+    bool finished = true;
+    for (int64_t s = 0; s < P; ++s) {
+      const size_t k = static_cast<size_t>(s);
+      if (next[k] == order[k].size()) continue;
+      finished = false;
+      if (left[k] < 0 && ready(s)) {
+        const double share = order[k][next[k]].first ? 1.0 / 3.0 : 2.0 / 3.0;
+        left[k] = std::max(0.0, stage_work[k]) / static_cast<double>(M) * share;
+      }
+      if (left[k] >= 0) running.push_back(s);
+    }
+    if (finished) return t;
+    LOOM_ASSERT(!running.empty(), "shared_core_pipeline_s: no stage can run (", schedule, ")");
+    const double rate = std::min(1.0, cores / static_cast<double>(running.size()));
+    double dt = std::numeric_limits<double>::infinity();
+    for (int64_t s : running) dt = std::min(dt, left[static_cast<size_t>(s)] / rate);
+    t += dt;
+    for (int64_t s : running) {
+      const size_t k = static_cast<size_t>(s);
+      left[k] -= dt * rate;
+      if (left[k] > 1e-12 * scale) continue;
+      const auto [forward, m] = order[k][next[k]];
+      (forward ? forward_done : backward_done)[static_cast<size_t>(s * M + m)] = 1;
+      ++next[k];
+      left[k] = -1;
+    }
+  }
+}
+
 PipeScheduleCost pipe_schedule_cost(const Layout& l, int64_t stage) {
   PipeScheduleCost c;
   if (l.pipe == 1) return c;
@@ -472,6 +539,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do
   // every stage's work, which sums to the even shares).
   double even_compute = e.compute_s;
+  std::vector<double> stage_cost;  // each stage's share of the compute (under a pipe axis)
   if (l.pipe > 1) {
     // A pipeline runs at the pace of its slowest stage: each stage's share of the compute is its blocks'
     // matmul weights (a routed expert's at top_k / n_routed: the share a token runs), PaLM's attention term
@@ -499,6 +567,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       slowest = std::max(slowest, c);
     }
     if (total > 0) e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
+    if (total > 0) {
+      for (double c : cost) stage_cost.push_back(c / total);
+    }
   }
   // Selective recomputation also runs the layers' cheap ops again: the norms, activations, RoPE and
   // residual adds between the GEMMs, which FLOPs do not count (runs::activation_model's `recompute`
@@ -741,6 +812,25 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     e.cpu_s = (even_compute * r.device.peak_share * slowdown + e.optimizer_s) * rank_threads + e.comm_cpu_s;
     e.cpu_bound_s = N * e.cpu_s / std::min(r.device.cores, N * rank_threads);
     e.step_s = std::max(e.step_s, e.cpu_bound_s);
+    // A pipeline whose stages outnumber the cores: the floor above assumes every core busy throughout,
+    // but while stages wait on each other (fill, drain, and a stage waiting for a slower neighbour)
+    // fewer ranks can run than there are cores. The schedule played out with the cores shared among
+    // the ranks that can run (shared_core_pipeline_s); each replica of the pipeline (over data, tensor
+    // and expert) gets its share of the cores. A stage's work: its share of the compute at a whole
+    // core, slowed by the sharing, and the CPU its calls take.
+    if (oversubscribed && l.pipe > 1 && (l.schedule == "gpipe" || l.schedule == "1f1b") &&
+        static_cast<int64_t>(stage_cost.size()) == l.pipe) {
+      const double replicas = N / static_cast<double>(l.pipe);
+      const double pipeline_cores = r.device.cores / replicas / rank_threads;
+      std::vector<double> work;
+      for (double c : stage_cost) {
+        work.push_back(even_compute * r.device.peak_share * slowdown * static_cast<double>(l.pipe) * c +
+                       e.comm_cpu_s / rank_threads);
+      }
+      e.shared_pipeline_s = shared_core_pipeline_s(l.schedule, work, l.micro_batches, pipeline_cores);
+      const double optimizer_wall = e.optimizer_s * std::max(1.0, N * rank_threads / r.device.cores);
+      e.step_s = std::max(e.step_s, e.shared_pipeline_s + optimizer_wall + e.exposed_comm_s);
+    }
   }
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * N * (bf16 ? r.device.bf16_flops : r.device.f32_flops));
@@ -878,7 +968,8 @@ json to_json(const Estimate& e) {
           {"time",
            {{"compute_s", e.compute_s}, {"comm_s", e.comm_s}, {"exposed_comm_s", e.exposed_comm_s},
             {"bubble_s", e.bubble_s}, {"optimizer_s", e.optimizer_s}, {"cpu_s", e.cpu_s},
-            {"comm_cpu_s", e.comm_cpu_s}, {"cpu_bound_s", e.cpu_bound_s}, {"step_s", e.step_s}}},
+            {"comm_cpu_s", e.comm_cpu_s}, {"cpu_bound_s", e.cpu_bound_s},
+            {"shared_pipeline_s", e.shared_pipeline_s}, {"step_s", e.step_s}}},
           {"tokens_per_s", e.tokens_per_s},
           {"mfu", e.mfu},
           {"hfu", e.hfu},

@@ -118,6 +118,10 @@ struct Estimate {
   // larger of that floor and compute + bubble + exposed communication + AdamW (with more ranks than cores,
   // compute and bubble at a whole core's speed, the waits as measured with a core per rank). 0 elsewhere.
   double cpu_s = 0, comm_cpu_s = 0, cpu_bound_s = 0;
+  // A pipeline with more ranks than cores: its schedule's wall time with the cores shared among the ranks
+  // that can run (shared_core_pipeline_s), under the step with AdamW and the exposed communication. 0
+  // elsewhere.
+  double shared_pipeline_s = 0;
   double tokens_per_s = 0, mfu = 0;
   double hfu = 0;  // hardware FLOPs (recomputation included) over the peak: what Megatron-LM's papers report
   // The pipeline stage the memory and the collectives are given for (the most loaded), and every stage's
@@ -153,6 +157,15 @@ Estimate estimate(const Request& request, const Layout& layout);
 // The same for the ranks of pipeline stage `stage` (0 <= stage < layout.pipe): their memory, collectives
 // and point-to-point bytes (bench/plan.cpp compares each rank of a run with its stage's).
 Estimate estimate_stage(const Request& request, const Layout& layout, int64_t stage);
+// A pipeline step's compute where its stages' ranks share fewer cores than they are (this CPU with more
+// ranks than cores): the schedule ("gpipe" or "1f1b", loom's order) played out as events, every rank
+// that can run getting an equal share of the cores (at most a whole one) and a rank that waits for its
+// neighbour's activations or gradients leaving its share to the others. stage_work[s]: stage s's
+// CPU seconds a step at a whole core, a micro-batch's forward a third of its share and its backward two
+// thirds. Returns the wall time; with a core per stage, (M + P - 1) / M of the slowest stage's work for
+// even stages (fill and drain).
+double shared_core_pipeline_s(const std::string& schedule, const std::vector<double>& stage_work, int64_t micro,
+                              double cores);
 Plan make_plan(const Request& request);
 
 std::string format_plan(const Plan& plan, int rows = 12);

@@ -714,3 +714,26 @@ TEST(Plan, MeasuredCollectiveCostsAreChargedPerCall) {
   EXPECT_THROW(plan::load_collective_costs(loaded, path + ".missing"), Error);
   std::remove(path.c_str());
 }
+
+// A pipeline's schedule with the cores shared among the ranks that can run (the plan's term for more
+// ranks than cores). With a core per stage: the fill and drain, (M + P - 1) / M of a stage's work for
+// even stages, GPipe and 1F1B alike; with one core for all, no core ever idles: the work's sum; with
+// 2 cores for 4 stages, the sum over the cores and the idle of the fill and drain (6.375, as a separate
+// event simulation in Python gave). An uneven last stage paces the others: with a core each, its
+// forwards start after three of the others' (3 x 1/12), run 4 x 1/6, then its backwards 4 x 1/3, and
+// the last micro-batch's gradient takes 3 x 1/6 back to the first stage: 2.75.
+TEST(Plan, SharedCorePipelineSchedule) {
+  const std::vector<double> even(4, 3.0);
+  for (const char* s : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(s);
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, even, 8, 4), 3.0 * (8 + 3) / 8, 1e-9);
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, even, 8, 8), 3.0 * (8 + 3) / 8, 1e-9);  // a core each at most
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, even, 8, 1), 12.0, 1e-9);
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, even, 8, 2), 6.375, 1e-9);
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, {1, 1, 1, 2}, 4, 4), 2.75, 1e-9);
+    EXPECT_NEAR(plan::shared_core_pipeline_s(s, {5.0}, 3, 1), 5.0, 1e-9);  // one stage: its work
+  }
+  EXPECT_THROW(plan::shared_core_pipeline_s("interleaved", even, 8, 2), Error);
+  EXPECT_THROW(plan::shared_core_pipeline_s("1f1b", even, 0, 2), Error);
+  EXPECT_THROW(plan::shared_core_pipeline_s("1f1b", even, 8, 0), Error);
+}

@@ -282,38 +282,62 @@ struct PipeScheduleCost {
   double head_in_flight = std::numeric_limits<double>::infinity();
 };
 double shared_core_pipeline_s(const std::string& schedule, const std::vector<double>& stage_work, int64_t micro,
-                              double cores) {
+                              double cores, int64_t chunks) {
   const int64_t P = static_cast<int64_t>(stage_work.size()), M = micro;
+  const bool interleaved = schedule == "interleaved";
+  const int64_t v = interleaved ? chunks : 1, V = P * v;
   LOOM_CHECK(P >= 1 && M >= 1 && cores > 0, "shared_core_pipeline_s: ", P, " stages, ", M, " micro-batches, ",
              cores, " cores");
-  LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b", "shared_core_pipeline_s: schedule ", schedule,
-             " (gpipe or 1f1b)");
-  // Each stage's order, as src/parallel/pipeline.cpp's pipeline_order runs it: (forward?, micro-batch).
-  std::vector<std::vector<std::pair<bool, int64_t>>> order(static_cast<size_t>(P));
+  LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b" || (interleaved && v >= 2 && M % P == 0),
+             "shared_core_pipeline_s: schedule ", schedule, " with ", chunks, " chunks and ", M,
+             " micro-batches (gpipe, 1f1b, or interleaved with 2 or more chunks and micro-batches a multiple of ",
+             P, ")");
+  // Each stage's order, as src/parallel/pipeline.cpp's pipeline_order runs it: (forward?, chunk, micro-batch).
+  struct Op {
+    bool forward;
+    int64_t chunk, micro;
+  };
+  std::vector<std::vector<Op>> order(static_cast<size_t>(P));
   for (int64_t s = 0; s < P; ++s) {
     auto& o = order[static_cast<size_t>(s)];
     if (schedule == "gpipe") {
-      for (int64_t m = 0; m < M; ++m) o.emplace_back(true, m);
-      for (int64_t m = 0; m < M; ++m) o.emplace_back(false, m);
-      continue;
+      for (int64_t m = 0; m < M; ++m) o.push_back({true, 0, m});
+      for (int64_t m = 0; m < M; ++m) o.push_back({false, 0, m});
+    } else if (schedule == "1f1b") {
+      const int64_t warmup = std::min(P - s - 1, M);
+      int64_t f = 0, b = 0;
+      for (; f < warmup; ++f) o.push_back({true, 0, f});
+      for (; f < M; ++f, ++b) {
+        o.push_back({true, 0, f});
+        o.push_back({false, 0, b});
+      }
+      for (; b < M; ++b) o.push_back({false, 0, b});
+    } else {  // Megatron-LM's interleaved order (pipeline_order's comment)
+      const int64_t total = M * v;
+      auto step = [&](int64_t k, bool forward) {
+        const int64_t chunk = (k % (P * v)) / P;
+        return Op{forward, forward ? chunk : v - 1 - chunk, (k / (P * v)) * P + k % P};
+      };
+      const int64_t warmup = std::min(total, 2 * (P - s - 1) + (v - 1) * P);
+      for (int64_t k = 0; k < warmup; ++k) o.push_back(step(k, true));
+      for (int64_t k = 0; k + warmup < total; ++k) {
+        o.push_back(step(k + warmup, true));
+        o.push_back(step(k, false));
+      }
+      for (int64_t k = total - warmup; k < total; ++k) o.push_back(step(k, false));
     }
-    const int64_t warmup = std::min(P - s - 1, M);
-    int64_t f = 0, b = 0;
-    for (; f < warmup; ++f) o.emplace_back(true, f);
-    for (; f < M; ++f, ++b) {
-      o.emplace_back(true, f);
-      o.emplace_back(false, b);
-    }
-    for (; b < M; ++b) o.emplace_back(false, b);
   }
-  std::vector<char> forward_done(static_cast<size_t>(P * M), 0), backward_done(static_cast<size_t>(P * M), 0);
+  // Done flags by virtual stage (chunk x P + stage) and micro-batch.
+  std::vector<char> forward_done(static_cast<size_t>(V * M), 0), backward_done(static_cast<size_t>(V * M), 0);
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> left(static_cast<size_t>(P), -1);  // the running op's work left; -1: none started
-  const double scale = *std::max_element(stage_work.begin(), stage_work.end());
+  const double scale = std::max(1e-300, *std::max_element(stage_work.begin(), stage_work.end()));
   auto ready = [&](int64_t s) {
-    const auto [forward, m] = order[static_cast<size_t>(s)][next[static_cast<size_t>(s)]];
-    if (forward) return s == 0 || forward_done[static_cast<size_t>((s - 1) * M + m)] != 0;
-    return s == P - 1 || backward_done[static_cast<size_t>((s + 1) * M + m)] != 0;
+    const Op& op = order[static_cast<size_t>(s)][next[static_cast<size_t>(s)]];
+    const int64_t vs = op.chunk * P + s;
+    if (op.forward) return vs == 0 || forward_done[static_cast<size_t>((vs - 1) * M + op.micro)] != 0;
+    if (vs == V - 1) return forward_done[static_cast<size_t>(vs * M + op.micro)] != 0;
+    return backward_done[static_cast<size_t>((vs + 1) * M + op.micro)] != 0;
   };
   double t = 0;
   std::vector<int64_t> running;
@@ -325,8 +349,8 @@ double shared_core_pipeline_s(const std::string& schedule, const std::vector<dou
       if (next[k] == order[k].size()) continue;
       finished = false;
       if (left[k] < 0 && ready(s)) {
-        const double share = order[k][next[k]].first ? 1.0 / 3.0 : 2.0 / 3.0;
-        left[k] = std::max(0.0, stage_work[k]) / static_cast<double>(M) * share;
+        const double share = order[k][next[k]].forward ? 1.0 / 3.0 : 2.0 / 3.0;
+        left[k] = std::max(0.0, stage_work[k]) / static_cast<double>(M * v) * share;
       }
       if (left[k] >= 0) running.push_back(s);
     }
@@ -340,8 +364,8 @@ double shared_core_pipeline_s(const std::string& schedule, const std::vector<dou
       const size_t k = static_cast<size_t>(s);
       left[k] -= dt * rate;
       if (left[k] > 1e-12 * scale) continue;
-      const auto [forward, m] = order[k][next[k]];
-      (forward ? forward_done : backward_done)[static_cast<size_t>(s * M + m)] = 1;
+      const Op& op = order[k][next[k]];
+      (op.forward ? forward_done : backward_done)[static_cast<size_t>((op.chunk * P + s) * M + op.micro)] = 1;
       ++next[k];
       left[k] = -1;
     }
@@ -818,8 +842,9 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     // the ranks that can run (shared_core_pipeline_s); each replica of the pipeline (over data, tensor
     // and expert) gets its share of the cores. A stage's work: its share of the compute at a whole
     // core, slowed by the sharing, and the CPU its calls take.
-    if (oversubscribed && l.pipe > 1 && (l.schedule == "gpipe" || l.schedule == "1f1b") &&
-        static_cast<int64_t>(stage_cost.size()) == l.pipe) {
+    const bool simulated = l.schedule == "gpipe" || l.schedule == "1f1b" ||
+                           (l.schedule == "interleaved" && l.virtual_stages >= 2 && l.micro_batches % l.pipe == 0);
+    if (oversubscribed && l.pipe > 1 && simulated && static_cast<int64_t>(stage_cost.size()) == l.pipe) {
       const double replicas = N / static_cast<double>(l.pipe);
       const double pipeline_cores = r.device.cores / replicas / rank_threads;
       std::vector<double> work;
@@ -827,7 +852,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
         work.push_back(even_compute * r.device.peak_share * slowdown * static_cast<double>(l.pipe) * c +
                        e.comm_cpu_s / rank_threads);
       }
-      e.shared_pipeline_s = shared_core_pipeline_s(l.schedule, work, l.micro_batches, pipeline_cores);
+      e.shared_pipeline_s = shared_core_pipeline_s(l.schedule, work, l.micro_batches, pipeline_cores, l.virtual_stages);
       const double optimizer_wall = e.optimizer_s * std::max(1.0, N * rank_threads / r.device.cores);
       e.step_s = std::max(e.step_s, e.shared_pipeline_s + optimizer_wall + e.exposed_comm_s);
     }

@@ -733,7 +733,14 @@ TEST(Plan, SharedCorePipelineSchedule) {
     EXPECT_NEAR(plan::shared_core_pipeline_s(s, {1, 1, 1, 2}, 4, 4), 2.75, 1e-9);
     EXPECT_NEAR(plan::shared_core_pipeline_s(s, {5.0}, 3, 1), 5.0, 1e-9);  // one stage: its work
   }
-  EXPECT_THROW(plan::shared_core_pipeline_s("interleaved", even, 8, 2), Error);
+  // Interleaved (2 chunks a rank, Megatron-LM's order as loom runs it): no idle on one core, and with a
+  // core each a shorter fill and drain than 1F1B's, never shorter than a stage's work.
+  EXPECT_NEAR(plan::shared_core_pipeline_s("interleaved", even, 8, 1, 2), 12.0, 1e-9);
+  const double interleaved = plan::shared_core_pipeline_s("interleaved", even, 8, 4, 2);
+  EXPECT_LT(interleaved, 3.0 * (8 + 3) / 8 - 1e-6);
+  EXPECT_GE(interleaved, 3.0);
+  EXPECT_THROW(plan::shared_core_pipeline_s("interleaved", even, 8, 2), Error);     // one chunk
+  EXPECT_THROW(plan::shared_core_pipeline_s("interleaved", even, 6, 2, 2), Error);  // 6 % 4 micro-batches
   EXPECT_THROW(plan::shared_core_pipeline_s("1f1b", even, 0, 2), Error);
   EXPECT_THROW(plan::shared_core_pipeline_s("1f1b", even, 8, 0), Error);
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "parallel/pipeline.h"
 #include "runs/memory.h"
 
 namespace loom::plan {
@@ -292,41 +293,10 @@ double shared_core_pipeline_s(const std::string& schedule, const std::vector<dou
              "shared_core_pipeline_s: schedule ", schedule, " with ", chunks, " chunks and ", M,
              " micro-batches (gpipe, 1f1b, or interleaved with 2 or more chunks and micro-batches a multiple of ",
              P, ")");
-  // Each stage's order, as src/parallel/pipeline.cpp's pipeline_order runs it: (forward?, chunk, micro-batch).
-  struct Op {
-    bool forward;
-    int64_t chunk, micro;
-  };
-  std::vector<std::vector<Op>> order(static_cast<size_t>(P));
-  for (int64_t s = 0; s < P; ++s) {
-    auto& o = order[static_cast<size_t>(s)];
-    if (schedule == "gpipe") {
-      for (int64_t m = 0; m < M; ++m) o.push_back({true, 0, m});
-      for (int64_t m = 0; m < M; ++m) o.push_back({false, 0, m});
-    } else if (schedule == "1f1b") {
-      const int64_t warmup = std::min(P - s - 1, M);
-      int64_t f = 0, b = 0;
-      for (; f < warmup; ++f) o.push_back({true, 0, f});
-      for (; f < M; ++f, ++b) {
-        o.push_back({true, 0, f});
-        o.push_back({false, 0, b});
-      }
-      for (; b < M; ++b) o.push_back({false, 0, b});
-    } else {  // Megatron-LM's interleaved order (pipeline_order's comment)
-      const int64_t total = M * v;
-      auto step = [&](int64_t k, bool forward) {
-        const int64_t chunk = (k % (P * v)) / P;
-        return Op{forward, forward ? chunk : v - 1 - chunk, (k / (P * v)) * P + k % P};
-      };
-      const int64_t warmup = std::min(total, 2 * (P - s - 1) + (v - 1) * P);
-      for (int64_t k = 0; k < warmup; ++k) o.push_back(step(k, true));
-      for (int64_t k = 0; k + warmup < total; ++k) {
-        o.push_back(step(k + warmup, true));
-        o.push_back(step(k, false));
-      }
-      for (int64_t k = total - warmup; k < total; ++k) o.push_back(step(k, false));
-    }
-  }
+  // Each stage's order: the one the trainer runs (dist::pipeline_order).
+  using Op = dist::PipeStep;
+  std::vector<std::vector<Op>> order;
+  for (int64_t s = 0; s < P; ++s) order.push_back(dist::pipeline_order(schedule, P, s, M, v));
   // Done flags by virtual stage (chunk x P + stage) and micro-batch.
   std::vector<char> forward_done(static_cast<size_t>(V * M), 0), backward_done(static_cast<size_t>(V * M), 0);
   std::vector<size_t> next(static_cast<size_t>(P), 0);

@@ -918,12 +918,29 @@ Plan make_plan(const Request& r) {
       const double dc = e.compute_s - best.compute_s, dx = e.exposed_comm_s - best.exposed_comm_s,
                    db = e.bubble_s - best.bubble_s, dopt = e.optimizer_s - best.optimizer_s;
       const double worst = std::max({dc, dx, db, dopt});
-      char buf[160];
+      char buf[200];
       const double pct = 100 * (e.step_s / best.step_s - 1);
-      if (worst <= 0) std::snprintf(buf, sizeof buf, "ties (+%.1f%%); ranked after it by micro-batches, then memory", pct);
+      // Where the compute grew: recomputation, a pipeline's slowest stage, or the head every tensor rank
+      // computes whole.
+      const char* why_compute = e.layout.recompute != models::Recompute::None && e.layout.recompute != best.layout.recompute
+                                    ? " (recomputation)"
+                                : e.layout.pipe > 1                      ? " (the slowest pipeline stage)"
+                                : e.layout.tensor > 1 && !r.head_split ? " (the head on every tensor rank)"
+                                                                         : "";
+      // Ranks sharing cores (this CPU): the step may be the ranks' CPU over the cores, or a pipeline's
+      // schedule on the shared cores, rather than the sum of the terms above.
+      const bool shared_pipeline = e.shared_pipeline_s > 0 && e.step_s > e.cpu_bound_s;
+      const bool cpu_bound = !shared_pipeline && e.cpu_bound_s > 0 && e.step_s <= e.cpu_bound_s;
+      if (pct > 0 && shared_pipeline)
+        std::snprintf(buf, sizeof buf, "+%.1f%%: its pipeline schedule on the shared cores, %.3g s", pct,
+                      e.shared_pipeline_s);
+      else if (pct > 0 && cpu_bound && e.cpu_bound_s > best.cpu_bound_s)
+        std::snprintf(buf, sizeof buf, "+%.1f%%: its ranks' CPU over the cores, %.3g s more", pct,
+                      e.cpu_bound_s - best.cpu_bound_s);
+      else if (worst <= 0) std::snprintf(buf, sizeof buf, "ties (+%.1f%%); ranked after it by micro-batches, then memory", pct);
       else if (worst == dx) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more exposed communication", pct, dx);
       else if (worst == db) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more pipeline bubble", pct, db);
-      else if (worst == dc) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more compute (recomputation)", pct, dc);
+      else if (worst == dc) std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more compute%s", pct, dc, why_compute);
       else std::snprintf(buf, sizeof buf, "+%.1f%%: %.3g s more optimizer time", pct, dopt);
       e.verdict = buf;
     }

@@ -94,18 +94,26 @@ def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collecti
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def one_process_copies(model_args, copies, steps=10, extra=()):
+    """`copies` one-process steps run at once: each copy's measured line."""
+    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", str(steps)] + list(extra)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+    measured = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}")
+        measured.append(json.loads(next(line for line in out.splitlines() if line.startswith("{")))["measured"])
+    return measured
+
+
 def probe_cores(model_args, copies):
     """The cores this session gets now: `copies` one-process steps at once, their CPU over their wall time
     (the kernel shares the cores between sessions: while another session computes, fewer than the
     machine's)."""
-    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", "10"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
-    cpu = wall = 0.0
-    for p in procs:
-        out, _ = p.communicate()
-        r = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
-        cpu += r["measured"]["cpu_s"]
-        wall = max(wall, r["measured"]["step_s"])
+    measured = one_process_copies(model_args, copies)
+    cpu = sum(m["cpu_s"] for m in measured)
+    wall = max(m["step_s"] for m in measured)
     return max(0.25, min(float(copies), cpu / wall))
 
 
@@ -115,16 +123,8 @@ def shared_core_slowdown(model_args, copies, steps, flops, bandwidth, alone_cpu)
     (`alone_cpu`, the calibration's). Each switch between processes leaves the caches cold for the one
     that comes back; the copies switch at the kernel's time slices, ranks also at every wait, so this is
     the part of the cost that does not depend on the layout."""
-    cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", str(steps), "--flops", repr(flops),
-                                       "--bandwidth", repr(bandwidth)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
-    cpus = []
-    for p in procs:
-        out, _ = p.communicate()
-        if p.returncode != 0:
-            sys.exit(f"failed: {' '.join(cmd)}")
-        cpus.append(json.loads(next(line for line in out.splitlines() if line.startswith("{")))["measured"]["cpu_s"])
-    return statistics.median(cpus) / alone_cpu
+    measured = one_process_copies(model_args, copies, steps, ["--flops", repr(flops), "--bandwidth", repr(bandwidth)])
+    return statistics.median(m["cpu_s"] for m in measured) / alone_cpu
 
 
 def main():

@@ -46,8 +46,8 @@ struct DeviceSpec {
   double gemm_efficiency = 0.7;
   // Where it was measured at several GEMM heights (this CPU: tools/plan_check.py calibrates one-process
   // steps of 1024 tokens, whole and in micro-batches of 256 and 128): (rows a GEMM multiplies, the
-  // fraction it reached), used in place
-  // of gemm_efficiency at the height a layout's micro-batches give a rank. Empty: gemm_efficiency at any.
+  // fraction it reached), used in place of gemm_efficiency at the height a layout's micro-batches give
+  // a rank. Empty: gemm_efficiency at any.
   std::vector<std::pair<double, double>> efficiency_by_rows;
   // The efficiency at `rows`: interpolated in log(rows) between the measured heights, held at the
   // nearest outside them; gemm_efficiency when none were measured.

@@ -285,15 +285,11 @@ struct PipeScheduleCost {
 double shared_core_pipeline_s(const std::string& schedule, const std::vector<double>& stage_work, int64_t micro,
                               double cores, int64_t chunks) {
   const int64_t P = static_cast<int64_t>(stage_work.size()), M = micro;
-  const bool interleaved = schedule == "interleaved";
-  const int64_t v = interleaved ? chunks : 1, V = P * v;
+  const int64_t v = schedule == "interleaved" ? chunks : 1, V = P * v;
   LOOM_CHECK(P >= 1 && M >= 1 && cores > 0, "shared_core_pipeline_s: ", P, " stages, ", M, " micro-batches, ",
              cores, " cores");
-  LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b" || (interleaved && v >= 2 && M % P == 0),
-             "shared_core_pipeline_s: schedule ", schedule, " with ", chunks, " chunks and ", M,
-             " micro-batches (gpipe, 1f1b, or interleaved with 2 or more chunks and micro-batches a multiple of ",
-             P, ")");
-  // Each stage's order: the one the trainer runs (dist::pipeline_order).
+  // Each stage's order: the one the trainer runs (dist::pipeline_order, which refuses a schedule, chunk
+  // count or micro-batch count the trainer would).
   using Op = dist::PipeStep;
   std::vector<std::vector<Op>> order;
   for (int64_t s = 0; s < P; ++s) order.push_back(dist::pipeline_order(schedule, P, s, M, v));
@@ -560,8 +556,8 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       total += c;
       slowest = std::max(slowest, c);
     }
-    if (total > 0) e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
     if (total > 0) {
+      e.compute_s *= static_cast<double>(l.pipe) * slowest / total;
       for (double c : cost) stage_cost.push_back(c / total);
     }
   }
@@ -812,9 +808,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
     // the ranks that can run (shared_core_pipeline_s); each replica of the pipeline (over data, tensor
     // and expert) gets its share of the cores. A stage's work: its share of the compute at a whole
     // core, slowed by the sharing, and the CPU its calls take.
-    const bool simulated = l.schedule == "gpipe" || l.schedule == "1f1b" ||
-                           (l.schedule == "interleaved" && l.virtual_stages >= 2 && l.micro_batches % l.pipe == 0);
-    if (oversubscribed && l.pipe > 1 && simulated && static_cast<int64_t>(stage_cost.size()) == l.pipe) {
+    if (oversubscribed && e.invalid.empty() && !stage_cost.empty()) {
       const double replicas = N / static_cast<double>(l.pipe);
       const double pipeline_cores = r.device.cores / replicas / rank_threads;
       std::vector<double> work;

@@ -158,13 +158,12 @@ Estimate estimate(const Request& request, const Layout& layout);
 // and point-to-point bytes (bench/plan.cpp compares each rank of a run with its stage's).
 Estimate estimate_stage(const Request& request, const Layout& layout, int64_t stage);
 // A pipeline step's compute where its stages' ranks share fewer cores than they are (this CPU with more
-// ranks than cores): the schedule ("gpipe", "1f1b", or "interleaved" with `chunks` stages a rank, loom's
-// order) played out as events, every rank
-// that can run getting an equal share of the cores (at most a whole one) and a rank that waits for its
-// neighbour's activations or gradients leaving its share to the others. stage_work[s]: stage s's
-// CPU seconds a step at a whole core, a micro-batch's forward a third of its share and its backward two
-// thirds. Returns the wall time; with a core per stage, (M + P - 1) / M of the slowest stage's work for
-// even stages (fill and drain).
+// ranks than cores): the schedule ("gpipe", "1f1b", or "interleaved" with `chunks` stages a rank, in
+// loom's order) played out as events, every rank that can run getting an equal share of the cores (at
+// most a whole one) and a rank that waits for its neighbour's activations or gradients leaving its
+// share to the others. stage_work[s]: stage s's CPU seconds a step at a whole core, a micro-batch's
+// forward a third of its share and its backward two thirds. Returns the wall time; with a core per
+// stage, (M + P - 1) / M of the slowest stage's work for even stages (fill and drain).
 double shared_core_pipeline_s(const std::string& schedule, const std::vector<double>& stage_work, int64_t micro,
                               double cores, int64_t chunks = 1);
 Plan make_plan(const Request& request);

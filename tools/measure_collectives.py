@@ -48,6 +48,8 @@ def main():
                          "data gone from the caches; the CPU a call takes counts that refill (0: the gap in registers)")
     ap.add_argument("--raw", default="", help="also write the benchmark's lines here")
     a = ap.parse_args()
+    if not 0 <= a.gap_bytes <= 1 << 32:
+        sys.exit(f"--gap-bytes {a.gap_bytes}: must be in [0, 2^32]")
     if not os.path.exists(BENCH):
         sys.exit(f"{BENCH} is missing: cmake --build build --target loom_bench_collectives")
     load_before = os.getloadavg()

@@ -714,16 +714,26 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       e.collectives.push_back(collective("tied table gradient all-reduce", "all_reduce", "pipe", 2,
                                          4 * V * C / static_cast<double>(l.tensor), pipe_link, false, 1));
     }
-    // The loss over the batch axes (per micro-batch, on the last stage), its sum over the stages, the
-    // stop agreement and the gradient norm.
-    const double n = (batch_split && worst_stage == l.pipe - 1 ? micro : 0) + 3;
-    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 8 * n,
-                                       data_link, false, n));
+    // The scalars, each over the ranks loom sums it over (parallel/pipeline.cpp, runtime.cpp): the
+    // loss of each micro-batch over the batch axes (on the last stage, after the schedule), the
+    // stages' sum of it over the pipe axis, and the stop agreement and gradient norm over the world.
+    // (Charged as one world group before, they cost 8-rank meetings where loom's calls meet 2 ranks.)
+    if (batch_split && worst_stage == l.pipe - 1) {
+      e.collectives.push_back(collective("loss over the batch axes", "all_reduce", l.expert > 1 ? "data x expert" : "data",
+                                         l.data * l.expert, 8 * micro, dx_link, false, micro));
+    }
+    e.collectives.push_back(collective("loss over the stages", "all_reduce", "pipe", l.pipe, 8, pipe_link, false, 1));
+    e.collectives.push_back(collective("stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 16,
+                                       data_link, false, 2));
   } else if (batch_split || l.tensor > 1) {
-    // The loss over the batch axes once per micro-batch (the trainer's mean), the stop agreement, the norm.
-    const double n = (batch_split ? micro : 0) + 2;
-    e.collectives.push_back(collective("loss, stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 8 * n,
-                                       data_link, false, n));
+    // The loss over the batch axes once per micro-batch (the trainer's mean), then the stop agreement
+    // and the gradient norm over the world.
+    if (batch_split) {
+      e.collectives.push_back(collective("loss over the batch axes", "all_reduce", l.expert > 1 ? "data x expert" : "data",
+                                         l.data * l.expert, 8 * micro, dx_link, false, micro));
+    }
+    e.collectives.push_back(collective("stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 16,
+                                       data_link, false, 2));
   }
   (void)g_data;
 

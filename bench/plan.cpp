@@ -18,7 +18,9 @@
 // --bandwidth (bytes/s; default: `loom bench bandwidth`'s loop); with both given nothing is measured.
 // tools/plan_check.py calibrates the efficiency on one-process runs and keeps it for the others:
 // --efficiency-at ROWS:E,... gives it at several GEMM heights (the tokens of a micro-batch on a rank);
-// --shared-core-slowdown S what ranks sharing the cores cost their compute (DeviceSpec::shared_core_slowdown).
+// --shared-core-slowdown S what ranks sharing the cores cost their compute (DeviceSpec::shared_core_slowdown);
+// --tensor-replicated-share F the one-process step's share in families a tensor axis leaves whole
+// (DeviceSpec::tensor_replicated_share).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   std::string efficiency_at;  // "ROWS:E,ROWS:E": the efficiency measured at several GEMM heights
   double cores_given = 0;  // the cores the run has (tools/plan_check.py measures its share of the machine)
   double shared_core_slowdown = 1;  // DeviceSpec::shared_core_slowdown (tools/plan_check.py measures it)
+  double tensor_replicated_share = 0;  // DeviceSpec::tensor_replicated_share (likewise)
   bool overlap = true;
   std::string collectives_file;  // measured collective costs (docs/plan/cpu-collectives.json)
   for (int i = 1; i < argc; ++i) {
@@ -105,6 +108,15 @@ int main(int argc, char** argv) {
       shared_core_slowdown = std::atof(v.c_str());
       if (!(shared_core_slowdown > 0 && shared_core_slowdown < 10)) {
         std::fprintf(stderr, "--shared-core-slowdown wants a number in (0, 10), got \"%s\"\n", v.c_str());
+        return 2;
+      }
+    }
+    else if (a == "--tensor-replicated-share") {
+      const std::string v = next();
+      char* end = nullptr;
+      tensor_replicated_share = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(tensor_replicated_share >= 0 && tensor_replicated_share < 1)) {
+        std::fprintf(stderr, "--tensor-replicated-share wants a number in [0, 1), got \"%s\"\n", v.c_str());
         return 2;
       }
     }
@@ -261,6 +273,7 @@ int main(int argc, char** argv) {
   req.device.cores = cores;
   req.device.rank_threads = threads;
   req.device.shared_core_slowdown = shared_core_slowdown;
+  req.device.tensor_replicated_share = tensor_replicated_share;
   if (wanted > cores) {
     req.device.peak_share = cores / wanted;
     req.device.f32_flops *= cores / wanted;

@@ -61,6 +61,11 @@ struct DeviceSpec {
   // core of its own (the caches each switch between ranks leaves cold). tools/plan_check.py measures it
   // as copies of the one-process step sharing the cores against one alone; 1: not measured.
   double shared_core_slowdown = 1;
+  // The share of a one-process step spent in the op families a tensor axis leaves whole (the norms, the
+  // residual adds and other elementwise ops, the embedding, the sums of gradients that meet): every
+  // tensor rank runs them over its tokens' whole activations, where the FLOPs' split charges them 1/t.
+  // tools/plan_check.py measures it with `loom bench roofline`; 0: not measured (the catalog's devices).
+  double tensor_replicated_share = 0;
   std::map<std::string, std::string> sources;  // field -> where its value comes from
   // Measured collective costs (empty: the ring and tree formula over the links above). When a kind, group
   // and rank count has an entry, the planner charges each call of it the entry's cost instead.

@@ -526,6 +526,12 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   const double peak = (bf16 ? r.device.bf16_flops : r.device.f32_flops) * r.device.efficiency_at(mb_tokens);
   const double N = static_cast<double>(r.devices);
   e.compute_s = e.hardware_flops / N / peak;
+  // The families a tensor axis leaves whole (DeviceSpec::tensor_replicated_share of the one-process
+  // step, measured): each tensor rank runs its tokens' share of them in full, t times what the FLOPs'
+  // split above charges.
+  if (l.tensor > 1 && r.device.tensor_replicated_share > 0) {
+    e.compute_s += r.device.tensor_replicated_share * (per_token * tokens / peak) * static_cast<double>(l.tensor - 1) / N;
+  }
   // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do
   // every stage's work, which sums to the even shares).
   double even_compute = e.compute_s;

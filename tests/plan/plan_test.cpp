@@ -371,6 +371,41 @@ TEST(Plan, TensorRanksRepeatLoomsWholeHead) {
   EXPECT_DOUBLE_EQ(a.hardware_flops, a.model_flops);
 }
 
+// The families a tensor axis leaves whole (DeviceSpec::tensor_replicated_share of the one-process step)
+// run on every tensor rank: a tensor layout's compute grows by share x (the whole step's compute at the
+// rank's efficiency) x (t - 1) / ranks, worked out here from the model's FLOPs; layouts without a tensor
+// axis do not change, and neither do the FLOPs, bytes or memory.
+TEST(Plan, TensorRanksRunTheFamiliesTheyLeaveWhole) {
+  plan::Request r;
+  r.model = model_of("tiny", {"model.num_layers=4"});
+  r.batch = 16;
+  r.devices = 4;
+  r.device = fake_device();
+  r.precision = "f32";
+  plan::Layout tp;
+  tp.tensor = 4;
+  plan::Layout ftp;
+  ftp.tensor = 2;
+  ftp.data = 2;
+  ftp.shard = "fsdp";
+  plan::Layout dp;
+  dp.data = 4;
+  for (const plan::Layout& l : {tp, ftp, dp}) {
+    r.device.tensor_replicated_share = 0;
+    const plan::Estimate without = plan::estimate(r, l);
+    r.device.tensor_replicated_share = 0.1;
+    const plan::Estimate with = plan::estimate(r, l);
+    // The whole step on one device: the model's FLOPs at the peak the compute was charged at.
+    const double one_device = without.model_flops / (without.hardware_flops / (4 * without.compute_s));
+    EXPECT_NEAR(with.compute_s - without.compute_s, 0.1 * one_device * static_cast<double>(l.tensor - 1) / 4,
+                1e-12 * one_device)
+        << l.tensor;
+    EXPECT_DOUBLE_EQ(with.hardware_flops, without.hardware_flops);
+    EXPECT_DOUBLE_EQ(with.peak, without.peak);
+    EXPECT_EQ(with.collectives.size(), without.collectives.size());
+  }
+}
+
 // The search tries interleaved 1F1B beside plain 1F1B where loom runs it (micro-batches a multiple of
 // pipe, pipe x v <= layers), and picks it when its smaller bubble makes the step faster and it fits.
 TEST(Plan, SearchTriesInterleavedWhereItHelps) {

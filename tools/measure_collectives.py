@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """This CPU's network, measured: what each collective costs a step through loom's communicator.
 
-Runs build/bench/loom_bench_collectives under `mpirun --oversubscribe -np R` for the rank counts and
+Runs build/bench/loom_bench_collectives under `mpirun -np R` (ranks bound to cores round robin, as
+tools/plan_check.py binds them) for the rank counts and
 group sizes loom's own runs use on this machine (tools/plan_check.py), and writes the seconds per call
 of each kind, group, rank count and gap at each payload (the planner interpolates between them) into
 the data file `loom plan --device cpu --collectives FILE` and bench/plan.cpp read (docs/plan.md, "The
@@ -55,7 +56,8 @@ def main():
     load_before = os.getloadavg()
     lines = []
     for ranks, group in RUNS:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), BENCH, "--group", str(group),
+        cmd = ["mpirun", "--allow-run-as-root", "--map-by", "core:oversubscribe", "--bind-to", "core:overload-allowed",
+               "-np", str(ranks), BENCH, "--group", str(group),
                "--calls", str(a.calls), "--reps", str(a.reps), "--gaps-us", a.gaps_us, "--gap-bytes", str(a.gap_bytes), "--kinds", KINDS, "--bytes", ",".join(map(str, BYTES))]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:

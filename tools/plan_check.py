@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`loom plan` against loom's own runs on this machine (docs/plan.md, "Against loom's own runs").
 
-Runs build/bench/loom_bench_plan for each layout below, alone or under `mpirun --oversubscribe -np N`,
-and prints one markdown row per pipeline stage: the bytes per collective kind the stage's ranks handed to
+Runs build/bench/loom_bench_plan for each layout below, alone or under `mpirun -np N` (each rank bound
+to a core, round robin), and prints one markdown row per pipeline stage: the bytes per collective kind the stage's ranks handed to
 the communicator against the plan's (equal or not), each rank's allocator peak against the plan's memory
 for its stage, and the step time against the plan's.
 
@@ -10,7 +10,9 @@ The plan's time needs the machine's speed. The FMA peak of one core is measured 
 `loom bench peak` loop, or --flops), and the fraction of it loom's step reaches (--efficiency) is
 calibrated on the one-process run of each model (the median of three): its measured step over the plan's compute at
 efficiency 1. The multi-rank runs then test the rest of the time model (the split of the work, the
-bubble, the collectives) with that one number fixed.
+bubble, the collectives) with that one number fixed. Measured beside it, from one-process runs too: the
+share of the step in the op families a tensor axis leaves whole (`loom bench roofline`), and with more
+ranks than cores what sharing the cores costs a process's compute (copies of the one-process step).
 
 The collectives are charged what tools/measure_collectives.py measures them to cost on this machine,
 by default measured first, in the same minutes as the runs (what a collective costs moves with the
@@ -42,6 +44,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "build", "bench", "loom_bench_plan")
 COSTS = os.path.join(ROOT, "docs", "plan", "cpu-collectives.json")
 BENCH_USED = BENCH
+LOOM = os.path.join(ROOT, "build", "loom")
+# Each rank bound to a core, round robin (rank r on core r mod cores), several to a core where they
+# outnumber the cores: Open MPI binds to cores by itself only up to 2 ranks and not at all under
+# --oversubscribe, and unbound ranks are moved between the cores by the kernel's load balancer, each
+# move leaving the caches behind (docs/plan.md, "Binding the ranks": 5-13% slower steps with 4 and 8
+# ranks on 2 cores). The plan's equal shares of the cores are what bound ranks get.
+MPI_BINDING = ["--map-by", "core:oversubscribe", "--bind-to", "core:overload-allowed"]
 
 LLAMA = ["--config", "tiny", "--set", "model.num_layers=4", "--batch", "16"]
 GPT2 = ["--config", "gpt2-small", "--set", "model.num_layers=4", "--set", "model.d_model=64", "--set",
@@ -76,10 +85,13 @@ RUNS = [
 ]
 
 
-def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores, slowdown=None):
+def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collectives, cores, slowdown=None,
+        replicated=None):
     cmd = [BENCH_USED] + model_args + layout + ["--steps", str(steps), "--cores", str(cores)]
     if slowdown:
         cmd += ["--shared-core-slowdown", repr(slowdown)]
+    if replicated:
+        cmd += ["--tensor-replicated-share", repr(replicated)]
     if collectives:
         cmd += ["--collectives", collectives]
     if flops:
@@ -87,7 +99,7 @@ def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collecti
     if efficiency:
         cmd += ["--efficiency-at", ",".join(f"{rows:g}:{e!r}" for rows, e in sorted(efficiency.items()))]
     if ranks > 1:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + cmd
+        cmd = ["mpirun", "--allow-run-as-root"] + MPI_BINDING + ["-np", str(ranks)] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
@@ -97,7 +109,11 @@ def run(model_args, ranks, layout, steps, flops, bandwidth, efficiency, collecti
 def one_process_copies(model_args, copies, steps=10, extra=()):
     """`copies` one-process steps run at once: each copy's measured line."""
     cmd = [BENCH_USED] + model_args + ["--micro", "1", "--steps", str(steps)] + list(extra)
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+    # Bound as mpirun binds a layout's ranks (MPI_BINDING): copy i on core i mod the machine's cores.
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              preexec_fn=lambda i=i: os.sched_setaffinity(0, {cpus[i % len(cpus)]}))
+             for i in range(copies)]
     measured = []
     for p in procs:
         out, _ = p.communicate()
@@ -105,6 +121,27 @@ def one_process_copies(model_args, copies, steps=10, extra=()):
             sys.exit(f"failed: {' '.join(cmd)}")
         measured.append(json.loads(next(line for line in out.splitlines() if line.startswith("{")))["measured"])
     return measured
+
+
+# The op families a tensor axis leaves whole: every tensor rank runs them over its tokens' whole
+# activations (the norms, the residual adds and other elementwise ops, the embedding, the sums of
+# gradients that meet); the rest (the GEMMs, attention, SwiGLU, the head) splits or is counted whole.
+REPLICATED_FAMILIES = ("norm", "elementwise", "embedding", "autograd (gradient sums)")
+
+
+def tensor_replicated_share(model_args, steps):
+    """The one-process step's share in REPLICATED_FAMILIES, by `loom bench roofline`'s per-op timer on one
+    thread (DeviceSpec::tensor_replicated_share)."""
+    args = ["--preset" if x == "--config" else x for x in model_args]
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [LOOM, "bench", "roofline"] + args + ["--threads", "1", "--steps", str(steps), "--out", out]
+        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if got.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}\n{got.stdout}\n{got.stderr}")
+        with open(os.path.join(out, "roofline.json")) as f:
+            report = json.load(f)
+    families = {f["family"]: f["seconds"] for f in report["families"]}
+    return sum(families.get(k, 0.0) for k in REPLICATED_FAMILIES) / sum(families.values())
 
 
 def probe_cores(model_args, copies):
@@ -206,6 +243,7 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
     efficiency = {}
     alone_cpu = {}  # model -> the calibration's CPU a step, one process alone
     slowdowns = {}  # (model, ranks) -> shared_core_slowdown, where the ranks outnumber the cores
+    replicated = {}  # model -> tensor_replicated_share
     for name, model_args, ranks, layout in RUNS:
         if a.only and a.only not in " ".join(layout) and ranks > 1:
             continue
@@ -221,7 +259,7 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
                       flush=True)
             slowdown = slowdowns[(name, ranks)]
         got = run(model_args, ranks, layout, a.steps, flops, bandwidth, None if calibrate else efficiency.get(name),
-                  collectives, cores, slowdown)
+                  collectives, cores, slowdown, replicated.get(name))
         if calibrate:
             # The one number every later row leans on: the median of three runs, not one (a moment of
             # another session's work in one run moved every prediction of a table by 15%).
@@ -255,6 +293,9 @@ def one_round(a, collectives, cores, machine_cores, probe, flops, bandwidth, lin
                 heights[rs["batch"] * rs["seq"] / rs["micro"]] = efficiency_of(rs)
             efficiency[name] = heights
             alone_cpu[name] = r["measured"]["cpu_s"]
+            replicated[name] = tensor_replicated_share(model_args, a.steps)
+            print(f"<!-- {name}: {replicated[name]:.3f} of the one-process step in the families a tensor axis "
+                  f"leaves whole ({', '.join(REPLICATED_FAMILIES)}; loom bench roofline) -->", flush=True)
             # The share of a core the calibrating process got (its CPU time over its wall time): below ~0.9
             # another session's work shared the core, and the multi-rank rows of this run get less than
             # the cores the plan gives them (docs/plan.md, "What the model still misses").

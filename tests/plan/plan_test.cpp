@@ -322,17 +322,23 @@ TEST(Plan, PicksAFittingLayoutAndExplainsTheOthers) {
   EXPECT_NE(plan::estimate(r, il).invalid.find("interleaved x7 on pipe=8"), std::string::npos);
 }
 
-// loom's tensor parallelism gathers the head's table and every tensor rank computes all the logits and
-// the loss for its tokens (mesh/mesh.h: lm_head (None, tensor), the batch replicated over tensor): the
-// plan charges the head's 6·V·C FLOPs per token on each of the tensor ranks, unless the head is split
-// (Megatron-LM's vocab-parallel head, the published-run rows). Without a tensor axis nothing changes.
-TEST(Plan, TensorRanksRepeatLoomsWholeHead) {
+// The tiny Llama (4 layers), batch 16, on 4 devices of fake_device(), f32.
+static plan::Request tiny_on_four_devices() {
   plan::Request r;
   r.model = model_of("tiny", {"model.num_layers=4"});
   r.batch = 16;
   r.devices = 4;
   r.device = fake_device();
   r.precision = "f32";
+  return r;
+}
+
+// loom's tensor parallelism gathers the head's table and every tensor rank computes all the logits and
+// the loss for its tokens (mesh/mesh.h: lm_head (None, tensor), the batch replicated over tensor): the
+// plan charges the head's 6·V·C FLOPs per token on each of the tensor ranks, unless the head is split
+// (Megatron-LM's vocab-parallel head, the published-run rows). Without a tensor axis nothing changes.
+TEST(Plan, TensorRanksRepeatLoomsWholeHead) {
+  plan::Request r = tiny_on_four_devices();
   const double V = 512, C = 64, tokens = 16.0 * static_cast<double>(r.model.context_length());
   ASSERT_EQ(r.model.json().at("vocab_size").get<double>(), V);
   ASSERT_EQ(r.model.json().at("d_model").get<double>(), C);
@@ -376,12 +382,7 @@ TEST(Plan, TensorRanksRepeatLoomsWholeHead) {
 // rank's efficiency) x (t - 1) / ranks, worked out here from the model's FLOPs; layouts without a tensor
 // axis do not change, and neither do the FLOPs, bytes or memory.
 TEST(Plan, TensorRanksRunTheFamiliesTheyLeaveWhole) {
-  plan::Request r;
-  r.model = model_of("tiny", {"model.num_layers=4"});
-  r.batch = 16;
-  r.devices = 4;
-  r.device = fake_device();
-  r.precision = "f32";
+  plan::Request r = tiny_on_four_devices();
   plan::Layout tp;
   tp.tensor = 4;
   plan::Layout ftp;

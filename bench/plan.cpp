@@ -84,6 +84,17 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // A whole number in (lo, hi), or [lo, hi) with lo_included, else a message naming it and exit 2.
+    auto number_in = [](const std::string& flag, const std::string& v, double lo, double hi, bool lo_included) {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !((lo_included ? x >= lo : x > lo) && x < hi)) {
+        std::fprintf(stderr, "%s wants a number in %c%g, %g), got \"%s\"\n", flag.c_str(), lo_included ? '[' : '(', lo,
+                     hi, v.c_str());
+        std::exit(2);
+      }
+      return x;
+    };
     if (a == "--config") config = next();
     else if (a == "--set") overrides.push_back(next());
     else if (a == "--mesh") mesh_text = next();
@@ -103,23 +114,8 @@ int main(int argc, char** argv) {
     else if (a == "--no-overlap") overlap = false;
     else if (a == "--collectives") collectives_file = next();
     else if (a == "--cores") cores_given = std::atof(next().c_str());
-    else if (a == "--shared-core-slowdown") {
-      const std::string v = next();
-      shared_core_slowdown = std::atof(v.c_str());
-      if (!(shared_core_slowdown > 0 && shared_core_slowdown < 10)) {
-        std::fprintf(stderr, "--shared-core-slowdown wants a number in (0, 10), got \"%s\"\n", v.c_str());
-        return 2;
-      }
-    }
-    else if (a == "--tensor-replicated-share") {
-      const std::string v = next();
-      char* end = nullptr;
-      tensor_replicated_share = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(tensor_replicated_share >= 0 && tensor_replicated_share < 1)) {
-        std::fprintf(stderr, "--tensor-replicated-share wants a number in [0, 1), got \"%s\"\n", v.c_str());
-        return 2;
-      }
-    }
+    else if (a == "--shared-core-slowdown") shared_core_slowdown = number_in(a, next(), 0, 10, false);
+    else if (a == "--tensor-replicated-share") tensor_replicated_share = number_in(a, next(), 0, 1, true);
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;

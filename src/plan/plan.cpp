@@ -530,7 +530,7 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
   // step, measured): each tensor rank runs its tokens' share of them in full, t times what the FLOPs'
   // split above charges.
   if (l.tensor > 1 && r.device.tensor_replicated_share > 0) {
-    e.compute_s += r.device.tensor_replicated_share * (per_token * tokens / peak) * static_cast<double>(l.tensor - 1) / N;
+    e.compute_s += r.device.tensor_replicated_share * (e.model_flops / peak) * static_cast<double>(l.tensor - 1) / N;
   }
   // The compute of an even share (the pipeline's slowest stage adjusts compute_s below; the cores do
   // every stage's work, which sums to the even shares).
@@ -720,21 +720,15 @@ Estimate estimate_stage(const Request& r, const Layout& l, int64_t stage) {
       e.collectives.push_back(collective("tied table gradient all-reduce", "all_reduce", "pipe", 2,
                                          4 * V * C / static_cast<double>(l.tensor), pipe_link, false, 1));
     }
-    // The scalars, each over the ranks loom sums it over (parallel/pipeline.cpp, runtime.cpp): the
-    // loss of each micro-batch over the batch axes (on the last stage, after the schedule), the
-    // stages' sum of it over the pipe axis, and the stop agreement and gradient norm over the world.
-    // (Charged as one world group before, they cost 8-rank meetings where loom's calls meet 2 ranks.)
-    if (batch_split && worst_stage == l.pipe - 1) {
-      e.collectives.push_back(collective("loss over the batch axes", "all_reduce", l.expert > 1 ? "data x expert" : "data",
-                                         l.data * l.expert, 8 * micro, dx_link, false, micro));
-    }
+    // The loss's sum over the stages (the scalars every layout has follow below).
     e.collectives.push_back(collective("loss over the stages", "all_reduce", "pipe", l.pipe, 8, pipe_link, false, 1));
-    e.collectives.push_back(collective("stop and gradient-norm scalars", "all_reduce", "world", l.devices(), 16,
-                                       data_link, false, 2));
-  } else if (batch_split || l.tensor > 1) {
-    // The loss over the batch axes once per micro-batch (the trainer's mean), then the stop agreement
-    // and the gradient norm over the world.
-    if (batch_split) {
+  }
+  // The scalars, each over the ranks loom sums it over (parallel/pipeline.cpp, runtime.cpp): the loss of
+  // each micro-batch over the batch axes (under a pipe axis on the last stage, after the schedule), and
+  // the stop agreement and gradient norm over the world. (Charged as one world group until 12-05, they
+  // cost 8-rank meetings where loom's calls meet 2 ranks.)
+  if (l.pipe > 1 || batch_split || l.tensor > 1) {
+    if (batch_split && (l.pipe == 1 || worst_stage == l.pipe - 1)) {
       e.collectives.push_back(collective("loss over the batch axes", "all_reduce", l.expert > 1 ? "data x expert" : "data",
                                          l.data * l.expert, 8 * micro, dx_link, false, micro));
     }

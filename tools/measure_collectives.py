@@ -104,8 +104,10 @@ def main():
         "load_average_after": [round(x, 2) for x in load_after],
         "costs": costs,
     }
-    with open(a.out, "w") as f:
+    # Written beside it and renamed over it: an interrupted write leaves the last measurement whole.
+    with open(a.out + ".tmp", "w") as f:
         f.write(dump(doc))
+    os.replace(a.out + ".tmp", a.out)
     print(f"wrote {a.out}")
     if a.raw:
         with open(a.raw, "w") as f:

@@ -200,6 +200,8 @@ def main():
     print(f"collective costs: {collectives or 'none (the ring formula)'}")
     if not os.path.exists(BENCH_USED):
         sys.exit(f"{BENCH_USED} is missing: cmake --build build --target loom_bench_plan")
+    if not os.path.exists(LOOM):
+        sys.exit(f"{LOOM} is missing (it measures the families a tensor axis leaves whole): cmake --build build --target loom")
     print(f"load average before: {os.getloadavg()}", flush=True)
     flops, bandwidth = a.flops, a.bandwidth
     lines = []

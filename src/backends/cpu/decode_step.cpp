@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <numeric>
 #include <vector>
 
 #include "backends/cpu/activation.h"
@@ -13,6 +15,44 @@
 #include "core/parallel.h"
 
 namespace loom::cpu {
+
+namespace {
+
+// Memory the team's threads write side by side, a chunk of whole 64-byte lines each: zeroed, starting on
+// a line, with n rounded up to whole lines. The chunks (a multiple of 16 outputs, of rows whose widths
+// are multiples of 16 in the models served) then never share a line, where std::vector's 16-byte
+// alignment put every chunk's first and last outputs in lines the other thread wrote too, and each such
+// line moved between the cores (bench/serve_step, SmolLM2 Q4_1, 2 threads, docs/serve.md).
+template <class T>
+class LineBuffer {
+ public:
+  static constexpr size_t kLine = 64;
+  explicit LineBuffer(int64_t n) : bytes_((static_cast<size_t>(n) * sizeof(T) + kLine - 1) / kLine * kLine) {
+    if (bytes_ > 0) {
+      data_ = static_cast<T*>(::operator new(bytes_, std::align_val_t{kLine}));
+      std::memset(static_cast<void*>(data_), 0, bytes_);
+    }
+  }
+  ~LineBuffer() {
+    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{kLine});
+  }
+  LineBuffer(const LineBuffer&) = delete;
+  LineBuffer& operator=(const LineBuffer&) = delete;
+  T* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  T* data_ = nullptr;
+};
+
+// n rounded up to whole 64-byte lines of T (float: 16, ActBlock: 4).
+template <class T>
+int64_t whole_lines(int64_t n) {
+  constexpr int64_t per = static_cast<int64_t>(std::lcm(sizeof(T), LineBuffer<T>::kLine) / sizeof(T));
+  return (n + per - 1) / per * per;
+}
+
+}  // namespace
 
 void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, float* const* k_cache,
                  float* const* v_cache, float* logits) {
@@ -25,25 +65,28 @@ void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, fl
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));  // scaled_dot_product_attention's default
   // Shared between the team: x [C] the residual stream; q [H*D]; kbuf [Hkv*D]; y [C] the attention's
   // output; o [C] a projection's output; g, u, h [F].
-  std::vector<float> shared(static_cast<size_t>(C + H * D + Hkv * D + C + C + 3 * F));
+  // Each array on a line of its own (LineBuffer).
+  const int64_t lC = whole_lines<float>(C), lQ = whole_lines<float>(H * D), lK = whole_lines<float>(Hkv * D);
+  const int64_t lF = whole_lines<float>(F);
+  LineBuffer<float> shared(lC + lQ + lK + lC + lC + 3 * lF);
   float* x = shared.data();
-  float* q = x + C;
-  float* kbuf = q + H * D;
-  float* y = kbuf + Hkv * D;
-  float* o = y + C;
-  float* g = o + C;
-  float* u = g + F;
-  float* h = u + F;
+  float* q = x + lC;
+  float* kbuf = q + lQ;
+  float* y = kbuf + lK;
+  float* o = y + lC;
+  float* g = o + lC;
+  float* u = g + lF;
+  float* h = u + lF;
   // Per thread: the normed row [C], its quantized blocks [levels * max(C, F) / 32] (levels: the
   // activation rounding's, resolved here because the team below cannot throw).
-  const int64_t act_blocks = quant::activation_levels() * std::max(C, F) / 32;
-  std::vector<float> xn(static_cast<size_t>(threads * C));
-  std::vector<quant::ActBlock> act(static_cast<size_t>(threads * act_blocks));
+  const int64_t act_blocks = whole_lines<quant::ActBlock>(quant::activation_levels() * std::max(C, F) / 32);
+  LineBuffer<float> xn(threads * lC);
+  LineBuffer<quant::ActBlock> act(threads * act_blocks);
   std::memcpy(x, m.token_embeddings + token * C, static_cast<size_t>(C) * sizeof(float));
 
   parallel_team(threads, [&](Team& team) {
     const int r = team.rank();
-    float* my_xn = xn.data() + r * C;
+    float* my_xn = xn.data() + r * lC;
     quant::ActBlock* my_act = act.data() + r * act_blocks;
     // out[n] for n in [n0, n1): row n of the matrix times this thread's quantized activations.
     auto rows = [&](const quant::QuantizedMatrix* w, int64_t n0, int64_t n1, float* out) {
@@ -172,25 +215,29 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's
   // output; o [R, C] a projection's output; g, u, h [R, F]; shared_act the shared rows' quantized blocks.
   const int64_t blocks = levels * std::max(C, F) / 32;
-  std::vector<float> shared(static_cast<size_t>(R * (C + H * D + 2 * Hkv * D + H * D + C + 3 * F)));
+  // Each array on a line of its own (LineBuffer): with row widths that are multiples of 16, every chunk
+  // of columns (a multiple of 16) is whole lines.
+  const int64_t lC = whole_lines<float>(R * C), lQ = whole_lines<float>(R * H * D);
+  const int64_t lK = whole_lines<float>(R * Hkv * D), lF = whole_lines<float>(R * F);
+  LineBuffer<float> shared(lC + lQ + 2 * lK + lQ + lC + 3 * lF);
   float* x = shared.data();
-  float* q = x + R * C;
-  float* kbuf = q + R * H * D;
-  float* vbuf = kbuf + R * Hkv * D;
-  float* y = vbuf + R * Hkv * D;
-  float* o = y + R * H * D;
-  float* g = o + R * C;
-  float* u = g + R * F;
-  float* h = u + R * F;
-  std::vector<quant::ActBlock> shared_act(R > kOwnRows ? static_cast<size_t>(R * blocks) : 0);
+  float* q = x + lC;
+  float* kbuf = q + lQ;
+  float* vbuf = kbuf + lK;
+  float* y = vbuf + lK;
+  float* o = y + lQ;
+  float* g = o + lC;
+  float* u = g + lF;
+  float* h = u + lF;
+  LineBuffer<quant::ActBlock> shared_act(R > kOwnRows ? R * blocks : 0);
   // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch for
   // kHeadsTogether heads, scores [max position + 1] and acc [D] each.
   int64_t max_pos = 0;
   for (int64_t r = 0; r < R; ++r) max_pos = std::max(max_pos, p.positions[r]);
-  const int64_t own_blocks = kOwnRows * blocks;
-  const int64_t scratch = C + kHeadsTogether * (max_pos + 1 + D);
-  std::vector<float> per_thread(static_cast<size_t>(threads * scratch));
-  std::vector<quant::ActBlock> own_act(static_cast<size_t>(threads * own_blocks));
+  const int64_t own_blocks = whole_lines<quant::ActBlock>(kOwnRows * blocks);
+  const int64_t scratch = whole_lines<float>(C + kHeadsTogether * (max_pos + 1 + D));
+  LineBuffer<float> per_thread(threads * scratch);
+  LineBuffer<quant::ActBlock> own_act(threads * own_blocks);
   for (int64_t r = 0; r < R; ++r) {
     std::memcpy(x + r * C, m.token_embeddings + static_cast<int64_t>(tokens[r]) * C, static_cast<size_t>(C) * sizeof(float));
   }

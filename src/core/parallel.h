@@ -173,35 +173,56 @@ class Team {
 
 // Work in phases whose chunks any thread of a team may claim: for a team that must keep going when the
 // OS deschedules one of its threads (a busy machine). With fixed shares and a barrier, a thread that
-// is not running stalls every phase; here the threads claim phase p's chunks from a counter and wait
-// until all of them are done, so a thread that is not running holds up only a chunk it has claimed.
+// is not running stalls every phase; here the threads claim phase p's chunks and wait until all of them
+// are done, so a thread that is not running holds up only a chunk it has claimed.
+//
+// Each thread first takes the chunks of a home range of its own, in order from the front, and then
+// takes what is left of the others' ranges from their backs. So a thread's chunks are contiguous (a
+// run of a matrix's rows read in order, which the hardware prefetchers follow across chunks), where one
+// counter for all handed the chunks out alternately: a 16-token int8x2 matmul of [12288, 576] in
+// 64-row chunks took 0.41-0.44 ms on 2 threads so, 0.35-0.36 ms in two contiguous halves (bench, Intel
+// Xeon with AMX); and the owner's run stays whole while another thread helps with its end.
 // The results must not depend on which thread runs a chunk (each chunk writes outputs of its own,
 // computed the same way by any thread).
 class ClaimedPhases {
  public:
-  explicit ClaimedPhases(int64_t phases) : claimed_(static_cast<size_t>(phases)), done_(static_cast<size_t>(phases)) {}
+  // `ranges`: the home ranges a phase's chunks are split into, the team's size (a thread of rank r >=
+  // ranges has no home range and only helps; a range whose thread never comes is taken by the others).
+  ClaimedPhases(int64_t phases, int ranges)
+      : ranges_(std::max(ranges, 1)), claims_(static_cast<size_t>(phases * ranges_)), done_(static_cast<size_t>(phases)) {}
   // Phase p: prepare() once if this thread claims a chunk, then chunk(c) for each c in [0, chunks) it
   // claims; returns when every chunk of p is done. Every thread calls it for p = 0, 1, ... in order,
-  // with the same `chunks`.
+  // with the same `chunks`, and its own rank.
   template <class Prepare, class Chunk>
-  void run(int64_t p, int64_t chunks, Prepare&& prepare, Chunk&& chunk) {
-    std::atomic<int64_t>& claimed = claimed_[static_cast<size_t>(p)];
-    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)];
-    int64_t c = claimed.fetch_add(1, std::memory_order_relaxed);
-    if (c < chunks) {
-      prepare();
-      int64_t mine = 0;
-      do {
-        chunk(c);
-        ++mine;
-      } while ((c = claimed.fetch_add(1, std::memory_order_relaxed)) < chunks);
-      // This thread's chunks counted once, when it has no more to claim (a count per chunk bounced the
-      // counter's line between the cores at every chunk: 5% of a 16-row decode step on 2 threads). The
-      // last count wakes the threads asleep in wait_done (sleepers_ is read after done is bumped, and a
-      // sleeper counts itself before it reads done: one of the two sees the other).
-      if (done.fetch_add(mine, std::memory_order_seq_cst) + mine == chunks && sleepers_.load(std::memory_order_seq_cst) > 0) {
-        done.notify_all();
+  void run(int64_t p, int64_t chunks, int rank, Prepare&& prepare, Chunk&& chunk) {
+    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)].count;
+    int64_t mine = 0;
+    // Range r's chunks, taken from the front (the owner) or the back (the others) while any are left.
+    auto take = [&](int r, bool front) {
+      const int64_t begin = chunks * r / ranges_, size = chunks * (r + 1) / ranges_ - begin;
+      std::atomic<int64_t>& claims = claims_[static_cast<size_t>(p * ranges_ + r)].count;
+      for (;;) {
+        // One atomic word, front claims in the low 32 bits and back claims in the high: each claim sees
+        // both, so the first `size` claims of a range get its chunks, each once, and the rest nothing.
+        const int64_t seen = claims.fetch_add(front ? 1 : int64_t{1} << 32, std::memory_order_relaxed);
+        const int64_t taken_front = seen & 0xffffffff, taken_back = seen >> 32;
+        if (taken_front + taken_back >= size) return;
+        if (mine++ == 0) prepare();
+        chunk(front ? begin + taken_front : begin + size - 1 - taken_back);
       }
+    };
+    if (rank < ranges_) take(rank, true);
+    for (int i = 1; i <= ranges_; ++i) {
+      const int r = (rank + i) % ranges_;
+      if (r != rank) take(r, false);
+    }
+    // This thread's chunks counted once, when it has no more to claim (a count per chunk bounced the
+    // counter's line between the cores at every chunk: 5% of a 16-row decode step on 2 threads). The
+    // last count wakes the threads asleep in wait_done (sleepers_ is read after done is bumped, and a
+    // sleeper counts itself before it reads done: one of the two sees the other).
+    if (mine > 0 && done.fetch_add(mine, std::memory_order_seq_cst) + mine == chunks &&
+        sleepers_.load(std::memory_order_seq_cst) > 0) {
+      done.notify_all();
     }
     wait_done(done, chunks);
   }
@@ -211,7 +232,11 @@ class ClaimedPhases {
   // then sleeps until the last chunk is done (a thread that waits for a descheduled one leaves the core
   // to it and to the others).
   void wait_done(std::atomic<int64_t>& done, int64_t chunks);
-  std::vector<std::atomic<int64_t>> claimed_, done_;
+  struct alignas(64) Counter {  // a line each: the owners' claims never share one
+    std::atomic<int64_t> count{0};
+  };
+  int ranges_;
+  std::vector<Counter> claims_, done_;
   std::atomic<int> sleepers_{0};
 };
 

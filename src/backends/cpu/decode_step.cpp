@@ -243,7 +243,7 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   }
   // Phases a layer: q/k/v, attention, output_proj, w1/w3, w2, and before each of the four matmuls' one
   // that quantizes the rows when they are shared; then the head's two.
-  ClaimedPhases phases(9 * L + 2);
+  ClaimedPhases phases(9 * L + 2, threads);
   // Items of ~1 µs or less (attention's (row, head) pairs at short contexts, a row to quantize) are
   // claimed a few at a time, so that the claims (an atomic on a line the cores share) stay rare, with
   // still `claims` claims a thread to balance.
@@ -275,17 +275,17 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
       const int64_t stride = levels * K / 32;
       if (M > kOwnRows) {
         const int64_t rows_per_claim = per_claim(M, 4);
-        phases.run(phase++, chunks_of(M, rows_per_claim), nothing, [&](int64_t c) {
+        phases.run(phase++, chunks_of(M, rows_per_claim), t, nothing, [&](int64_t c) {
           const auto [i0, i1] = span(c, rows_per_claim, M);
           for (int64_t i = i0; i < i1; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
         });
-        phases.run(phase++, chunks, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
+        phases.run(phase++, chunks, t, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
       } else {
         ++phase;  // the shared quantization's phase, unused: every thread numbers the phases alike
         auto prepare = [&] {
           for (int64_t i = 0; i < M; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, my_act + i * stride);
         };
-        phases.run(phase++, chunks, prepare, [&](int64_t c) { chunk(my_act, c); });
+        phases.run(phase++, chunks, t, prepare, [&](int64_t c) { chunk(my_act, c); });
       }
     };
     auto normed = [&](const float* gain, float eps, const int64_t* which) {
@@ -330,7 +330,7 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
       });
       // 2. attention of each (row, query head) over its sequence's positions [0, P] (a row of a prompt
       // chunk reads the keys the chunk's earlier rows wrote in 1).
-      phases.run(phase++, chunks_of(R * head_chunks, heads_per_claim), nothing, [&](int64_t c) {
+      phases.run(phase++, chunks_of(R * head_chunks, heads_per_claim), t, nothing, [&](int64_t c) {
         const auto [i0, i1] = span(c, heads_per_claim, R * head_chunks);
         // Chunk i % head_chunks of row i / head_chunks: k/v head g's query heads [h0, h1).
         auto first_head = [&](int64_t i) {

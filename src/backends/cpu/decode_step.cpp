@@ -201,13 +201,16 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   // costs less than the phase that sharing them needs (a single decoding sequence is the case).
   constexpr int64_t kOwnRows = 2;
   const int threads = num_threads();
-  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), about two chunks a
-  // thread, between 64 and 256 rows. Long chunks are fewer claims and kernel calls and longer runs of
-  // weights read in order (bench/serve_step, 2 threads, SmolLM2 Q4_1, interleaved: 64 -> 256 rows, R = 1
-  // 2.63 -> 2.26 ms, R = 16 9.28 -> 8.58 ms; 32 -> 64 had gained ~5% too); two a thread at least, so that
-  // many threads still share a matrix, and a thread descheduled while holding one delays the step little.
+  // Rows of W per chunk: a multiple of 16 (the kernels' row blocks and 8-row groups), about four chunks
+  // a thread, between 64 and 256 rows. Long chunks are fewer claims and kernel calls (bench/serve_step,
+  // 2 threads, SmolLM2 Q4_1, interleaved: 64 -> 256 rows, R = 1 2.63 -> 2.26 ms, R = 16 9.28 -> 8.58 ms
+  // when one counter handed the chunks out alternately; 32 -> 64 had gained ~5% too); since each thread
+  // takes a contiguous home range (ClaimedPhases), four a thread rather than two balance the phases'
+  // ends better without breaking the runs of weights read in order (R = 16 13.1 -> 12.1 ms, R = 1 2.78
+  // -> 2.68; the 88M Llama 8.85 -> 8.38 and 1.22 -> 1.14; eight a thread, down to 32 rows, no better);
+  // and many threads still share a matrix, so a thread descheduled while holding one delays the step little.
   auto chunk_rows = [threads](int64_t N) {
-    return std::clamp<int64_t>(N / (2 * static_cast<int64_t>(threads)) / 16 * 16, 64, 256);
+    return std::clamp<int64_t>(N / (4 * static_cast<int64_t>(threads)) / 16 * 16, 64, 256);
   };
   constexpr int64_t kHeadChunk = 256;
   const int64_t chunk_c = chunk_rows(C), chunk_f = chunk_rows(F);

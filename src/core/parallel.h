@@ -177,11 +177,12 @@ class Team {
 // are done, so a thread that is not running holds up only a chunk it has claimed.
 //
 // Each thread first takes the chunks of a home range of its own, in order from the front, and then
-// takes what is left of the others' ranges from their backs. So a thread's chunks are contiguous (a
-// run of a matrix's rows read in order, which the hardware prefetchers follow across chunks), where one
-// counter for all handed the chunks out alternately: a 16-token int8x2 matmul of [12288, 576] in
-// 64-row chunks took 0.41-0.44 ms on 2 threads so, 0.35-0.36 ms in two contiguous halves (bench, Intel
-// Xeon with AMX); and the owner's run stays whole while another thread helps with its end.
+// takes what is left of the others' ranges from their backs (parallel_for's shares, above, for a team
+// that stays together). So a thread's chunks are contiguous, a run of a matrix's rows read in order
+// that the hardware prefetchers follow across chunks, where one counter for all handed the chunks out
+// alternately: a 16-token int8x2 matmul of [12288, 576] in 64-row chunks took 0.41-0.44 ms on 2
+// threads so, 0.35-0.36 ms in two contiguous halves (Intel Xeon with AMX); and the owner's run stays
+// whole while another thread helps with its end.
 // The results must not depend on which thread runs a chunk (each chunk writes outputs of its own,
 // computed the same way by any thread).
 class ClaimedPhases {
@@ -201,12 +202,14 @@ class ClaimedPhases {
     auto take = [&](int r, bool front) {
       const int64_t begin = chunks * r / ranges_, size = chunks * (r + 1) / ranges_ - begin;
       std::atomic<int64_t>& claims = claims_[static_cast<size_t>(p * ranges_ + r)].count;
-      for (;;) {
-        // One atomic word, front claims in the low 32 bits and back claims in the high: each claim sees
-        // both, so the first `size` claims of a range get its chunks, each once, and the rest nothing.
+      // One atomic word, front claims in the low 32 bits and back claims in the high: each claim sees
+      // both, so the first `size` claims of a range get its chunks, each once, and the rest nothing. A
+      // range seen exhausted is left without a claim, so that its line stays with its owner.
+      auto exhausted = [size](int64_t seen) { return (seen & 0xffffffff) + (seen >> 32) >= size; };
+      while (!exhausted(claims.load(std::memory_order_relaxed))) {
         const int64_t seen = claims.fetch_add(front ? 1 : int64_t{1} << 32, std::memory_order_relaxed);
+        if (exhausted(seen)) return;
         const int64_t taken_front = seen & 0xffffffff, taken_back = seen >> 32;
-        if (taken_front + taken_back >= size) return;
         if (mine++ == 0) prepare();
         chunk(front ? begin + taken_front : begin + size - 1 - taken_back);
       }

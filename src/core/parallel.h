@@ -181,8 +181,8 @@ class Team {
 // that stays together). So a thread's chunks are contiguous, a run of a matrix's rows read in order
 // that the hardware prefetchers follow across chunks, where one counter for all handed the chunks out
 // alternately: a 16-token int8x2 matmul of [12288, 576] in 64-row chunks took 0.41-0.44 ms on 2
-// threads so, 0.35-0.36 ms in two contiguous halves (Intel Xeon with AMX); and the owner's run stays
-// whole while another thread helps with its end.
+// threads so, 0.34-0.36 ms in two contiguous halves (Intel Xeon with AMX; docs/serve.md); and the
+// owner's run stays whole while another thread helps with its end.
 // The results must not depend on which thread runs a chunk (each chunk writes outputs of its own,
 // computed the same way by any thread).
 class ClaimedPhases {

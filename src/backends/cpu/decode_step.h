@@ -76,7 +76,8 @@ void decode_step(const DecodeModel& model, int32_t token, int64_t P, int64_t cap
 //
 // One team again, every matrix read once per step for all rows, but no fixed shares: each phase (the
 // q/k/v heads, the attention's (row, head) pairs a few at a time, chunks of 64-256 rows of output_proj,
-// w1/w3 and w2 (about two a thread), of 256 rows of the head) is a list of chunks the threads claim (core/parallel.h ClaimedPhases), so on a
+// w1/w3 and w2 (about four a thread), of 256 rows of the head) is a list of chunks the threads claim, each
+// first a contiguous range of its own (core/parallel.h ClaimedPhases), so on a
 // busy machine a descheduled thread delays only a chunk it holds, not every barrier of the step. Each
 // row's arithmetic is the op-by-op paged pass's (nn::paged_decoder_forward with its weights quantized):
 // the same RMSNorm, activation quantization, quantized_matmul_rows over ranges starting on multiples of

@@ -52,6 +52,27 @@ int64_t whole_lines(int64_t n) {
   return (n + per - 1) / per * per;
 }
 
+// The step's arrays the team shares, each on lines of its own (LineBuffer): with row widths that are
+// multiples of 16, every chunk of columns (a multiple of 16) is whole lines. x [R, C] the residual
+// stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D] the new keys and values; y [R, H*D] the attention's output;
+// o [R, C] a projection's output; g, u, h [R, F].
+struct StepArrays {
+  StepArrays(const DecodeModel& m, int64_t R)
+      : lC(whole_lines<float>(R * m.C)), lQ(whole_lines<float>(R * m.H * m.D)), lK(whole_lines<float>(R * m.Hkv * m.D)),
+        lF(whole_lines<float>(R * m.F)), memory(2 * lC + 2 * lQ + 2 * lK + 3 * lF) {}
+  int64_t lC, lQ, lK, lF;
+  LineBuffer<float> memory;
+  float* x = memory.data();
+  float* q = x + lC;
+  float* kbuf = q + lQ;
+  float* vbuf = kbuf + lK;
+  float* y = vbuf + lK;
+  float* o = y + lQ;
+  float* g = o + lC;
+  float* u = g + lF;
+  float* h = u + lF;
+};
+
 }  // namespace
 
 void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, float* const* k_cache,
@@ -63,23 +84,14 @@ void decode_step(const DecodeModel& m, int32_t token, int64_t P, int64_t cap, fl
   const int threads = num_threads();
   const int64_t group = H / Hkv, half = D / 2;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));  // scaled_dot_product_attention's default
-  // Shared between the team: x [C] the residual stream; q [H*D]; kbuf [Hkv*D]; y [C] the attention's
-  // output; o [C] a projection's output; g, u, h [F].
-  // Each array on a line of its own (LineBuffer).
-  const int64_t lC = whole_lines<float>(C), lQ = whole_lines<float>(H * D), lK = whole_lines<float>(Hkv * D);
-  const int64_t lF = whole_lines<float>(F);
-  LineBuffer<float> shared(lC + lQ + lK + lC + lC + 3 * lF);
-  float* x = shared.data();
-  float* q = x + lC;
-  float* kbuf = q + lQ;
-  float* y = kbuf + lK;
-  float* o = y + lC;
-  float* g = o + lC;
-  float* u = g + lF;
-  float* h = u + lF;
+  // Shared between the team (StepArrays, one row; v goes straight into the cache).
+  const StepArrays shared(m, 1);
+  float *x = shared.x, *q = shared.q, *kbuf = shared.kbuf, *y = shared.y, *o = shared.o;
+  float *g = shared.g, *u = shared.u, *h = shared.h;
   // Per thread: the normed row [C], its quantized blocks [levels * max(C, F) / 32] (levels: the
   // activation rounding's, resolved here because the team below cannot throw).
   const int64_t act_blocks = whole_lines<quant::ActBlock>(quant::activation_levels() * std::max(C, F) / 32);
+  const int64_t lC = shared.lC;
   LineBuffer<float> xn(threads * lC);
   LineBuffer<quant::ActBlock> act(threads * act_blocks);
   std::memcpy(x, m.token_embeddings + token * C, static_cast<size_t>(C) * sizeof(float));
@@ -215,23 +227,11 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   constexpr int64_t kHeadChunk = 256;
   const int64_t chunk_c = chunk_rows(C), chunk_f = chunk_rows(F);
 
-  // Shared: x [R, C] the residual stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D]; y [R, H*D] the attention's
-  // output; o [R, C] a projection's output; g, u, h [R, F]; shared_act the shared rows' quantized blocks.
+  // Shared between the team: StepArrays, and shared_act the shared rows' quantized blocks.
+  const StepArrays shared(m, R);
+  float *x = shared.x, *q = shared.q, *kbuf = shared.kbuf, *vbuf = shared.vbuf, *y = shared.y, *o = shared.o;
+  float *g = shared.g, *u = shared.u, *h = shared.h;
   const int64_t blocks = levels * std::max(C, F) / 32;
-  // Each array on a line of its own (LineBuffer): with row widths that are multiples of 16, every chunk
-  // of columns (a multiple of 16) is whole lines.
-  const int64_t lC = whole_lines<float>(R * C), lQ = whole_lines<float>(R * H * D);
-  const int64_t lK = whole_lines<float>(R * Hkv * D), lF = whole_lines<float>(R * F);
-  LineBuffer<float> shared(lC + lQ + 2 * lK + lQ + lC + 3 * lF);
-  float* x = shared.data();
-  float* q = x + lC;
-  float* kbuf = q + lQ;
-  float* vbuf = kbuf + lK;
-  float* y = vbuf + lK;
-  float* o = y + lQ;
-  float* g = o + lC;
-  float* u = g + lF;
-  float* h = u + lF;
   LineBuffer<quant::ActBlock> shared_act(R > kOwnRows ? R * blocks : 0);
   // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch for
   // kHeadsTogether heads, scores [max position + 1] and acc [D] each.

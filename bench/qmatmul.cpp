@@ -9,16 +9,19 @@
 // as its head), rounding (0 int8, 1 int8x2), the [N, K] matrix small enough to stay in L2 (the step reads a chunk of 64-256
 // rows of W at a time, and the rows' activations stay in L1/L2), so this times the kernels, not DRAM. "MACs" is multiply-adds per
 // second. Each run first checks that both paths give the same bits where the CPU has both.
-// BM_QuantizeActivations times the activations' quantization that precedes each of the step's matmuls.
+// BM_QuantizeActivations times the activations' quantization that precedes each of the step's matmuls;
+// BM_TeamMatmul how a 16-token matmul scales from one thread to two as the step's phases split it.
 // On a shared machine quote the best repetition of each: others' jobs only ever add time.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "quant/qmatmul.h"
 
 using namespace loom;
@@ -97,8 +100,46 @@ void BM_QuantizeActivations(benchmark::State& state) {
   state.counters["floats"] = benchmark::Counter(static_cast<double>(state.iterations() * M * K), benchmark::Counter::kIsRate);
 }
 
+// A 16-token int8x2 matmul [12288, 576] (Q4_1) in 64-row chunks on a team of `threads` threads that
+// claim them as the fused step's phases do (core/parallel.h ClaimedPhases, each thread a contiguous
+// home range first), the output on a cache line or 16 bytes off one (as std::vector's memory is). How
+// the step's work scales from one thread to two: with one counter handing the chunks out alternately
+// two threads took 0.41-0.44 ms against one thread's 0.66-0.70, with the output off a line 0.48-0.52;
+// with home ranges 0.38 against 0.75-0.76, off a line 0.39-0.40 (Intel Xeon with AMX; docs/serve.md,
+// "Two threads sharing a step"). Real time.
+void BM_TeamMatmul(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const int64_t offset_floats = state.range(1);  // 0: the output on a line; 4: 16 bytes off
+  constexpr int64_t M = 16, N = 12288, K = 576, kChunk = 64;
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(N * K)), x(static_cast<size_t>(M * K));
+  for (float& v : w) v = normal(gen);
+  for (float& v : x) v = normal(gen);
+  const QuantizedMatrix q = QuantizedMatrix::quantize(QuantType::Q4_1, w.data(), N, K);
+  std::vector<ActBlock> a(static_cast<size_t>(M * 2 * K / 32));
+  quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Auto, ActivationRounding::Int8x2);
+  std::vector<float> memory(static_cast<size_t>(M * N + 32));
+  float* y = memory.data();
+  while (reinterpret_cast<uintptr_t>(y) % 64 != 0) ++y;
+  y += offset_floats;
+  const int64_t chunks = N / kChunk;
+  for (auto _ : state) {
+    loom::ClaimedPhases phases(1, threads);
+    loom::parallel_team(threads, [&](loom::Team& team) {
+      phases.run(0, chunks, team.rank(), [] {}, [&](int64_t c) {
+        quantized_matmul_rows(a.data(), M, q, c * kChunk, (c + 1) * kChunk, y, N, KernelPath::Auto, ActivationRounding::Int8x2);
+      });
+    });
+    benchmark::DoNotOptimize(y);
+  }
+  state.SetLabel(std::to_string(threads) + (threads == 1 ? " thread" : " threads") + (offset_floats == 0 ? ", output on a line" : ", output 16 bytes off a line"));
+  state.counters["MACs"] = benchmark::Counter(static_cast<double>(state.iterations() * M * N * K), benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
 BENCHMARK(BM_QuantizedMatmulRows)->Apply(Args);
+BENCHMARK(BM_TeamMatmul)->Args({1, 0})->Args({2, 0})->Args({2, 4})->UseRealTime();
 BENCHMARK(BM_QuantizeActivations)->ArgsProduct({{1, 16}, {576, 1536}, {0, 1}});
 BENCHMARK_MAIN();

@@ -190,18 +190,21 @@ class ClaimedPhases {
   // `ranges`: the home ranges a phase's chunks are split into, the team's size (a thread of rank r >=
   // ranges has no home range and only helps; a range whose thread never comes is taken by the others).
   ClaimedPhases(int64_t phases, int ranges)
-      : ranges_(std::max(ranges, 1)), claims_(static_cast<size_t>(phases * ranges_)), done_(static_cast<size_t>(phases)) {}
+      : ranges_(std::max(ranges, 1)),
+        lines_per_range_((phases + kPerLine - 1) / kPerLine),
+        claims_(static_cast<size_t>(ranges_ * lines_per_range_)),
+        done_(static_cast<size_t>(phases)) {}
   // Phase p: prepare() once if this thread claims a chunk, then chunk(c) for each c in [0, chunks) it
   // claims; returns when every chunk of p is done. Every thread calls it for p = 0, 1, ... in order,
   // with the same `chunks`, and its own rank.
   template <class Prepare, class Chunk>
   void run(int64_t p, int64_t chunks, int rank, Prepare&& prepare, Chunk&& chunk) {
-    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)].count;
+    std::atomic<int64_t>& done = done_[static_cast<size_t>(p)];
     int64_t mine = 0;
     // Range r's chunks, taken from the front (the owner) or the back (the others) while any are left.
     auto take = [&](int r, bool front) {
       const int64_t begin = chunks * r / ranges_, size = chunks * (r + 1) / ranges_ - begin;
-      std::atomic<int64_t>& claims = claims_[static_cast<size_t>(p * ranges_ + r)].count;
+      std::atomic<int64_t>& claims = claims_[static_cast<size_t>(r * lines_per_range_ + p / kPerLine)].count[p % kPerLine];
       // One atomic word, front claims in the low 32 bits and back claims in the high: each claim sees
       // both, so the first `size` claims of a range get its chunks, each once, and the rest nothing. A
       // range seen exhausted is left without a claim, so that its line stays with its owner.
@@ -235,11 +238,16 @@ class ClaimedPhases {
   // then sleeps until the last chunk is done (a thread that waits for a descheduled one leaves the core
   // to it and to the others).
   void wait_done(std::atomic<int64_t>& done, int64_t chunks);
-  struct alignas(64) Counter {  // a line each: the owners' claims never share one
-    std::atomic<int64_t> count{0};
+  // Range r's claim counters of all phases, on lines of their own: two owners' claims never share a
+  // line, and the memory grows with the phases and ranges, not their product times a line.
+  static constexpr int64_t kPerLine = 8;
+  struct alignas(64) Counters {
+    std::atomic<int64_t> count[kPerLine] = {};
   };
   int ranges_;
-  std::vector<Counter> claims_, done_;
+  int64_t lines_per_range_;
+  std::vector<Counters> claims_;
+  std::vector<std::atomic<int64_t>> done_;
   std::atomic<int> sleepers_{0};
 };
 

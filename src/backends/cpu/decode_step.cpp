@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <numeric>
 #include <vector>
 
@@ -12,43 +11,37 @@
 #include "backends/cpu/attention.h"
 #include "backends/cpu/norm.h"
 #include "backends/cpu/rope.h"
+#include "core/allocator.h"
 #include "core/parallel.h"
 
 namespace loom::cpu {
 
 namespace {
 
-// Memory the team's threads write side by side, a chunk of whole 64-byte lines each: zeroed, starting on
-// a line, with n rounded up to whole lines. The chunks (a multiple of 16 outputs, of rows whose widths
-// are multiples of 16 in the models served) then never share a line, where std::vector's 16-byte
+// Memory the team's threads write side by side, a chunk of whole 64-byte lines each: zeroed, from loom's
+// CPU allocator, whose blocks start on a line (core/allocator.h) and are reused from step to step. With
+// each array rounded to whole lines (whole_lines), the chunks (a multiple of 16 outputs, of rows whose
+// widths are multiples of 16 in the models served) never share a line, where std::vector's 16-byte
 // alignment put every chunk's first and last outputs in lines the other thread wrote too, and each such
 // line moved between the cores (bench/serve_step, SmolLM2 Q4_1, 2 threads, docs/serve.md).
 template <class T>
 class LineBuffer {
  public:
-  static constexpr size_t kLine = 64;
-  explicit LineBuffer(int64_t n) : bytes_((static_cast<size_t>(n) * sizeof(T) + kLine - 1) / kLine * kLine) {
-    if (bytes_ > 0) {
-      data_ = static_cast<T*>(::operator new(bytes_, std::align_val_t{kLine}));
-      std::memset(static_cast<void*>(data_), 0, bytes_);
-    }
+  explicit LineBuffer(int64_t n) : storage_(static_cast<size_t>(n) * sizeof(T), Device::cpu()) {
+    std::memset(storage_.data(), 0, storage_.bytes());
   }
-  ~LineBuffer() {
-    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{kLine});
-  }
-  LineBuffer(const LineBuffer&) = delete;
-  LineBuffer& operator=(const LineBuffer&) = delete;
-  T* data() const { return data_; }
+  T* data() const { return static_cast<T*>(storage_.data()); }
 
  private:
-  size_t bytes_;
-  T* data_ = nullptr;
+  Storage storage_;
 };
+
+constexpr size_t kLine = 64;
 
 // n rounded up to whole 64-byte lines of T (float: 16, ActBlock: 4).
 template <class T>
 int64_t whole_lines(int64_t n) {
-  constexpr int64_t per = static_cast<int64_t>(std::lcm(sizeof(T), LineBuffer<T>::kLine) / sizeof(T));
+  constexpr int64_t per = static_cast<int64_t>(std::lcm(sizeof(T), kLine) / sizeof(T));
   return (n + per - 1) / per * per;
 }
 

@@ -49,8 +49,12 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
   const QuantizedMatrix q = QuantizedMatrix::quantize(type, w.data(), N, K);
   std::vector<ActBlock> a(static_cast<size_t>(M * activation_levels(rounding) * K / 32));
   quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Avx512Vnni, rounding);
+  // The AMX path reads its activation tiles from their copy, as the step's phases make it.
+  std::vector<int8_t> tiles(static_cast<size_t>(activation_tile_bytes(M * activation_levels(rounding), K)));
+  pack_activation_tiles(a.data(), 0, M * activation_levels(rounding), K, tiles.data());
+  const int8_t* t = path == KernelPath::Amx ? tiles.data() : nullptr;
   std::vector<float> y(static_cast<size_t>(M * N)), other(y.size());
-  quantized_matmul_rows(a.data(), M, q, 0, N, y.data(), N, path, rounding);
+  quantized_matmul_rows(a.data(), M, q, 0, N, y.data(), N, path, rounding, t);
   // The other path where the CPU has it (an AMX-less CPU runs only the VNNI cases): the same bits.
   if (const KernelPath p = kPaths[1 - state.range(0)]; kernel_path_supported(p)) {
     quantized_matmul_rows(a.data(), M, q, 0, N, other.data(), N, p, rounding);
@@ -62,7 +66,7 @@ void BM_QuantizedMatmulRows(benchmark::State& state) {
   // In chunks of rows of W, as the fused step's phases hand them out (each call sets up its tiles).
   for (auto _ : state) {
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-      quantized_matmul_rows(a.data(), M, q, n0, std::min(N, n0 + chunk), y.data(), N, path, rounding);
+      quantized_matmul_rows(a.data(), M, q, n0, std::min(N, n0 + chunk), y.data(), N, path, rounding, t);
     }
     benchmark::DoNotOptimize(y.data());
   }
@@ -106,10 +110,12 @@ void BM_QuantizeActivations(benchmark::State& state) {
 // the step's work scales from one thread to two: with one counter handing the chunks out alternately
 // two threads took 0.41-0.44 ms against one thread's 0.66-0.70, with the output off a line 0.48-0.52;
 // with home ranges 0.38 against 0.75-0.76, off a line 0.39-0.40 (Intel Xeon with AMX; docs/serve.md,
-// "Two threads sharing a step"). Real time.
+// "Two threads sharing a step"). The third argument: 1 gives the AMX kernels the activation tiles'
+// copy (pack_activation_tiles, as the step does), 0 has them read the ActBlocks in place. Real time.
 void BM_TeamMatmul(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   const int64_t offset_floats = state.range(1);  // 0: the output on a line; 4: 16 bytes off
+  const bool use_tiles = state.range(2) != 0;
   constexpr int64_t M = 16, N = 12288, K = 576, kChunk = 64;
   std::mt19937 gen(1);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -119,6 +125,9 @@ void BM_TeamMatmul(benchmark::State& state) {
   const QuantizedMatrix q = QuantizedMatrix::quantize(QuantType::Q4_1, w.data(), N, K);
   std::vector<ActBlock> a(static_cast<size_t>(M * 2 * K / 32));
   quantize_activation_rows(x.data(), M, K, a.data(), KernelPath::Auto, ActivationRounding::Int8x2);
+  std::vector<int8_t> tiles(static_cast<size_t>(activation_tile_bytes(M * 2, K)));
+  pack_activation_tiles(a.data(), 0, M * 2, K, tiles.data());
+  const int8_t* t = use_tiles ? tiles.data() : nullptr;
   std::vector<float> memory(static_cast<size_t>(M * N + 32));
   float* y = memory.data();
   while (reinterpret_cast<uintptr_t>(y) % 64 != 0) ++y;
@@ -128,18 +137,26 @@ void BM_TeamMatmul(benchmark::State& state) {
     loom::ClaimedPhases phases(1, threads);
     loom::parallel_team(threads, [&](loom::Team& team) {
       phases.run(0, chunks, team.rank(), [] {}, [&](int64_t c) {
-        quantized_matmul_rows(a.data(), M, q, c * kChunk, (c + 1) * kChunk, y, N, KernelPath::Auto, ActivationRounding::Int8x2);
+        quantized_matmul_rows(a.data(), M, q, c * kChunk, (c + 1) * kChunk, y, N, KernelPath::Auto, ActivationRounding::Int8x2, t);
       });
     });
     benchmark::DoNotOptimize(y);
   }
-  state.SetLabel(std::to_string(threads) + (threads == 1 ? " thread" : " threads") + (offset_floats == 0 ? ", output on a line" : ", output 16 bytes off a line"));
+  state.SetLabel(std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                 (offset_floats == 0 ? ", output on a line" : ", output 16 bytes off a line") +
+                 (use_tiles ? ", tiles copied" : ", tiles in place"));
   state.counters["MACs"] = benchmark::Counter(static_cast<double>(state.iterations() * M * N * K), benchmark::Counter::kIsRate);
 }
 
 }  // namespace
 
 BENCHMARK(BM_QuantizedMatmulRows)->Apply(Args);
-BENCHMARK(BM_TeamMatmul)->Args({1, 0})->Args({2, 0})->Args({2, 4})->UseRealTime();
+BENCHMARK(BM_TeamMatmul)
+    ->Args({1, 0, 0})
+    ->Args({1, 0, 1})
+    ->Args({2, 0, 0})
+    ->Args({2, 0, 1})
+    ->Args({2, 4, 1})
+    ->UseRealTime();
 BENCHMARK(BM_QuantizeActivations)->ArgsProduct({{1, 16}, {576, 1536}, {0, 1}});
 BENCHMARK_MAIN();

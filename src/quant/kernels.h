@@ -26,8 +26,10 @@
 
 namespace loom::quant::detail {
 
+// tiles (or nullptr): the same activation rows in pack_activation_tiles' layout (qmatmul.h), which the
+// AMX kernels read their activation tiles from; the other kernels ignore it.
 using TileKernel = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* packed, const ActBlock* a,
-                            int64_t M, int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy);
+                            const int8_t* tiles, int64_t M, int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy);
 using QuantizeRow = void (*)(const float* x, int64_t K, ActBlock* out);
 // Int8x2's level 1 of a row (qmatmul.h) from the row x [K] and its level-0 blocks: out [K / 32].
 using QuantizeResidual = void (*)(const float* x, int64_t K, const ActBlock* level0, ActBlock* out);

@@ -199,8 +199,8 @@ float dot_q6_k(const uint8_t* w, const ActBlock* a, int64_t nb) {
 
 // y[m * ldy + n] for tokens m < M, token m's L rows (levels) at a + m * L * nb.
 template <int L, float (*Dot)(const uint8_t*, const ActBlock*, int64_t)>
-void tile(const uint8_t* w, int64_t row_bytes, const uint8_t* /*packed: SIMD only*/, const ActBlock* a, int64_t M,
-          int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+void tile(const uint8_t* w, int64_t row_bytes, const uint8_t* /*packed: SIMD only*/, const ActBlock* a,
+          const int8_t* /*tiles: AMX only*/, int64_t M, int64_t nb, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) y[m * ldy + n] = Dot(w + n * row_bytes, a + m * L * nb, nb);
   }

@@ -359,15 +359,16 @@ void quantize_row_levels(const detail::KernelTable& kernels, const float* x, int
 // itself. Q6_K's two levels go through its one-level kernel as two rows into a small scratch, and y is
 // their sum, level 0 + level 1, the same order for every path, thread count and batch.
 void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, const uint8_t* packed,
-                 const ActBlock* a, int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+                 const ActBlock* a, const int8_t* tiles, int64_t M, int64_t levels, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
   const detail::TileKernel tile = tile_for(kernels, w.type());
   const int64_t nb = w.cols() / 32;
   if (levels == 1) {
-    tile(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
+    tile(w.data(), w.row_bytes(), packed, a, tiles, M, nb, n0, n1, y, ldy);
     return;
   }
   if (const detail::TileKernel both = levels_tile_for(kernels, w.type()); both != nullptr) {
-    both(w.data(), w.row_bytes(), packed, a, M, nb, n0, n1, y, ldy);
+    both(w.data(), w.row_bytes(), packed, a, tiles, M, nb, n0, n1, y, ldy);
     return;
   }
   const int64_t pb = detail::packed_block_bytes(w.type());
@@ -378,7 +379,7 @@ void tile_levels(const detail::KernelTable& kernels, const QuantizedMatrix& w, c
     const int64_t width = std::min(kSlice, n1 - s0);
     // The slice as a matrix of its own (s0 is a multiple of 8, so its interleaved groups start there).
     const uint8_t* slice_packed = packed != nullptr ? packed + (s0 / 8) * nb * pb : nullptr;
-    tile(w.data() + s0 * w.row_bytes(), w.row_bytes(), slice_packed, a, M * levels, nb, 0, width, scratch.data(), kSlice);
+    tile(w.data() + s0 * w.row_bytes(), w.row_bytes(), slice_packed, a, tiles, M * levels, nb, 0, width, scratch.data(), kSlice);
     for (int64_t m = 0; m < M; ++m) {
       const float* lo = scratch.data() + (m * levels) * kSlice;
       const float* hi = lo + kSlice;
@@ -419,7 +420,14 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
   const int64_t threads = num_threads(), per_thread = (N + threads - 1) / threads;
   const int64_t grain = (per_thread + 15) / 16 * 16;
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile_levels(kernels, w, packed, a.data(), M, levels, n0, n1, y, N); });
+  // The AMX kernels' copy (pack_activation_tiles) once for every chunk of W, where they run.
+  std::vector<int8_t> tiles;
+  if (&kernels == detail::amx_kernels() && M * levels >= 16) {
+    tiles.assign(static_cast<size_t>(activation_tile_bytes(M * levels, K)), 0);
+    pack_activation_tiles(a.data(), 0, M * levels, K, tiles.data());
+  }
+  const int8_t* t = tiles.empty() ? nullptr : tiles.data();
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { tile_levels(kernels, w, packed, a.data(), t, M, levels, n0, n1, y, N); });
 }
 
 void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path,
@@ -431,12 +439,22 @@ void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* ou
 }
 
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
-                           int64_t ldy, KernelPath path, ActivationRounding rounding) {
+                           int64_t ldy, KernelPath path, ActivationRounding rounding, const int8_t* tiles) {
   LOOM_ASSERT(n0 % 8 == 0 && 0 <= n0 && n0 <= n1 && n1 <= w.rows() && w.cols() % 32 == 0);
   if (n0 == n1 || M == 0) return;
   const detail::KernelTable& kernels = kernels_for(path);
   const uint8_t* packed = &kernels == &detail::scalar_kernels() ? nullptr : w.packed();
-  tile_levels(kernels, w, packed, a, M, activation_levels(rounding), n0, n1, y, ldy);
+  tile_levels(kernels, w, packed, a, tiles, M, activation_levels(rounding), n0, n1, y, ldy);
+}
+
+int64_t activation_tile_bytes(int64_t rows, int64_t K) { return (rows + 15) / 16 * 16 * K; }
+
+void pack_activation_tiles(const ActBlock* a, int64_t row0, int64_t row1, int64_t K, int8_t* tiles) {
+  const int64_t nb = K / 32;
+  for (int64_t r = row0; r < row1; ++r) {
+    int8_t* out = tiles + ((r / 16) * nb * 16 + r % 16) * 32;
+    for (int64_t b = 0; b < nb; ++b) std::memcpy(out + b * 16 * 32, a[r * nb + b].q, 32);
+  }
 }
 
 void prefetch_matmul_rows(const QuantizedMatrix& w, int64_t n0, int64_t n1, int64_t bytes) {

@@ -141,9 +141,22 @@ void quantized_matmul(const float* x, int64_t M, const QuantizedMatrix& w, float
 // resolve the rounding (activation_levels) before a team of threads that cannot throw.
 void quantize_activation_rows(const float* x, int64_t M, int64_t K, ActBlock* out, KernelPath path = KernelPath::Auto,
                               ActivationRounding rounding = ActivationRounding::Default);
+//   tiles (or nullptr): the same rows copied by pack_activation_tiles, for the AMX kernels (below).
 void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& w, int64_t n0, int64_t n1, float* y,
                            int64_t ldy, KernelPath path = KernelPath::Auto,
-                           ActivationRounding rounding = ActivationRounding::Default);
+                           ActivationRounding rounding = ActivationRounding::Default, const int8_t* tiles = nullptr);
+
+// The AMX kernels' copy of the quant bytes of activation rows (a token's levels count as rows): each
+// 16 rows' bytes block by block, [ceil(rows / 16)][K / 32][16][32] int8, so that an activation tile (16
+// rows of one block) is 512 contiguous bytes on whole cache lines. Read in place from the ActBlocks
+// instead (rows a row of blocks apart, half of them across a cache line) the tile loads stalled: a
+// 16-token int8x2 matmul took 6-17% longer (bench/qmatmul.cpp). A caller that runs many
+// quantized_matmul_rows over the same rows packs them once; a row's copy is independent of the
+// others', so the threads that quantize the rows can copy them too. The rows of the last group past
+// `rows` are never read by what the kernels keep (their products are thrown away).
+int64_t activation_tile_bytes(int64_t rows, int64_t K);
+// Activation rows [row0, row1) of a [*, K / 32] into tiles.
+void pack_activation_tiles(const ActBlock* a, int64_t row0, int64_t row1, int64_t K, int8_t* tiles);
 // Asks the CPU to start loading the first `bytes` of what quantized_matmul_rows(..., n0, n1, ...) will
 // read (a thread about to wait for its team calls it for its next share: the wait then overlaps the
 // first DRAM misses, which the kernels' own prefetching, running ahead of the loads, does not cover).

@@ -422,7 +422,9 @@ TEST(QuantizedMatmul, EachOutputIsTheSameWhateverShareComputesIt) {
 // rows on) and must give the AVX-512 VNNI path's bits for every row: 1..33 activation rows (below the
 // tiles' threshold, partial tiles of 16, one and two full tiles, two and a row), N odd (pairs of groups,
 // a lone 8-row group, rows outside the groups), K an odd number of blocks and a single block, each
-// rounding; whole calls and shares that start on a lone group.
+// rounding; whole calls and shares that start on a lone group; and with the activation tiles copied
+// by pack_activation_tiles (in two pieces, as the threads that quantize the rows copy them, the
+// padding rows of the last 16 left as garbage, which no kept output may read).
 TEST(QuantizedMatmul, AmxIsBitwiseTheVnniPath) {
   if (!kernel_path_supported(KernelPath::Amx)) {
     GTEST_SKIP() << "amx kernels: not supported by this CPU (needs amx-tile, amx-int8 and the OS's tile state)";
@@ -442,14 +444,21 @@ TEST(QuantizedMatmul, AmxIsBitwiseTheVnniPath) {
           SCOPED_TRACE(std::string(quant_type_name(type)) + " " + activation_rounding_name(rounding) + " M=" +
                        std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
           std::vector<float> vnni(static_cast<size_t>(M * N)), amx(vnni.size(), -1.0f), shares(vnni.size(), -1.0f);
+          std::vector<float> tiled(vnni.size(), -1.0f);
           quantized_matmul_rows(a.data(), M, w, 0, N, vnni.data(), N, KernelPath::Avx512Vnni, rounding);
           quantized_matmul_rows(a.data(), M, w, 0, N, amx.data(), N, KernelPath::Amx, rounding);
           const std::pair<int64_t, int64_t> parts[] = {{0, 8}, {8, 40}, {40, N}};
           for (const auto& [n0, n1] : parts) {
             quantized_matmul_rows(a.data(), M, w, n0, n1, shares.data(), N, KernelPath::Amx, rounding);
           }
+          const int64_t rows = M * levels;
+          std::vector<int8_t> tiles(static_cast<size_t>(activation_tile_bytes(rows, K)), 0x7f);
+          pack_activation_tiles(a.data(), 0, rows / 2, K, tiles.data());
+          pack_activation_tiles(a.data(), rows / 2, rows, K, tiles.data());
+          quantized_matmul_rows(a.data(), M, w, 0, N, tiled.data(), N, KernelPath::Amx, rounding, tiles.data());
           ASSERT_EQ(std::memcmp(vnni.data(), amx.data(), vnni.size() * 4), 0);
           ASSERT_EQ(std::memcmp(vnni.data(), shares.data(), vnni.size() * 4), 0);
+          ASSERT_EQ(std::memcmp(vnni.data(), tiled.data(), vnni.size() * 4), 0);
         }
         // The same activations through quantized_matmul (its own quantization and thread split).
         std::vector<float> vnni(static_cast<size_t>(33 * N)), amx(vnni.size());

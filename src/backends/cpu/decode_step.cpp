@@ -45,6 +45,13 @@ int64_t whole_lines(int64_t n) {
   return (n + per - 1) / per * per;
 }
 
+// A matmul phase's quantized rows: their blocks, and (or nullptr) the AMX kernels' copy of them
+// (quant::pack_activation_tiles).
+struct Acts {
+  const quant::ActBlock* blocks;
+  const int8_t* tiles;
+};
+
 // The step's arrays the team shares, each on lines of its own (LineBuffer): with row widths that are
 // multiples of 16, every chunk of columns (a multiple of 16) is whole lines. x [R, C] the residual
 // stream; q [R, H*D]; kbuf, vbuf [R, Hkv*D] the new keys and values; y [R, H*D] the attention's output;
@@ -200,7 +207,8 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
                        float* logits) {
   const int64_t C = m.C, H = m.H, Hkv = m.Hkv, D = m.D, F = m.F, V = m.V, R = p.R;
   const int64_t L = static_cast<int64_t>(m.layers.size()), half = D / 2;
-  quant::best_kernel_path();  // resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw
+  // Resolved (LOOM_QUANT_KERNEL checked) before the region, which cannot throw.
+  const bool amx = quant::best_kernel_path() == quant::KernelPath::Amx;
   const int64_t levels = quant::activation_levels();
   // Up to this many rows every thread normalizes and quantizes them all for itself: repeating a few rows
   // costs less than the phase that sharing them needs (a single decoding sequence is the case).
@@ -226,6 +234,10 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
   float *g = shared.g, *u = shared.u, *h = shared.h;
   const int64_t blocks = levels * std::max(C, F) / 32;
   LineBuffer<quant::ActBlock> shared_act(R > kOwnRows ? R * blocks : 0);
+  // On the AMX path, the shared rows' copy that its kernels read (quant::pack_activation_tiles), made
+  // row by row as the rows are quantized: each matmul phase's chunks all read it.
+  const bool tiled = amx && R > kOwnRows;
+  LineBuffer<int8_t> shared_tiles(tiled ? quant::activation_tile_bytes(levels * R, std::max(C, F)) : 0);
   // Per thread: a normed row [C]; its own quantized rows (up to kOwnRows); attention's scratch for
   // kHeadsTogether heads, scores [max position + 1] and acc [D] each.
   int64_t max_pos = 0;
@@ -266,7 +278,8 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     auto nothing = [] {};
     // A matmul phase over `chunks` chunks that reads the quantized rows [M, K] of row(i, scratch), i in
     // [0, M): each thread that takes part quantizes them all for itself (prepared before its first
-    // chunk), or a phase before quantizes one shared copy, a few rows a chunk.
+    // chunk), or a phase before quantizes one shared copy (and its tiles), a few rows a chunk.
+    // chunk(acts, c) passes acts to mm below.
     auto matmul_phase = [&](int64_t M, int64_t K, auto&& row, int64_t chunks, auto&& chunk) {
       const int64_t stride = levels * K / 32;
       if (M > kOwnRows) {
@@ -274,15 +287,22 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
         phases.run(phase++, chunks_of(M, rows_per_claim), t, nothing, [&](int64_t c) {
           const auto [i0, i1] = span(c, rows_per_claim, M);
           for (int64_t i = i0; i < i1; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, shared_act.data() + i * stride);
+          if (tiled) quant::pack_activation_tiles(shared_act.data(), levels * i0, levels * i1, K, shared_tiles.data());
         });
-        phases.run(phase++, chunks, t, nothing, [&](int64_t c) { chunk(shared_act.data(), c); });
+        const Acts acts{shared_act.data(), tiled ? shared_tiles.data() : nullptr};
+        phases.run(phase++, chunks, t, nothing, [&](int64_t c) { chunk(acts, c); });
       } else {
         ++phase;  // the shared quantization's phase, unused: every thread numbers the phases alike
         auto prepare = [&] {
           for (int64_t i = 0; i < M; ++i) quant::quantize_activation_rows(row(i, my_xn), 1, K, my_act + i * stride);
         };
-        phases.run(phase++, chunks, t, prepare, [&](int64_t c) { chunk(my_act, c); });
+        phases.run(phase++, chunks, t, prepare, [&](int64_t c) { chunk(Acts{my_act, nullptr}, c); });
       }
+    };
+    // y[m * ldy + n] for n in [n0, n1) and the M rows of acts.
+    auto mm = [](const Acts& acts, int64_t M, const quant::QuantizedMatrix& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+      quant::quantized_matmul_rows(acts.blocks, M, w, n0, n1, y, ldy, quant::KernelPath::Auto,
+                                   quant::ActivationRounding::Default, acts.tiles);
     };
     auto normed = [&](const float* gain, float eps, const int64_t* which) {
       return [=](int64_t i, float* out) {
@@ -300,9 +320,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
 
       // 1. q/k/v of every row, a head a chunk: heads [0, H) of q_proj, then Hkv of k_proj, then Hkv of
       // v_proj; k and v into each row's slot.
-      matmul_phase(R, C, normed(b.attn_norm, b.attn_norm_eps, nullptr), H + 2 * Hkv, [&](const quant::ActBlock* a, int64_t hd) {
+      matmul_phase(R, C, normed(b.attn_norm, b.attn_norm_eps, nullptr), H + 2 * Hkv, [&](const Acts& a, int64_t hd) {
         if (hd < H) {
-          quant::quantized_matmul_rows(a, R, *b.q_proj, hd * D, (hd + 1) * D, q, H * D);
+          mm(a, R, *b.q_proj, hd * D, (hd + 1) * D, q, H * D);
           for (int64_t r = 0; r < R; ++r) {
             float* qh = q + r * H * D + hd * D;
             const int64_t P = p.positions[r];
@@ -310,7 +330,7 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
           }
         } else if (hd < H + Hkv) {
           const int64_t j = hd - H;
-          quant::quantized_matmul_rows(a, R, *b.k_proj, j * D, (j + 1) * D, kbuf, Hkv * D);
+          mm(a, R, *b.k_proj, j * D, (j + 1) * D, kbuf, Hkv * D);
           for (int64_t r = 0; r < R; ++r) {
             const int64_t P = p.positions[r];
             rope_rotate_row(kc + paged_row_offset(p, r, j), kbuf + r * Hkv * D + j * D, b.rope_cos + P * half,
@@ -318,7 +338,7 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
           }
         } else {
           const int64_t j = hd - H - Hkv;
-          quant::quantized_matmul_rows(a, R, *b.v_proj, j * D, (j + 1) * D, vbuf, Hkv * D);
+          mm(a, R, *b.v_proj, j * D, (j + 1) * D, vbuf, Hkv * D);
           for (int64_t r = 0; r < R; ++r) {
             std::memcpy(vc + paged_row_offset(p, r, j), vbuf + r * Hkv * D + j * D, static_cast<size_t>(D) * sizeof(float));
           }
@@ -340,24 +360,24 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
         }
       });
       // 3. x += output_proj(y).
-      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, chunk_c), [&](const quant::ActBlock* a, int64_t c) {
+      matmul_phase(R, H * D, plain(y, H * D), chunks_of(C, chunk_c), [&](const Acts& a, int64_t c) {
         const auto [c0, c1] = span(c, chunk_c, C);
-        quant::quantized_matmul_rows(a, R, *b.output_proj, c0, c1, o, C);
+        mm(a, R, *b.output_proj, c0, c1, o, C);
         for (int64_t r = 0; r < R; ++r) {
           for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
         }
       });
       // 4. h = swiglu(w1 x_n, w3 x_n).
-      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, chunk_f), [&](const quant::ActBlock* a, int64_t c) {
+      matmul_phase(R, C, normed(b.ffn_norm, b.ffn_norm_eps, nullptr), chunks_of(F, chunk_f), [&](const Acts& a, int64_t c) {
         const auto [f0, f1] = span(c, chunk_f, F);
-        quant::quantized_matmul_rows(a, R, *b.w1, f0, f1, g, F);
-        quant::quantized_matmul_rows(a, R, *b.w3, f0, f1, u, F);
+        mm(a, R, *b.w1, f0, f1, g, F);
+        mm(a, R, *b.w3, f0, f1, u, F);
         for (int64_t r = 0; r < R; ++r) swiglu_forward(h + r * F + f0, g + r * F + f0, u + r * F + f0, f1 - f0);
       });
       // 5. x += w2 h.
-      matmul_phase(R, F, plain(h, F), chunks_of(C, chunk_c), [&](const quant::ActBlock* a, int64_t c) {
+      matmul_phase(R, F, plain(h, F), chunks_of(C, chunk_c), [&](const Acts& a, int64_t c) {
         const auto [c0, c1] = span(c, chunk_c, C);
-        quant::quantized_matmul_rows(a, R, *b.w2, c0, c1, o, C);
+        mm(a, R, *b.w2, c0, c1, o, C);
         for (int64_t r = 0; r < R; ++r) {
           for (int64_t i = c0; i < c1; ++i) x[r * C + i] = x[r * C + i] + o[r * C + i];
         }
@@ -365,9 +385,9 @@ void paged_decode_step(const DecodeModel& m, const PagedAttentionProblem& p, con
     }
     // The head over the rows that want logits.
     matmul_phase(n, C, normed(m.final_norm, m.final_norm_eps, logit_rows), chunks_of(V, kHeadChunk),
-                 [&](const quant::ActBlock* a, int64_t c) {
+                 [&](const Acts& a, int64_t c) {
       const auto [v0, v1] = span(c, kHeadChunk, V);
-      quant::quantized_matmul_rows(a, n, *m.head, v0, v1, logits, V);
+      mm(a, n, *m.head, v0, v1, logits, V);
     });
     (void)team;
   });

@@ -150,7 +150,7 @@ void quantized_matmul_rows(const ActBlock* a, int64_t M, const QuantizedMatrix& 
 // 16 rows' bytes block by block, [ceil(rows / 16)][K / 32][16][32] int8, so that an activation tile (16
 // rows of one block) is 512 contiguous bytes on whole cache lines. Read in place from the ActBlocks
 // instead (rows a row of blocks apart, half of them across a cache line) the tile loads stalled: a
-// 16-token int8x2 matmul took 6-17% longer (bench/qmatmul.cpp). A caller that runs many
+// 16-token int8x2 matmul took ~7% longer (bench/qmatmul.cpp, BM_TeamMatmul). A caller that runs many
 // quantized_matmul_rows over the same rows packs them once; a row's copy is independent of the
 // others', so the threads that quantize the rows can copy them too. The rows of the last group past
 // `rows` are never read by what the kernels keep (their products are thrown away).
